@@ -1,0 +1,1 @@
+//! The verbs conformance suite.

@@ -1,0 +1,1 @@
+//! The softverbs emulator: environment drivers and the `softverbs` CLI.

@@ -1,0 +1,2 @@
+//! The `softverbs` command-line tool.
+fn main() {}

@@ -1,0 +1,3 @@
+//! softverbs: RDMA verbs in pure Rust, with or without the hardware.
+
+pub mod soft;

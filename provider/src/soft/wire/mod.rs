@@ -1,0 +1,1 @@
+//! RoCEv2 wire format (placeholder, being written).
