@@ -1,3 +1,16 @@
 //! softverbs: RDMA verbs in pure Rust, with or without the hardware.
+//!
+//! - [`verbs`]: the backend-neutral API (devices, PDs, MRs, CQs, QPs, SRQs,
+//!   address handles, work requests and completions, async events), with
+//!   libibverbs semantics and typed errors that carry the errno hardware
+//!   returns.
+//! - [`soft`]: the soft provider, a verbs device in pure Rust speaking RoCEv2
+//!   (no kernel module, no root, no NIC).
+//! - `hw` (feature `hardware`): the same API over real ibverbs via rdma-sys.
+//!
+//! See the [`verbs`] module for the memory-safety rule of the API.
 
+#[cfg(feature = "hardware")]
+pub mod hw;
 pub mod soft;
+pub mod verbs;

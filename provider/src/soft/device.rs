@@ -1,0 +1,258 @@
+//! Soft devices: their identity and attributes, the process-wide list the
+//! soft provider enumerates, and the embedded default pair.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::verbs::backend::*;
+use crate::verbs::{verr, AsyncEvent, BackendKind, DeviceAttr, Gid, Guid, PortAttr, Result};
+
+/// Limits every soft device advertises (`ibv_query_device`).
+pub mod limits {
+    /// Queue pairs per device.
+    pub const MAX_QP: u32 = 1 << 17;
+    /// Work requests per queue.
+    pub const MAX_QP_WR: u32 = 1 << 15;
+    /// Scatter/gather entries per WR.
+    pub const MAX_SGE: u32 = 32;
+    /// Completion queues per device.
+    pub const MAX_CQ: u32 = 1 << 17;
+    /// Entries per CQ.
+    pub const MAX_CQE: u32 = (1 << 22) - 1;
+    /// Memory regions per device (the 24-bit key index space, less index 0).
+    pub const MAX_MR: u32 = (1 << 24) - 1;
+    /// Protection domains per device.
+    pub const MAX_PD: u32 = 1 << 17;
+    /// Outstanding RDMA reads/atomics per QP, as initiator and as target.
+    pub const MAX_QP_RD_ATOM: u32 = 128;
+    /// Memory windows per device.
+    pub const MAX_MW: u32 = 1 << 16;
+    /// Address handles per device.
+    pub const MAX_AH: u32 = 1 << 20;
+    /// SRQs per device.
+    pub const MAX_SRQ: u32 = 1 << 16;
+    /// Work requests per SRQ.
+    pub const MAX_SRQ_WR: u32 = 1 << 15;
+    /// Largest inline payload.
+    pub const MAX_INLINE_DATA: u32 = 512;
+    /// Largest fast-registration page list.
+    pub const MAX_FAST_REG_PAGES: u32 = 512;
+    /// Largest message.
+    pub const MAX_MSG_SZ: u32 = 1 << 31;
+    /// GID table length.
+    pub const GID_TBL_LEN: u32 = 16;
+    /// P_Key table length (only the default P_Key 0xffff).
+    pub const PKEY_TBL_LEN: u16 = 1;
+}
+
+/// How to create a soft device.
+#[derive(Debug, Clone)]
+pub struct SoftDeviceConfig {
+    /// Device name (`softverbs_0`).
+    pub name: String,
+    /// The addresses the device owns; its GID table is built from them.
+    pub addrs: Vec<IpAddr>,
+    /// Seed for every random choice the device makes (key bytes, PSNs), so
+    /// a simulated run replays bit for bit.
+    pub seed: u64,
+}
+
+/// A soft RoCEv2 device.
+#[derive(Debug)]
+pub struct SoftDevice {
+    name: String,
+    guid: Guid,
+    gids: Vec<Gid>,
+    seed: u64,
+}
+
+impl SoftDevice {
+    /// Creates a device and adds it to the soft provider's device list.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an empty name or no address; `EBUSY` if a soft device
+    /// of that name exists.
+    pub fn create(config: SoftDeviceConfig) -> Result<Arc<SoftDevice>> {
+        if config.name.is_empty() || config.addrs.is_empty() {
+            return Err(verr!(OpenDevice, InvalidArgument, "a soft device needs a name and an address"));
+        }
+        let mut list = registry().lock().expect("soft device list poisoned");
+        if list.iter().any(|d| d.name == config.name) {
+            return Err(verr!(OpenDevice, Busy, "a soft device named '{}' already exists", config.name));
+        }
+        let gids: Vec<Gid> = config.addrs.iter().map(|a| Gid::from_ip(*a)).collect();
+        // A stable GUID derived from the first address: 0x02 (locally
+        // administered) + "sv" + the address's low bytes.
+        let low = gids[0].interface_id() & 0xffff_ffff;
+        let guid = Guid(0x0253_7600_0000_0000 | low);
+        let dev = Arc::new(SoftDevice {
+            name: config.name,
+            guid,
+            gids,
+            seed: config.seed,
+        });
+        list.push(dev.clone());
+        Ok(dev)
+    }
+
+    /// Removes the device from the soft provider's device list.
+    pub fn remove(&self) {
+        registry()
+            .lock()
+            .expect("soft device list poisoned")
+            .retain(|d| d.name != self.name);
+    }
+
+    /// The device's GIDs (index order).
+    pub fn gids(&self) -> &[Gid] {
+        &self.gids
+    }
+
+    /// The configured seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Device attributes.
+    pub fn attr(&self) -> DeviceAttr {
+        use crate::verbs::{AtomicCap, DeviceCapFlags as F};
+        use limits::*;
+        DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            node_guid: self.guid,
+            sys_image_guid: self.guid,
+            max_mr_size: 1 << 40,
+            page_size_cap: 0xffff_f000,
+            vendor_id: 0x53_5646, // "SVF"
+            vendor_part_id: 1,
+            hw_ver: 0,
+            max_qp: MAX_QP,
+            max_qp_wr: MAX_QP_WR,
+            device_cap_flags: F::RESIZE_MAX_WR
+                | F::BAD_PKEY_CNTR
+                | F::BAD_QKEY_CNTR
+                | F::CURR_QP_STATE_MOD
+                | F::PORT_ACTIVE_EVENT
+                | F::SYS_IMAGE_GUID
+                | F::RC_RNR_NAK_GEN
+                | F::SRQ_RESIZE
+                | F::N_NOTIFY_CQ
+                | F::MEM_WINDOW
+                | F::MEM_MGT_EXTENSIONS
+                | F::MEM_WINDOW_TYPE_2B,
+            max_sge: MAX_SGE,
+            max_sge_rd: MAX_SGE,
+            max_cq: MAX_CQ,
+            max_cqe: MAX_CQE,
+            max_mr: MAX_MR,
+            max_pd: MAX_PD,
+            max_qp_rd_atom: MAX_QP_RD_ATOM,
+            max_res_rd_atom: MAX_QP_RD_ATOM * 1024,
+            max_qp_init_rd_atom: MAX_QP_RD_ATOM,
+            atomic_cap: Some(AtomicCap::Hca),
+            max_mw: MAX_MW,
+            max_ah: MAX_AH,
+            max_srq: MAX_SRQ,
+            max_srq_wr: MAX_SRQ_WR,
+            max_srq_sge: MAX_SGE,
+            max_pkeys: PKEY_TBL_LEN,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+            max_fast_reg_page_list_len: MAX_FAST_REG_PAGES,
+            max_inline_data: MAX_INLINE_DATA,
+        }
+    }
+
+    /// Attributes of port 1, the only port.
+    pub fn port_attr(&self) -> PortAttr {
+        use crate::verbs::{LinkLayer, Mtu, PortState};
+        PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::Mtu4096,
+            gid_tbl_len: limits::GID_TBL_LEN,
+            port_cap_flags: 0,
+            max_msg_sz: limits::MAX_MSG_SZ,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: limits::PKEY_TBL_LEN,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 0,
+            active_width: 2,  // 4X
+            active_speed: 32, // EDR-equivalent figure; the soft link has no line rate
+            phys_state: 5,    // LinkUp
+            link_layer: LinkLayer::Ethernet,
+        }
+    }
+
+    fn check_port(&self, verb: crate::verbs::Verb, port: u8) -> Result<()> {
+        if port != 1 {
+            return Err(crate::verbs::Error::new(
+                verb,
+                crate::verbs::ErrorKind::InvalidArgument,
+                format!("port {port} does not exist (soft devices have port 1)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn registry() -> &'static Mutex<Vec<Arc<SoftDevice>>> {
+    static LIST: OnceLock<Mutex<Vec<Arc<SoftDevice>>>> = OnceLock::new();
+    LIST.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The soft provider (lists the soft devices of this process).
+pub fn provider() -> Arc<dyn Provider> {
+    static P: OnceLock<Arc<SoftProvider>> = OnceLock::new();
+    P.get_or_init(|| Arc::new(SoftProvider)).clone()
+}
+
+struct SoftProvider;
+
+impl Provider for SoftProvider {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Soft
+    }
+
+    fn devices(&self) -> Result<Vec<Arc<dyn DeviceOps>>> {
+        Ok(registry()
+            .lock()
+            .expect("soft device list poisoned")
+            .iter()
+            .map(|d| d.clone() as Arc<dyn DeviceOps>)
+            .collect())
+    }
+}
+
+impl DeviceOps for SoftDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn node_guid(&self) -> Guid {
+        self.guid
+    }
+
+    fn backend(&self) -> BackendKind {
+        BackendKind::Soft
+    }
+
+    fn open(&self) -> Result<Arc<dyn ContextOps>> {
+        Err(verr!(OpenDevice, NotSupported, "soft device contexts are not implemented yet"))
+    }
+}
+
+/// Address of the `n`th device of the embedded in-process pair.
+pub fn embedded_addr(n: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 83, 86, n + 1))
+}
+
+#[allow(dead_code)]
+fn _unused(_: Option<AsyncEvent>, _: Duration) {}

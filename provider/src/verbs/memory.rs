@@ -1,0 +1,264 @@
+//! Registered memory: buffers the library owns, raw ranges the caller
+//! vouches for, and the only ways safe code touches either.
+//!
+//! Memory registered for RDMA is written by the device (or, for the soft
+//! provider, by an engine thread acting for a remote peer) concurrently with
+//! the program. Safe code therefore never receives a `&[u8]` or `&mut [u8]`
+//! into it: it copies in and out with [`MrMemory::read`]/[`MrMemory::write`]
+//! (and the same methods on [`Mr`](super::Mr)), which are bounds-checked
+//! copies through raw pointers, like a DMA engine's.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::error::{verr, Result};
+
+/// Alignment of buffers the library allocates: a page, as NICs prefer and
+/// fast registration needs.
+pub const PAGE_SIZE: usize = 4096;
+
+/// A zero-initialised, page-aligned buffer owned by the library, suitable
+/// for registration. It is freed only when the last backend object that
+/// registered it is gone, so a device can never touch freed memory.
+#[derive(Debug)]
+pub struct MrMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: MrMemory is a heap buffer with no thread affinity; all access goes
+// through raw-pointer copies whose concurrency rules are those of DMA memory
+// (documented in the module docs), so sharing and sending it is sound.
+unsafe impl Send for MrMemory {}
+// SAFETY: see the Send impl: no method hands out references into the buffer.
+unsafe impl Sync for MrMemory {}
+
+impl MrMemory {
+    /// Allocates `len` zeroed bytes aligned to [`PAGE_SIZE`].
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM` if the allocation fails or `len` is absurdly large.
+    pub fn new(len: usize) -> Result<MrMemory> {
+        if len == 0 {
+            return Ok(MrMemory {
+                ptr: NonNull::dangling(),
+                len: 0,
+            });
+        }
+        let layout = Layout::from_size_align(len, PAGE_SIZE)
+            .map_err(|_| verr!(RegMr, NoMemory, "cannot allocate {len} bytes"))?;
+        // SAFETY: layout has non-zero size (len > 0 checked above).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).ok_or_else(|| verr!(RegMr, NoMemory, "out of memory allocating {len} bytes"))?;
+        Ok(MrMemory { ptr, len })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Raw start pointer (for backends).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the buffer.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the buffer.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(offset, dst.len(), self.len)?;
+        // SAFETY: the range is inside our allocation (checked); dst is a
+        // distinct Rust buffer, so the copy does not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the buffer at `offset`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the buffer.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(offset, src.len(), self.len)?;
+        // SAFETY: in bounds (checked); src is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the buffer.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        check_range(offset, len, self.len)?;
+        // SAFETY: in bounds (checked).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
+    /// Atomically loads the 8-byte word at `offset` (which must be 8-aligned
+    /// and in bounds), as a peer's atomic would see it. Values are in host
+    /// byte order.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        Ok(self.atomic_at(offset)?.load(Ordering::Acquire))
+    }
+
+    /// Atomically stores an 8-byte word at `offset` (8-aligned, in bounds).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
+        self.atomic_at(offset)?.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    fn atomic_at(&self, offset: usize) -> Result<&AtomicU64> {
+        check_range(offset, 8, self.len)?;
+        let addr = self.addr() as usize + offset;
+        if addr % 8 != 0 {
+            return Err(verr!(MemoryAccess, InvalidArgument, "address {addr:#x} is not 8-byte aligned"));
+        }
+        // SAFETY: in bounds and 8-aligned (checked); AtomicU64 has the layout
+        // of u64 and tolerates concurrent access by other atomics.
+        Ok(unsafe { &*(addr as *const AtomicU64) })
+    }
+}
+
+impl Drop for MrMemory {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            let layout = Layout::from_size_align(self.len, PAGE_SIZE).expect("layout was valid at allocation");
+            // SAFETY: allocated in `new` with exactly this layout.
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+fn check_range(offset: usize, len: usize, total: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= total => Ok(()),
+        _ => Err(verr!(
+            MemoryAccess,
+            InvalidArgument,
+            "range {offset}+{len} is outside the {total}-byte region"
+        )),
+    }
+}
+
+/// A range of caller-owned memory to register with
+/// [`Pd::reg_mr_raw`](super::Pd::reg_mr_raw).
+#[derive(Debug, Clone, Copy)]
+pub struct RawRegion {
+    addr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a RawRegion is an address range the caller vouched for in
+// `RawRegion::new`; it carries no thread affinity.
+unsafe impl Send for RawRegion {}
+// SAFETY: as above; it is only an address and a length.
+unsafe impl Sync for RawRegion {}
+
+impl RawRegion {
+    /// A region of `len` bytes at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// The range must be valid for reads and writes for as long as any
+    /// registration of it exists (until dereg returns), and the program must
+    /// not hold Rust references into it while the device may access it.
+    pub unsafe fn new(addr: *mut u8, len: usize) -> RawRegion {
+        RawRegion { addr, len }
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> *mut u8 {
+        self.addr
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// What an MR registers: a library-owned buffer or a raw caller range.
+#[derive(Debug)]
+pub enum MemorySource {
+    /// A buffer the backend object takes ownership of.
+    Owned(MrMemory),
+    /// A range whose validity the caller guarantees.
+    Raw(RawRegion),
+}
+
+impl MemorySource {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        match self {
+            MemorySource::Owned(m) => m.addr(),
+            MemorySource::Raw(r) => r.addr as u64,
+        }
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        match self {
+            MemorySource::Owned(m) => m.len(),
+            MemorySource::Raw(r) => r.len,
+        }
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_memory_is_zeroed_aligned_and_bounds_checked() {
+        let m = MrMemory::new(10_000).unwrap();
+        assert_eq!(m.addr() % PAGE_SIZE as u64, 0);
+        let mut buf = [0xffu8; 16];
+        m.read(9_984, &mut buf).unwrap();
+        assert_eq!(buf, [0; 16]);
+        m.write(5, b"hello").unwrap();
+        m.read(5, &mut buf[..5]).unwrap();
+        assert_eq!(&buf[..5], b"hello");
+        assert!(m.read(9_990, &mut buf).is_err());
+        assert!(m.write(usize::MAX, b"x").is_err());
+        m.store_u64(16, 42).unwrap();
+        assert_eq!(m.load_u64(16).unwrap(), 42);
+        assert!(m.load_u64(17).is_err());
+        assert!(m.load_u64(9_996).is_err());
+    }
+}
