@@ -3,10 +3,14 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
+use super::engine::DeviceShared;
+use super::link::inproc::InprocFabric;
+use super::link::Link;
+use super::objects::SoftContext;
+use super::proto::{Core, CoreConfig};
 use crate::verbs::backend::*;
-use crate::verbs::{verr, AsyncEvent, BackendKind, DeviceAttr, Gid, Guid, PortAttr, Result};
+use crate::verbs::{verr, BackendKind, DeviceAttr, Gid, Guid, PortAttr, Result};
 
 /// Limits every soft device advertises (`ibv_query_device`).
 pub mod limits {
@@ -56,6 +60,25 @@ pub struct SoftDeviceConfig {
     /// Seed for every random choice the device makes (key bytes, PSNs), so
     /// a simulated run replays bit for bit.
     pub seed: u64,
+    /// The link its packets travel on (`None`: the process-wide in-process
+    /// fabric).
+    pub link: Option<Arc<dyn Link>>,
+}
+
+impl SoftDeviceConfig {
+    /// A device named `name` owning `addr`, on the process-wide in-process
+    /// fabric, with a seed derived from the name.
+    pub fn new(name: &str, addr: IpAddr) -> SoftDeviceConfig {
+        let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        SoftDeviceConfig {
+            name: name.to_string(),
+            addrs: vec![addr],
+            seed,
+            link: None,
+        }
+    }
 }
 
 /// A soft RoCEv2 device.
@@ -65,6 +88,7 @@ pub struct SoftDevice {
     guid: Guid,
     gids: Vec<Gid>,
     seed: u64,
+    shared: Arc<DeviceShared>,
 }
 
 impl SoftDevice {
@@ -76,33 +100,76 @@ impl SoftDevice {
     /// of that name exists.
     pub fn create(config: SoftDeviceConfig) -> Result<Arc<SoftDevice>> {
         if config.name.is_empty() || config.addrs.is_empty() {
-            return Err(verr!(OpenDevice, InvalidArgument, "a soft device needs a name and an address"));
+            return Err(verr!(
+                OpenDevice,
+                InvalidArgument,
+                "a soft device needs a name and an address"
+            ));
         }
         let mut list = registry().lock().expect("soft device list poisoned");
         if list.iter().any(|d| d.name == config.name) {
-            return Err(verr!(OpenDevice, Busy, "a soft device named '{}' already exists", config.name));
+            return Err(verr!(
+                OpenDevice,
+                Busy,
+                "a soft device named '{}' already exists",
+                config.name
+            ));
         }
         let gids: Vec<Gid> = config.addrs.iter().map(|a| Gid::from_ip(*a)).collect();
         // A stable GUID derived from the first address: 0x02 (locally
         // administered) + "sv" + the address's low bytes.
         let low = gids[0].interface_id() & 0xffff_ffff;
         let guid = Guid(0x0253_7600_0000_0000 | low);
+        let mut attr = Self::attr_for(guid);
+        attr.node_guid = guid;
+        let port = Self::port_attr_for();
+        let mut core_cfg = CoreConfig::new(attr, port, gids.clone(), config.seed);
+        core_cfg.max_inflight_packets = 1024;
+        let link = config.link.unwrap_or_else(|| InprocFabric::global() as Arc<dyn Link>);
+        let shared = DeviceShared::new(config.name.clone(), config.addrs.clone(), Core::new(core_cfg), link);
         let dev = Arc::new(SoftDevice {
             name: config.name,
             guid,
             gids,
             seed: config.seed,
+            shared,
         });
         list.push(dev.clone());
         Ok(dev)
     }
 
-    /// Removes the device from the soft provider's device list.
+    /// Removes the device from the soft provider's device list and detaches
+    /// it from its link.
     pub fn remove(&self) {
+        self.shared.detach();
         registry()
             .lock()
             .expect("soft device list poisoned")
             .retain(|d| d.name != self.name);
+    }
+
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The device as a device-list entry.
+    pub fn device(self: &Arc<Self>) -> crate::verbs::Device {
+        crate::verbs::Device::from_ops(self.clone())
+    }
+
+    /// Opens the device (`ibv_open_device`).
+    ///
+    /// # Errors
+    ///
+    /// `EIO` if an event descriptor cannot be created.
+    pub fn open(self: &Arc<Self>) -> Result<crate::verbs::Context> {
+        self.device().open()
+    }
+
+    /// The device's engine (for drivers, counters and tests).
+    pub fn shared(&self) -> &Arc<DeviceShared> {
+        &self.shared
     }
 
     /// The device's GIDs (index order).
@@ -117,12 +184,16 @@ impl SoftDevice {
 
     /// Device attributes.
     pub fn attr(&self) -> DeviceAttr {
+        Self::attr_for(self.guid)
+    }
+
+    fn attr_for(guid: Guid) -> DeviceAttr {
         use crate::verbs::{AtomicCap, DeviceCapFlags as F};
         use limits::*;
         DeviceAttr {
             fw_ver: env!("CARGO_PKG_VERSION").to_string(),
-            node_guid: self.guid,
-            sys_image_guid: self.guid,
+            node_guid: guid,
+            sys_image_guid: guid,
             max_mr_size: 1 << 40,
             page_size_cap: 0xffff_f000,
             vendor_id: 0x53_5646, // "SVF"
@@ -167,6 +238,10 @@ impl SoftDevice {
 
     /// Attributes of port 1, the only port.
     pub fn port_attr(&self) -> PortAttr {
+        Self::port_attr_for()
+    }
+
+    fn port_attr_for() -> PortAttr {
         use crate::verbs::{LinkLayer, Mtu, PortState};
         PortAttr {
             state: PortState::Active,
@@ -189,17 +264,6 @@ impl SoftDevice {
             phys_state: 5,    // LinkUp
             link_layer: LinkLayer::Ethernet,
         }
-    }
-
-    fn check_port(&self, verb: crate::verbs::Verb, port: u8) -> Result<()> {
-        if port != 1 {
-            return Err(crate::verbs::Error::new(
-                verb,
-                crate::verbs::ErrorKind::InvalidArgument,
-                format!("port {port} does not exist (soft devices have port 1)"),
-            ));
-        }
-        Ok(())
     }
 }
 
@@ -245,7 +309,8 @@ impl DeviceOps for SoftDevice {
     }
 
     fn open(&self) -> Result<Arc<dyn ContextOps>> {
-        Err(verr!(OpenDevice, NotSupported, "soft device contexts are not implemented yet"))
+        let ctx = SoftContext::open(self.shared.clone(), self.attr(), self.port_attr(), self.gids.clone())?;
+        Ok(ctx)
     }
 }
 
@@ -254,5 +319,29 @@ pub fn embedded_addr(n: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 83, 86, n + 1))
 }
 
-#[allow(dead_code)]
-fn _unused(_: Option<AsyncEvent>, _: Duration) {}
+/// Names of the embedded default devices.
+pub const EMBEDDED_NAMES: [&str; 2] = ["softverbs_0", "softverbs_1"];
+
+/// The embedded default: two soft devices in this process joined by the
+/// in-process link (`softverbs_0` at 127.83.86.1, `softverbs_1` at
+/// 127.83.86.2). Created on first call; later calls return the same pair.
+///
+/// # Errors
+///
+/// `EBUSY` if devices of those names were created some other way.
+pub fn embedded_default() -> Result<Vec<Arc<SoftDevice>>> {
+    static PAIR: Mutex<Option<Vec<Arc<SoftDevice>>>> = Mutex::new(None);
+    let mut pair = PAIR.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(p) = &*pair {
+        return Ok(p.clone());
+    }
+    let mut created = Vec::new();
+    for (i, name) in EMBEDDED_NAMES.iter().enumerate() {
+        created.push(SoftDevice::create(SoftDeviceConfig {
+            seed: 0x5eed_0000 + i as u64,
+            ..SoftDeviceConfig::new(name, embedded_addr(i as u8))
+        })?);
+    }
+    *pair = Some(created.clone());
+    Ok(created)
+}

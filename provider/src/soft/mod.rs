@@ -3,10 +3,20 @@
 //!
 //! Layers, bottom up (see DESIGN §2):
 //! - [`wire`]: RoCEv2 headers, opcode table and ICRC. No I/O, no `unsafe`.
+//! - [`proto`]: the sans-IO engine of a device (QPs, MRs, CQs, SRQs, the
+//!   RC/UC/UD transport). No I/O, no clock, no threads.
+//! - [`link`]: datagram links between devices (in-process for now).
+//! - [`engine`]: drives `proto` over a link in real time (inline progress).
 //! - [`device`]: soft devices, their attributes, and the provider that lists
-//!   them.
+//!   them; the verbs objects over the engine live in a private module.
 
 pub mod device;
+pub mod engine;
+pub mod link;
+mod notify;
+mod objects;
+pub mod proto;
 pub mod wire;
 
-pub use device::{provider, SoftDevice, SoftDeviceConfig};
+pub use device::{embedded_default, provider, SoftDevice, SoftDeviceConfig};
+pub use engine::DeviceShared;

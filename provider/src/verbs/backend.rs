@@ -62,10 +62,16 @@ impl std::str::FromStr for BackendKind {
 pub trait AsAny: Any + Send + Sync {
     /// `self` as `&dyn Any`.
     fn as_any(&self) -> &dyn Any;
+    /// `self` as `Arc<dyn Any>`, for `Arc::downcast`.
+    fn into_any_arc(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
 }
 
 impl<T: Any + Send + Sync> AsAny for T {
     fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn into_any_arc(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
         self
     }
 }

@@ -28,7 +28,9 @@ pub struct DestroyError<T> {
 
 impl<T> fmt::Debug for DestroyError<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DestroyError").field("error", &self.error).finish_non_exhaustive()
+        f.debug_struct("DestroyError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
     }
 }
 
@@ -134,9 +136,7 @@ impl Device {
     ///
     /// `ENODEV` if the device was removed.
     pub fn open(&self) -> Result<Context> {
-        Ok(Context {
-            ops: self.ops.open()?,
-        })
+        Ok(Context { ops: self.ops.open()? })
     }
 }
 
@@ -226,9 +226,7 @@ impl Context {
     /// the CQ limit; `ENODEV` after removal.
     pub fn create_cq(&self, cqe: u32, context: u64, channel: Option<&CompChannel>, comp_vector: u32) -> Result<Cq> {
         Ok(Cq {
-            ops: self
-                .ops
-                .create_cq(cqe, context, channel.map(|c| &c.ops), comp_vector)?,
+            ops: self.ops.create_cq(cqe, context, channel.map(|c| &c.ops), comp_vector)?,
         })
     }
 
@@ -513,7 +511,13 @@ impl Mr {
     /// # Errors
     ///
     /// `EINVAL` for bad flags/access; `EBUSY` with bound windows.
-    pub fn rereg(&self, flags: ReregFlags, pd: Option<&Pd>, memory: Option<MemorySource>, access: AccessFlags) -> Result<()> {
+    pub fn rereg(
+        &self,
+        flags: ReregFlags,
+        pd: Option<&Pd>,
+        memory: Option<MemorySource>,
+        access: AccessFlags,
+    ) -> Result<()> {
         self.ops.rereg(flags, pd.map(|p| &p.ops), memory, access)
     }
 

@@ -137,7 +137,11 @@ impl MrMemory {
         check_range(offset, 8, self.len)?;
         let addr = self.addr() as usize + offset;
         if addr % 8 != 0 {
-            return Err(verr!(MemoryAccess, InvalidArgument, "address {addr:#x} is not 8-byte aligned"));
+            return Err(verr!(
+                MemoryAccess,
+                InvalidArgument,
+                "address {addr:#x} is not 8-byte aligned"
+            ));
         }
         // SAFETY: in bounds and 8-aligned (checked); AtomicU64 has the layout
         // of u64 and tolerates concurrent access by other atomics.
@@ -163,6 +167,23 @@ fn check_range(offset: usize, len: usize, total: usize) -> Result<()> {
             InvalidArgument,
             "range {offset}+{len} is outside the {total}-byte region"
         )),
+    }
+}
+
+/// Appends `len` bytes read from `ptr` to `dst`.
+///
+/// # Safety
+///
+/// `ptr..ptr+len` must be valid for reads for the duration of the call.
+pub(crate) unsafe fn append_from_ptr(ptr: *const u8, len: usize, dst: &mut Vec<u8>) {
+    dst.reserve(len);
+    let start = dst.len();
+    // SAFETY: the caller guarantees the source range; `reserve` made room
+    // for `len` more bytes after `start`, which the copy initialises before
+    // the length is raised.
+    unsafe {
+        std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr().add(start), len);
+        dst.set_len(start + len);
     }
 }
 
@@ -237,6 +258,80 @@ impl MemorySource {
     /// Whether the range is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            MemorySource::Owned(m) => m.as_ptr(),
+            MemorySource::Raw(r) => r.addr,
+        }
+    }
+
+    /// Copies bytes at `offset` into `dst` (a device reading memory).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the memory.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        check_range(offset, dst.len(), self.len())?;
+        // SAFETY: in bounds (checked); Owned memory is our allocation, Raw
+        // memory is valid per RawRegion::new's contract while registered;
+        // dst is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` to `offset` (a device writing memory).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the memory.
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        check_range(offset, src.len(), self.len())?;
+        // SAFETY: as in read_at.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    fn atomic_at(&self, offset: usize) -> Result<&AtomicU64> {
+        check_range(offset, 8, self.len())?;
+        // SAFETY: in bounds (checked); the pointer is valid as in read_at.
+        let addr = unsafe { self.ptr().add(offset) } as usize;
+        if addr % 8 != 0 {
+            return Err(verr!(
+                MemoryAccess,
+                InvalidArgument,
+                "address {addr:#x} is not 8-byte aligned"
+            ));
+        }
+        // SAFETY: in bounds, 8-aligned, valid for the registration's life;
+        // AtomicU64 has u64's layout.
+        Ok(unsafe { &*(addr as *const AtomicU64) })
+    }
+
+    /// Atomic compare-and-swap of the aligned 8-byte word at `offset`
+    /// (host byte order); returns the original value.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn compare_swap_u64(&self, offset: usize, compare: u64, swap: u64) -> Result<u64> {
+        let a = self.atomic_at(offset)?;
+        Ok(
+            match a.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    /// Atomic fetch-and-add of the aligned 8-byte word at `offset` (host
+    /// byte order, wrapping); returns the original value.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn fetch_add_u64(&self, offset: usize, add: u64) -> Result<u64> {
+        Ok(self.atomic_at(offset)?.fetch_add(add, Ordering::AcqRel))
     }
 }
 

@@ -55,6 +55,7 @@ pub mod backend;
 pub mod error;
 pub mod handle;
 pub mod memory;
+pub mod qp_state;
 pub mod types;
 pub mod wr;
 
@@ -62,8 +63,8 @@ use std::sync::Arc;
 
 pub use attr::*;
 pub use backend::{AsyncElement, AsyncEvent, BackendKind, Provider};
-pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub(crate) use error::verr;
+pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub use handle::*;
 pub use memory::{MemorySource, MrMemory, RawRegion, PAGE_SIZE};
 pub use types::*;

@@ -334,8 +334,8 @@ impl AccessFlags {
     /// The registration rule of DESIGN §3.1 / `ibv_reg_mr(3)`: remote write
     /// or remote atomic require local write.
     pub fn is_valid_for_mr(self) -> bool {
-        !(self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !self.contains(AccessFlags::LOCAL_WRITE))
+        self.contains(AccessFlags::LOCAL_WRITE)
+            || !self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
     }
 }
 
@@ -609,7 +609,9 @@ mod tests {
 
     #[test]
     fn mr_access_rule() {
-        assert!(AccessFlags::LOCAL_WRITE.union(AccessFlags::REMOTE_WRITE).is_valid_for_mr());
+        assert!(AccessFlags::LOCAL_WRITE
+            .union(AccessFlags::REMOTE_WRITE)
+            .is_valid_for_mr());
         assert!(!AccessFlags::REMOTE_WRITE.is_valid_for_mr());
         assert!(!AccessFlags::REMOTE_ATOMIC.is_valid_for_mr());
         assert!(AccessFlags::REMOTE_READ.is_valid_for_mr());

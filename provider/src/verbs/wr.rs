@@ -23,8 +23,19 @@ pub struct Sge<'a> {
     addr: u64,
     length: u32,
     lkey: u32,
-    inline_only: bool,
+    origin: SgeOrigin,
     _memory: PhantomData<&'a [u8]>,
+}
+
+/// Where an [`Sge`] came from, which decides how inline data is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SgeOrigin {
+    /// [`Sge::inline`]: a plain Rust slice, valid for the entry's lifetime.
+    Inline,
+    /// [`Mr::sge`]: a checked range of an MR, read through the MR.
+    Mr,
+    /// [`Sge::from_raw`]: the caller vouched for the address.
+    Raw,
 }
 
 impl<'a> Sge<'a> {
@@ -37,7 +48,7 @@ impl<'a> Sge<'a> {
             addr: data.as_ptr() as u64,
             length: u32::try_from(data.len()).unwrap_or(u32::MAX),
             lkey: 0,
-            inline_only: true,
+            origin: SgeOrigin::Inline,
             _memory: PhantomData,
         }
     }
@@ -57,7 +68,7 @@ impl<'a> Sge<'a> {
             addr,
             length,
             lkey,
-            inline_only: false,
+            origin: SgeOrigin::Raw,
             _memory: PhantomData,
         }
     }
@@ -68,7 +79,7 @@ impl<'a> Sge<'a> {
             addr,
             length,
             lkey,
-            inline_only: false,
+            origin: SgeOrigin::Mr,
             _memory: PhantomData,
         }
     }
@@ -91,7 +102,29 @@ impl<'a> Sge<'a> {
     /// Whether this entry came from [`Sge::inline`] and so is only valid
     /// with [`SendFlags::INLINE`].
     pub fn is_inline_only(&self) -> bool {
-        self.inline_only
+        self.origin == SgeOrigin::Inline
+    }
+
+    /// Where the entry came from.
+    pub fn origin(&self) -> SgeOrigin {
+        self.origin
+    }
+
+    /// Appends the entry's bytes to `dst` by reading its address directly,
+    /// for inline sends. Returns `false` (appending nothing) for an entry
+    /// made by [`Mr::sge`], whose bytes a backend reads through the MR.
+    pub fn append_direct(&self, dst: &mut Vec<u8>) -> bool {
+        match self.origin {
+            SgeOrigin::Mr => false,
+            SgeOrigin::Inline | SgeOrigin::Raw => {
+                // SAFETY: an Inline entry was made from a `&'a [u8]` that is
+                // still borrowed (the entry's lifetime); a Raw entry's
+                // creator promised, in `Sge::from_raw`, that the range is
+                // readable while it is posted as inline data.
+                unsafe { super::memory::append_from_ptr(self.addr as *const u8, self.length as usize, dst) };
+                true
+            }
+        }
     }
 }
 
@@ -235,7 +268,10 @@ impl SendOp<'_> {
 
     /// Whether the operation is a local memory operation (no wire traffic).
     pub fn is_local(&self) -> bool {
-        matches!(self, SendOp::LocalInv { .. } | SendOp::RegMr { .. } | SendOp::BindMw { .. })
+        matches!(
+            self,
+            SendOp::LocalInv { .. } | SendOp::RegMr { .. } | SendOp::BindMw { .. }
+        )
     }
 }
 

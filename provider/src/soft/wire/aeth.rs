@@ -227,9 +227,8 @@ impl AethRepr {
 /// `rnrnak_usec[]` has 61410 for code 25, a typo for the specified
 /// 61.44 ms; this table follows the specification.
 const RNR_TIMER_MICROS: [u64; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-    245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
 ];
 
 /// The minimum RNR timer for a 5-bit code, in nanoseconds: how long a
@@ -258,23 +257,11 @@ mod tests {
         assert_eq!(Syndrome::from(0x1f), Syndrome::ACK);
         assert_eq!(Syndrome::from(0x00), Syndrome::Ack { credits: 0 });
         assert_eq!(Syndrome::from(0x2e), Syndrome::RnrNak { timer: 14 });
-        assert_eq!(
-            Syndrome::from(0x60),
-            Syndrome::Nak(NakCode::PsnSequenceError)
-        );
+        assert_eq!(Syndrome::from(0x60), Syndrome::Nak(NakCode::PsnSequenceError));
         assert_eq!(Syndrome::from(0x61), Syndrome::Nak(NakCode::InvalidRequest));
-        assert_eq!(
-            Syndrome::from(0x62),
-            Syndrome::Nak(NakCode::RemoteAccessError)
-        );
-        assert_eq!(
-            Syndrome::from(0x63),
-            Syndrome::Nak(NakCode::RemoteOperationalError)
-        );
-        assert_eq!(
-            Syndrome::from(0x64),
-            Syndrome::Nak(NakCode::InvalidRdRequest)
-        );
+        assert_eq!(Syndrome::from(0x62), Syndrome::Nak(NakCode::RemoteAccessError));
+        assert_eq!(Syndrome::from(0x63), Syndrome::Nak(NakCode::RemoteOperationalError));
+        assert_eq!(Syndrome::from(0x64), Syndrome::Nak(NakCode::InvalidRdRequest));
         assert_eq!(Syndrome::from(0x65), Syndrome::Nak(NakCode::Unknown(5)));
         assert_eq!(Syndrome::from(0x41), Syndrome::Reserved(0x41));
         assert_eq!(Syndrome::from(0x80), Syndrome::Reserved(0x80));

@@ -146,8 +146,7 @@ impl Bth {
     /// Sets the destination QP, keeping byte 4.
     pub fn set_dest_qpn(&mut self, qpn: Qpn) {
         let word = self.fecn_becn_dest_qpn.get();
-        self.fecn_becn_dest_qpn
-            .set((word & !PSN_MASK) | qpn.value());
+        self.fecn_becn_dest_qpn.set((word & !PSN_MASK) | qpn.value());
     }
     /// Sets AckReq.
     pub fn set_ack_req(&mut self, on: bool) {
@@ -288,9 +287,7 @@ mod tests {
 
     /// RC SEND_ONLY, SE, M, pad 2, P_Key 0xffff, BECN, QP 0x123456,
     /// AckReq, PSN 0xabcdef.
-    const SAMPLE: [u8; 12] = [
-        0x04, 0xe0, 0xff, 0xff, 0x40, 0x12, 0x34, 0x56, 0x80, 0xab, 0xcd, 0xef,
-    ];
+    const SAMPLE: [u8; 12] = [0x04, 0xe0, 0xff, 0xff, 0x40, 0x12, 0x34, 0x56, 0x80, 0xab, 0xcd, 0xef];
 
     fn sample_repr() -> BthRepr {
         BthRepr {
@@ -368,10 +365,7 @@ mod tests {
     #[test]
     fn short_buffers_are_rejected() {
         for len in 0..Bth::LEN {
-            assert_eq!(
-                Bth::new_checked(&SAMPLE[..len]).err(),
-                Some(WireError::Truncated)
-            );
+            assert_eq!(Bth::new_checked(&SAMPLE[..len]).err(), Some(WireError::Truncated));
             assert_eq!(BthRepr::parse(&SAMPLE[..len]), Err(WireError::Truncated));
             let mut out = vec![0u8; len];
             assert_eq!(sample_repr().emit(&mut out), Err(WireError::BufferTooSmall));

@@ -97,9 +97,7 @@ pub fn fill_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet: &mut [u8]) -> Res
         return Err(WireError::Truncated);
     }
     let body_len = packet.len() - ICRC_LEN;
-    let (body, icrc) = packet
-        .split_at_mut_checked(body_len)
-        .ok_or(WireError::Truncated)?;
+    let (body, icrc) = packet.split_at_mut_checked(body_len).ok_or(WireError::Truncated)?;
     icrc.copy_from_slice(&compute_icrc(ip, ports, body).to_le_bytes());
     Ok(())
 }

@@ -167,9 +167,8 @@ pub(super) fn ipv6_header(
     variant: &IpVariantFields,
     roce_len: usize,
 ) -> [u8; IPV6_HEADER_LEN] {
-    let first_word = IPV6_VERSION
-        | (u32::from(variant.traffic_class) << 20)
-        | (variant.flow_label & IPV6_FLOW_LABEL_MASK);
+    let first_word =
+        IPV6_VERSION | (u32::from(variant.traffic_class) << 20) | (variant.flow_label & IPV6_FLOW_LABEL_MASK);
     let payload_len = length_field(UDP_HEADER_LEN, roce_len);
     let mut header = [0u8; IPV6_HEADER_LEN];
     let (word, rest) = header.split_at_mut(4);
@@ -229,8 +228,8 @@ mod tests {
         // frame is in icrc.rs's tests): TOS 0xc2, id 0x718c, DF, TTL 64,
         // 10.0.17.1 -> 10.0.18.1, total length 60, checksum 0x9161.
         let expected = [
-            0x45, 0xc2, 0x00, 0x3c, 0x71, 0x8c, 0x40, 0x00, 0x40, 0x11, 0x91, 0x61, 0x0a, 0x00,
-            0x11, 0x01, 0x0a, 0x00, 0x12, 0x01,
+            0x45, 0xc2, 0x00, 0x3c, 0x71, 0x8c, 0x40, 0x00, 0x40, 0x11, 0x91, 0x61, 0x0a, 0x00, 0x11, 0x01, 0x0a, 0x00,
+            0x12, 0x01,
         ];
         let variant = IpVariantFields {
             traffic_class: 0xc2,
@@ -291,10 +290,7 @@ mod tests {
         };
         let grh = grh_bytes(&ip, &IpVariantFields::default(), usize::MAX);
         assert_eq!(&grh[22..24], &[0xff, 0xff]);
-        assert_eq!(
-            udp_header(UdpPorts { src: 1, dst: 2 }, 70_000, 0)[4..6],
-            [0xff, 0xff]
-        );
+        assert_eq!(udp_header(UdpPorts { src: 1, dst: 2 }, 70_000, 0)[4..6], [0xff, 0xff]);
         assert_eq!(ip.header_len(), 20);
     }
 }

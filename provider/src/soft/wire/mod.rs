@@ -76,13 +76,13 @@ pub use aeth::{rnr_timer_ns, Aeth, AethRepr, NakCode, Syndrome};
 pub use bth::{Bth, BthRepr, BTH_TVER};
 pub use error::WireError;
 pub use ext::{
-    AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, Ieth, IethRepr,
-    ImmDt, ImmDtRepr, Reth, RethRepr,
+    AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, Ieth, IethRepr, ImmDt, ImmDtRepr, Reth,
+    RethRepr,
 };
 pub use icrc::{check_icrc, compute_icrc, fill_icrc};
 pub use ip::{
-    grh_bytes, IpPseudoHeader, IpVariantFields, UdpPorts, GRH_LEN, IPV4_HEADER_LEN,
-    IPV6_HEADER_LEN, ROCEV2_UDP_PORT, UDP_HEADER_LEN,
+    grh_bytes, IpPseudoHeader, IpVariantFields, UdpPorts, GRH_LEN, IPV4_HEADER_LEN, IPV6_HEADER_LEN, ROCEV2_UDP_PORT,
+    UDP_HEADER_LEN,
 };
 pub use opcode::{Direction, ExtHeaders, OpKind, Opcode, OpcodeInfo, Position, Transport};
 pub use packet::{pad_len, Packet, PacketRepr, ParsedPacket, ICRC_LEN, MIN_PACKET_LEN};

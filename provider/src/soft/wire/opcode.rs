@@ -50,11 +50,9 @@ impl OpKind {
     /// Which side sends packets of this kind.
     pub const fn direction(self) -> Direction {
         match self {
-            OpKind::Send
-            | OpKind::Write
-            | OpKind::ReadRequest
-            | OpKind::CompareSwap
-            | OpKind::FetchAdd => Direction::Request,
+            OpKind::Send | OpKind::Write | OpKind::ReadRequest | OpKind::CompareSwap | OpKind::FetchAdd => {
+                Direction::Request
+            }
             OpKind::ReadResponse | OpKind::Ack | OpKind::AtomicAck => Direction::Response,
         }
     }
@@ -276,10 +274,7 @@ pub enum Opcode {
 
 // Shorthands for the table below.
 const NONE: ExtHeaders = ExtHeaders::NONE;
-const IMMDT: ExtHeaders = ExtHeaders {
-    immdt: true,
-    ..NONE
-};
+const IMMDT: ExtHeaders = ExtHeaders { immdt: true, ..NONE };
 const IETH: ExtHeaders = ExtHeaders { ieth: true, ..NONE };
 const RETH: ExtHeaders = ExtHeaders { reth: true, ..NONE };
 const RETH_IMMDT: ExtHeaders = ExtHeaders {
@@ -305,12 +300,7 @@ const DETH_IMMDT: ExtHeaders = ExtHeaders {
 };
 
 /// One table row; direction and payload follow from the kind.
-const fn row(
-    transport: Transport,
-    kind: OpKind,
-    position: Position,
-    headers: ExtHeaders,
-) -> OpcodeInfo {
+const fn row(transport: Transport, kind: OpKind, position: Position, headers: ExtHeaders) -> OpcodeInfo {
     OpcodeInfo {
         transport,
         kind,

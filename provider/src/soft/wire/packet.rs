@@ -12,8 +12,8 @@
 //! zero, [`super::fill_icrc`] fills it.
 
 use super::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, ExtHeaders, IethRepr,
-    ImmDtRepr, Opcode, OpcodeInfo, RethRepr, WireError,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr, ExtHeaders, IethRepr, ImmDtRepr, Opcode,
+    OpcodeInfo, RethRepr, WireError,
 };
 
 /// Length of the invariant CRC that ends every packet.
@@ -173,9 +173,7 @@ impl<'a> Cursor<'a> {
 
     fn take(&mut self, len: usize) -> Result<&'a mut [u8], WireError> {
         let rest = core::mem::take(&mut self.rest);
-        let (head, tail) = rest
-            .split_at_mut_checked(len)
-            .ok_or(WireError::BufferTooSmall)?;
+        let (head, tail) = rest.split_at_mut_checked(len).ok_or(WireError::BufferTooSmall)?;
         self.rest = tail;
         Ok(head)
     }
@@ -185,9 +183,7 @@ impl<'a> Cursor<'a> {
 fn table_entry(opcode: Opcode) -> Result<OpcodeInfo, WireError> {
     match opcode {
         Opcode::Cnp => Err(WireError::CongestionNotification),
-        other => other
-            .info()
-            .ok_or_else(|| WireError::UnknownOpcode(u8::from(other))),
+        other => other.info().ok_or_else(|| WireError::UnknownOpcode(u8::from(other))),
     }
 }
 

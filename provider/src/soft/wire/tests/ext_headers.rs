@@ -24,11 +24,7 @@ fn assert_length_checks<R>(
     let mut out = vec![0xeeu8; bytes.len() + 3];
     emit(repr, &mut out).unwrap();
     assert_eq!(&out[..bytes.len()], bytes);
-    assert_eq!(
-        &out[bytes.len()..],
-        &[0xee; 3],
-        "emit wrote past the header"
-    );
+    assert_eq!(&out[bytes.len()..], &[0xee; 3], "emit wrote past the header");
 }
 
 #[test]
@@ -45,10 +41,7 @@ fn reth_fixed_bytes() {
     };
     assert_eq!(RethRepr::parse(&bytes), Ok(repr));
     let view = Reth::new_checked(&bytes).unwrap();
-    assert_eq!(
-        (view.va(), view.rkey(), view.dma_len()),
-        (repr.va, repr.rkey, 128)
-    );
+    assert_eq!((view.va(), view.rkey(), view.dma_len()), (repr.va, repr.rkey, 128));
     assert_eq!(Reth::LEN, 16);
     assert_eq!(RethRepr::LEN, 16);
     assert_length_checks(&bytes, &repr, RethRepr::parse, RethRepr::emit);
@@ -128,12 +121,7 @@ fn atomic_ack_eth_fixed_bytes() {
         AtomicAckEth::new_checked(&bytes).unwrap().original_value(),
         repr.original_value
     );
-    assert_length_checks(
-        &bytes,
-        &repr,
-        AtomicAckEthRepr::parse,
-        AtomicAckEthRepr::emit,
-    );
+    assert_length_checks(&bytes, &repr, AtomicAckEthRepr::parse, AtomicAckEthRepr::emit);
 }
 
 #[test]
@@ -175,9 +163,7 @@ fn aeth_and_bth_lengths_via_shared_helper() {
     };
     assert_length_checks(&aeth, &repr, AethRepr::parse, AethRepr::emit);
 
-    let bth = [
-        0x11, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x10,
-    ];
+    let bth = [0x11, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x09, 0x00, 0x00, 0x00, 0x10];
     let repr = BthRepr::new(Opcode::RcAcknowledge, Qpn::new(9), Psn::new(16));
     assert_length_checks(&bth, &repr, BthRepr::parse, BthRepr::emit);
 }

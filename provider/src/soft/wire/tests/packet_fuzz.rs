@@ -149,12 +149,7 @@ fn assert_self_consistent(input: &[u8], parsed: &ParsedPacket<'_>) {
 /// Runs every checked constructor, getter and repr parser on `bytes`.
 fn poke_every_view(bytes: &[u8]) {
     if let Ok(bth) = Bth::new_checked(bytes) {
-        let _ = (
-            bth.opcode(),
-            bth.solicited(),
-            bth.mig_req(),
-            bth.pad_count(),
-        );
+        let _ = (bth.opcode(), bth.solicited(), bth.mig_req(), bth.pad_count());
         let _ = (bth.tver(), bth.pkey(), bth.fecn(), bth.becn());
         let _ = (bth.dest_qpn(), bth.ack_req(), bth.psn());
     }

@@ -61,11 +61,7 @@ fn every_opcode_round_trips_with_every_pad() {
         let headers = headers_for(opcode);
         assert_eq!(headers.present_headers(), info.headers);
         assert_eq!(headers.header_len(), info.header_len());
-        let lengths: &[usize] = if info.has_payload {
-            &[0, 1, 2, 3, 4, 5, 9]
-        } else {
-            &[0]
-        };
+        let lengths: &[usize] = if info.has_payload { &[0, 1, 2, 3, 4, 5, 9] } else { &[0] };
         for &len in lengths {
             let payload = &payload[..len];
             let mut buf = [0u8; 128];
@@ -121,11 +117,7 @@ fn extension_headers_sit_in_wire_order() {
     assert_eq!(buf[..len], expected);
 
     // RC ATOMIC_ACKNOWLEDGE: BTH, AETH, AtomicAckETH.
-    let mut headers = PacketRepr::new(BthRepr::new(
-        Opcode::RcAtomicAcknowledge,
-        Qpn::new(2),
-        Psn::new(3),
-    ));
+    let mut headers = PacketRepr::new(BthRepr::new(Opcode::RcAtomicAcknowledge, Qpn::new(2), Psn::new(3)));
     headers.aeth = Some(AethRepr {
         syndrome: Syndrome::ACK,
         msn: 9,
@@ -159,9 +151,7 @@ fn pad_arithmetic() {
 /// A valid packet to corrupt: RC SEND_ONLY with payload "abcde" (pad 3).
 fn send_only() -> Vec<u8> {
     let mut buf = vec![0u8; 32];
-    let len = headers_for(Opcode::RcSendOnly)
-        .emit(b"abcde", &mut buf)
-        .unwrap();
+    let len = headers_for(Opcode::RcSendOnly).emit(b"abcde", &mut buf).unwrap();
     buf.truncate(len);
     buf
 }
@@ -173,10 +163,7 @@ fn parse_rejects_each_malformation() {
     assert!(Packet::parse(&good).is_ok());
 
     for len in 0..MIN_PACKET_LEN {
-        assert_eq!(
-            Packet::parse(&good[..len]).err(),
-            Some(WireError::Truncated)
-        );
+        assert_eq!(Packet::parse(&good[..len]).err(), Some(WireError::Truncated));
     }
 
     let mut bad = good.clone();
@@ -194,10 +181,7 @@ fn parse_rejects_each_malformation() {
     }
     let mut cnp = good.clone();
     cnp[0] = 0x81;
-    assert_eq!(
-        Packet::parse(&cnp).err(),
-        Some(WireError::CongestionNotification)
-    );
+    assert_eq!(Packet::parse(&cnp).err(), Some(WireError::CongestionNotification));
 
     let mut long = good.clone();
     long.push(0);
@@ -207,9 +191,7 @@ fn parse_rejects_each_malformation() {
     // Pad count 3 needs 3 bytes before the ICRC; with payload+pad = 8 bytes
     // any pad fits, but 0 payload bytes cannot carry pad.
     let mut empty_send = vec![0u8; 16];
-    let n = headers_for(Opcode::RcSendOnly)
-        .emit(&[], &mut empty_send)
-        .unwrap();
+    let n = headers_for(Opcode::RcSendOnly).emit(&[], &mut empty_send).unwrap();
     assert_eq!(n, 16);
     empty_send[1] |= 0x30;
     assert_eq!(Packet::parse(&empty_send).err(), Some(WireError::BadPad));
@@ -219,9 +201,7 @@ fn parse_rejects_each_malformation() {
 fn parse_checks_room_for_extension_headers() {
     // RDMA WRITE ONLY needs BTH + RETH (28 bytes) before the ICRC.
     let mut buf = vec![0u8; 40];
-    let n = headers_for(Opcode::RcRdmaWriteOnly)
-        .emit(b"", &mut buf)
-        .unwrap();
+    let n = headers_for(Opcode::RcRdmaWriteOnly).emit(b"", &mut buf).unwrap();
     assert_eq!(n, 32);
     for len in (MIN_PACKET_LEN..n).step_by(4) {
         assert_eq!(
@@ -231,9 +211,7 @@ fn parse_checks_room_for_extension_headers() {
         );
     }
     // Same for a header pair: atomic acknowledge is BTH + 4 + 8.
-    let n = headers_for(Opcode::RcAtomicAcknowledge)
-        .emit(b"", &mut buf)
-        .unwrap();
+    let n = headers_for(Opcode::RcAtomicAcknowledge).emit(b"", &mut buf).unwrap();
     assert_eq!(n, 28);
     assert_eq!(Packet::parse(&buf[..24]).err(), Some(WireError::Truncated));
     assert!(Packet::parse(&buf[..28]).is_ok());
@@ -284,15 +262,9 @@ fn emit_checks_headers_and_buffer() {
     assert_eq!(extra.emit(b"a", &mut buf), Err(WireError::HeaderMismatch));
 
     let unknown = PacketRepr::new(BthRepr::new(Opcode::Unknown(0x15), Qpn::new(1), Psn::ZERO));
-    assert_eq!(
-        unknown.emit(&[], &mut buf),
-        Err(WireError::UnknownOpcode(0x15))
-    );
+    assert_eq!(unknown.emit(&[], &mut buf), Err(WireError::UnknownOpcode(0x15)));
     let cnp = PacketRepr::new(BthRepr::new(Opcode::Cnp, Qpn::new(1), Psn::ZERO));
-    assert_eq!(
-        cnp.emit(&[], &mut buf),
-        Err(WireError::CongestionNotification)
-    );
+    assert_eq!(cnp.emit(&[], &mut buf), Err(WireError::CongestionNotification));
 
     let headers = headers_for(Opcode::RcSendOnly);
     let need = headers.packet_len(5);

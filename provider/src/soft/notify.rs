@@ -1,0 +1,65 @@
+//! An eventfd-backed event counter: what completion channels and async
+//! event queues expose as a pollable file descriptor.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+/// A semaphore-mode eventfd: each `post` makes one `wait` succeed.
+#[derive(Debug)]
+pub(crate) struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    pub(crate) fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd has no memory-safety preconditions; a negative
+        // return is an error, checked below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(EventFd { fd })
+    }
+
+    /// Adds one to the counter (wakes one waiter / makes the fd readable).
+    pub(crate) fn post(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own descriptor.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Takes one from the counter if it is non-zero.
+    pub(crate) fn try_take(&self) -> bool {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from our own descriptor
+        // (non-blocking; EAGAIN when the counter is zero).
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        n == 8
+    }
+
+    /// Waits until the fd is readable or `timeout` passes (`None`: forever).
+    /// Returns whether it is readable.
+    pub(crate) fn wait_readable(&self, timeout: Option<Duration>) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: d.subsec_nanos() as libc::c_long,
+        });
+        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: one valid pollfd and an optional timespec, both alive for
+        // the duration of the call; no signal mask is passed.
+        let r = unsafe { libc::ppoll(&mut pfd, 1, tsp, std::ptr::null()) };
+        r > 0 && pfd.revents & libc::POLLIN != 0
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}

@@ -1,0 +1,713 @@
+//! The soft provider's verbs objects: the backend trait family of
+//! [`crate::verbs::backend`] over a device engine.
+//!
+//! Each object holds `Arc`s to what it depends on (a QP its PD, CQs and
+//! SRQ), so the engine object is destroyed only when nothing uses it; an
+//! explicit destroy returns what the engine says (`EBUSY` while in use) and
+//! is idempotent once it succeeded.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::engine::{DeviceShared, EventSink};
+use super::notify::EventFd;
+use super::proto::{AhId, CqId, PdId, QpCreate, SrqId};
+use crate::verbs::backend::*;
+use crate::verbs::{
+    verr, AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, Gid, MemorySource, MrMemory, MwBindInfo, MwType,
+    PortAttr, PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, ReregFlags, Result, SendFlags, SendWr, Sge,
+    SrqAttr, SrqAttrMask, WorkCompletion,
+};
+
+static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An open soft device.
+pub(crate) struct SoftContext {
+    me: Weak<SoftContext>,
+    dev: Arc<DeviceShared>,
+    id: u32,
+    attr: DeviceAttr,
+    port: PortAttr,
+    gids: Vec<Gid>,
+    events: Mutex<VecDeque<AsyncEvent>>,
+    event_fd: EventFd,
+    /// CQ id → (context, channel) for completion events.
+    channels: Mutex<HashMap<u32, (u64, Arc<SoftCompChannel>)>>,
+}
+
+impl SoftContext {
+    pub(crate) fn open(
+        dev: Arc<DeviceShared>,
+        attr: DeviceAttr,
+        port: PortAttr,
+        gids: Vec<Gid>,
+    ) -> Result<Arc<SoftContext>> {
+        let event_fd = EventFd::new().map_err(|e| verr!(OpenDevice, Io, "eventfd: {e}"))?;
+        let ctx = Arc::new_cyclic(|me| SoftContext {
+            me: me.clone(),
+            dev,
+            id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
+            attr,
+            port,
+            gids,
+            events: Mutex::new(VecDeque::new()),
+            event_fd,
+            channels: Mutex::new(HashMap::new()),
+        });
+        let sink: Arc<dyn EventSink> = ctx.clone();
+        ctx.dev.register_sink(ctx.id, Arc::downgrade(&sink));
+        Ok(ctx)
+    }
+
+    fn check_port(&self, verb: crate::verbs::Verb, port: u8) -> Result<()> {
+        if port == 0 || port > self.attr.phys_port_cnt {
+            return Err(Error::new(
+                verb,
+                crate::verbs::ErrorKind::InvalidArgument,
+                format!("port {port} does not exist (the device has port 1)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SoftContext {
+    fn drop(&mut self) {
+        self.dev.unregister_sink(self.id);
+    }
+}
+
+impl EventSink for SoftContext {
+    fn cq_notify(&self, cq: CqId) {
+        let found = lock(&self.channels).get(&cq.0).cloned();
+        if let Some((context, ch)) = found {
+            ch.post(context);
+        }
+    }
+
+    fn async_event(&self, _owner: Option<u32>, event: AsyncEvent) {
+        lock(&self.events).push_back(event);
+        self.event_fd.post();
+    }
+}
+
+/// Waits for `ready` on `fd` up to `timeout`, driving `dev` whenever its
+/// engine has a deadline (inline progress: timers only run when someone
+/// drives the device).
+fn wait_driving(
+    dev: &Arc<DeviceShared>,
+    fd: &EventFd,
+    timeout: Option<Duration>,
+    mut ready: impl FnMut() -> bool,
+) -> bool {
+    let start = Instant::now();
+    loop {
+        dev.drive();
+        if ready() {
+            return true;
+        }
+        let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+        if left == Some(Duration::ZERO) {
+            return false;
+        }
+        let until_deadline = dev
+            .next_deadline()
+            .map(|d| Duration::from_nanos(d.saturating_sub(dev.now())));
+        let slice = match (left, until_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        fd.wait_readable(slice);
+    }
+}
+
+impl ContextOps for SoftContext {
+    fn device_name(&self) -> &str {
+        self.dev.name()
+    }
+
+    fn query_device(&self) -> Result<DeviceAttr> {
+        Ok(self.attr.clone())
+    }
+
+    fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.check_port(crate::verbs::Verb::QueryPort, port)?;
+        Ok(self.port.clone())
+    }
+
+    fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.check_port(crate::verbs::Verb::QueryGid, port)?;
+        if index >= self.port.gid_tbl_len {
+            return Err(verr!(
+                QueryGid,
+                InvalidArgument,
+                "GID index {index} beyond the table of {}",
+                self.port.gid_tbl_len
+            ));
+        }
+        Ok(self.gids.get(index as usize).copied().unwrap_or(Gid::ZERO))
+    }
+
+    fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.check_port(crate::verbs::Verb::QueryPkey, port)?;
+        if index >= self.port.pkey_tbl_len {
+            return Err(verr!(
+                QueryPkey,
+                InvalidArgument,
+                "P_Key index {index} beyond the table"
+            ));
+        }
+        Ok(0xffff)
+    }
+
+    fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
+        let ctx = self.self_arc();
+        let id = self.dev.with_core(|c, _| c.alloc_pd(self.id))?;
+        Ok(Arc::new_cyclic(|me| SoftPd {
+            me: me.clone(),
+            ctx,
+            id,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>> {
+        Ok(Arc::new(SoftCompChannel {
+            dev: self.dev.clone(),
+            pending: Mutex::new(VecDeque::new()),
+            fd: EventFd::new().map_err(|e| verr!(CreateCompChannel, Io, "eventfd: {e}"))?,
+            users: AtomicU32::new(0),
+        }))
+    }
+
+    fn create_cq(
+        &self,
+        cqe: u32,
+        context: u64,
+        channel: Option<&Arc<dyn CompChannelOps>>,
+        _comp_vector: u32,
+    ) -> Result<Arc<dyn CqOps>> {
+        let channel = match channel {
+            Some(c) => Some(c.clone().into_any_arc().downcast::<SoftCompChannel>().map_err(|_| {
+                verr!(
+                    CreateCq,
+                    InvalidArgument,
+                    "the completion channel belongs to another backend"
+                )
+            })?),
+            None => None,
+        };
+        let (id, capacity) = self.dev.with_core(|c, _| c.create_cq(cqe, context, self.id))?;
+        if let Some(ch) = &channel {
+            ch.users.fetch_add(1, Ordering::Relaxed);
+            lock(&self.channels).insert(id.0, (context, ch.clone()));
+        }
+        Ok(Arc::new(SoftCq {
+            ctx: self.self_arc(),
+            id,
+            capacity: AtomicU32::new(capacity),
+            context,
+            channel,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        let got = wait_driving(&self.dev, &self.event_fd, timeout, || self.event_fd.try_take());
+        Ok(if got { lock(&self.events).pop_front() } else { None })
+    }
+
+    fn async_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.event_fd.raw())
+    }
+}
+
+impl SoftContext {
+    fn self_arc(&self) -> Arc<SoftContext> {
+        // Only ever created inside an Arc, and `&self` proves it is alive.
+        self.me.upgrade().expect("a context is alive while borrowed")
+    }
+}
+
+
+fn soft_of<'a, T: 'static>(ops: &'a dyn AsAny, what: &str, verb: crate::verbs::Verb) -> Result<&'a T> {
+    ops.as_any().downcast_ref::<T>().ok_or_else(|| {
+        Error::new(
+            verb,
+            crate::verbs::ErrorKind::InvalidArgument,
+            format!("the {what} belongs to another backend or device"),
+        )
+    })
+}
+
+/// A protection domain.
+pub(crate) struct SoftPd {
+    me: Weak<SoftPd>,
+    ctx: Arc<SoftContext>,
+    id: PdId,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftPd {
+    fn drop(&mut self) {
+        let _ = PdOps::destroy(self);
+    }
+}
+
+impl PdOps for SoftPd {
+    fn reg_mr(&self, memory: MemorySource, access: AccessFlags) -> Result<Arc<dyn MrOps>> {
+        let memory = Arc::new(memory);
+        let (lkey, rkey) = self
+            .ctx
+            .dev
+            .with_core(|c, _| c.reg_mr(self.id, memory.clone(), access))?;
+        Ok(Arc::new(SoftMr {
+            pd: self.self_arc()?,
+            lkey: AtomicU32::new(lkey),
+            rkey: AtomicU32::new(rkey),
+            access: AtomicU32::new(access.bits()),
+            memory,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn alloc_fast_reg_mr(&self, _max_pages: u32) -> Result<Arc<dyn MrOps>> {
+        Err(verr!(
+            AllocMr,
+            NotSupported,
+            "fast-registration MRs are not implemented by the soft provider yet"
+        ))
+    }
+
+    fn alloc_mw(&self, _mw_type: MwType) -> Result<Arc<dyn MwOps>> {
+        Err(verr!(
+            AllocMw,
+            NotSupported,
+            "memory windows are not implemented by the soft provider yet"
+        ))
+    }
+
+    fn create_qp(&self, attr: &QpCreateAttr) -> Result<Arc<dyn QpOps>> {
+        let send_cq = soft_cq(&attr.send_cq)?;
+        let recv_cq = soft_cq(&attr.recv_cq)?;
+        if !Arc::ptr_eq(&send_cq.ctx.dev, &self.ctx.dev) || !Arc::ptr_eq(&recv_cq.ctx.dev, &self.ctx.dev) {
+            return Err(verr!(CreateQp, InvalidArgument, "the CQs belong to another device"));
+        }
+        let srq = match &attr.srq {
+            Some(s) => Some(soft_srq(s)?),
+            None => None,
+        };
+        let create = QpCreate {
+            qp_type: attr.qp_type,
+            pd: self.id,
+            send_cq: send_cq.id,
+            recv_cq: recv_cq.id,
+            srq: srq.as_ref().map(|s| s.id),
+            cap: attr.cap,
+            sq_sig_all: attr.sq_sig_all,
+            owner: self.ctx.id,
+        };
+        let (qpn, cap) = self.ctx.dev.with_core(|c, _| c.create_qp(&create))?;
+        Ok(Arc::new(SoftQp {
+            pd: self.self_arc()?,
+            _send_cq: send_cq,
+            _recv_cq: recv_cq,
+            _srq: srq,
+            qpn,
+            qp_type: attr.qp_type,
+            cap,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn create_srq(&self, attr: SrqAttr, context: u64) -> Result<Arc<dyn SrqOps>> {
+        let (id, _granted) = self
+            .ctx
+            .dev
+            .with_core(|c, _| c.create_srq(self.id, attr, context, self.ctx.id))?;
+        Ok(Arc::new(SoftSrq {
+            pd: self.self_arc()?,
+            id,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AhOps>> {
+        let id = self.ctx.dev.with_core(|c, _| c.create_ah(self.id, attr))?;
+        Ok(Arc::new(SoftAh {
+            pd: self.self_arc()?,
+            id,
+            attr: *attr,
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    fn destroy(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.ctx.dev.with_core(|c, _| c.dealloc_pd(self.id))?;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl SoftPd {
+    fn self_arc(&self) -> Result<Arc<SoftPd>> {
+        // Only ever created inside an Arc, and `&self` proves it is alive.
+        self.me
+            .upgrade()
+            .ok_or_else(|| verr!(AllocPd, InvalidArgument, "the PD is being destroyed"))
+    }
+}
+
+fn soft_cq(ops: &Arc<dyn CqOps>) -> Result<Arc<SoftCq>> {
+    ops.clone()
+        .into_any_arc()
+        .downcast::<SoftCq>()
+        .map_err(|_| verr!(CreateQp, InvalidArgument, "the CQ belongs to another backend"))
+}
+
+fn soft_srq(ops: &Arc<dyn SrqOps>) -> Result<Arc<SoftSrq>> {
+    ops.clone()
+        .into_any_arc()
+        .downcast::<SoftSrq>()
+        .map_err(|_| verr!(CreateQp, InvalidArgument, "the SRQ belongs to another backend"))
+}
+
+
+/// A memory region.
+pub(crate) struct SoftMr {
+    pd: Arc<SoftPd>,
+    lkey: AtomicU32,
+    rkey: AtomicU32,
+    access: AtomicU32,
+    memory: Arc<MemorySource>,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        let _ = MrOps::dereg(self);
+    }
+}
+
+impl MrOps for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.lkey.load(Ordering::Acquire)
+    }
+
+    fn rkey(&self) -> u32 {
+        self.rkey.load(Ordering::Acquire)
+    }
+
+    fn addr(&self) -> u64 {
+        self.memory.addr()
+    }
+
+    fn length(&self) -> u64 {
+        self.memory.len() as u64
+    }
+
+    fn access(&self) -> AccessFlags {
+        AccessFlags::from_bits_retain(self.access.load(Ordering::Acquire))
+    }
+
+    fn memory(&self) -> Option<&MrMemory> {
+        match &*self.memory {
+            MemorySource::Owned(m) => Some(m),
+            MemorySource::Raw(_) => None,
+        }
+    }
+
+    fn rereg(
+        &self,
+        flags: ReregFlags,
+        pd: Option<&Arc<dyn PdOps>>,
+        memory: Option<MemorySource>,
+        access: AccessFlags,
+    ) -> Result<()> {
+        if flags.is_empty() || !ReregFlags::all().contains(flags) {
+            return Err(verr!(
+                ReregMr,
+                InvalidArgument,
+                "rereg flags {flags:?} are empty or unknown"
+            ));
+        }
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION) || memory.is_some() {
+            return Err(verr!(
+                ReregMr,
+                NotSupported,
+                "changing the translation of a soft MR is not implemented yet"
+            ));
+        }
+        let new_pd = if flags.contains(ReregFlags::CHANGE_PD) {
+            let pd = pd.ok_or_else(|| verr!(ReregMr, InvalidArgument, "CHANGE_PD needs a PD"))?;
+            let pd = soft_of::<SoftPd>(pd.as_ref(), "PD", crate::verbs::Verb::ReregMr)?;
+            if !Arc::ptr_eq(&pd.ctx.dev, &self.pd.ctx.dev) {
+                return Err(verr!(ReregMr, InvalidArgument, "the PD belongs to another device"));
+            }
+            Some(pd.id)
+        } else {
+            None
+        };
+        let new_access = flags.contains(ReregFlags::CHANGE_ACCESS).then_some(access);
+        let lkey = self.lkey();
+        let (l, r) = self.pd.ctx.dev.with_core(|c, _| c.rereg_mr(lkey, new_pd, new_access))?;
+        self.lkey.store(l, Ordering::Release);
+        self.rkey.store(r, Ordering::Release);
+        if let Some(a) = new_access {
+            self.access.store(a.bits(), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    fn map_pages(&self, _sgl: &[Sge<'_>], _page_size: u32) -> Result<usize> {
+        Err(verr!(MapMrPages, InvalidArgument, "not a fast-registration MR"))
+    }
+
+    fn dereg(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let lkey = self.lkey();
+        self.pd.ctx.dev.with_core(|c, _| c.dereg_mr(lkey))?;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A completion event channel.
+pub(crate) struct SoftCompChannel {
+    dev: Arc<DeviceShared>,
+    pending: Mutex<VecDeque<u64>>,
+    fd: EventFd,
+    users: AtomicU32,
+}
+
+impl SoftCompChannel {
+    fn post(&self, context: u64) {
+        lock(&self.pending).push_back(context);
+        self.fd.post();
+    }
+}
+
+impl CompChannelOps for SoftCompChannel {
+    fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u64>> {
+        let got = wait_driving(&self.dev, &self.fd, timeout, || self.fd.try_take());
+        Ok(if got { lock(&self.pending).pop_front() } else { None })
+    }
+
+    fn fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.fd.raw())
+    }
+
+    fn destroy(&self) -> Result<()> {
+        let n = self.users.load(Ordering::Acquire);
+        if n > 0 {
+            return Err(verr!(DestroyCompChannel, Busy, "{n} CQ(s) still use this channel"));
+        }
+        Ok(())
+    }
+}
+
+/// A completion queue.
+pub(crate) struct SoftCq {
+    ctx: Arc<SoftContext>,
+    id: CqId,
+    capacity: AtomicU32,
+    context: u64,
+    channel: Option<Arc<SoftCompChannel>>,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftCq {
+    fn drop(&mut self) {
+        let _ = CqOps::destroy(self);
+    }
+}
+
+impl CqOps for SoftCq {
+    #[inline]
+    fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        self.ctx.dev.with_core(|c, _| c.poll_cq(self.id, wc))
+    }
+
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.ctx.dev.with_core(|c, _| c.req_notify_cq(self.id, solicited_only))
+    }
+
+    fn resize(&self, cqe: u32) -> Result<u32> {
+        let n = self.ctx.dev.with_core(|c, _| c.resize_cq(self.id, cqe))?;
+        self.capacity.store(n, Ordering::Release);
+        Ok(n)
+    }
+
+    fn capacity(&self) -> u32 {
+        self.capacity.load(Ordering::Acquire)
+    }
+
+    fn ack_events(&self, _n: u32) {
+        // Events are consumed from the channel when read; nothing to
+        // release here (the soft provider does not block destroy on
+        // unacknowledged events).
+    }
+
+    fn context(&self) -> u64 {
+        self.context
+    }
+
+    fn destroy(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.ctx.dev.with_core(|c, _| c.destroy_cq(self.id))?;
+        self.destroyed.store(true, Ordering::Release);
+        if let Some(ch) = &self.channel {
+            ch.users.fetch_sub(1, Ordering::AcqRel);
+            lock(&self.ctx.channels).remove(&self.id.0);
+        }
+        Ok(())
+    }
+}
+
+/// A queue pair.
+pub(crate) struct SoftQp {
+    pd: Arc<SoftPd>,
+    _send_cq: Arc<SoftCq>,
+    _recv_cq: Arc<SoftCq>,
+    _srq: Option<Arc<SoftSrq>>,
+    qpn: u32,
+    qp_type: QpType,
+    cap: QpCap,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let _ = QpOps::destroy(self);
+    }
+}
+
+impl QpOps for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    fn cap(&self) -> QpCap {
+        self.cap
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.pd
+            .ctx
+            .dev
+            .with_core(|c, now| c.modify_qp(now, self.qpn, attr, mask))
+    }
+
+    fn query(&self) -> Result<QpAttr> {
+        self.pd.ctx.dev.with_core(|c, _| c.query_qp(self.qpn))
+    }
+
+    #[inline]
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.pd.ctx.dev.with_core(|c, now| c.post_send(now, self.qpn, wrs))
+    }
+
+    #[inline]
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        self.pd.ctx.dev.with_core(|c, _| c.post_recv(self.qpn, wrs))
+    }
+
+    fn bind_mw(&self, _mw: &Arc<dyn MwOps>, _wr_id: u64, _bind: &MwBindInfo<'_>, _flags: SendFlags) -> Result<u32> {
+        Err(verr!(
+            BindMw,
+            NotSupported,
+            "memory windows are not implemented by the soft provider yet"
+        ))
+    }
+
+    fn destroy(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.pd.ctx.dev.with_core(|c, _| c.destroy_qp(self.qpn))?;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// A shared receive queue.
+pub(crate) struct SoftSrq {
+    pd: Arc<SoftPd>,
+    id: SrqId,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftSrq {
+    fn drop(&mut self) {
+        let _ = SrqOps::destroy(self);
+    }
+}
+
+impl SrqOps for SoftSrq {
+    fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.pd.ctx.dev.with_core(|c, _| c.modify_srq(self.id, attr, mask))
+    }
+
+    fn query(&self) -> Result<SrqAttr> {
+        self.pd.ctx.dev.with_core(|c, _| c.query_srq(self.id))
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        self.pd.ctx.dev.with_core(|c, _| c.post_srq_recv(self.id, wrs))
+    }
+
+    fn destroy(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.pd.ctx.dev.with_core(|c, _| c.destroy_srq(self.id))?;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// An address handle.
+pub(crate) struct SoftAh {
+    pd: Arc<SoftPd>,
+    id: AhId,
+    attr: AhAttr,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftAh {
+    fn drop(&mut self) {
+        let _ = AhOps::destroy(self);
+    }
+}
+
+impl AhOps for SoftAh {
+    fn attr(&self) -> AhAttr {
+        self.attr
+    }
+
+    fn destroy(&self) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.pd.ctx.dev.with_core(|c, _| c.destroy_ah(self.id))?;
+        self.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}

@@ -1,0 +1,413 @@
+//! Completer: acknowledgements, NAKs, read responses and atomic
+//! acknowledgements → send completions; retransmission (go-back-N), the
+//! retry and RNR-retry counters and their timers (DESIGN §3.7, rxe's
+//! rxe_comp.c).
+
+use crate::soft::wire::{rnr_timer_ns, NakCode, OpKind, ParsedPacket, Position, Psn, Syndrome};
+use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcStatus, WorkCompletion};
+
+use super::qp::{Qp, WqeOp, WqeState};
+use super::requester::vendor;
+use super::{Core, Nanos};
+
+/// 4.096 µs · 2^timeout, the IBTA local ACK timeout (timeout 0 = infinite).
+pub(crate) fn ack_timeout_ns(timeout: u8) -> Option<Nanos> {
+    if timeout == 0 {
+        None
+    } else {
+        Some(4096u64 << timeout.min(31))
+    }
+}
+
+impl Core {
+    /// Retires completed WQEs from the front of the send queue, in order:
+    /// successes produce a CQE when signaled; a failed WQE produces its
+    /// error CQE and flushes everything after it.
+    pub(crate) fn complete_done_prefix(&mut self, qp: &mut Qp) {
+        while let Some(state) = qp.sq.front().map(|w| w.state) {
+            match state {
+                WqeState::Done => {
+                    let w = qp.sq.pop_front().expect("front exists");
+                    qp.req.send_next = qp.req.send_next.saturating_sub(1);
+                    if w.signaled {
+                        let byte_len = match w.op {
+                            WqeOp::CompSwap | WqeOp::FetchAdd => 8,
+                            _ => w.length,
+                        };
+                        let wc = WorkCompletion {
+                            wr_id: w.wr_id,
+                            status: WcStatus::Success,
+                            opcode: w.op.wc_opcode(),
+                            byte_len,
+                            qp_num: qp.qpn,
+                            ..WorkCompletion::default()
+                        };
+                        self.push_cqe(qp.send_cq, wc, false);
+                    }
+                    qp.recycle(w.sgl);
+                }
+                WqeState::Failed(status, vendor_err) => {
+                    self.complete_send_error(qp, status, vendor_err);
+                    return;
+                }
+                _ => break,
+            }
+        }
+        if qp.attr.sq_draining && !qp.sq.iter().any(|w| w.state == WqeState::Sent) {
+            qp.attr.sq_draining = false;
+            self.qp_event(qp, EventType::SqDrained);
+        }
+    }
+
+    /// Sets or clears the retransmission timer after any change.
+    pub(crate) fn arm_retransmit(&mut self, qp: &mut Qp, now: Nanos) {
+        let waiting = qp.sq.iter().any(|w| w.state == WqeState::Sent) || qp.req.send_offset > 0;
+        if !waiting || qp.state() == QpState::Err {
+            qp.req.retrans_at = None;
+        } else if qp.req.retrans_at.is_none() {
+            qp.req.retrans_at = ack_timeout_ns(qp.attr.timeout).map(|t| now + t);
+        }
+        self.update_timer(qp);
+    }
+
+    /// The QP's one timer is the earlier of the RNR wait and retransmission.
+    fn update_timer(&mut self, qp: &mut Qp) {
+        let t = match (qp.req.rnr_wait, qp.req.retrans_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if t != qp.timer {
+            self.set_timer(qp, t);
+        }
+    }
+
+    pub(crate) fn on_qp_timer(&mut self, qp: &mut Qp, now: Nanos) {
+        if qp.state() == QpState::Err || qp.state() == QpState::Reset {
+            return;
+        }
+        if qp.req.rnr_wait.is_some_and(|t| t <= now) {
+            qp.req.rnr_wait = None;
+            qp.req.retrans_at = None;
+            self.requester(qp, now);
+        }
+        if qp.req.retrans_at.is_some_and(|t| t <= now) {
+            qp.req.retrans_at = None;
+            self.counters.retransmit_timeouts += 1;
+            if qp.req.retry_left == 0 {
+                // DESIGN §3.4: after retry_cnt timeouts the oldest
+                // outstanding WQE fails with RETRY_EXC_ERR.
+                if let Some(idx) = self.oldest_unacked(qp) {
+                    self.fail_wqe(qp, idx, WcStatus::RetryExcErr, vendor::RETRY);
+                }
+            } else {
+                qp.req.retry_left -= 1;
+                let from = qp.req.acked_psn.next();
+                self.rewind(qp, from);
+                self.requester(qp, now);
+            }
+        }
+        self.arm_retransmit(qp, now);
+    }
+
+    fn oldest_unacked(&self, qp: &Qp) -> Option<usize> {
+        qp.sq
+            .iter()
+            .position(|w| w.npkts > 0 && !matches!(w.state, WqeState::Done | WqeState::Failed(..)))
+    }
+
+    /// Go-back-N: make the requester resend from `psn`.
+    pub(crate) fn rewind(&mut self, qp: &mut Qp, psn: Psn) {
+        let mtu = qp.mtu();
+        let mut target = None;
+        for (i, w) in qp.sq.iter().enumerate() {
+            if w.npkts == 0 || matches!(w.state, WqeState::Done | WqeState::Failed(..)) {
+                continue;
+            }
+            let d = w.first_psn.distance(psn);
+            if d >= 0 && (d as u32) < w.npkts {
+                target = Some((i, d as u32));
+                break;
+            }
+            if d < 0 {
+                // psn precedes this WQE: resend it whole.
+                target = Some((i, 0));
+                break;
+            }
+        }
+        let Some((idx, pkt)) = target else { return };
+        for w in qp.sq.iter_mut().skip(idx) {
+            if w.state == WqeState::Sent {
+                if w.op.is_read_or_atomic() {
+                    qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
+                }
+                w.state = WqeState::Pending;
+            }
+        }
+        self.counters.retransmits += 1;
+        let w = &qp.sq[idx];
+        qp.req.send_next = idx;
+        qp.req.send_offset = match w.op {
+            WqeOp::Read | WqeOp::CompSwap | WqeOp::FetchAdd => 0,
+            _ => (pkt * mtu).min(w.length),
+        };
+        qp.req.next_psn = w.first_psn.wrapping_add(pkt);
+    }
+
+    /// Marks send/write WQEs up to `psn` acknowledged. A read or atomic
+    /// covered by the ACK whose response is missing means the responses were
+    /// lost: the requester re-asks for the missing part (implied NAK).
+    fn ack_up_to(&mut self, qp: &mut Qp, psn: Psn) -> bool {
+        let mut progressed = false;
+        let mut resend_from = None;
+        for w in qp.sq.iter_mut() {
+            if w.npkts == 0 {
+                break;
+            }
+            let last = w.first_psn.wrapping_add(w.npkts - 1);
+            if last.is_after(psn) {
+                break;
+            }
+            match w.state {
+                WqeState::Sent if !w.op.is_read_or_atomic() => {
+                    w.state = WqeState::Done;
+                    progressed = true;
+                }
+                WqeState::Sent => {
+                    resend_from = Some(w.first_psn.wrapping_add(w.resp_pkts));
+                    break;
+                }
+                WqeState::Pending | WqeState::Done | WqeState::Failed(..) => {}
+            }
+        }
+        if psn.is_after(qp.req.acked_psn) {
+            qp.req.acked_psn = psn;
+            progressed = true;
+        }
+        if progressed {
+            qp.req.retry_left = qp.attr.retry_cnt;
+            qp.req.retrans_at = None;
+        }
+        if let Some(p) = resend_from {
+            self.rewind(qp, p);
+        }
+        progressed
+    }
+
+    /// Handles a response packet (RC requester side).
+    pub(crate) fn handle_response(&mut self, qp: &mut Qp, now: Nanos, pkt: &ParsedPacket<'_>) {
+        let psn = pkt.headers.bth.psn;
+        // A response must be for a PSN we sent and have not seen acknowledged.
+        let oldest = qp.req.acked_psn.next();
+        let in_window = oldest.distance(psn) >= 0 && psn.is_before(qp.req.next_psn.max_with(qp));
+        if !in_window {
+            self.counters.rx_stale_responses += 1;
+            return;
+        }
+        match pkt.info.kind {
+            OpKind::Ack => {
+                let Some(aeth) = pkt.headers.aeth else { return };
+                match aeth.syndrome {
+                    Syndrome::Ack { .. } => {
+                        self.ack_up_to(qp, psn);
+                    }
+                    Syndrome::RnrNak { timer } => {
+                        self.counters.rnr_naks_received += 1;
+                        self.ack_up_to(qp, psn.wrapping_sub(1));
+                        if qp.req.rnr_left == 0 {
+                            if let Some(idx) = self.wqe_with_psn(qp, psn) {
+                                self.fail_wqe(qp, idx, WcStatus::RnrRetryExcErr, vendor::RNR);
+                            }
+                        } else {
+                            // rnr_retry 7 means retry forever (IBTA 9.7.5.2.8).
+                            if qp.attr.rnr_retry != 7 {
+                                qp.req.rnr_left -= 1;
+                            }
+                            self.rewind(qp, psn);
+                            qp.req.rnr_wait = Some(now + rnr_timer_ns(timer));
+                            qp.req.retrans_at = None;
+                        }
+                    }
+                    Syndrome::Nak(code) => {
+                        self.ack_up_to(qp, psn.wrapping_sub(1));
+                        let status = match code {
+                            NakCode::PsnSequenceError => {
+                                self.counters.seq_naks_received += 1;
+                                self.rewind(qp, psn);
+                                None
+                            }
+                            NakCode::InvalidRequest => Some(WcStatus::RemInvReqErr),
+                            NakCode::RemoteAccessError => Some(WcStatus::RemAccessErr),
+                            NakCode::RemoteOperationalError => Some(WcStatus::RemOpErr),
+                            NakCode::InvalidRdRequest => Some(WcStatus::RemInvRdReqErr),
+                            NakCode::Unknown(_) => Some(WcStatus::BadRespErr),
+                        };
+                        if let Some(st) = status {
+                            if let Some(idx) = self.wqe_with_psn(qp, psn) {
+                                self.fail_wqe(qp, idx, st, vendor::NAK);
+                            }
+                        }
+                    }
+                    Syndrome::Reserved(_) => {
+                        self.counters.rx_malformed += 1;
+                    }
+                }
+            }
+            OpKind::ReadResponse => self.handle_read_response(qp, pkt),
+            OpKind::AtomicAck => self.handle_atomic_ack(qp, pkt),
+            _ => {}
+        }
+        self.complete_done_prefix(qp);
+        if qp.state() != QpState::Err {
+            self.requester(qp, now);
+        }
+        self.arm_retransmit(qp, now);
+    }
+
+    fn wqe_with_psn(&self, qp: &Qp, psn: Psn) -> Option<usize> {
+        qp.sq.iter().position(|w| {
+            w.npkts > 0 && {
+                let d = w.first_psn.distance(psn);
+                d >= 0 && (d as u32) < w.npkts
+            }
+        })
+    }
+
+    fn handle_read_response(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) {
+        let psn = pkt.headers.bth.psn;
+        let Some(idx) = self.wqe_with_psn(qp, psn) else { return };
+        let mtu = qp.mtu();
+        {
+            let w = &qp.sq[idx];
+            if w.op != WqeOp::Read || w.state != WqeState::Sent {
+                self.counters.rx_stale_responses += 1;
+                return;
+            }
+            // Responses arrive in order; anything else is a duplicate or a
+            // gap that the ACK/timeout logic recovers.
+            if w.first_psn.wrapping_add(w.resp_pkts) != psn {
+                self.counters.rx_stale_responses += 1;
+                return;
+            }
+        }
+        // Everything before the read is implicitly acknowledged.
+        if pkt.headers.aeth.is_some() || pkt.info.position == Position::Middle {
+            self.ack_up_to(qp, qp.sq[idx].first_psn.wrapping_sub(1));
+        }
+        let Some(idx) = self.wqe_with_psn(qp, psn) else { return };
+        let (offset, length, ends) = {
+            let w = &qp.sq[idx];
+            (w.resp_pkts * mtu, w.length, pkt.info.position.ends_message())
+        };
+        let expect = (length - offset.min(length)).min(mtu) as usize;
+        let last_expected = offset as u64 + expect as u64 >= u64::from(length);
+        if pkt.payload.len() != expect || ends != last_expected {
+            // A response of the wrong size is a bad response (IBTA 9.9.3).
+            self.fail_wqe(qp, idx, WcStatus::BadRespErr, vendor::NAK);
+            return;
+        }
+        if self.scatter_send_wqe(qp, idx, offset, pkt.payload).is_err() {
+            self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
+            return;
+        }
+        let w = &mut qp.sq[idx];
+        w.resp_pkts += 1;
+        if ends {
+            w.state = WqeState::Done;
+            qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
+            let last = w.first_psn.wrapping_add(w.npkts - 1);
+            if last.is_after(qp.req.acked_psn) {
+                qp.req.acked_psn = last;
+            }
+            qp.req.retry_left = qp.attr.retry_cnt;
+            qp.req.retrans_at = None;
+        }
+    }
+
+    fn handle_atomic_ack(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) {
+        let psn = pkt.headers.bth.psn;
+        let Some(idx) = self.wqe_with_psn(qp, psn) else { return };
+        if !qp.sq[idx].op.is_atomic() || qp.sq[idx].state != WqeState::Sent {
+            self.counters.rx_stale_responses += 1;
+            return;
+        }
+        self.ack_up_to(qp, psn.wrapping_sub(1));
+        let Some(orig) = pkt.headers.atomic_ack_eth.map(|a| a.original_value) else {
+            return;
+        };
+        // The original value lands in local memory in host byte order, as
+        // rxe and mlx5 deliver it.
+        if self.scatter_send_wqe(qp, idx, 0, &orig.to_ne_bytes()).is_err() {
+            self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
+            return;
+        }
+        let w = &mut qp.sq[idx];
+        w.state = WqeState::Done;
+        qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
+        if psn.is_after(qp.req.acked_psn) {
+            qp.req.acked_psn = psn;
+        }
+        qp.req.retry_left = qp.attr.retry_cnt;
+        qp.req.retrans_at = None;
+    }
+
+    /// Writes `data` into WQE `idx`'s local scatter list at `offset`.
+    fn scatter_send_wqe(&self, qp: &Qp, idx: usize, mut offset: u32, data: &[u8]) -> Result<(), ()> {
+        let mut done = 0usize;
+        for s in &qp.sq[idx].sgl {
+            if done == data.len() {
+                break;
+            }
+            if offset >= s.len {
+                offset -= s.len;
+                continue;
+            }
+            let n = ((s.len - offset) as usize).min(data.len() - done);
+            let r = self
+                .mrs
+                .check(
+                    s.lkey,
+                    qp.pd,
+                    s.addr + u64::from(offset),
+                    n as u64,
+                    AccessFlags::LOCAL_WRITE,
+                )
+                .map_err(|_| ())?;
+            if let Some(r) = r {
+                r.memory.write_at(r.offset, &data[done..done + n]).map_err(|_| ())?;
+            }
+            done += n;
+            offset = 0;
+        }
+        if done == data.len() {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+}
+
+/// The end of the response window: responses may name any PSN up to the
+/// last one transmitted.
+trait WindowEnd {
+    fn max_with(self, qp: &Qp) -> Psn;
+}
+
+impl WindowEnd for Psn {
+    fn max_with(self, qp: &Qp) -> Psn {
+        // After a rewind next_psn moved back; responses up to the furthest
+        // PSN ever sent (the end of the last started WQE) are still valid.
+        let furthest = qp
+            .sq
+            .iter()
+            .rev()
+            .find(|w| w.npkts > 0)
+            .map(|w| w.first_psn.wrapping_add(w.npkts));
+        match furthest {
+            Some(f) if f.is_after(self) => f,
+            _ => self,
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _types(_: QpType) {}

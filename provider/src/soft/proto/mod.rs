@@ -1,0 +1,735 @@
+//! The sans-IO soft RoCE engine of one device.
+//!
+//! [`Core`] holds every object of a device (PDs, MRs, CQs, SRQs, AHs, QPs)
+//! and runs the RC/UC/UD transport. It never reads a clock, owns a socket or
+//! spawns a thread: the caller passes `now` (nanoseconds on any monotonic
+//! scale) to each input, and drains the outputs:
+//!
+//! - inputs: the verbs ([`Core::post_send`], [`Core::modify_qp`], …),
+//!   [`Core::handle_datagram`] for each received UDP payload, and
+//!   [`Core::handle_timeout`] when [`Core::poll_timeout`]'s deadline passes;
+//! - outputs: [`Core::poll_transmit`] (datagrams to send),
+//!   [`Core::poll_event`] (CQ notifications and async events), and the
+//!   completions read with [`Core::poll_cq`].
+//!
+//! The call order after any input is: drain `poll_transmit`, drain
+//! `poll_event`, then re-arm the timer from `poll_timeout`. This is what
+//! lets the simulated fabric replay any run from its seed (DESIGN §2).
+//!
+//! Files follow the directions of traffic, as rxe does: [`qp`] (objects,
+//! posting, state changes, flushing), `requester` (WQEs → request packets),
+//! `responder` (request packets → memory, receive completions, responses),
+//! `completer` (responses → send completions, retransmission) and `recv`
+//! (header checks and dispatch).
+
+#![deny(unsafe_code)]
+
+mod completer;
+mod cq;
+mod mr;
+mod qp;
+mod recv;
+mod requester;
+mod responder;
+mod slab;
+mod srq;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::verbs::{
+    verr, AccessFlags, AhAttr, AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, MemorySource, PortAttr, Result,
+    SrqAttr, SrqAttrMask, WorkCompletion,
+};
+
+pub use qp::QpCreate;
+pub use recv::Counters;
+
+use cq::Cq;
+use mr::MrTable;
+use qp::Qp;
+use slab::Slab;
+use srq::Srq;
+
+/// Time in nanoseconds on the caller's monotonic scale.
+pub type Nanos = u64;
+
+/// A protection domain id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PdId(pub u32);
+/// A completion queue id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+/// A shared receive queue id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
+/// An address handle id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AhId(pub u32);
+
+/// QP numbers start here (0 and 1 are the special QPs of IBTA).
+pub const QPN_BASE: u32 = 0x11;
+
+/// Static configuration of a device engine.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Device attributes (limits are enforced from here).
+    pub attr: DeviceAttr,
+    /// Port 1 attributes.
+    pub port: PortAttr,
+    /// GID table (index order).
+    pub gids: Vec<Gid>,
+    /// Seed for key bytes and any other random choice.
+    pub seed: u64,
+    /// Request an ACK at least every this many packets of a message
+    /// (besides the last one).
+    pub ack_every: u32,
+    /// Most unacknowledged request packets a QP keeps in flight.
+    pub max_inflight_packets: u32,
+    /// Whether to verify the ICRC of received packets.
+    pub check_icrc: bool,
+    /// UDP destination port of RoCEv2 (4791).
+    pub udp_port: u16,
+}
+
+impl CoreConfig {
+    /// A configuration with the given attributes and defaults for the rest.
+    pub fn new(attr: DeviceAttr, port: PortAttr, gids: Vec<Gid>, seed: u64) -> CoreConfig {
+        CoreConfig {
+            attr,
+            port,
+            gids,
+            seed,
+            ack_every: 64,
+            max_inflight_packets: 1024,
+            check_icrc: true,
+            udp_port: crate::soft::wire::ROCEV2_UDP_PORT,
+        }
+    }
+}
+
+/// A datagram to send: a RoCEv2 UDP payload (BTH … ICRC) and its addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Source address (from the QP's source GID).
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// UDP source port (per-QP entropy, as RoCE NICs do).
+    pub src_port: u16,
+    /// UDP destination port.
+    pub dst_port: u16,
+    /// The UDP payload.
+    pub data: Vec<u8>,
+}
+
+/// A received datagram.
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port.
+    pub dst_port: u16,
+    /// The UDP payload.
+    pub data: &'a [u8],
+}
+
+/// Something the driver must deliver outside the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoreEvent {
+    /// An armed CQ fired: signal its completion channel.
+    CqNotify {
+        /// The CQ.
+        cq: CqId,
+    },
+    /// An asynchronous event for the context `owner` (or every context of
+    /// the device when `None`).
+    Async {
+        /// Owning context id, as given at object creation.
+        owner: Option<u32>,
+        /// The event.
+        event: AsyncEvent,
+    },
+}
+
+/// Deterministic generator for key bytes (SplitMix64).
+#[derive(Debug, Clone)]
+pub(crate) struct SplitMix(u64);
+
+impl SplitMix {
+    pub(crate) fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub(crate) fn next_u8(&mut self) -> u8 {
+        self.next_u64() as u8
+    }
+}
+
+/// A protection domain; `owner` is the context that allocated it.
+#[derive(Debug, Default)]
+struct PdEntry {
+    #[allow(dead_code)] // kept for hotplug: objects are reported per context
+    owner: u32,
+}
+
+#[derive(Debug)]
+struct AhEntry {
+    pd: PdId,
+}
+
+/// The engine of one soft device. See the module docs for the call order.
+#[derive(Debug)]
+pub struct Core {
+    cfg: CoreConfig,
+    rng: SplitMix,
+    pds: Slab<PdEntry>,
+    mrs: MrTable,
+    cqs: Slab<Cq>,
+    srqs: Slab<Srq>,
+    ahs: Slab<AhEntry>,
+    qps: Slab<Box<Qp>>,
+    tx: VecDeque<Transmit>,
+    events: VecDeque<CoreEvent>,
+    /// (deadline, qpn) of every QP with an armed timer.
+    timers: BTreeSet<(Nanos, u32)>,
+    counters: Counters,
+    /// Reused payload buffer.
+    scratch: Vec<u8>,
+}
+
+impl Core {
+    /// A device engine with no objects.
+    pub fn new(cfg: CoreConfig) -> Core {
+        let rng = SplitMix::new(cfg.seed ^ 0x736f_6674_7665_7262);
+        Core {
+            cfg,
+            rng,
+            pds: Slab::default(),
+            mrs: MrTable::default(),
+            cqs: Slab::default(),
+            srqs: Slab::default(),
+            ahs: Slab::default(),
+            qps: Slab::default(),
+            tx: VecDeque::new(),
+            events: VecDeque::new(),
+            timers: BTreeSet::new(),
+            counters: Counters::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// Packet and error counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// Next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.tx.pop_front()
+    }
+
+    /// Whether datagrams are waiting in [`Core::poll_transmit`].
+    pub fn has_transmit(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Next event for the driver.
+    pub fn poll_event(&mut self) -> Option<CoreEvent> {
+        self.events.pop_front()
+    }
+
+    /// The earliest deadline at which [`Core::handle_timeout`] must run.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    /// Runs every timer due at `now` (retransmission, RNR retry).
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        while let Some(&(t, qpn)) = self.timers.first() {
+            if t > now {
+                break;
+            }
+            self.timers.pop_first();
+            if let Some(mut qp) = self.take_qp(qpn) {
+                if qp.timer == Some(t) {
+                    qp.timer = None;
+                    self.on_qp_timer(&mut qp, now);
+                }
+                self.put_qp(qp);
+            }
+        }
+    }
+
+    // ---- protection domains -------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM` at `max_pd`.
+    pub fn alloc_pd(&mut self, owner: u32) -> Result<PdId> {
+        if self.pds.live() >= self.cfg.attr.max_pd {
+            return Err(verr!(
+                AllocPd,
+                NoMemory,
+                "device limit of {} PDs reached",
+                self.cfg.attr.max_pd
+            ));
+        }
+        Ok(PdId(self.pds.insert(PdEntry { owner })))
+    }
+
+    /// `ibv_dealloc_pd`.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` while MRs, QPs, SRQs or AHs use the PD; `EINVAL` if unknown.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
+        if self.pds.get(pd.0).is_none() {
+            return Err(verr!(DeallocPd, InvalidArgument, "no such PD"));
+        }
+        let in_use = self.mrs.uses_pd(pd)
+            || self.qps.iter().any(|(_, q)| q.pd == pd)
+            || self.srqs.iter().any(|(_, s)| s.pd == pd)
+            || self.ahs.iter().any(|(_, a)| a.pd == pd);
+        if in_use {
+            return Err(verr!(DeallocPd, Busy, "the PD still has MRs, QPs, SRQs or AHs"));
+        }
+        self.pds.remove(pd.0);
+        Ok(())
+    }
+
+    fn check_pd(&self, verb: crate::verbs::Verb, pd: PdId) -> Result<()> {
+        match self.pds.get(pd.0) {
+            Some(_) => Ok(()),
+            None => Err(crate::verbs::Error::new(
+                verb,
+                crate::verbs::ErrorKind::InvalidArgument,
+                "the PD was deallocated",
+            )),
+        }
+    }
+
+    // ---- memory regions -----------------------------------------------
+
+    /// `ibv_reg_mr`: returns `(lkey, rkey)`; the rkey is 0 without remote
+    /// access (DESIGN §3.1).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for access flags that break the registration rule or that
+    /// the soft provider does not support (on-demand paging, zero-based);
+    /// `ENOMEM` at `max_mr`.
+    pub fn reg_mr(&mut self, pd: PdId, memory: Arc<MemorySource>, access: AccessFlags) -> Result<(u32, u32)> {
+        self.check_pd(crate::verbs::Verb::RegMr, pd)?;
+        if !access.is_valid_for_mr() {
+            return Err(verr!(
+                RegMr,
+                InvalidArgument,
+                "REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE (ibv_reg_mr(3))"
+            ));
+        }
+        let unsupported = AccessFlags::ON_DEMAND | AccessFlags::ZERO_BASED | AccessFlags::HUGETLB;
+        if access.intersects(unsupported) {
+            return Err(verr!(
+                RegMr,
+                InvalidArgument,
+                "access {:?} is not supported by the soft provider",
+                access & unsupported
+            ));
+        }
+        if self.mrs.live() >= self.cfg.attr.max_mr {
+            return Err(verr!(
+                RegMr,
+                NoMemory,
+                "device limit of {} MRs reached",
+                self.cfg.attr.max_mr
+            ));
+        }
+        let iova = memory.addr();
+        let len = memory.len() as u64;
+        let key = self
+            .mrs
+            .insert(&mut self.rng, pd, access, memory, iova, len)
+            .ok_or_else(|| verr!(RegMr, NoMemory, "MR key space exhausted"))?;
+        let rkey = if access.intersects(AccessFlags::REMOTE) { key } else { 0 };
+        Ok((key, rkey))
+    }
+
+    /// `ibv_dereg_mr`. After it returns the engine never touches the memory.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an unknown key.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        self.mrs
+            .remove(lkey)
+            .map(|_| ())
+            .ok_or_else(|| verr!(DeregMr, InvalidArgument, "no MR with lkey {lkey:#x}"))
+    }
+
+    /// `ibv_rereg_mr` with new access and/or PD (translation changes are
+    /// done by the caller as dereg + reg at the same index in a later
+    /// issue). Returns the new `(lkey, rkey)`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an unknown key, bad access or a dead PD.
+    pub fn rereg_mr(&mut self, lkey: u32, pd: Option<PdId>, access: Option<AccessFlags>) -> Result<(u32, u32)> {
+        if let Some(pd) = pd {
+            self.check_pd(crate::verbs::Verb::ReregMr, pd)?;
+        }
+        if let Some(a) = access {
+            if !a.is_valid_for_mr() {
+                return Err(verr!(
+                    ReregMr,
+                    InvalidArgument,
+                    "REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE"
+                ));
+            }
+        }
+        let e = self
+            .mrs
+            .get_mut(lkey)
+            .ok_or_else(|| verr!(ReregMr, InvalidArgument, "no MR with lkey {lkey:#x}"))?;
+        if let Some(pd) = pd {
+            e.pd = pd;
+        }
+        if let Some(a) = access {
+            e.access = a;
+        }
+        let rkey = if e.access.intersects(AccessFlags::REMOTE) {
+            e.key
+        } else {
+            0
+        };
+        Ok((e.key, rkey))
+    }
+
+    // ---- completion queues --------------------------------------------
+
+    /// `ibv_create_cq`: returns the id and the granted capacity.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for 0 or more than `max_cqe` entries; `ENOMEM` at `max_cq`.
+    pub fn create_cq(&mut self, cqe: u32, context: u64, owner: u32) -> Result<(CqId, u32)> {
+        if cqe == 0 || cqe > self.cfg.attr.max_cqe {
+            return Err(verr!(
+                CreateCq,
+                InvalidArgument,
+                "cqe {cqe} not in 1..={}",
+                self.cfg.attr.max_cqe
+            ));
+        }
+        if self.cqs.live() >= self.cfg.attr.max_cq {
+            return Err(verr!(
+                CreateCq,
+                NoMemory,
+                "device limit of {} CQs reached",
+                self.cfg.attr.max_cq
+            ));
+        }
+        Ok((CqId(self.cqs.insert(Cq::new(cqe, context, owner))), cqe))
+    }
+
+    /// `ibv_destroy_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` while a QP uses the CQ; `EINVAL` if unknown.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
+        match self.cqs.get(cq.0) {
+            None => Err(verr!(DestroyCq, InvalidArgument, "no such CQ")),
+            Some(c) if c.users > 0 => Err(verr!(DestroyCq, Busy, "{} QP(s) still use this CQ", c.users)),
+            Some(_) => {
+                self.cqs.remove(cq.0);
+                Ok(())
+            }
+        }
+    }
+
+    /// `ibv_poll_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EIO` once the CQ overran; `EINVAL` if unknown.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(PollCq, InvalidArgument, "no such CQ"))?;
+        if c.overrun {
+            return Err(verr!(
+                PollCq,
+                Io,
+                "the CQ overran and is unusable (CQ_ERR was reported)"
+            ));
+        }
+        Ok(c.poll(out))
+    }
+
+    /// Number of completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqId) -> usize {
+        self.cqs.get(cq.0).map_or(0, |c| c.queue.len())
+    }
+
+    /// `ibv_req_notify_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if unknown.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<()> {
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(ReqNotifyCq, InvalidArgument, "no such CQ"))?;
+        c.arm = if solicited_only {
+            cq::Arm::Solicited
+        } else {
+            cq::Arm::Next
+        };
+        Ok(())
+    }
+
+    /// `ibv_resize_cq`: returns the new capacity.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` below the number of queued completions, 0, or above
+    /// `max_cqe`.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32> {
+        let max = self.cfg.attr.max_cqe;
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(ResizeCq, InvalidArgument, "no such CQ"))?;
+        if cqe == 0 || cqe > max || (cqe as usize) < c.queue.len() {
+            return Err(verr!(
+                ResizeCq,
+                InvalidArgument,
+                "cqe {cqe} must be in 1..={max} and hold the {} queued completions",
+                c.queue.len()
+            ));
+        }
+        c.capacity = cqe;
+        Ok(cqe)
+    }
+
+    pub(crate) fn push_cqe(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(cq.0) else { return };
+        let out = c.push(wc, solicited);
+        let (context, owner) = (c.context, c.owner);
+        if out.notify {
+            self.events.push_back(CoreEvent::CqNotify { cq });
+        }
+        if out.overrun {
+            self.counters.cq_overruns += 1;
+            self.events.push_back(CoreEvent::Async {
+                owner: Some(owner),
+                event: AsyncEvent {
+                    event_type: EventType::CqErr,
+                    element: AsyncElement::Cq(context),
+                },
+            });
+        }
+    }
+
+    pub(crate) fn qp_event(&mut self, qp: &Qp, event_type: EventType) {
+        self.events.push_back(CoreEvent::Async {
+            owner: Some(qp.owner),
+            event: AsyncEvent {
+                event_type,
+                element: AsyncElement::Qp(qp.qpn),
+            },
+        });
+    }
+
+    // ---- shared receive queues ----------------------------------------
+
+    /// `ibv_create_srq`: returns the id and the granted attributes.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` beyond `max_srq_wr`/`max_srq_sge` or a limit above the
+    /// depth; `ENOMEM` at `max_srq`.
+    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr, context: u64, owner: u32) -> Result<(SrqId, SrqAttr)> {
+        self.check_pd(crate::verbs::Verb::CreateSrq, pd)?;
+        let a = &self.cfg.attr;
+        if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr || attr.max_sge == 0 || attr.max_sge > a.max_srq_sge {
+            return Err(verr!(
+                CreateSrq,
+                InvalidArgument,
+                "max_wr {} / max_sge {} outside 1..={} / 1..={}",
+                attr.max_wr,
+                attr.max_sge,
+                a.max_srq_wr,
+                a.max_srq_sge
+            ));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(verr!(CreateSrq, InvalidArgument, "srq_limit above max_wr"));
+        }
+        if self.srqs.live() >= a.max_srq {
+            return Err(verr!(CreateSrq, NoMemory, "device limit of {} SRQs reached", a.max_srq));
+        }
+        let srq = Srq::new(pd, attr, context, owner);
+        let granted = srq.attr();
+        Ok((SrqId(self.srqs.insert(srq)), granted))
+    }
+
+    /// `ibv_modify_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for a limit above the depth, a resize below the queued
+    /// count or above `max_srq_wr`.
+    pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        let max = self.cfg.attr.max_srq_wr;
+        let s = self
+            .srqs
+            .get_mut(srq.0)
+            .ok_or_else(|| verr!(ModifySrq, InvalidArgument, "no such SRQ"))?;
+        s.modify(attr, mask, max)
+    }
+
+    /// `ibv_query_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if unknown.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr> {
+        self.srqs
+            .get(srq.0)
+            .map(|s| s.attr())
+            .ok_or_else(|| verr!(QuerySrq, InvalidArgument, "no such SRQ"))
+    }
+
+    /// `ibv_destroy_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` while QPs use it.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        match self.srqs.get(srq.0) {
+            None => Err(verr!(DestroySrq, InvalidArgument, "no such SRQ")),
+            Some(s) if s.users > 0 => Err(verr!(DestroySrq, Busy, "{} QP(s) still use this SRQ", s.users)),
+            Some(_) => {
+                self.srqs.remove(srq.0);
+                Ok(())
+            }
+        }
+    }
+
+    // ---- address handles ----------------------------------------------
+
+    /// `ibv_create_ah`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for a bad port, a non-global AV (RoCE needs a GRH) or an
+    /// unpopulated source GID; `ENOMEM` at `max_ah`.
+    pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
+        self.check_pd(crate::verbs::Verb::CreateAh, pd)?;
+        self.check_av(attr)
+            .map_err(|e| e.with_verb(crate::verbs::Verb::CreateAh))?;
+        if self.ahs.live() >= self.cfg.attr.max_ah {
+            return Err(verr!(
+                CreateAh,
+                NoMemory,
+                "device limit of {} AHs reached",
+                self.cfg.attr.max_ah
+            ));
+        }
+        Ok(AhId(self.ahs.insert(AhEntry { pd })))
+    }
+
+    /// `ibv_destroy_ah`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if unknown.
+    pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
+        self.ahs
+            .remove(ah.0)
+            .map(|_| ())
+            .ok_or_else(|| verr!(DestroyAh, InvalidArgument, "no such AH"))
+    }
+
+    pub(crate) fn check_av(&self, av: &AhAttr) -> Result<()> {
+        if av.port_num != 1 {
+            return Err(verr!(
+                ModifyQp,
+                InvalidArgument,
+                "address vector port {} does not exist",
+                av.port_num
+            ));
+        }
+        if !av.is_global {
+            return Err(verr!(
+                ModifyQp,
+                InvalidArgument,
+                "RoCE address vectors need a GRH (is_global)"
+            ));
+        }
+        let sgid = self
+            .cfg
+            .gids
+            .get(av.grh.sgid_index as usize)
+            .copied()
+            .unwrap_or(Gid::ZERO);
+        if sgid.is_zero() {
+            return Err(verr!(
+                ModifyQp,
+                InvalidArgument,
+                "source GID index {} is not populated",
+                av.grh.sgid_index
+            ));
+        }
+        if av.grh.dgid.is_zero() {
+            return Err(verr!(ModifyQp, InvalidArgument, "destination GID is zero"));
+        }
+        Ok(())
+    }
+
+    // ---- timers -------------------------------------------------------
+
+    /// Arms (or disarms with `None`) the single timer of a QP.
+    pub(crate) fn set_timer(&mut self, qp: &mut Qp, deadline: Option<Nanos>) {
+        if let Some(old) = qp.timer.take() {
+            self.timers.remove(&(old, qp.qpn));
+        }
+        if let Some(t) = deadline {
+            self.timers.insert((t, qp.qpn));
+            qp.timer = Some(t);
+        }
+    }
+
+    pub(crate) fn take_qp(&mut self, qpn: u32) -> Option<Box<Qp>> {
+        self.qps.take(qpn.checked_sub(QPN_BASE)?)
+    }
+
+    pub(crate) fn put_qp(&mut self, qp: Box<Qp>) {
+        let id = qp.qpn - QPN_BASE;
+        self.qps.put(id, qp);
+    }
+}

@@ -1,0 +1,878 @@
+//! Queue pairs: creation and limits, the state machine (check-then-apply,
+//! DESIGN §3.2), posting (DESIGN §3.3) and flushing (DESIGN §3.4).
+
+use std::collections::VecDeque;
+
+use crate::soft::wire::Psn;
+use crate::verbs::qp_state::{self, ModifyLimits};
+use crate::verbs::{
+    verr, Error, ErrorKind, EventType, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, RemoteAddr,
+    Result, SendFlags, SendOp, SendWr, Verb, WcOpcode, WcStatus, WorkCompletion,
+};
+
+use super::{Core, CqId, Nanos, PdId, SrqId, QPN_BASE};
+
+/// What `create_qp` needs, in engine ids.
+#[derive(Debug, Clone, Copy)]
+pub struct QpCreate {
+    /// Transport.
+    pub qp_type: QpType,
+    /// Protection domain.
+    pub pd: PdId,
+    /// Send CQ.
+    pub send_cq: CqId,
+    /// Receive CQ.
+    pub recv_cq: CqId,
+    /// SRQ, if any.
+    pub srq: Option<SrqId>,
+    /// Requested capacities.
+    pub cap: QpCap,
+    /// Signal all send WRs.
+    pub sq_sig_all: bool,
+    /// Owning context (for async events).
+    pub owner: u32,
+}
+
+/// A scatter/gather entry as the engine keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SgeRaw {
+    pub(crate) addr: u64,
+    pub(crate) len: u32,
+    pub(crate) lkey: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeOp {
+    Send,
+    SendImm,
+    SendInv,
+    Write,
+    WriteImm,
+    Read,
+    CompSwap,
+    FetchAdd,
+    LocalInv,
+}
+
+impl WqeOp {
+    pub(crate) fn wc_opcode(self) -> WcOpcode {
+        match self {
+            WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv => WcOpcode::Send,
+            WqeOp::Write | WqeOp::WriteImm => WcOpcode::RdmaWrite,
+            WqeOp::Read => WcOpcode::RdmaRead,
+            WqeOp::CompSwap => WcOpcode::CompSwap,
+            WqeOp::FetchAdd => WcOpcode::FetchAdd,
+            WqeOp::LocalInv => WcOpcode::LocalInv,
+        }
+    }
+
+    pub(crate) fn is_read_or_atomic(self) -> bool {
+        matches!(self, WqeOp::Read | WqeOp::CompSwap | WqeOp::FetchAdd)
+    }
+
+    pub(crate) fn is_atomic(self) -> bool {
+        matches!(self, WqeOp::CompSwap | WqeOp::FetchAdd)
+    }
+}
+
+/// UD destination resolved at post time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UdTarget {
+    pub(crate) dst: std::net::IpAddr,
+    pub(crate) sgid_index: u8,
+    pub(crate) qpn: u32,
+    pub(crate) qkey: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeState {
+    /// Not yet (fully) transmitted.
+    Pending,
+    /// Every packet transmitted; waiting for acknowledgement/response.
+    Sent,
+    /// Completed (success); waiting for the WQEs before it to complete.
+    Done,
+    /// Failed with this status; reported once the WQEs before it completed.
+    Failed(WcStatus, u32),
+}
+
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: WqeOp,
+    pub(crate) remote: RemoteAddr,
+    /// Immediate data, the rkey to invalidate, or the key of a LOCAL_INV.
+    pub(crate) imm: u32,
+    pub(crate) compare: u64,
+    pub(crate) swap_add: u64,
+    pub(crate) sgl: Vec<SgeRaw>,
+    /// Inline payload (copied at post time).
+    pub(crate) inline: Option<Vec<u8>>,
+    pub(crate) length: u32,
+    pub(crate) signaled: bool,
+    pub(crate) fence: bool,
+    pub(crate) solicited: bool,
+    pub(crate) ud: Option<UdTarget>,
+    pub(crate) state: WqeState,
+    /// PSN of the first packet (valid once transmission started).
+    pub(crate) first_psn: Psn,
+    /// Packets (PSNs) the WQE spans.
+    pub(crate) npkts: u32,
+    /// Read responses placed so far (packets).
+    pub(crate) resp_pkts: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sgl: Vec<SgeRaw>,
+    pub(crate) length: u64,
+}
+
+/// Requester progress (DESIGN §3.7).
+#[derive(Debug, Default)]
+pub(crate) struct ReqState {
+    /// PSN of the next new packet.
+    pub(crate) next_psn: Psn,
+    /// Index in `sq` of the WQE being transmitted.
+    pub(crate) send_next: usize,
+    /// Bytes of that WQE already transmitted.
+    pub(crate) send_offset: u32,
+    /// Reads and atomics in flight (bounded by `max_rd_atomic`).
+    pub(crate) rd_atomic_inflight: u32,
+    /// Transport retries left for the current timeout episode.
+    pub(crate) retry_left: u8,
+    /// RNR retries left.
+    pub(crate) rnr_left: u8,
+    /// Waiting out an RNR NAK until this time.
+    pub(crate) rnr_wait: Option<Nanos>,
+    /// Retransmission deadline while requests are unacknowledged.
+    pub(crate) retrans_at: Option<Nanos>,
+    /// The last PSN acknowledged.
+    pub(crate) acked_psn: Psn,
+}
+
+/// A saved read or atomic for duplicate replay (responder side).
+#[derive(Debug, Clone)]
+pub(crate) enum RdAtomicRes {
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// A multi-packet message being received.
+#[derive(Debug)]
+pub(crate) struct RecvProgress {
+    pub(crate) wqe: RecvWqe,
+    pub(crate) offset: u64,
+}
+
+/// A multi-packet write being placed.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteProgress {
+    pub(crate) rkey: u32,
+    pub(crate) va: u64,
+    pub(crate) remaining: u64,
+    /// The message's DMA length (reported by a write with immediate).
+    pub(crate) total: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RespState {
+    /// Expected PSN.
+    pub(crate) epsn: Psn,
+    /// Message sequence number (completed messages, 24 bits).
+    pub(crate) msn: u32,
+    pub(crate) recv: Option<RecvProgress>,
+    pub(crate) write: Option<WriteProgress>,
+    /// Saved reads/atomics, oldest first, at most `max_dest_rd_atomic`.
+    pub(crate) rd_atomic: VecDeque<RdAtomicRes>,
+    /// A sequence-error NAK was sent and not yet resolved (send it once).
+    pub(crate) nak_sent: bool,
+    /// Whether the first packet (COMM_EST) was seen.
+    pub(crate) established: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: u32,
+    pub(crate) qp_type: QpType,
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) srq: Option<SrqId>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: QpCap,
+    pub(crate) owner: u32,
+    pub(crate) attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) req: ReqState,
+    pub(crate) resp: RespState,
+    pub(crate) timer: Option<Nanos>,
+    /// Spare SGE vectors, recycled to keep posting allocation-free.
+    pub(crate) spare: Vec<Vec<SgeRaw>>,
+}
+
+impl Qp {
+    pub(crate) fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    fn take_vec(&mut self) -> Vec<SgeRaw> {
+        self.spare.pop().unwrap_or_default()
+    }
+
+    pub(crate) fn recycle(&mut self, mut v: Vec<SgeRaw>) {
+        if self.spare.len() < 64 {
+            v.clear();
+            self.spare.push(v);
+        }
+    }
+}
+
+fn post_err(index: usize, verb: Verb, kind: ErrorKind, detail: impl Into<std::borrow::Cow<'static, str>>) -> PostError {
+    PostError {
+        index,
+        error: Error::new(verb, kind, detail),
+    }
+}
+
+impl Core {
+    /// `ibv_create_qp`: returns the QP number and the granted capacities.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for unknown PD/CQ/SRQ or capacities above the device limits;
+    /// `ENOMEM` at `max_qp`.
+    pub fn create_qp(&mut self, c: &QpCreate) -> Result<(u32, QpCap)> {
+        self.check_pd(Verb::CreateQp, c.pd)?;
+        if self.cqs.get(c.send_cq.0).is_none() || self.cqs.get(c.recv_cq.0).is_none() {
+            return Err(verr!(CreateQp, InvalidArgument, "unknown or destroyed CQ"));
+        }
+        if let Some(s) = c.srq {
+            if self.srqs.get(s.0).is_none() {
+                return Err(verr!(CreateQp, InvalidArgument, "unknown or destroyed SRQ"));
+            }
+        }
+        let a = &self.cfg.attr;
+        let cap = c.cap;
+        if cap.max_send_wr > a.max_qp_wr || cap.max_recv_wr > a.max_qp_wr {
+            return Err(verr!(
+                CreateQp,
+                InvalidArgument,
+                "queue depth above max_qp_wr {}",
+                a.max_qp_wr
+            ));
+        }
+        if cap.max_send_sge > a.max_sge || cap.max_recv_sge > a.max_sge {
+            return Err(verr!(
+                CreateQp,
+                InvalidArgument,
+                "SGE count above max_sge {}",
+                a.max_sge
+            ));
+        }
+        if cap.max_inline_data > a.max_inline_data {
+            return Err(verr!(
+                CreateQp,
+                InvalidArgument,
+                "inline size above {}",
+                a.max_inline_data
+            ));
+        }
+        if c.qp_type == QpType::Ud && c.srq.is_none() && cap.max_recv_wr == 0 && cap.max_send_wr == 0 {
+            return Err(verr!(CreateQp, InvalidArgument, "a QP needs a send or receive queue"));
+        }
+        if self.qps.live() >= a.max_qp {
+            return Err(verr!(CreateQp, NoMemory, "device limit of {} QPs reached", a.max_qp));
+        }
+        // Grant at least what was asked (ibv_create_qp(3)); at least one SGE
+        // per queue so a granted queue is usable.
+        let granted = QpCap {
+            max_send_wr: cap.max_send_wr.max(1),
+            max_recv_wr: if c.srq.is_some() { 0 } else { cap.max_recv_wr.max(1) },
+            max_send_sge: cap.max_send_sge.max(1),
+            max_recv_sge: if c.srq.is_some() { 0 } else { cap.max_recv_sge.max(1) },
+            max_inline_data: cap.max_inline_data,
+        };
+        for cq in [c.send_cq, c.recv_cq] {
+            if let Some(cq) = self.cqs.get_mut(cq.0) {
+                cq.users += 1;
+            }
+        }
+        if let Some(s) = c.srq.and_then(|s| self.srqs.get_mut(s.0)) {
+            s.users += 1;
+        }
+        let attr = QpAttr {
+            cap: granted,
+            ..QpAttr::default()
+        };
+        let qp = Box::new(Qp {
+            qpn: 0,
+            qp_type: c.qp_type,
+            pd: c.pd,
+            send_cq: c.send_cq,
+            recv_cq: c.recv_cq,
+            srq: c.srq,
+            sq_sig_all: c.sq_sig_all,
+            cap: granted,
+            owner: c.owner,
+            attr,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req: ReqState::default(),
+            resp: RespState::default(),
+            timer: None,
+            spare: Vec::new(),
+        });
+        let id = self.qps.insert(qp);
+        let qpn = id + QPN_BASE;
+        if let Some(q) = self.qps.get_mut(id) {
+            q.qpn = qpn;
+        }
+        Ok((qpn, granted))
+    }
+
+    /// `ibv_destroy_qp`. Outstanding work is discarded without completions,
+    /// as hardware does.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an unknown QP.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        let mut qp = self
+            .take_qp(qpn)
+            .ok_or_else(|| verr!(DestroyQp, InvalidArgument, "no QP {qpn:#x}"))?;
+        self.set_timer(&mut qp, None);
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(cq) = self.cqs.get_mut(cq.0) {
+                cq.users = cq.users.saturating_sub(1);
+            }
+        }
+        if let Some(s) = qp.srq.and_then(|s| self.srqs.get_mut(s.0)) {
+            s.users = s.users.saturating_sub(1);
+        }
+        self.qps.remove(qpn - QPN_BASE);
+        Ok(())
+    }
+
+    fn modify_limits(&self, qp: &Qp) -> ModifyLimits {
+        let mut populated = [0u64; 4];
+        for (i, g) in self.cfg.gids.iter().enumerate().take(256) {
+            if !g.is_zero() {
+                populated[i / 64] |= 1 << (i % 64);
+            }
+        }
+        ModifyLimits {
+            phys_port_cnt: self.cfg.attr.phys_port_cnt,
+            link_layer: self.cfg.port.link_layer,
+            pkey_tbl_len: self.cfg.port.pkey_tbl_len,
+            max_mtu: self.cfg.port.max_mtu,
+            max_qp_rd_atom: self.cfg.attr.max_qp_rd_atom,
+            max_qp_init_rd_atom: self.cfg.attr.max_qp_init_rd_atom,
+            gid_tbl_len: self.cfg.port.gid_tbl_len,
+            populated_gids: populated,
+            qp_port: (qp.attr.port_num != 0).then_some(qp.attr.port_num),
+            // The soft provider has no privilege model; a controlled Q_Key
+            // is allowed.
+            privileged_qkey: true,
+        }
+    }
+
+    /// `ibv_modify_qp`: check-then-apply (an invalid modify changes nothing).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` as [`qp_state::check_modify`] says, or for an unknown QP.
+    pub fn modify_qp(&mut self, now: Nanos, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let mut qp = self
+            .take_qp(qpn)
+            .ok_or_else(|| verr!(ModifyQp, InvalidArgument, "no QP {qpn:#x}"))?;
+        let limits = self.modify_limits(&qp);
+        let checked = qp_state::check_modify(qp.qp_type, qp.state(), attr, mask, &limits).and_then(|to| {
+            if mask.contains(QpAttrMask::AV) {
+                self.check_av(&attr.ah_attr)?;
+            }
+            Ok(to)
+        });
+        let to = match checked {
+            Ok(to) => to,
+            Err(e) => {
+                self.put_qp(qp);
+                return Err(e);
+            }
+        };
+        let from = qp.state();
+        qp_state::apply_modify(&mut qp.attr, attr, mask, to);
+        qp.attr.cap = qp.cap;
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            qp.resp.epsn = Psn::new(attr.rq_psn);
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            qp.req.next_psn = Psn::new(attr.sq_psn);
+            qp.req.acked_psn = Psn::new(attr.sq_psn).wrapping_sub(1);
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) {
+            qp.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            qp.req.rnr_left = attr.rnr_retry;
+        }
+        match to {
+            QpState::Reset if from != QpState::Reset => self.reset_qp(&mut qp),
+            QpState::Err if from != QpState::Err => self.flush_qp(&mut qp),
+            QpState::Rts => {
+                // Posted sends may be waiting for RTS (or for SQD to end).
+                self.put_qp(qp);
+                self.run_requester(now, qpn);
+                return Ok(());
+            }
+            QpState::Sqd if mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify => {
+                // The send queue drains: nothing new starts. With nothing in
+                // flight the drain is complete at once.
+                qp.attr.sq_draining = qp.sq.iter().any(|w| w.state == WqeState::Sent);
+                if !qp.attr.sq_draining {
+                    self.qp_event(&qp, EventType::SqDrained);
+                }
+            }
+            _ => {}
+        }
+        self.put_qp(qp);
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an unknown QP.
+    pub fn query_qp(&self, qpn: u32) -> Result<QpAttr> {
+        let qp = qpn
+            .checked_sub(QPN_BASE)
+            .and_then(|id| self.qps.get(id))
+            .ok_or_else(|| verr!(QueryQp, InvalidArgument, "no QP {qpn:#x}"))?;
+        let mut a = qp.attr;
+        a.cur_qp_state = a.qp_state;
+        a.sq_psn = qp.req.next_psn.value();
+        a.rq_psn = qp.resp.epsn.value();
+        Ok(a)
+    }
+
+    /// Capacities and type of a QP.
+    pub fn qp_info(&self, qpn: u32) -> Option<(QpType, QpCap)> {
+        let qp = self.qps.get(qpn.checked_sub(QPN_BASE)?)?;
+        Some((qp.qp_type, qp.cap))
+    }
+
+    fn reset_qp(&mut self, qp: &mut Qp) {
+        // RESET discards outstanding work without completions (IBTA 10.3.1).
+        self.set_timer(qp, None);
+        let cap = qp.cap;
+        qp.sq.clear();
+        qp.rq.clear();
+        qp.req = ReqState::default();
+        qp.resp = RespState::default();
+        qp.attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
+    }
+
+    /// Moves a QP to ERR and completes everything outstanding with
+    /// WR_FLUSH_ERR: send queue first, then receive queue, each in post
+    /// order (DESIGN §3.4).
+    pub(crate) fn flush_qp(&mut self, qp: &mut Qp) {
+        qp.attr.qp_state = QpState::Err;
+        qp.attr.cur_qp_state = QpState::Err;
+        self.set_timer(qp, None);
+        qp.req.rnr_wait = None;
+        while let Some(w) = qp.sq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: w.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: w.op.wc_opcode(),
+                qp_num: qp.qpn,
+                ..WorkCompletion::default()
+            };
+            self.push_cqe(qp.send_cq, wc, false);
+            qp.recycle(w.sgl);
+        }
+        qp.req.send_next = 0;
+        qp.req.send_offset = 0;
+        qp.req.rd_atomic_inflight = 0;
+        qp.req.retrans_at = None;
+        if let Some(p) = qp.resp.recv.take() {
+            // A partially received message goes back to the front so it is
+            // flushed in post order.
+            qp.rq.push_front(p.wqe);
+        }
+        qp.resp.write = None;
+        while let Some(r) = qp.rq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num: qp.qpn,
+                ..WorkCompletion::default()
+            };
+            self.push_cqe(qp.recv_cq, wc, false);
+            qp.recycle(r.sgl);
+        }
+        if qp.srq.is_some() {
+            self.qp_event(qp, EventType::QpLastWqeReached);
+        }
+    }
+
+    /// Completes the WQE at the front of the send queue with an error,
+    /// moves the QP to ERR and flushes the rest.
+    pub(crate) fn complete_send_error(&mut self, qp: &mut Qp, status: WcStatus, vendor_err: u32) {
+        if let Some(w) = qp.sq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: w.wr_id,
+                status,
+                opcode: w.op.wc_opcode(),
+                vendor_err,
+                qp_num: qp.qpn,
+                ..WorkCompletion::default()
+            };
+            self.push_cqe(qp.send_cq, wc, false);
+            qp.recycle(w.sgl);
+        }
+        self.flush_qp(qp);
+    }
+
+    /// `ibv_post_send`.
+    ///
+    /// # Errors
+    ///
+    /// The first rejected WR: `EINVAL` (state before RTS, opcode not valid
+    /// for the QP type, too many SGEs, inline too large or on an opcode
+    /// without payload, misaligned atomic, inline-only SGE without INLINE,
+    /// missing UD destination), `ENOMEM` (queue full).
+    pub fn post_send(&mut self, now: Nanos, qpn: u32, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(mut qp) = self.take_qp(qpn) else {
+            return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
+        };
+        let r = self.post_send_inner(&mut qp, wrs);
+        let state = qp.state();
+        self.put_qp(qp);
+        if state == QpState::Rts {
+            self.run_requester(now, qpn);
+        }
+        r
+    }
+
+    fn post_send_inner(&mut self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            let state = qp.state();
+            if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("post_send in {state}: the QP must be in RTS"),
+                ));
+            }
+            if !wr.op.is_valid_for(qp.qp_type) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("{:?} is not valid on a {} QP", wr.op, qp.qp_type),
+                ));
+            }
+            let (op, remote, imm, compare, swap_add) = match wr.op {
+                SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0, 0, 0),
+                SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm, 0, 0),
+                SendOp::SendWithInv { rkey } => (WqeOp::SendInv, RemoteAddr::default(), rkey, 0, 0),
+                SendOp::Write { remote } => (WqeOp::Write, remote, 0, 0, 0),
+                SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm, 0, 0),
+                SendOp::Read { remote } => (WqeOp::Read, remote, 0, 0, 0),
+                SendOp::CompareSwap { remote, compare, swap } => (WqeOp::CompSwap, remote, 0, compare, swap),
+                SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, remote, 0, 0, add),
+                SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
+                SendOp::RegMr { .. } | SendOp::BindMw { .. } => {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::NotSupported,
+                        "REG_MR and BIND_MW work requests are not implemented by the soft provider yet",
+                    ))
+                }
+            };
+            if wr.sg_list.len() > qp.cap.max_send_sge as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("{} SGEs exceed max_send_sge {}", wr.sg_list.len(), qp.cap.max_send_sge),
+                ));
+            }
+            let inline = wr.send_flags.contains(SendFlags::INLINE);
+            let Some(length) = crate::verbs::sgl_len(wr.sg_list) else {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "message longer than 2^32-1 bytes",
+                ));
+            };
+            if inline {
+                if !matches!(
+                    op,
+                    WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
+                ) {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        "INLINE is only valid for sends and RDMA writes",
+                    ));
+                }
+                if length > qp.cap.max_inline_data {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "inline data of {length} bytes exceeds max_inline_data {}",
+                            qp.cap.max_inline_data
+                        ),
+                    ));
+                }
+            } else if wr.sg_list.iter().any(|s| s.is_inline_only()) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "an SGE made with Sge::inline needs SendFlags::INLINE",
+                ));
+            }
+            if op.is_atomic() && (wr.remote_addr_is_misaligned() || wr.sg_list.len() != 1 || length < 8) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "atomics need an 8-byte aligned remote address and one local SGE of at least 8 bytes",
+                ));
+            }
+            if u64::from(length) > u64::from(self.cfg.port.max_msg_sz) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "message longer than max_msg_sz",
+                ));
+            }
+            let ud = if qp.qp_type == QpType::Ud {
+                let Some(d) = wr.ud else {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        "a UD send needs a destination (ah, remote_qpn, remote_qkey)",
+                    ));
+                };
+                let av = d.ah.attr();
+                if length > qp.mtu() {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        format!("UD message of {length} bytes exceeds the path MTU {}", qp.mtu()),
+                    ));
+                }
+                Some(UdTarget {
+                    dst: av.grh.dgid.to_ip(),
+                    sgid_index: av.grh.sgid_index,
+                    qpn: d.remote_qpn & 0x00ff_ffff,
+                    // IBTA 10.2.5: a Q_Key with the high bit set means "use
+                    // the QP's own".
+                    qkey: if d.remote_qkey & 0x8000_0000 != 0 {
+                        qp.attr.qkey
+                    } else {
+                        d.remote_qkey
+                    },
+                })
+            } else {
+                None
+            };
+            if qp.sq.len() >= qp.cap.max_send_wr as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::NoMemory,
+                    format!("send queue full ({} WRs)", qp.cap.max_send_wr),
+                ));
+            }
+            let mut sgl = qp.take_vec();
+            let inline_bytes = if inline {
+                let mut data = Vec::with_capacity(length as usize);
+                for s in wr.sg_list {
+                    if !s.append_direct(&mut data) && !self.append_from_mr(s, &mut data) {
+                        qp.recycle(sgl);
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "inline SGE names an MR that is not valid",
+                        ));
+                    }
+                }
+                Some(data)
+            } else {
+                sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
+                    addr: s.addr(),
+                    len: s.length(),
+                    lkey: s.lkey(),
+                }));
+                None
+            };
+            let signaled = qp.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+            qp.sq.push_back(SendWqe {
+                wr_id: wr.wr_id,
+                op,
+                remote,
+                imm,
+                compare,
+                swap_add,
+                sgl,
+                inline: inline_bytes,
+                length,
+                signaled,
+                fence: wr.send_flags.contains(SendFlags::FENCE) || op == WqeOp::LocalInv,
+                solicited: wr.send_flags.contains(SendFlags::SOLICITED),
+                ud,
+                state: WqeState::Pending,
+                first_psn: Psn::new(0),
+                npkts: 0,
+                resp_pkts: 0,
+            });
+            if qp.state() == QpState::Err {
+                // Posting to a QP in ERR succeeds and flushes (DESIGN §3.3).
+                self.flush_qp(qp);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    ///
+    /// # Errors
+    ///
+    /// The first rejected WR: `EINVAL` in RESET, with an SRQ, or with too
+    /// many SGEs; `ENOMEM` when the receive queue is full.
+    pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(mut qp) = self.take_qp(qpn) else {
+            return Err(post_err(0, Verb::PostRecv, ErrorKind::InvalidArgument, "no such QP"));
+        };
+        let r = self.post_recv_inner(&mut qp, wrs);
+        self.put_qp(qp);
+        r
+    }
+
+    fn post_recv_inner(&mut self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if qp.srq.is_some() {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "this QP receives through its SRQ",
+                ));
+            }
+            if qp.state() == QpState::Reset {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "post_recv in RESET",
+                ));
+            }
+            if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    format!("{} SGEs exceed max_recv_sge {}", wr.sg_list.len(), qp.cap.max_recv_sge),
+                ));
+            }
+            if wr.sg_list.iter().any(|s| s.is_inline_only()) {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "a receive cannot use an inline-only SGE",
+                ));
+            }
+            if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::NoMemory,
+                    format!("receive queue full ({} WRs)", qp.cap.max_recv_wr),
+                ));
+            }
+            let mut sgl = qp.take_vec();
+            sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
+                addr: s.addr(),
+                len: s.length(),
+                lkey: s.lkey(),
+            }));
+            let length = sgl.iter().map(|s| u64::from(s.len)).sum();
+            qp.rq.push_back(RecvWqe {
+                wr_id: wr.wr_id,
+                sgl,
+                length,
+            });
+            if qp.state() == QpState::Err {
+                self.flush_qp(qp);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    /// Reads an MR-made SGE's bytes through the MR table (inline sends: the
+    /// lkey is not access-checked, as with ibverbs' INLINE).
+    fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
+        let Some(e) = self.mrs.get(s.lkey()) else { return false };
+        let Some(off) = s.addr().checked_sub(e.iova) else {
+            return false;
+        };
+        if off + u64::from(s.length()) > e.len {
+            return false;
+        }
+        let start = dst.len();
+        dst.resize(start + s.length() as usize, 0);
+        e.memory.read_at(off as usize, &mut dst[start..]).is_ok()
+    }
+}
+
+/// Extension used by posting checks.
+trait RemoteAlign {
+    fn remote_addr_is_misaligned(&self) -> bool;
+}
+
+impl RemoteAlign for SendWr<'_> {
+    fn remote_addr_is_misaligned(&self) -> bool {
+        match self.op {
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => remote.addr % 8 != 0,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,411 @@
+//! Requester: turns send-queue WQEs into request packets (IBTA 9.4, rxe's
+//! rxe_req.c): segmentation at the path MTU, PSN assignment, the
+//! outstanding read/atomic bound, fences, and local operations.
+
+use std::net::IpAddr;
+
+use crate::soft::wire::{
+    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, IpPseudoHeader, OpKind, Opcode, PacketRepr, Pkey, Position,
+    Qpn, RethRepr, Transport, UdpPorts,
+};
+use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
+
+use super::mr::KeyError;
+use super::qp::{Qp, WqeOp, WqeState};
+use super::{Core, Nanos, Transmit};
+
+/// Vendor error codes the soft provider reports in `vendor_err`.
+pub(crate) mod vendor {
+    /// Local key check failed.
+    pub(crate) const LOCAL_KEY: u32 = 0x51;
+    /// NAK received.
+    pub(crate) const NAK: u32 = 0x53;
+    /// Retries exhausted.
+    pub(crate) const RETRY: u32 = 0x54;
+    /// RNR retries exhausted.
+    pub(crate) const RNR: u32 = 0x55;
+}
+
+pub(crate) fn transport_of(t: QpType) -> Transport {
+    match t {
+        QpType::Rc => Transport::Rc,
+        QpType::Uc => Transport::Uc,
+        QpType::Ud => Transport::Ud,
+    }
+}
+
+/// Number of packets (and PSNs) a message of `len` bytes takes.
+pub(crate) fn packets_for(len: u32, mtu: u32) -> u32 {
+    if len == 0 {
+        1
+    } else {
+        len.div_ceil(mtu)
+    }
+}
+
+/// The UDP source port a QP uses: fixed per QP pair, for ECMP entropy.
+pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
+    0xc000 | (((a ^ b) ^ ((a ^ b) >> 14)) & 0x3fff) as u16
+}
+
+impl Core {
+    pub(crate) fn run_requester(&mut self, now: Nanos, qpn: u32) {
+        if let Some(mut qp) = self.take_qp(qpn) {
+            self.requester(&mut qp, now);
+            self.put_qp(qp);
+        }
+    }
+
+    /// Transmits as much of the send queue as the window, fences and the
+    /// read/atomic bound allow.
+    pub(crate) fn requester(&mut self, qp: &mut Qp, now: Nanos) {
+        loop {
+            let state = qp.state();
+            let mid_message = qp.req.send_offset > 0;
+            // In SQD a message already started is finished; nothing new starts.
+            if !(state == QpState::Rts || (state == QpState::Sqd && mid_message)) {
+                break;
+            }
+            if qp.req.rnr_wait.is_some() {
+                break;
+            }
+            let idx = qp.req.send_next;
+            let Some(w) = qp.sq.get(idx) else { break };
+            if w.state != WqeState::Pending {
+                // Already transmitted (e.g. after go-back-N finished it).
+                qp.req.send_next += 1;
+                continue;
+            }
+            if w.op == WqeOp::LocalInv {
+                // Local operations run in order once everything before them
+                // completed (LOCAL_INV is always fenced, DESIGN §3.5).
+                if idx != 0 {
+                    break;
+                }
+                self.execute_local(qp);
+                continue;
+            }
+            if w.fence && qp.sq.iter().take(idx).any(|p| p.op.is_read_or_atomic()) {
+                break;
+            }
+            if w.op.is_read_or_atomic() && qp.req.send_offset == 0 {
+                let max = u32::from(qp.attr.max_rd_atomic).max(1);
+                if qp.req.rd_atomic_inflight >= max {
+                    break;
+                }
+            }
+            if qp.qp_type == QpType::Rc && self.inflight_packets(qp) >= self.cfg.max_inflight_packets {
+                break;
+            }
+            if qp.sq[idx].npkts == 0 {
+                // First transmission of the WQE: validate the local side and
+                // assign its PSNs (a retransmission reuses them).
+                if let Err(status) = self.check_local_sgl(qp, idx) {
+                    self.fail_wqe(qp, idx, status, vendor::LOCAL_KEY);
+                    break;
+                }
+                let mtu = qp.mtu();
+                let next = qp.req.next_psn;
+                let w = &mut qp.sq[idx];
+                w.first_psn = next;
+                w.npkts = match w.op {
+                    WqeOp::CompSwap | WqeOp::FetchAdd => 1,
+                    _ => packets_for(w.length, mtu),
+                };
+            }
+            let done = self.send_one_packet(qp, idx);
+            if done {
+                let w = &mut qp.sq[idx];
+                w.state = WqeState::Sent;
+                if w.op.is_read_or_atomic() {
+                    qp.req.rd_atomic_inflight += 1;
+                }
+                qp.req.next_psn = w.first_psn.wrapping_add(w.npkts);
+                qp.req.send_next += 1;
+                qp.req.send_offset = 0;
+                if qp.qp_type != QpType::Rc {
+                    // UC and UD have no acknowledgements: a WQE is done once
+                    // its last packet left (IBTA 9.8.3).
+                    qp.sq[idx].state = WqeState::Done;
+                    self.complete_done_prefix(qp);
+                }
+            }
+        }
+        if qp.qp_type == QpType::Rc {
+            self.arm_retransmit(qp, now);
+        }
+    }
+
+    /// Unacknowledged request packets in flight.
+    fn inflight_packets(&self, qp: &Qp) -> u32 {
+        match qp.sq.front() {
+            Some(w) if w.state != WqeState::Pending => {
+                qp.req.next_psn.wrapping_sub(w.first_psn.value()).value().min(1 << 23)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Checks every local SGE of WQE `idx` (keys, PD, bounds, and local
+    /// write access where the device writes: read and atomic results).
+    fn check_local_sgl(&self, qp: &Qp, idx: usize) -> Result<(), WcStatus> {
+        let w = &qp.sq[idx];
+        if w.inline.is_some() {
+            return Ok(());
+        }
+        let need = if w.op.is_read_or_atomic() {
+            AccessFlags::LOCAL_WRITE
+        } else {
+            AccessFlags::empty()
+        };
+        for s in &w.sgl {
+            match self.mrs.check(s.lkey, qp.pd, s.addr, u64::from(s.len), need) {
+                Ok(_) => {}
+                Err(KeyError::Access) if need.contains(AccessFlags::LOCAL_WRITE) => return Err(WcStatus::LocProtErr),
+                Err(_) => return Err(WcStatus::LocProtErr),
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks WQE `idx` failed; its error completion is reported once every
+    /// WQE before it completed (completions stay in order).
+    pub(crate) fn fail_wqe(&mut self, qp: &mut Qp, idx: usize, status: WcStatus, vendor_err: u32) {
+        let w = &mut qp.sq[idx];
+        if w.state == WqeState::Sent && w.op.is_read_or_atomic() {
+            qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
+        }
+        w.state = WqeState::Failed(status, vendor_err);
+        self.complete_done_prefix(qp);
+    }
+
+    /// Builds and queues the next packet of WQE `idx`; returns whether it
+    /// was the WQE's last.
+    fn send_one_packet(&mut self, qp: &mut Qp, idx: usize) -> bool {
+        let mtu = qp.mtu();
+        let transport = transport_of(qp.qp_type);
+        let ack_every = self.cfg.ack_every;
+        let w = &qp.sq[idx];
+        let offset = match w.op {
+            // A read resumed after lost responses asks for the missing part.
+            WqeOp::Read => w.resp_pkts.saturating_mul(mtu).min(w.length),
+            _ => qp.req.send_offset,
+        };
+        let psn = w.first_psn.wrapping_add(offset / mtu);
+        let dest_qpn = match w.ud {
+            Some(u) => u.qpn,
+            None => qp.attr.dest_qp_num,
+        };
+        let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), psn);
+        bth.pkey = Pkey::DEFAULT;
+        let mut h = PacketRepr::new(bth);
+        let (payload_len, last) = match w.op {
+            WqeOp::Read => {
+                let remaining = w.length - offset;
+                h.bth
+                    .bth_opcode(transport, OpKind::ReadRequest, Position::Only, false, false);
+                h.reth = Some(RethRepr {
+                    va: w.remote.addr.wrapping_add(u64::from(offset)),
+                    rkey: w.remote.rkey,
+                    dma_len: remaining,
+                });
+                h.bth.ack_req = true;
+                (0, true)
+            }
+            WqeOp::CompSwap | WqeOp::FetchAdd => {
+                let kind = if w.op == WqeOp::CompSwap {
+                    OpKind::CompareSwap
+                } else {
+                    OpKind::FetchAdd
+                };
+                h.bth.bth_opcode(transport, kind, Position::Only, false, false);
+                h.atomic_eth = Some(AtomicEthRepr {
+                    va: w.remote.addr,
+                    rkey: w.remote.rkey,
+                    swap_add: w.swap_add,
+                    compare: w.compare,
+                });
+                h.bth.ack_req = true;
+                (0, true)
+            }
+            _ => {
+                let remaining = w.length - offset;
+                let n = remaining.min(mtu);
+                let first = offset == 0;
+                let last = remaining <= mtu;
+                let position = match (first, last) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
+                };
+                let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
+                let kind = if is_write { OpKind::Write } else { OpKind::Send };
+                let imm = last && matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
+                let inv = last && w.op == WqeOp::SendInv;
+                h.bth.bth_opcode(transport, kind, position, imm, inv);
+                if is_write && first {
+                    h.reth = Some(RethRepr {
+                        va: w.remote.addr,
+                        rkey: w.remote.rkey,
+                        dma_len: w.length,
+                    });
+                }
+                if imm {
+                    h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
+                }
+                if inv {
+                    h.ieth = Some(IethRepr { rkey: w.imm });
+                }
+                if let Some(u) = w.ud {
+                    h.deth = Some(DethRepr {
+                        qkey: u.qkey,
+                        src_qpn: Qpn::new(qp.qpn),
+                    });
+                }
+                if last {
+                    h.bth.solicited = w.solicited && (!is_write || imm);
+                }
+                let pkt_index = offset / mtu;
+                h.bth.ack_req = transport == Transport::Rc && (last || (pkt_index + 1) % ack_every == 0);
+                (n, last)
+            }
+        };
+        // Gather the payload.
+        let mut payload = std::mem::take(&mut self.scratch);
+        payload.clear();
+        payload.resize(payload_len as usize, 0);
+        if payload_len > 0 {
+            let w = &qp.sq[idx];
+            if let Some(data) = &w.inline {
+                payload.copy_from_slice(&data[offset as usize..(offset + payload_len) as usize]);
+            } else if self.gather(qp, idx, offset, &mut payload).is_err() {
+                // The MR vanished between check and use (dereg from another
+                // thread is serialized with us, so only a bug gets here).
+                self.scratch = payload;
+                self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
+                return false;
+            }
+        }
+        let (dst, sgid_index) = match qp.sq[idx].ud {
+            Some(u) => (u.dst, u.sgid_index),
+            None => (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index),
+        };
+        self.transmit(qp.qpn, dest_qpn, sgid_index, dst, &h, &payload);
+        self.scratch = payload;
+        if !last {
+            qp.req.send_offset += payload_len;
+        }
+        last
+    }
+
+    /// Copies `buf.len()` bytes of WQE `idx`'s message at `offset` out of
+    /// local memory.
+    fn gather(&self, qp: &Qp, idx: usize, mut offset: u32, buf: &mut [u8]) -> Result<(), ()> {
+        let mut filled = 0usize;
+        for s in &qp.sq[idx].sgl {
+            if filled == buf.len() {
+                break;
+            }
+            if offset >= s.len {
+                offset -= s.len;
+                continue;
+            }
+            let n = ((s.len - offset) as usize).min(buf.len() - filled);
+            let r = self
+                .mrs
+                .check(
+                    s.lkey,
+                    qp.pd,
+                    s.addr + u64::from(offset),
+                    n as u64,
+                    AccessFlags::empty(),
+                )
+                .map_err(|_| ())?;
+            if let Some(r) = r {
+                r.memory
+                    .read_at(r.offset, &mut buf[filled..filled + n])
+                    .map_err(|_| ())?;
+            }
+            filled += n;
+            offset = 0;
+        }
+        Ok(())
+    }
+
+    /// Emits one packet with its ICRC into the transmit queue.
+    pub(crate) fn transmit(
+        &mut self,
+        local_qpn: u32,
+        remote_qpn: u32,
+        sgid_index: u8,
+        dst: IpAddr,
+        h: &PacketRepr,
+        payload: &[u8],
+    ) {
+        let Some(src) = self.cfg.gids.get(sgid_index as usize).map(|g| g.to_ip()) else {
+            return;
+        };
+        let len = h.packet_len(payload.len());
+        let mut data = vec![0u8; len];
+        if h.emit(payload, &mut data).is_err() {
+            self.counters.tx_emit_errors += 1;
+            return;
+        }
+        let ports = UdpPorts {
+            src: entropy_port(local_qpn, remote_qpn),
+            dst: self.cfg.udp_port,
+        };
+        if let Some(ip) = pseudo_header(src, dst) {
+            let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut data);
+        }
+        self.counters.tx_packets += 1;
+        self.tx.push_back(Transmit {
+            src,
+            dst,
+            src_port: ports.src,
+            dst_port: ports.dst,
+            data,
+        });
+    }
+
+    /// Runs a LOCAL_INV at the head of the send queue.
+    fn execute_local(&mut self, qp: &mut Qp) {
+        let key = qp.sq[0].imm;
+        // Invalidating a plain MR is an error (only fast-registration MRs
+        // and windows can be invalidated); the fast-registration issue adds
+        // those objects.
+        let status = if self.mrs.get(key).is_some() {
+            WcStatus::MwBindErr
+        } else {
+            WcStatus::LocProtErr
+        };
+        self.fail_wqe(qp, 0, status, vendor::LOCAL_KEY);
+    }
+}
+
+/// The pseudo IP header both ends use for the ICRC (DF set, id 0: what an
+/// unconnected UDP socket with DF sends).
+pub(crate) fn pseudo_header(src: IpAddr, dst: IpAddr) -> Option<IpPseudoHeader> {
+    match (src, dst) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => Some(IpPseudoHeader::V4 {
+            src,
+            dst,
+            id: 0,
+            dont_fragment: true,
+        }),
+        (IpAddr::V6(src), IpAddr::V6(dst)) => Some(IpPseudoHeader::V6 { src, dst }),
+        _ => None,
+    }
+}
+
+/// Sets a BTH's opcode from the table.
+trait SetOpcode {
+    fn bth_opcode(&mut self, t: Transport, k: OpKind, p: Position, imm: bool, inv: bool);
+}
+
+impl SetOpcode for BthRepr {
+    fn bth_opcode(&mut self, t: Transport, k: OpKind, p: Position, imm: bool, inv: bool) {
+        self.opcode = Opcode::find(t, k, p, imm, inv).unwrap_or(Opcode::Unknown(0xff));
+    }
+}

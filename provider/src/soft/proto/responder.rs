@@ -1,0 +1,664 @@
+//! Responder: request packets → memory, receive completions, ACKs, NAKs,
+//! read responses and atomic acknowledgements (IBTA 9.7, rxe's
+//! rxe_resp.c). Duplicates are re-acknowledged; duplicate reads and atomics
+//! are answered from saved state, never executed twice.
+
+use std::net::IpAddr;
+
+use crate::soft::wire::{
+    grh_bytes, AethRepr, AtomicAckEthRepr, BthRepr, IpVariantFields, NakCode, OpKind, Opcode, PacketRepr, ParsedPacket,
+    Position, Psn, Qpn, Syndrome, Transport, GRH_LEN,
+};
+use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+use super::mr::KeyError;
+use super::qp::{Qp, RdAtomicRes, RecvProgress, RecvWqe, WriteProgress};
+use super::requester::{pseudo_header, transport_of};
+use super::Core;
+
+/// How the responder answers a request.
+enum Outcome {
+    /// Processed; ACK if the requester asked.
+    Ok,
+    /// Processed and answered already (read/atomic responses).
+    Answered,
+    /// Dropped silently.
+    Drop,
+    /// No receive WQE: RNR NAK (RC) or drop (UC/UD).
+    Rnr,
+    /// A fatal error: NAK with this code, the responder QP goes to ERR.
+    Fatal(NakCode, EventType),
+}
+
+impl Core {
+    /// Handles a request packet (responder side). `src` is the sender's
+    /// address (for UD GRHs and responses).
+    pub(crate) fn handle_request(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, src: IpAddr, dst: IpAddr) {
+        if qp.state() == QpState::Rtr && !qp.resp.established {
+            qp.resp.established = true;
+            self.qp_event(qp, EventType::CommEst);
+        }
+        if qp.qp_type == QpType::Ud {
+            self.handle_ud(qp, pkt, src, dst);
+            return;
+        }
+        let psn = pkt.headers.bth.psn;
+        let d = qp.resp.epsn.distance(psn);
+        if qp.qp_type == QpType::Uc {
+            if d != 0 {
+                // UC: a gap loses the message in progress; resynchronise at
+                // the next first/only packet (IBTA 9.8.3).
+                self.counters.uc_dropped_messages += u64::from(qp.resp.recv.is_some() || qp.resp.write.is_some());
+                self.uc_abort(qp);
+                if !pkt.info.position.starts_message() {
+                    return;
+                }
+            }
+            qp.resp.epsn = psn;
+        } else if d < 0 {
+            self.counters.rx_duplicates += 1;
+            self.handle_duplicate(qp, pkt);
+            return;
+        } else if d > 0 {
+            // A gap: NAK once with the PSN we expect (go-back-N).
+            self.counters.rx_out_of_sequence += 1;
+            if !qp.resp.nak_sent {
+                qp.resp.nak_sent = true;
+                let epsn = qp.resp.epsn;
+                self.counters.seq_naks_sent += 1;
+                self.send_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
+            }
+            return;
+        }
+        qp.resp.nak_sent = false;
+        let outcome = self.execute_request(qp, pkt);
+        let rc = qp.qp_type == QpType::Rc;
+        match outcome {
+            Outcome::Ok => {
+                qp.resp.epsn = psn.next();
+                if rc && pkt.headers.bth.ack_req {
+                    self.send_ack(qp, psn, Syndrome::ACK);
+                }
+            }
+            Outcome::Answered => {}
+            Outcome::Drop => {
+                if !rc {
+                    self.uc_abort(qp);
+                }
+            }
+            Outcome::Rnr => {
+                if rc {
+                    self.counters.rnr_naks_sent += 1;
+                    let timer = qp.attr.min_rnr_timer;
+                    self.send_ack(qp, psn, Syndrome::RnrNak { timer });
+                } else {
+                    self.counters.rx_no_recv_wqe += 1;
+                    self.uc_abort(qp);
+                }
+            }
+            Outcome::Fatal(code, event) => {
+                if rc {
+                    self.send_ack(qp, psn, Syndrome::Nak(code));
+                    self.qp_event(qp, event);
+                    self.flush_qp(qp);
+                } else {
+                    self.uc_abort(qp);
+                }
+            }
+        }
+    }
+
+    fn uc_abort(&mut self, qp: &mut Qp) {
+        if let Some(p) = qp.resp.recv.take() {
+            // The receive WQE is reused for the next message.
+            qp.rq.push_front(p.wqe);
+        }
+        qp.resp.write = None;
+    }
+
+    fn execute_request(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+        let info = pkt.info;
+        // Opcode sequence (IBTA 9.7.5.1.4): a message in progress must be
+        // continued by the same kind; a new one must start with first/only.
+        let in_send = qp.resp.recv.is_some();
+        let in_write = qp.resp.write.is_some();
+        let continues = !info.position.starts_message();
+        let ok_seq = match info.kind {
+            OpKind::Send => continues == in_send && !in_write,
+            OpKind::Write => continues == in_write && !in_send,
+            _ => !in_send && !in_write,
+        };
+        if !ok_seq {
+            self.counters.rx_bad_opcode_sequence += 1;
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        }
+        match info.kind {
+            OpKind::Send => self.recv_send(qp, pkt),
+            OpKind::Write => self.recv_write(qp, pkt),
+            OpKind::ReadRequest => self.recv_read(qp, pkt),
+            OpKind::CompareSwap | OpKind::FetchAdd => self.recv_atomic(qp, pkt),
+            _ => Outcome::Drop,
+        }
+    }
+
+    /// Takes the next receive WQE (from the SRQ if the QP has one).
+    fn next_recv(&mut self, qp: &mut Qp) -> Option<RecvWqe> {
+        match qp.srq {
+            None => qp.rq.pop_front(),
+            Some(srq) => {
+                let s = self.srqs.get_mut(srq.0)?;
+                let (w, fire) = s.pop()?;
+                if fire {
+                    let (context, owner) = (s.context, s.owner);
+                    self.events.push_back(super::CoreEvent::Async {
+                        owner: Some(owner),
+                        event: crate::verbs::AsyncEvent {
+                            event_type: EventType::SrqLimitReached,
+                            element: crate::verbs::AsyncElement::Srq(context),
+                        },
+                    });
+                }
+                Some(w)
+            }
+        }
+    }
+
+    fn recv_send(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+        if pkt.info.position.starts_message() {
+            let Some(wqe) = self.next_recv(qp) else {
+                return Outcome::Rnr;
+            };
+            // Validate the whole receive buffer once (DESIGN §3.4: a bad
+            // lkey in the receive WQE is LOC_PROT_ERR here, REM_OP_ERR there).
+            if !self.recv_sgl_ok(qp, &wqe) {
+                self.complete_recv(qp, &wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
+                qp.recycle(wqe.sgl);
+                return Outcome::Fatal(NakCode::RemoteOperationalError, EventType::QpAccessErr);
+            }
+            qp.resp.recv = Some(RecvProgress { wqe, offset: 0 });
+        }
+        let Some(mut prog) = qp.resp.recv.take() else {
+            return Outcome::Drop;
+        };
+        let end = prog.offset + pkt.payload.len() as u64;
+        if end > prog.wqe.length {
+            self.counters.rx_recv_too_long += 1;
+            self.complete_recv(qp, &prog.wqe, WcStatus::LocLenErr, 0, None, WcFlags::empty(), 0, false);
+            qp.recycle(prog.wqe.sgl);
+            if qp.qp_type == QpType::Uc {
+                return Outcome::Drop;
+            }
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        }
+        if self.scatter_recv(qp, &prog.wqe, prog.offset, pkt.payload).is_err() {
+            self.complete_recv(qp, &prog.wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
+            qp.recycle(prog.wqe.sgl);
+            return Outcome::Fatal(NakCode::RemoteOperationalError, EventType::QpAccessErr);
+        }
+        prog.offset = end;
+        if !pkt.info.position.ends_message() {
+            qp.resp.recv = Some(prog);
+            return Outcome::Ok;
+        }
+        let mut flags = WcFlags::empty();
+        let mut imm = 0;
+        if let Some(i) = pkt.headers.immdt {
+            flags |= WcFlags::WITH_IMM;
+            imm = i.be_value();
+        }
+        if let Some(ieth) = pkt.headers.ieth {
+            // Send with invalidate: only fast-registration MRs and memory
+            // windows can be invalidated; none match here, so the
+            // invalidation fails (IBTA 10.6.7: invalid request, QP to ERR).
+            let _ = ieth;
+            self.complete_recv(
+                qp,
+                &prog.wqe,
+                WcStatus::RemInvReqErr,
+                0,
+                None,
+                WcFlags::empty(),
+                0,
+                false,
+            );
+            qp.recycle(prog.wqe.sgl);
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        }
+        qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+        let solicited = pkt.headers.bth.solicited;
+        self.complete_recv(
+            qp,
+            &prog.wqe,
+            WcStatus::Success,
+            end as u32,
+            Some(WcOpcode::Recv),
+            flags,
+            imm,
+            solicited,
+        );
+        qp.recycle(prog.wqe.sgl);
+        Outcome::Ok
+    }
+
+    fn recv_write(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+        let access_ok = qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE);
+        if pkt.info.position.starts_message() {
+            let Some(reth) = pkt.headers.reth else {
+                return Outcome::Drop;
+            };
+            if !access_ok && reth.dma_len > 0 {
+                return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+            }
+            // The whole range is checked up front (IBTA 9.7.5.1.3).
+            if let Err(e) = self.mrs.check(
+                reth.rkey,
+                qp.pd,
+                reth.va,
+                u64::from(reth.dma_len),
+                AccessFlags::REMOTE_WRITE,
+            ) {
+                self.count_key_error(e);
+                return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+            }
+            qp.resp.write = Some(WriteProgress {
+                rkey: reth.rkey,
+                va: reth.va,
+                remaining: u64::from(reth.dma_len),
+                total: reth.dma_len,
+            });
+        }
+        let Some(mut w) = qp.resp.write.take() else {
+            return Outcome::Drop;
+        };
+        let n = pkt.payload.len() as u64;
+        let ends = pkt.info.position.ends_message();
+        // Payload must fill MTU-sized packets exactly and end with the DMA
+        // length (IBTA 9.7.5.1.5: length errors are invalid requests).
+        let mtu = u64::from(qp.mtu());
+        let bad_len = n > w.remaining || (!ends && n != mtu) || (ends && n != w.remaining);
+        if bad_len {
+            self.counters.rx_bad_length += 1;
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        }
+        // Write-with-immediate needs a receive WQE, checked before any byte
+        // is placed so an RNR retry finds memory untouched.
+        let needs_recv = pkt.headers.immdt.is_some();
+        let recv = if needs_recv {
+            match self.next_recv(qp) {
+                Some(r) => Some(r),
+                None => {
+                    // Put the write back so the retry resumes here.
+                    qp.resp.write = Some(w);
+                    return Outcome::Rnr;
+                }
+            }
+        } else {
+            None
+        };
+        if n > 0 {
+            match self.mrs.check(w.rkey, qp.pd, w.va, n, AccessFlags::REMOTE_WRITE) {
+                Ok(Some(r)) => {
+                    if r.memory.write_at(r.offset, pkt.payload).is_err() {
+                        return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    self.count_key_error(e);
+                    return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+                }
+            }
+        }
+        w.va += n;
+        w.remaining -= n;
+        if !ends {
+            qp.resp.write = Some(w);
+            return Outcome::Ok;
+        }
+        qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+        if let (Some(r), Some(imm)) = (recv, pkt.headers.immdt) {
+            let total = w.total;
+            let solicited = pkt.headers.bth.solicited;
+            self.complete_recv(
+                qp,
+                &r,
+                WcStatus::Success,
+                total,
+                Some(WcOpcode::RecvRdmaWithImm),
+                WcFlags::WITH_IMM,
+                imm.be_value(),
+                solicited,
+            );
+            qp.recycle(r.sgl);
+        }
+        Outcome::Ok
+    }
+
+    fn recv_read(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+        let Some(reth) = pkt.headers.reth else {
+            return Outcome::Drop;
+        };
+        if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) && reth.dma_len > 0 {
+            return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+        }
+        if let Err(e) = self.mrs.check(
+            reth.rkey,
+            qp.pd,
+            reth.va,
+            u64::from(reth.dma_len),
+            AccessFlags::REMOTE_READ,
+        ) {
+            self.count_key_error(e);
+            return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+        }
+        let max = usize::from(qp.attr.max_dest_rd_atomic).max(1);
+        if qp.resp.rd_atomic.len() >= max {
+            qp.resp.rd_atomic.pop_front();
+        }
+        let psn = pkt.headers.bth.psn;
+        let npkts = super::requester::packets_for(reth.dma_len, qp.mtu());
+        qp.resp.rd_atomic.push_back(RdAtomicRes::Read {
+            first_psn: psn,
+            npkts,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+        });
+        if !self.send_read_responses(qp, psn, reth.va, reth.rkey, reth.dma_len) {
+            return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+        }
+        qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+        qp.resp.epsn = psn.wrapping_add(npkts);
+        Outcome::Answered
+    }
+
+    /// Sends the read responses for `len` bytes at `va`, PSNs from `psn`.
+    fn send_read_responses(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32) -> bool {
+        let mtu = qp.mtu();
+        let npkts = super::requester::packets_for(len, mtu);
+        let mut buf = std::mem::take(&mut self.scratch);
+        let mut ok = true;
+        for i in 0..npkts {
+            let off = i * mtu;
+            let n = (len - off.min(len)).min(mtu);
+            let position = match (i == 0, i + 1 == npkts) {
+                (true, true) => Position::Only,
+                (true, false) => Position::First,
+                (false, true) => Position::Last,
+                (false, false) => Position::Middle,
+            };
+            buf.clear();
+            buf.resize(n as usize, 0);
+            if n > 0 {
+                match self
+                    .mrs
+                    .check(rkey, qp.pd, va + u64::from(off), u64::from(n), AccessFlags::REMOTE_READ)
+                {
+                    Ok(Some(r)) if r.memory.read_at(r.offset, &mut buf).is_ok() => {}
+                    Ok(None) => {}
+                    _ => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            let opcode = Opcode::find(Transport::Rc, OpKind::ReadResponse, position, false, false)
+                .unwrap_or(Opcode::Unknown(0xff));
+            let mut h = PacketRepr::new(BthRepr::new(opcode, Qpn::new(qp.attr.dest_qp_num), psn.wrapping_add(i)));
+            if position != Position::Middle {
+                h.aeth = Some(AethRepr {
+                    syndrome: Syndrome::ACK,
+                    msn: (qp.resp.msn + 1) & 0x00ff_ffff,
+                });
+            }
+            self.transmit_reply(qp, &h, &buf);
+        }
+        self.scratch = buf;
+        ok
+    }
+
+    fn recv_atomic(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+        let Some(a) = pkt.headers.atomic_eth else {
+            return Outcome::Drop;
+        };
+        if a.va % 8 != 0 {
+            self.counters.rx_misaligned_atomics += 1;
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        }
+        if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_ATOMIC) {
+            return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+        }
+        let r = match self.mrs.check(a.rkey, qp.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Outcome::Drop,
+            Err(e) => {
+                self.count_key_error(e);
+                return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
+            }
+        };
+        // Atomic with respect to every other atomic of this device: the
+        // engine is single-threaded per device and the memory operation is a
+        // CPU atomic, so CPU atomics on the same word are also coherent.
+        let orig = if pkt.info.kind == OpKind::CompareSwap {
+            r.memory.compare_swap_u64(r.offset, a.compare, a.swap_add)
+        } else {
+            r.memory.fetch_add_u64(r.offset, a.swap_add)
+        };
+        let Ok(orig) = orig else {
+            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+        };
+        let psn = pkt.headers.bth.psn;
+        let max = usize::from(qp.attr.max_dest_rd_atomic).max(1);
+        if qp.resp.rd_atomic.len() >= max {
+            qp.resp.rd_atomic.pop_front();
+        }
+        qp.resp.rd_atomic.push_back(RdAtomicRes::Atomic { psn, orig });
+        qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
+        qp.resp.epsn = psn.next();
+        self.send_atomic_ack(qp, psn, orig);
+        Outcome::Answered
+    }
+
+    fn send_atomic_ack(&mut self, qp: &mut Qp, psn: Psn, orig: u64) {
+        let mut h = PacketRepr::new(BthRepr::new(
+            Opcode::RcAtomicAcknowledge,
+            Qpn::new(qp.attr.dest_qp_num),
+            psn,
+        ));
+        h.aeth = Some(AethRepr {
+            syndrome: Syndrome::ACK,
+            msn: qp.resp.msn,
+        });
+        h.atomic_ack_eth = Some(AtomicAckEthRepr { original_value: orig });
+        self.transmit_reply(qp, &h, &[]);
+    }
+
+    /// Duplicate requests: sends and writes are re-acknowledged; reads are
+    /// answered again from the saved request; atomics resend the saved
+    /// original value (never executed twice).
+    fn handle_duplicate(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) {
+        let psn = pkt.headers.bth.psn;
+        match pkt.info.kind {
+            OpKind::ReadRequest => {
+                let found = qp.resp.rd_atomic.iter().find_map(|r| match *r {
+                    RdAtomicRes::Read {
+                        first_psn,
+                        npkts,
+                        va,
+                        rkey,
+                        len,
+                    } => {
+                        let d = first_psn.distance(psn);
+                        (d >= 0 && (d as u32) < npkts).then_some((d as u32, va, rkey, len))
+                    }
+                    _ => None,
+                });
+                if let Some((k, va, rkey, len)) = found {
+                    let off = (k * qp.mtu()).min(len);
+                    let _ = self.send_read_responses(qp, psn, va + u64::from(off), rkey, len - off);
+                }
+            }
+            OpKind::CompareSwap | OpKind::FetchAdd => {
+                let saved = qp.resp.rd_atomic.iter().find_map(|r| match *r {
+                    RdAtomicRes::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = saved {
+                    self.send_atomic_ack(qp, psn, orig);
+                }
+            }
+            _ => {
+                if pkt.headers.bth.ack_req || pkt.info.position.ends_message() {
+                    let last = qp.resp.epsn.wrapping_sub(1);
+                    self.send_ack(qp, last, Syndrome::ACK);
+                }
+            }
+        }
+    }
+
+    fn handle_ud(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, src: IpAddr, dst: IpAddr) {
+        let Some(deth) = pkt.headers.deth else { return };
+        if deth.qkey != qp.attr.qkey {
+            self.counters.rx_bad_qkey += 1;
+            return;
+        }
+        let Some(wqe) = self.next_recv(qp) else {
+            self.counters.rx_no_recv_wqe += 1;
+            return;
+        };
+        let total = GRH_LEN as u64 + pkt.payload.len() as u64;
+        if total > wqe.length {
+            self.counters.rx_recv_too_long += 1;
+            self.complete_recv(qp, &wqe, WcStatus::LocLenErr, 0, None, WcFlags::empty(), 0, false);
+            qp.recycle(wqe.sgl);
+            return;
+        }
+        if !self.recv_sgl_ok(qp, &wqe) {
+            self.complete_recv(qp, &wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
+            qp.recycle(wqe.sgl);
+            return;
+        }
+        let grh = pseudo_header(src, dst).map(|ip| {
+            let roce_len =
+                pkt.headers.header_len() + pkt.payload.len() + crate::soft::wire::pad_len(pkt.payload.len()) + 4;
+            grh_bytes(&ip, &IpVariantFields::default(), roce_len)
+        });
+        let grh = grh.unwrap_or([0; GRH_LEN]);
+        if self.scatter_recv(qp, &wqe, 0, &grh).is_err()
+            || self.scatter_recv(qp, &wqe, GRH_LEN as u64, pkt.payload).is_err()
+        {
+            self.complete_recv(qp, &wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
+            qp.recycle(wqe.sgl);
+            return;
+        }
+        let mut flags = WcFlags::GRH;
+        let mut imm = 0;
+        if let Some(i) = pkt.headers.immdt {
+            flags |= WcFlags::WITH_IMM;
+            imm = i.be_value();
+        }
+        let solicited = pkt.headers.bth.solicited;
+        let wc = WorkCompletion {
+            wr_id: wqe.wr_id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: total as u32,
+            imm_data: imm,
+            qp_num: qp.qpn,
+            src_qp: deth.src_qpn.value(),
+            wc_flags: flags,
+            ..WorkCompletion::default()
+        };
+        self.push_cqe(qp.recv_cq, wc, solicited);
+        qp.recycle(wqe.sgl);
+    }
+
+    fn recv_sgl_ok(&self, qp: &Qp, wqe: &RecvWqe) -> bool {
+        wqe.sgl.iter().all(|s| {
+            self.mrs
+                .check(s.lkey, qp.pd, s.addr, u64::from(s.len), AccessFlags::LOCAL_WRITE)
+                .is_ok()
+        })
+    }
+
+    fn scatter_recv(&self, qp: &Qp, wqe: &RecvWqe, mut offset: u64, data: &[u8]) -> Result<(), ()> {
+        let mut done = 0usize;
+        for s in &wqe.sgl {
+            if done == data.len() {
+                break;
+            }
+            let len = u64::from(s.len);
+            if offset >= len {
+                offset -= len;
+                continue;
+            }
+            let n = ((len - offset) as usize).min(data.len() - done);
+            let r = self
+                .mrs
+                .check(s.lkey, qp.pd, s.addr + offset, n as u64, AccessFlags::LOCAL_WRITE)
+                .map_err(|_| ())?;
+            if let Some(r) = r {
+                r.memory.write_at(r.offset, &data[done..done + n]).map_err(|_| ())?;
+            }
+            done += n;
+            offset = 0;
+        }
+        if done == data.len() {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn complete_recv(
+        &mut self,
+        qp: &Qp,
+        wqe: &RecvWqe,
+        status: WcStatus,
+        byte_len: u32,
+        opcode: Option<WcOpcode>,
+        flags: WcFlags,
+        imm: u32,
+        solicited: bool,
+    ) {
+        let wc = WorkCompletion {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: opcode.unwrap_or(WcOpcode::Recv),
+            byte_len,
+            imm_data: imm,
+            qp_num: qp.qpn,
+            src_qp: qp.attr.dest_qp_num,
+            wc_flags: flags,
+            ..WorkCompletion::default()
+        };
+        self.push_cqe(qp.recv_cq, wc, solicited);
+    }
+
+    fn count_key_error(&mut self, e: KeyError) {
+        match e {
+            KeyError::BadKey => self.counters.rx_bad_rkey += 1,
+            KeyError::WrongPd | KeyError::Access => self.counters.rx_rkey_access += 1,
+            KeyError::Bounds => self.counters.rx_rkey_bounds += 1,
+        }
+    }
+
+    /// Sends an ACK/NAK for `psn`.
+    pub(crate) fn send_ack(&mut self, qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+        let mut h = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, Qpn::new(qp.attr.dest_qp_num), psn));
+        h.aeth = Some(AethRepr {
+            syndrome,
+            msn: qp.resp.msn,
+        });
+        self.transmit_reply(qp, &h, &[]);
+    }
+
+    fn transmit_reply(&mut self, qp: &Qp, h: &PacketRepr, payload: &[u8]) {
+        debug_assert_eq!(transport_of(qp.qp_type), Transport::Rc);
+        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+        let sgid = qp.attr.ah_attr.grh.sgid_index;
+        self.counters.tx_responses += 1;
+        self.transmit(qp.qpn, qp.attr.dest_qp_num, sgid, dst, h, payload);
+    }
+}
