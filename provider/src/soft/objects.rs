@@ -7,7 +7,7 @@
 //! is idempotent once it succeeded.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -16,9 +16,9 @@ use super::notify::EventFd;
 use super::proto::{AhId, CqId, PdId, QpCreate, SrqId};
 use crate::verbs::backend::*;
 use crate::verbs::{
-    verr, AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, Gid, MemorySource, MrMemory, MwBindInfo, MwType,
-    PortAttr, PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, ReregFlags, Result, SendFlags, SendWr, Sge,
-    SrqAttr, SrqAttrMask, WorkCompletion,
+    verr, AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, Gid, MemorySource, MwBindInfo, MwType, PortAttr,
+    PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, ReregFlags, Result, SendFlags, SendOp, SendWr, Sge, SrqAttr,
+    SrqAttrMask, WorkCompletion,
 };
 
 static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
@@ -235,7 +235,6 @@ impl SoftContext {
     }
 }
 
-
 fn soft_of<'a, T: 'static>(ops: &'a dyn AsAny, what: &str, verb: crate::verbs::Verb) -> Result<&'a T> {
     ops.as_any().downcast_ref::<T>().ok_or_else(|| {
         Error::new(
@@ -268,29 +267,43 @@ impl PdOps for SoftPd {
             .dev
             .with_core(|c, _| c.reg_mr(self.id, memory.clone(), access))?;
         Ok(Arc::new(SoftMr {
-            pd: self.self_arc()?,
+            dev: self.ctx.dev.clone(),
+            pd: Mutex::new(self.self_arc()?),
             lkey: AtomicU32::new(lkey),
             rkey: AtomicU32::new(rkey),
             access: AtomicU32::new(access.bits()),
-            memory,
+            iova: AtomicU64::new(memory.addr()),
+            len: AtomicU64::new(memory.len() as u64),
+            memory: Mutex::new(Some(memory)),
+            fast_reg: false,
             destroyed: AtomicBool::new(false),
         }))
     }
 
-    fn alloc_fast_reg_mr(&self, _max_pages: u32) -> Result<Arc<dyn MrOps>> {
-        Err(verr!(
-            AllocMr,
-            NotSupported,
-            "fast-registration MRs are not implemented by the soft provider yet"
-        ))
+    fn alloc_fast_reg_mr(&self, max_pages: u32) -> Result<Arc<dyn MrOps>> {
+        let key = self.ctx.dev.with_core(|c, _| c.alloc_fast_reg_mr(self.id, max_pages))?;
+        Ok(Arc::new(SoftMr {
+            dev: self.ctx.dev.clone(),
+            pd: Mutex::new(self.self_arc()?),
+            lkey: AtomicU32::new(key),
+            rkey: AtomicU32::new(key),
+            access: AtomicU32::new(0),
+            iova: AtomicU64::new(0),
+            len: AtomicU64::new(0),
+            memory: Mutex::new(None),
+            fast_reg: true,
+            destroyed: AtomicBool::new(false),
+        }))
     }
 
-    fn alloc_mw(&self, _mw_type: MwType) -> Result<Arc<dyn MwOps>> {
-        Err(verr!(
-            AllocMw,
-            NotSupported,
-            "memory windows are not implemented by the soft provider yet"
-        ))
+    fn alloc_mw(&self, mw_type: MwType) -> Result<Arc<dyn MwOps>> {
+        let key = self.ctx.dev.with_core(|c, _| c.alloc_mw(self.id, mw_type))?;
+        Ok(Arc::new(SoftMw {
+            pd: self.self_arc()?,
+            key: AtomicU32::new(key),
+            mw_type,
+            destroyed: AtomicBool::new(false),
+        }))
     }
 
     fn create_qp(&self, attr: &QpCreateAttr) -> Result<Arc<dyn QpOps>> {
@@ -381,15 +394,29 @@ fn soft_srq(ops: &Arc<dyn SrqOps>) -> Result<Arc<SoftSrq>> {
         .map_err(|_| verr!(CreateQp, InvalidArgument, "the SRQ belongs to another backend"))
 }
 
-
-/// A memory region.
+/// A memory region (plain or fast-registration).
 pub(crate) struct SoftMr {
-    pd: Arc<SoftPd>,
+    dev: Arc<DeviceShared>,
+    /// The PD (changes with CHANGE_PD; held so the PD outlives the MR).
+    pd: Mutex<Arc<SoftPd>>,
     lkey: AtomicU32,
     rkey: AtomicU32,
     access: AtomicU32,
-    memory: Arc<MemorySource>,
+    iova: AtomicU64,
+    len: AtomicU64,
+    memory: Mutex<Option<Arc<MemorySource>>>,
+    fast_reg: bool,
     destroyed: AtomicBool,
+}
+
+impl SoftMr {
+    /// Records the key a posted REG_MR gives the MR (the handle follows the
+    /// last posted registration, as `ib_update_fast_reg_key` would).
+    pub(crate) fn set_key(&self, key: u32, access: AccessFlags) {
+        self.lkey.store(key, Ordering::Release);
+        self.rkey.store(key, Ordering::Release);
+        self.access.store(access.bits(), Ordering::Release);
+    }
 }
 
 impl Drop for SoftMr {
@@ -408,22 +435,19 @@ impl MrOps for SoftMr {
     }
 
     fn addr(&self) -> u64 {
-        self.memory.addr()
+        self.iova.load(Ordering::Acquire)
     }
 
     fn length(&self) -> u64 {
-        self.memory.len() as u64
+        self.len.load(Ordering::Acquire)
     }
 
     fn access(&self) -> AccessFlags {
         AccessFlags::from_bits_retain(self.access.load(Ordering::Acquire))
     }
 
-    fn memory(&self) -> Option<&MrMemory> {
-        match &*self.memory {
-            MemorySource::Owned(m) => Some(m),
-            MemorySource::Raw(_) => None,
-        }
+    fn memory(&self) -> Option<Arc<MemorySource>> {
+        lock(&self.memory).clone()
     }
 
     fn rereg(
@@ -440,36 +464,64 @@ impl MrOps for SoftMr {
                 "rereg flags {flags:?} are empty or unknown"
             ));
         }
-        if flags.contains(ReregFlags::CHANGE_TRANSLATION) || memory.is_some() {
+        if self.fast_reg {
             return Err(verr!(
                 ReregMr,
-                NotSupported,
-                "changing the translation of a soft MR is not implemented yet"
+                InvalidArgument,
+                "fast-registration MRs cannot be re-registered"
             ));
         }
         let new_pd = if flags.contains(ReregFlags::CHANGE_PD) {
             let pd = pd.ok_or_else(|| verr!(ReregMr, InvalidArgument, "CHANGE_PD needs a PD"))?;
-            let pd = soft_of::<SoftPd>(pd.as_ref(), "PD", crate::verbs::Verb::ReregMr)?;
-            if !Arc::ptr_eq(&pd.ctx.dev, &self.pd.ctx.dev) {
+            let pd = pd
+                .clone()
+                .into_any_arc()
+                .downcast::<SoftPd>()
+                .map_err(|_| verr!(ReregMr, InvalidArgument, "the PD belongs to another backend"))?;
+            if !Arc::ptr_eq(&pd.ctx.dev, &self.dev) {
                 return Err(verr!(ReregMr, InvalidArgument, "the PD belongs to another device"));
             }
-            Some(pd.id)
+            Some(pd)
+        } else {
+            None
+        };
+        let new_memory = if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            let m = memory.ok_or_else(|| verr!(ReregMr, InvalidArgument, "CHANGE_TRANSLATION needs the new memory"))?;
+            Some(Arc::new(m))
         } else {
             None
         };
         let new_access = flags.contains(ReregFlags::CHANGE_ACCESS).then_some(access);
         let lkey = self.lkey();
-        let (l, r) = self.pd.ctx.dev.with_core(|c, _| c.rereg_mr(lkey, new_pd, new_access))?;
+        let pd_id = new_pd.as_ref().map(|p| p.id);
+        let mem = new_memory.clone();
+        let (l, r) = self.dev.with_core(|c, _| c.rereg_mr(lkey, pd_id, new_access, mem))?;
         self.lkey.store(l, Ordering::Release);
         self.rkey.store(r, Ordering::Release);
         if let Some(a) = new_access {
             self.access.store(a.bits(), Ordering::Release);
         }
+        if let Some(p) = new_pd {
+            *lock(&self.pd) = p;
+        }
+        if let Some(m) = new_memory {
+            self.iova.store(m.addr(), Ordering::Release);
+            self.len.store(m.len() as u64, Ordering::Release);
+            *lock(&self.memory) = Some(m);
+        }
         Ok(())
     }
 
-    fn map_pages(&self, _sgl: &[Sge<'_>], _page_size: u32) -> Result<usize> {
-        Err(verr!(MapMrPages, InvalidArgument, "not a fast-registration MR"))
+    fn map_pages(&self, sgl: &[Sge<'_>], page_size: u32) -> Result<usize> {
+        if !self.fast_reg {
+            return Err(verr!(MapMrPages, InvalidArgument, "not a fast-registration MR"));
+        }
+        let list: Vec<(u64, u32, u32)> = sgl.iter().map(|s| (s.addr(), s.length(), s.lkey())).collect();
+        let key = self.lkey();
+        let (iova, len, n) = self.dev.with_core(|c, _| c.map_mr_pages(key, &list, page_size))?;
+        self.iova.store(iova, Ordering::Release);
+        self.len.store(len, Ordering::Release);
+        Ok(n)
     }
 
     fn dereg(&self) -> Result<()> {
@@ -477,9 +529,41 @@ impl MrOps for SoftMr {
             return Ok(());
         }
         let lkey = self.lkey();
-        self.pd.ctx.dev.with_core(|c, _| c.dereg_mr(lkey))?;
+        self.dev.with_core(|c, _| c.dereg_mr(lkey))?;
         self.destroyed.store(true, Ordering::Release);
         Ok(())
+    }
+}
+
+/// A memory window.
+pub(crate) struct SoftMw {
+    pd: Arc<SoftPd>,
+    key: AtomicU32,
+    mw_type: MwType,
+    destroyed: AtomicBool,
+}
+
+impl Drop for SoftMw {
+    fn drop(&mut self) {
+        let _ = MwOps::dealloc(self);
+    }
+}
+
+impl MwOps for SoftMw {
+    fn rkey(&self) -> u32 {
+        self.key.load(Ordering::Acquire)
+    }
+
+    fn mw_type(&self) -> MwType {
+        self.mw_type
+    }
+
+    fn dealloc(&self) -> Result<()> {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let key = self.rkey();
+        self.pd.ctx.dev.with_core(|c, _| c.dealloc_mw(key))
     }
 }
 
@@ -621,7 +705,29 @@ impl QpOps for SoftQp {
 
     #[inline]
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        self.pd.ctx.dev.with_core(|c, now| c.post_send(now, self.qpn, wrs))
+        let r = self.pd.ctx.dev.with_core(|c, now| c.post_send(now, self.qpn, wrs));
+        let posted = match &r {
+            Ok(()) => wrs.len(),
+            Err(e) => e.index,
+        };
+        // Handles follow posted registrations and binds (ibverbs providers
+        // update `mw->rkey` at post time).
+        for wr in &wrs[..posted] {
+            match wr.op {
+                SendOp::RegMr { mr, key, access } => {
+                    if let Some(m) = mr.ops().as_ref().as_any().downcast_ref::<SoftMr>() {
+                        m.set_key(key, access);
+                    }
+                }
+                SendOp::BindMw { mw, rkey, .. } => {
+                    if let Some(w) = mw.ops().as_ref().as_any().downcast_ref::<SoftMw>() {
+                        w.key.store(rkey, Ordering::Release);
+                    }
+                }
+                _ => {}
+            }
+        }
+        r
     }
 
     #[inline]
@@ -629,12 +735,33 @@ impl QpOps for SoftQp {
         self.pd.ctx.dev.with_core(|c, _| c.post_recv(self.qpn, wrs))
     }
 
-    fn bind_mw(&self, _mw: &Arc<dyn MwOps>, _wr_id: u64, _bind: &MwBindInfo<'_>, _flags: SendFlags) -> Result<u32> {
-        Err(verr!(
-            BindMw,
-            NotSupported,
-            "memory windows are not implemented by the soft provider yet"
-        ))
+    fn bind_mw(&self, mw: &Arc<dyn MwOps>, wr_id: u64, bind: &MwBindInfo<'_>, flags: SendFlags) -> Result<u32> {
+        let w = soft_of::<SoftMw>(mw.as_ref(), "memory window", crate::verbs::Verb::BindMw)?;
+        if w.mw_type != MwType::Type1 {
+            return Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "ibv_bind_mw binds type 1 windows; post BIND_MW for type 2"
+            ));
+        }
+        let mw_key = w.rkey();
+        let mr_key = bind.mr.lkey();
+        let signaled = flags.contains(SendFlags::SIGNALED);
+        let new = self.pd.ctx.dev.with_core(|c, now| {
+            c.bind_mw_type1(
+                now,
+                self.qpn,
+                mw_key,
+                mr_key,
+                bind.addr,
+                bind.length,
+                bind.access,
+                wr_id,
+                signaled,
+            )
+        })?;
+        w.key.store(new, Ordering::Release);
+        Ok(new)
     }
 
     fn destroy(&self) -> Result<()> {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::attr::*;
 use super::error::{PostError, Result};
-use super::memory::{MemorySource, MrMemory};
+use super::memory::MemorySource;
 use super::types::*;
 use super::wr::*;
 
@@ -59,6 +59,10 @@ impl std::str::FromStr for BackendKind {
 
 /// Lets a backend recover its concrete type from a trait object (to accept
 /// only its own CQs when creating a QP, for example).
+///
+/// Call it on the trait object, not on the `Arc` holding it:
+/// `handle.ops().as_ref().as_any()` — `Arc<dyn CqOps>` is itself `Any`, so
+/// `handle.ops().as_any()` would name the `Arc` and never downcast.
 pub trait AsAny: Any + Send + Sync {
     /// `self` as `&dyn Any`.
     fn as_any(&self) -> &dyn Any;
@@ -183,8 +187,9 @@ pub trait MrOps: AsAny {
     fn length(&self) -> u64;
     /// Access rights.
     fn access(&self) -> AccessFlags;
-    /// The library-owned buffer behind the MR, if it has one.
-    fn memory(&self) -> Option<&MrMemory>;
+    /// The memory behind the MR (library-owned or a raw region), if the
+    /// backend exposes it; `None` for fast-registration MRs.
+    fn memory(&self) -> Option<Arc<MemorySource>>;
     /// `ibv_rereg_mr`: change translation, PD and/or access.
     fn rereg(
         &self,

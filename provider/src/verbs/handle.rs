@@ -440,12 +440,12 @@ impl Mr {
         }
     }
 
-    fn owned(&self) -> Result<&MrMemory> {
+    fn mem(&self) -> Result<Arc<MemorySource>> {
         self.ops.memory().ok_or_else(|| {
             verr!(
                 MemoryAccess,
                 InvalidArgument,
-                "this MR does not own its memory (raw or fast-registration MR); access it through your own pointer"
+                "this MR has no directly accessible memory (fast-registration MR, or a backend that does not expose it)"
             )
         })
     }
@@ -454,18 +454,18 @@ impl Mr {
     ///
     /// # Errors
     ///
-    /// `EINVAL` if out of bounds or the MR does not own its memory.
+    /// `EINVAL` if out of bounds or the MR has no accessible memory.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.owned()?.read(offset, dst)
+        self.mem()?.read_at(offset, dst)
     }
 
     /// Copies `src` into the MR at `offset`.
     ///
     /// # Errors
     ///
-    /// `EINVAL` if out of bounds or the MR does not own its memory.
+    /// As [`Mr::read`].
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.owned()?.write(offset, src)
+        self.mem()?.write_at(offset, src)
     }
 
     /// Reads `len` bytes at `offset` into a new vector.
@@ -483,18 +483,18 @@ impl Mr {
     ///
     /// # Errors
     ///
-    /// As [`Mr::write`].
+    /// As [`Mr::read`].
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
-        self.owned()?.fill(offset, len, byte)
+        self.mem()?.fill_at(offset, len, byte)
     }
 
     /// Atomically loads the 8-byte word at `offset` (host byte order).
     ///
     /// # Errors
     ///
-    /// `EINVAL` if misaligned, out of bounds or not library-owned.
+    /// `EINVAL` if misaligned, out of bounds or not accessible.
     pub fn load_u64(&self, offset: usize) -> Result<u64> {
-        self.owned()?.load_u64(offset)
+        self.mem()?.load_u64(offset)
     }
 
     /// Atomically stores the 8-byte word at `offset` (host byte order).
@@ -503,7 +503,13 @@ impl Mr {
     ///
     /// As [`Mr::load_u64`].
     pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
-        self.owned()?.store_u64(offset, value)
+        self.mem()?.store_u64(offset, value)
+    }
+
+    /// The key with its key byte incremented (`ibv_inc_rkey`): the key to
+    /// give the next REG_MR of a fast-registration MR.
+    pub fn next_key(&self) -> u32 {
+        inc_key(self.lkey())
     }
 
     /// Re-registers (`ibv_rereg_mr`): new access, PD and/or translation.
@@ -539,7 +545,19 @@ handle!(
 );
 destroy_on_drop!(Mw, dealloc);
 
+/// A key with its low 8 bits (the key byte) incremented, the index kept
+/// (`ibv_inc_rkey`).
+pub fn inc_key(key: u32) -> u32 {
+    (key & !0xff) | (key.wrapping_add(1) & 0xff)
+}
+
 impl Mw {
+    /// The rkey with its key byte incremented: the rkey to give the next
+    /// BIND_MW of a type 2 window.
+    pub fn next_rkey(&self) -> u32 {
+        inc_key(self.rkey())
+    }
+
     /// Current rkey.
     pub fn rkey(&self) -> u32 {
         self.ops.rkey()

@@ -324,6 +324,37 @@ impl MemorySource {
         )
     }
 
+    /// Atomically loads the aligned 8-byte word at `offset` (host order).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        Ok(self.atomic_at(offset)?.load(Ordering::Acquire))
+    }
+
+    /// Atomically stores the aligned 8-byte word at `offset` (host order).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if misaligned or out of bounds.
+    pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
+        self.atomic_at(offset)?.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the memory.
+    pub fn fill_at(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
+        check_range(offset, len, self.len())?;
+        // SAFETY: in bounds (checked); valid as in read_at.
+        unsafe { std::ptr::write_bytes(self.ptr().add(offset), byte, len) };
+        Ok(())
+    }
+
     /// Atomic fetch-and-add of the aligned 8-byte word at `offset` (host
     /// byte order, wrapping); returns the original value.
     ///

@@ -373,7 +373,7 @@ impl Core {
                 )
                 .map_err(|_| ())?;
             if let Some(r) = r {
-                r.memory.write_at(r.offset, &data[done..done + n]).map_err(|_| ())?;
+                r.write(&data[done..done + n])?;
             }
             done += n;
             offset = 0;

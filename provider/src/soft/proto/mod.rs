@@ -26,6 +26,7 @@
 
 mod completer;
 mod cq;
+mod memops;
 mod mr;
 mod qp;
 mod recv;
@@ -36,11 +37,10 @@ mod srq;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use crate::verbs::{
-    verr, AccessFlags, AhAttr, AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, MemorySource, PortAttr, Result,
-    SrqAttr, SrqAttrMask, WorkCompletion,
+    verr, AhAttr, AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, PortAttr, Result, SrqAttr, SrqAttrMask,
+    WorkCompletion,
 };
 
 pub use qp::QpCreate;
@@ -327,102 +327,6 @@ impl Core {
                 "the PD was deallocated",
             )),
         }
-    }
-
-    // ---- memory regions -----------------------------------------------
-
-    /// `ibv_reg_mr`: returns `(lkey, rkey)`; the rkey is 0 without remote
-    /// access (DESIGN §3.1).
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for access flags that break the registration rule or that
-    /// the soft provider does not support (on-demand paging, zero-based);
-    /// `ENOMEM` at `max_mr`.
-    pub fn reg_mr(&mut self, pd: PdId, memory: Arc<MemorySource>, access: AccessFlags) -> Result<(u32, u32)> {
-        self.check_pd(crate::verbs::Verb::RegMr, pd)?;
-        if !access.is_valid_for_mr() {
-            return Err(verr!(
-                RegMr,
-                InvalidArgument,
-                "REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE (ibv_reg_mr(3))"
-            ));
-        }
-        let unsupported = AccessFlags::ON_DEMAND | AccessFlags::ZERO_BASED | AccessFlags::HUGETLB;
-        if access.intersects(unsupported) {
-            return Err(verr!(
-                RegMr,
-                InvalidArgument,
-                "access {:?} is not supported by the soft provider",
-                access & unsupported
-            ));
-        }
-        if self.mrs.live() >= self.cfg.attr.max_mr {
-            return Err(verr!(
-                RegMr,
-                NoMemory,
-                "device limit of {} MRs reached",
-                self.cfg.attr.max_mr
-            ));
-        }
-        let iova = memory.addr();
-        let len = memory.len() as u64;
-        let key = self
-            .mrs
-            .insert(&mut self.rng, pd, access, memory, iova, len)
-            .ok_or_else(|| verr!(RegMr, NoMemory, "MR key space exhausted"))?;
-        let rkey = if access.intersects(AccessFlags::REMOTE) { key } else { 0 };
-        Ok((key, rkey))
-    }
-
-    /// `ibv_dereg_mr`. After it returns the engine never touches the memory.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for an unknown key.
-    pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
-        self.mrs
-            .remove(lkey)
-            .map(|_| ())
-            .ok_or_else(|| verr!(DeregMr, InvalidArgument, "no MR with lkey {lkey:#x}"))
-    }
-
-    /// `ibv_rereg_mr` with new access and/or PD (translation changes are
-    /// done by the caller as dereg + reg at the same index in a later
-    /// issue). Returns the new `(lkey, rkey)`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for an unknown key, bad access or a dead PD.
-    pub fn rereg_mr(&mut self, lkey: u32, pd: Option<PdId>, access: Option<AccessFlags>) -> Result<(u32, u32)> {
-        if let Some(pd) = pd {
-            self.check_pd(crate::verbs::Verb::ReregMr, pd)?;
-        }
-        if let Some(a) = access {
-            if !a.is_valid_for_mr() {
-                return Err(verr!(
-                    ReregMr,
-                    InvalidArgument,
-                    "REMOTE_WRITE or REMOTE_ATOMIC requires LOCAL_WRITE"
-                ));
-            }
-        }
-        let e = self
-            .mrs
-            .get_mut(lkey)
-            .ok_or_else(|| verr!(ReregMr, InvalidArgument, "no MR with lkey {lkey:#x}"))?;
-        if let Some(pd) = pd {
-            e.pd = pd;
-        }
-        if let Some(a) = access {
-            e.access = a;
-        }
-        let rkey = if e.access.intersects(AccessFlags::REMOTE) {
-            e.key
-        } else {
-            0
-        };
-        Ok((e.key, rkey))
     }
 
     // ---- completion queues --------------------------------------------

@@ -1,9 +1,11 @@
-//! The memory-region table: 24-bit index + 8-bit key byte, PD and access
-//! checks, bounds checks, and device-side memory access (DESIGN §3.1, §3.4).
+//! The key table: memory regions, fast-registration MRs and memory windows
+//! share one space of 24-bit indexes with an 8-bit key byte (DESIGN §3.1,
+//! §3.6). Every device-side memory access resolves a key here, with PD,
+//! access and bounds checks.
 
 use std::sync::Arc;
 
-use crate::verbs::{AccessFlags, MemorySource};
+use crate::verbs::{AccessFlags, MemorySource, MwType};
 
 use super::{PdId, SplitMix};
 
@@ -11,40 +13,150 @@ use super::{PdId, SplitMix};
 /// (local: LOC_PROT_ERR; remote: a remote-access NAK).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyError {
-    /// No MR has this key (index unused or stale key byte).
+    /// No valid object has this key (unused index, stale key byte, FREE
+    /// fast-registration MR, unbound window, or a window used as an lkey).
     BadKey,
-    /// The MR belongs to another protection domain.
+    /// The object belongs to another protection domain (or, for a type 2
+    /// window, is bound to another QP).
     WrongPd,
-    /// The MR lacks a required right.
+    /// A required right is missing.
     Access,
-    /// The range is outside the MR.
+    /// The range is outside the region or window.
     Bounds,
 }
 
-/// One registered region.
+/// A contiguous piece of registered memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) memory: Arc<MemorySource>,
+    pub(crate) offset: usize,
+    pub(crate) len: u64,
+}
+
+/// The translation of a VALID fast-registration MR.
+#[derive(Debug, Clone)]
+pub(crate) struct Mapping {
+    pub(crate) segments: Vec<Segment>,
+}
+
+/// A memory window binding.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Binding {
+    /// Key of the MR the window is bound onto.
+    pub(crate) mr_key: u32,
+    /// QP a type 2 window is bound to (IBTA type 2B).
+    pub(crate) qpn: Option<u32>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// `ibv_reg_mr`: a memory range.
+    Plain(Arc<MemorySource>),
+    /// A fast-registration MR: FREE (`valid == false`) or VALID with the
+    /// current mapping.
+    FastReg {
+        max_pages: u32,
+        valid: bool,
+        mapping: Option<Mapping>,
+    },
+    /// A memory window, bound or not.
+    Window { mw_type: MwType, binding: Option<Binding> },
+}
+
+/// One entry of the key table.
 #[derive(Debug)]
 pub(crate) struct MrEntry {
     /// Current full key (index << 8 | key byte).
     pub(crate) key: u32,
     pub(crate) pd: PdId,
     pub(crate) access: AccessFlags,
-    /// First address (iova) of the region.
+    /// First address (iova) of the region or window.
     pub(crate) iova: u64,
     pub(crate) len: u64,
-    pub(crate) memory: Arc<MemorySource>,
+    pub(crate) backing: Backing,
+    /// Windows bound onto this MR (dereg is EBUSY while non-zero).
+    pub(crate) windows: u32,
 }
 
-/// A checked range inside an MR: the memory and the offset into it.
+impl MrEntry {
+    pub(crate) fn is_window(&self) -> bool {
+        matches!(self.backing, Backing::Window { .. })
+    }
+}
+
+/// A checked range: one or more pieces of memory to copy through.
 #[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    pub(crate) memory: Arc<MemorySource>,
-    pub(crate) offset: usize,
+pub(crate) enum Resolved {
+    One { memory: Arc<MemorySource>, offset: usize },
+    Many(Vec<Segment>),
+}
+
+impl Resolved {
+    /// Copies out of the range into `dst` (whose length is the range's).
+    pub(crate) fn read(&self, dst: &mut [u8]) -> Result<(), ()> {
+        match self {
+            Resolved::One { memory, offset } => memory.read_at(*offset, dst).map_err(|_| ()),
+            Resolved::Many(segs) => {
+                let mut done = 0;
+                for s in segs {
+                    let n = (s.len as usize).min(dst.len() - done);
+                    s.memory.read_at(s.offset, &mut dst[done..done + n]).map_err(|_| ())?;
+                    done += n;
+                }
+                if done == dst.len() {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        }
+    }
+
+    /// Copies `src` into the range.
+    pub(crate) fn write(&self, src: &[u8]) -> Result<(), ()> {
+        match self {
+            Resolved::One { memory, offset } => memory.write_at(*offset, src).map_err(|_| ()),
+            Resolved::Many(segs) => {
+                let mut done = 0;
+                for s in segs {
+                    let n = (s.len as usize).min(src.len() - done);
+                    s.memory.write_at(s.offset, &src[done..done + n]).map_err(|_| ())?;
+                    done += n;
+                }
+                if done == src.len() {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        }
+    }
+
+    fn single(&self) -> Option<(&MemorySource, usize)> {
+        match self {
+            Resolved::One { memory, offset } => Some((memory, *offset)),
+            Resolved::Many(segs) if segs.len() == 1 => Some((&segs[0].memory, segs[0].offset)),
+            Resolved::Many(_) => None,
+        }
+    }
+
+    /// Atomic compare-and-swap of the 8-byte word (host order).
+    pub(crate) fn compare_swap_u64(&self, compare: u64, swap: u64) -> Result<u64, ()> {
+        let (m, o) = self.single().ok_or(())?;
+        m.compare_swap_u64(o, compare, swap).map_err(|_| ())
+    }
+
+    /// Atomic fetch-and-add of the 8-byte word (host order).
+    pub(crate) fn fetch_add_u64(&self, add: u64) -> Result<u64, ()> {
+        let (m, o) = self.single().ok_or(())?;
+        m.fetch_add_u64(o, add).map_err(|_| ())
+    }
 }
 
 #[derive(Debug, Default)]
 pub(crate) struct MrTable {
     entries: Vec<Option<MrEntry>>,
-    free: Vec<u32>,
+    free: std::collections::VecDeque<u32>,
     live: u32,
 }
 
@@ -56,17 +168,19 @@ impl MrTable {
         self.live
     }
 
-    /// Inserts a region with a fresh key byte; returns the key.
+    /// Inserts an entry with a fresh key byte; returns the key.
     pub(crate) fn insert(
         &mut self,
         rng: &mut SplitMix,
         pd: PdId,
         access: AccessFlags,
-        memory: Arc<MemorySource>,
         iova: u64,
         len: u64,
+        backing: Backing,
     ) -> Option<u32> {
-        let index = match self.free.pop() {
+        // Reuse indexes oldest-freed first, so a stale key is unlikely to
+        // meet a new object at the same index soon.
+        let index = match self.free.pop_front() {
             Some(i) => i,
             None => {
                 let i = u32::try_from(self.entries.len() + 1).ok()?;
@@ -84,56 +198,56 @@ impl MrTable {
             access,
             iova,
             len,
-            memory,
+            backing,
+            windows: 0,
         });
         self.live += 1;
         Some(key)
     }
 
+    fn slot(&self, key: u32) -> Option<&MrEntry> {
+        let index = key >> 8;
+        self.entries.get(index.checked_sub(1)? as usize)?.as_ref()
+    }
+
+    fn slot_mut(&mut self, key: u32) -> Option<&mut MrEntry> {
+        let index = key >> 8;
+        self.entries.get_mut(index.checked_sub(1)? as usize)?.as_mut()
+    }
+
+    /// The entry whose current key is exactly `key`.
     pub(crate) fn get(&self, key: u32) -> Option<&MrEntry> {
-        let index = key >> 8;
-        if index == 0 {
-            return None;
-        }
-        self.entries
-            .get((index - 1) as usize)?
-            .as_ref()
-            .filter(|e| e.key == key)
+        self.slot(key).filter(|e| e.key == key)
     }
 
+    /// As [`MrTable::get`], mutable.
     pub(crate) fn get_mut(&mut self, key: u32) -> Option<&mut MrEntry> {
-        let index = key >> 8;
-        if index == 0 {
-            return None;
-        }
-        self.entries
-            .get_mut((index - 1) as usize)?
-            .as_mut()
-            .filter(|e| e.key == key)
+        self.slot_mut(key).filter(|e| e.key == key)
     }
 
-    /// Removes the region with this key; the index becomes reusable.
+    /// The entry at `key`'s index whatever its key byte (fast registration
+    /// and window binds change the key byte of an object the caller names by
+    /// its previous key).
+    pub(crate) fn get_by_index_mut(&mut self, key: u32) -> Option<&mut MrEntry> {
+        self.slot_mut(key)
+    }
+
+    /// Removes the entry with this key; the index becomes reusable.
     pub(crate) fn remove(&mut self, key: u32) -> Option<MrEntry> {
         let index = key >> 8;
-        if index == 0 {
-            return None;
-        }
-        let slot = self.entries.get_mut((index - 1) as usize)?;
+        let slot = self.entries.get_mut(index.checked_sub(1)? as usize)?;
         if slot.as_ref().is_some_and(|e| e.key == key) {
             self.live -= 1;
-            // Reuse indexes FIFO-ish: push to the front of the free list's
-            // pop order last, so a stale key is unlikely to meet a new MR at
-            // the same index soon.
-            self.free.insert(0, index);
+            self.free.push_back(index);
             slot.take()
         } else {
             None
         }
     }
 
-    /// Checks `len` bytes at `addr` under `key` for `pd` with rights `need`.
-    /// A zero-length range needs no valid key (IBTA 9.4.4: zero-length
-    /// RDMA needs no R_Key check) and resolves to `None`.
+    /// Checks `len` bytes at `addr` under local key `key` for `pd` with
+    /// rights `need`. A zero-length range needs no valid key (IBTA 9.4.4:
+    /// zero-length RDMA needs no key check) and resolves to `None`.
     pub(crate) fn check(
         &self,
         key: u32,
@@ -146,24 +260,99 @@ impl MrTable {
             return Ok(None);
         }
         let e = self.get(key).ok_or(KeyError::BadKey)?;
+        if e.is_window() {
+            return Err(KeyError::BadKey);
+        }
         if e.pd != pd {
             return Err(KeyError::WrongPd);
         }
         if !e.access.contains(need) {
             return Err(KeyError::Access);
         }
-        let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
-        if addr < e.iova || end > e.iova + e.len {
-            return Err(KeyError::Bounds);
-        }
-        let offset = usize::try_from(addr - e.iova).map_err(|_| KeyError::Bounds)?;
-        Ok(Some(Resolved {
-            memory: e.memory.clone(),
-            offset,
-        }))
+        Self::resolve(e, addr, len).map(Some)
     }
 
-    /// Whether any region belongs to `pd`.
+    /// Checks a remote access under `rkey` by `qpn` (of PD `pd`): MRs,
+    /// fast-registration MRs and memory windows.
+    pub(crate) fn check_remote(
+        &self,
+        rkey: u32,
+        pd: PdId,
+        qpn: u32,
+        addr: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<Option<Resolved>, KeyError> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let e = self.get(rkey).ok_or(KeyError::BadKey)?;
+        if e.pd != pd {
+            return Err(KeyError::WrongPd);
+        }
+        if !e.access.contains(need) {
+            return Err(KeyError::Access);
+        }
+        match &e.backing {
+            Backing::Window { binding, .. } => {
+                let b = binding.ok_or(KeyError::BadKey)?;
+                if b.qpn.is_some_and(|q| q != qpn) {
+                    return Err(KeyError::WrongPd);
+                }
+                let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+                if addr < e.iova || end > e.iova + e.len {
+                    return Err(KeyError::Bounds);
+                }
+                let mr = self.get(b.mr_key).ok_or(KeyError::BadKey)?;
+                Self::resolve(mr, addr, len).map(Some)
+            }
+            _ => Self::resolve(e, addr, len).map(Some),
+        }
+    }
+
+    pub(crate) fn resolve(e: &MrEntry, addr: u64, len: u64) -> Result<Resolved, KeyError> {
+        let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+        if addr < e.iova || end > e.iova.saturating_add(e.len) {
+            return Err(KeyError::Bounds);
+        }
+        let off = addr - e.iova;
+        match &e.backing {
+            Backing::Plain(memory) => Ok(Resolved::One {
+                memory: memory.clone(),
+                offset: usize::try_from(off).map_err(|_| KeyError::Bounds)?,
+            }),
+            Backing::FastReg { valid: false, .. } | Backing::FastReg { mapping: None, .. } => Err(KeyError::BadKey),
+            Backing::FastReg { mapping: Some(m), .. } => {
+                let mut out = Vec::new();
+                let mut skip = off;
+                let mut want = len;
+                for s in &m.segments {
+                    if want == 0 {
+                        break;
+                    }
+                    if skip >= s.len {
+                        skip -= s.len;
+                        continue;
+                    }
+                    let n = (s.len - skip).min(want);
+                    out.push(Segment {
+                        memory: s.memory.clone(),
+                        offset: s.offset + skip as usize,
+                        len: n,
+                    });
+                    want -= n;
+                    skip = 0;
+                }
+                if want != 0 {
+                    return Err(KeyError::Bounds);
+                }
+                Ok(Resolved::Many(out))
+            }
+            Backing::Window { .. } => Err(KeyError::BadKey),
+        }
+    }
+
+    /// Whether any entry belongs to `pd`.
     pub(crate) fn uses_pd(&self, pd: PdId) -> bool {
         self.entries.iter().flatten().any(|e| e.pd == pd)
     }
@@ -179,7 +368,9 @@ mod tests {
         let mut rng = SplitMix::new(1);
         let mem = Arc::new(MemorySource::Owned(MrMemory::new(4096).unwrap()));
         let addr = mem.addr();
-        let key = t.insert(&mut rng, PdId(1), access, mem, addr, 4096).unwrap();
+        let key = t
+            .insert(&mut rng, PdId(1), access, addr, 4096, Backing::Plain(mem))
+            .unwrap();
         (t, key, addr)
     }
 
@@ -210,16 +401,11 @@ mod tests {
             t.check(key, PdId(1), u64::MAX, 2, AccessFlags::empty()).unwrap_err(),
             KeyError::Bounds
         );
-        assert_eq!(
-            t.check(0, PdId(9), 0, 0, AccessFlags::REMOTE_WRITE)
-                .unwrap()
-                .map(|r| r.offset),
-            None
-        );
+        assert!(t.check(0, PdId(9), 0, 0, AccessFlags::REMOTE_WRITE).unwrap().is_none());
     }
 
     #[test]
-    fn removed_key_is_dead_and_index_reuse_changes_the_key() {
+    fn removed_key_is_dead() {
         let (mut t, key, addr) = table_with_one(AccessFlags::LOCAL_WRITE);
         assert!(t.remove(key).is_some());
         assert!(t.remove(key).is_none());
@@ -228,5 +414,62 @@ mod tests {
             KeyError::BadKey
         );
         assert_eq!(t.live(), 0);
+    }
+
+    #[test]
+    fn fast_reg_mapping_spans_segments_and_free_is_a_bad_key() {
+        let mut t = MrTable::default();
+        let mut rng = SplitMix::new(2);
+        let m1 = Arc::new(MemorySource::Owned(MrMemory::new(8192).unwrap()));
+        let m2 = Arc::new(MemorySource::Owned(MrMemory::new(8192).unwrap()));
+        let key = t
+            .insert(
+                &mut rng,
+                PdId(1),
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+                0x10000,
+                8192,
+                Backing::FastReg {
+                    max_pages: 2,
+                    valid: true,
+                    mapping: Some(Mapping {
+                        segments: vec![
+                            Segment {
+                                memory: m1.clone(),
+                                offset: 4096,
+                                len: 4096,
+                            },
+                            Segment {
+                                memory: m2.clone(),
+                                offset: 0,
+                                len: 4096,
+                            },
+                        ],
+                    }),
+                },
+            )
+            .unwrap();
+        let r = t
+            .check_remote(key, PdId(1), 5, 0x10000 + 4090, 12, AccessFlags::REMOTE_READ)
+            .unwrap()
+            .unwrap();
+        r.write(&[7u8; 12]).unwrap();
+        let mut b = [0u8; 6];
+        m1.read_at(8186, &mut b).unwrap();
+        assert_eq!(b, [7; 6]);
+        m2.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [7; 6]);
+        if let Some(e) = t.get_mut(key) {
+            e.backing = Backing::FastReg {
+                max_pages: 2,
+                valid: false,
+                mapping: None,
+            };
+        }
+        assert_eq!(
+            t.check_remote(key, PdId(1), 5, 0x10000, 1, AccessFlags::REMOTE_READ)
+                .unwrap_err(),
+            KeyError::BadKey
+        );
     }
 }

@@ -6,10 +6,11 @@ use std::collections::VecDeque;
 use crate::soft::wire::Psn;
 use crate::verbs::qp_state::{self, ModifyLimits};
 use crate::verbs::{
-    verr, Error, ErrorKind, EventType, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, RemoteAddr,
-    Result, SendFlags, SendOp, SendWr, Verb, WcOpcode, WcStatus, WorkCompletion,
+    verr, AccessFlags, Error, ErrorKind, EventType, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
+    RemoteAddr, Result, SendFlags, SendOp, SendWr, Verb, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use super::mr::MrTable;
 use super::{Core, CqId, Nanos, PdId, SrqId, QPN_BASE};
 
 /// What `create_qp` needs, in engine ids.
@@ -52,6 +53,27 @@ pub(crate) enum WqeOp {
     CompSwap,
     FetchAdd,
     LocalInv,
+    RegMr,
+    BindMw,
+}
+
+/// A local memory operation carried by a send-queue WQE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalOp {
+    /// LOCAL_INV of a key.
+    Inv { key: u32 },
+    /// REG_MR: `mr_key` is the new key (same index as the MR).
+    Reg { mr_key: u32, access: AccessFlags },
+    /// A window bind (type 1 from the verb, type 2 from BIND_MW).
+    Bind {
+        mw_key: u32,
+        new_key: u32,
+        mr_key: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        type1: bool,
+    },
 }
 
 impl WqeOp {
@@ -63,6 +85,8 @@ impl WqeOp {
             WqeOp::CompSwap => WcOpcode::CompSwap,
             WqeOp::FetchAdd => WcOpcode::FetchAdd,
             WqeOp::LocalInv => WcOpcode::LocalInv,
+            WqeOp::RegMr => WcOpcode::RegMr,
+            WqeOp::BindMw => WcOpcode::BindMw,
         }
     }
 
@@ -72,6 +96,10 @@ impl WqeOp {
 
     pub(crate) fn is_atomic(self) -> bool {
         matches!(self, WqeOp::CompSwap | WqeOp::FetchAdd)
+    }
+
+    pub(crate) fn is_local(self) -> bool {
+        matches!(self, WqeOp::LocalInv | WqeOp::RegMr | WqeOp::BindMw)
     }
 }
 
@@ -113,6 +141,8 @@ pub(crate) struct SendWqe {
     pub(crate) fence: bool,
     pub(crate) solicited: bool,
     pub(crate) ud: Option<UdTarget>,
+    /// The operation of a local WQE.
+    pub(crate) local: Option<LocalOp>,
     pub(crate) state: WqeState,
     /// PSN of the first packet (valid once transmission started).
     pub(crate) first_psn: Psn,
@@ -604,14 +634,42 @@ impl Core {
                 SendOp::CompareSwap { remote, compare, swap } => (WqeOp::CompSwap, remote, 0, compare, swap),
                 SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, remote, 0, 0, add),
                 SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
-                SendOp::RegMr { .. } | SendOp::BindMw { .. } => {
-                    return Err(post_err(
-                        i,
-                        Verb::PostSend,
-                        ErrorKind::NotSupported,
-                        "REG_MR and BIND_MW work requests are not implemented by the soft provider yet",
-                    ))
+                SendOp::RegMr { .. } => (WqeOp::RegMr, RemoteAddr::default(), 0, 0, 0),
+                SendOp::BindMw { .. } => (WqeOp::BindMw, RemoteAddr::default(), 0, 0, 0),
+            };
+            let local = match wr.op {
+                SendOp::LocalInv { key } => Some(LocalOp::Inv { key }),
+                SendOp::RegMr { mr, key, access } => {
+                    if (key >> 8) != (mr.lkey() >> 8) {
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "REG_MR may change only the key byte of the MR's key",
+                        ));
+                    }
+                    Some(LocalOp::Reg { mr_key: key, access })
                 }
+                SendOp::BindMw { mw, rkey, bind } => {
+                    if mw.mw_type() != crate::verbs::MwType::Type2 {
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "BIND_MW work requests bind type 2 windows; use Qp::bind_mw for type 1",
+                        ));
+                    }
+                    Some(LocalOp::Bind {
+                        mw_key: mw.rkey(),
+                        new_key: rkey,
+                        mr_key: bind.mr.lkey(),
+                        addr: bind.addr,
+                        len: bind.length,
+                        access: bind.access,
+                        type1: false,
+                    })
+                }
+                _ => None,
             };
             if wr.sg_list.len() > qp.cap.max_send_sge as usize {
                 return Err(post_err(
@@ -756,6 +814,7 @@ impl Core {
                 fence: wr.send_flags.contains(SendFlags::FENCE) || op == WqeOp::LocalInv,
                 solicited: wr.send_flags.contains(SendFlags::SOLICITED),
                 ud,
+                local,
                 state: WqeState::Pending,
                 first_psn: Psn::new(0),
                 npkts: 0,
@@ -847,19 +906,114 @@ impl Core {
 }
 
 impl Core {
+    /// `ibv_bind_mw` for a type 1 window: posts a bind WQE on the QP (it
+    /// completes in order with opcode BIND_MW) and returns the window's new
+    /// rkey (key byte incremented, as `ibv_inc_rkey`).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the QP is not RTS (or ERR, where it flushes), is UD, or
+    /// the window is not type 1; `ENOMEM` if the send queue is full.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw_type1(
+        &mut self,
+        now: Nanos,
+        qpn: u32,
+        mw_key: u32,
+        mr_key: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<u32> {
+        let is_type1 = self.mrs.get(mw_key).is_some_and(|e| {
+            matches!(
+                e.backing,
+                super::mr::Backing::Window {
+                    mw_type: crate::verbs::MwType::Type1,
+                    ..
+                }
+            )
+        });
+        if !is_type1 {
+            return Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "{mw_key:#x} is not a type 1 memory window"
+            ));
+        }
+        let mut qp = self
+            .take_qp(qpn)
+            .ok_or_else(|| verr!(BindMw, InvalidArgument, "no QP {qpn:#x}"))?;
+        let check = if qp.qp_type == QpType::Ud {
+            Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "memory windows cannot be bound through a UD QP"
+            ))
+        } else if !matches!(qp.state(), QpState::Rts | QpState::Err) {
+            Err(verr!(BindMw, InvalidArgument, "the QP must be in RTS to bind a window"))
+        } else if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            Err(verr!(BindMw, NoMemory, "send queue full"))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = check {
+            self.put_qp(qp);
+            return Err(e);
+        }
+        let new_key = (mw_key & !0xff) | (mw_key.wrapping_add(1) & 0xff);
+        let sgl = qp.take_vec();
+        qp.sq.push_back(SendWqe {
+            wr_id,
+            op: WqeOp::BindMw,
+            remote: RemoteAddr::default(),
+            imm: 0,
+            compare: 0,
+            swap_add: 0,
+            sgl,
+            inline: None,
+            length: 0,
+            signaled: signaled || qp.sq_sig_all,
+            fence: false,
+            solicited: false,
+            ud: None,
+            local: Some(LocalOp::Bind {
+                mw_key,
+                new_key,
+                mr_key,
+                addr,
+                len,
+                access,
+                type1: true,
+            }),
+            state: WqeState::Pending,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            resp_pkts: 0,
+        });
+        if qp.state() == QpState::Err {
+            self.flush_qp(&mut qp);
+        }
+        self.put_qp(qp);
+        self.run_requester(now, qpn);
+        Ok(new_key)
+    }
+
     /// Reads an MR-made SGE's bytes through the MR table (inline sends: the
     /// lkey is not access-checked, as with ibverbs' INLINE).
     fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
+        if s.length() == 0 {
+            return true;
+        }
         let Some(e) = self.mrs.get(s.lkey()) else { return false };
-        let Some(off) = s.addr().checked_sub(e.iova) else {
+        let Ok(r) = MrTable::resolve(e, s.addr(), u64::from(s.length())) else {
             return false;
         };
-        if off + u64::from(s.length()) > e.len {
-            return false;
-        }
         let start = dst.len();
         dst.resize(start + s.length() as usize, 0);
-        e.memory.read_at(off as usize, &mut dst[start..]).is_ok()
+        r.read(&mut dst[start..]).is_ok()
     }
 }
 

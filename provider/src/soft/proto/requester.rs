@@ -24,6 +24,8 @@ pub(crate) mod vendor {
     pub(crate) const RETRY: u32 = 0x54;
     /// RNR retries exhausted.
     pub(crate) const RNR: u32 = 0x55;
+    /// A memory management operation (REG_MR, LOCAL_INV, BIND_MW) failed.
+    pub(crate) const MEM_OP: u32 = 0x56;
 }
 
 pub(crate) fn transport_of(t: QpType) -> Transport {
@@ -76,9 +78,10 @@ impl Core {
                 qp.req.send_next += 1;
                 continue;
             }
-            if w.op == WqeOp::LocalInv {
+            if w.op.is_local() {
                 // Local operations run in order once everything before them
-                // completed (LOCAL_INV is always fenced, DESIGN §3.5).
+                // completed (LOCAL_INV is always fenced, DESIGN §3.5; REG_MR
+                // and BIND_MW take effect before anything after them).
                 if idx != 0 {
                     break;
                 }
@@ -323,9 +326,7 @@ impl Core {
                 )
                 .map_err(|_| ())?;
             if let Some(r) = r {
-                r.memory
-                    .read_at(r.offset, &mut buf[filled..filled + n])
-                    .map_err(|_| ())?;
+                r.read(&mut buf[filled..filled + n])?;
             }
             filled += n;
             offset = 0;
@@ -369,18 +370,20 @@ impl Core {
         });
     }
 
-    /// Runs a LOCAL_INV at the head of the send queue.
+    /// Runs the local operation (LOCAL_INV, REG_MR, BIND_MW) at the head
+    /// of the send queue.
     fn execute_local(&mut self, qp: &mut Qp) {
-        let key = qp.sq[0].imm;
-        // Invalidating a plain MR is an error (only fast-registration MRs
-        // and windows can be invalidated); the fast-registration issue adds
-        // those objects.
-        let status = if self.mrs.get(key).is_some() {
-            WcStatus::MwBindErr
-        } else {
-            WcStatus::LocProtErr
+        let Some(op) = qp.sq[0].local else {
+            self.fail_wqe(qp, 0, WcStatus::LocQpOpErr, vendor::MEM_OP);
+            return;
         };
-        self.fail_wqe(qp, 0, status, vendor::LOCAL_KEY);
+        match self.execute_local_op(qp, &op) {
+            (WcStatus::Success, _) => {
+                qp.sq[0].state = WqeState::Done;
+                self.complete_done_prefix(qp);
+            }
+            (status, vendor_err) => self.fail_wqe(qp, 0, status, vendor_err),
+        }
     }
 }
 

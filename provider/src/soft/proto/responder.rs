@@ -207,22 +207,26 @@ impl Core {
             imm = i.be_value();
         }
         if let Some(ieth) = pkt.headers.ieth {
-            // Send with invalidate: only fast-registration MRs and memory
-            // windows can be invalidated; none match here, so the
-            // invalidation fails (IBTA 10.6.7: invalid request, QP to ERR).
-            let _ = ieth;
-            self.complete_recv(
-                qp,
-                &prog.wqe,
-                WcStatus::RemInvReqErr,
-                0,
-                None,
-                WcFlags::empty(),
-                0,
-                false,
-            );
-            qp.recycle(prog.wqe.sgl);
-            return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+            // Send with invalidate (IBTA 10.6.7.2): a VALID fast-registration
+            // MR or a bound type 2 window of this PD becomes invalid; a
+            // failed invalidation is an invalid request and the QP goes to
+            // ERR.
+            if self.invalidate(qp.pd, qp.qpn, ieth.rkey, true).is_err() {
+                self.complete_recv(
+                    qp,
+                    &prog.wqe,
+                    WcStatus::RemInvReqErr,
+                    0,
+                    None,
+                    WcFlags::empty(),
+                    0,
+                    false,
+                );
+                qp.recycle(prog.wqe.sgl);
+                return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
+            }
+            flags |= WcFlags::WITH_INV;
+            imm = ieth.rkey;
         }
         qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
         let solicited = pkt.headers.bth.solicited;
@@ -250,9 +254,10 @@ impl Core {
                 return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
             }
             // The whole range is checked up front (IBTA 9.7.5.1.3).
-            if let Err(e) = self.mrs.check(
+            if let Err(e) = self.mrs.check_remote(
                 reth.rkey,
                 qp.pd,
+                qp.qpn,
                 reth.va,
                 u64::from(reth.dma_len),
                 AccessFlags::REMOTE_WRITE,
@@ -296,9 +301,12 @@ impl Core {
             None
         };
         if n > 0 {
-            match self.mrs.check(w.rkey, qp.pd, w.va, n, AccessFlags::REMOTE_WRITE) {
+            match self
+                .mrs
+                .check_remote(w.rkey, qp.pd, qp.qpn, w.va, n, AccessFlags::REMOTE_WRITE)
+            {
                 Ok(Some(r)) => {
-                    if r.memory.write_at(r.offset, pkt.payload).is_err() {
+                    if r.write(pkt.payload).is_err() {
                         return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
                     }
                 }
@@ -341,9 +349,10 @@ impl Core {
         if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) && reth.dma_len > 0 {
             return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
         }
-        if let Err(e) = self.mrs.check(
+        if let Err(e) = self.mrs.check_remote(
             reth.rkey,
             qp.pd,
+            qp.qpn,
             reth.va,
             u64::from(reth.dma_len),
             AccessFlags::REMOTE_READ,
@@ -390,11 +399,15 @@ impl Core {
             buf.clear();
             buf.resize(n as usize, 0);
             if n > 0 {
-                match self
-                    .mrs
-                    .check(rkey, qp.pd, va + u64::from(off), u64::from(n), AccessFlags::REMOTE_READ)
-                {
-                    Ok(Some(r)) if r.memory.read_at(r.offset, &mut buf).is_ok() => {}
+                match self.mrs.check_remote(
+                    rkey,
+                    qp.pd,
+                    qp.qpn,
+                    va + u64::from(off),
+                    u64::from(n),
+                    AccessFlags::REMOTE_READ,
+                ) {
+                    Ok(Some(r)) if r.read(&mut buf).is_ok() => {}
                     Ok(None) => {}
                     _ => {
                         ok = false;
@@ -428,7 +441,10 @@ impl Core {
         if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_ATOMIC) {
             return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
         }
-        let r = match self.mrs.check(a.rkey, qp.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC) {
+        let r = match self
+            .mrs
+            .check_remote(a.rkey, qp.pd, qp.qpn, a.va, 8, AccessFlags::REMOTE_ATOMIC)
+        {
             Ok(Some(r)) => r,
             Ok(None) => return Outcome::Drop,
             Err(e) => {
@@ -440,9 +456,9 @@ impl Core {
         // engine is single-threaded per device and the memory operation is a
         // CPU atomic, so CPU atomics on the same word are also coherent.
         let orig = if pkt.info.kind == OpKind::CompareSwap {
-            r.memory.compare_swap_u64(r.offset, a.compare, a.swap_add)
+            r.compare_swap_u64(a.compare, a.swap_add)
         } else {
-            r.memory.fetch_add_u64(r.offset, a.swap_add)
+            r.fetch_add_u64(a.swap_add)
         };
         let Ok(orig) = orig else {
             return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
@@ -598,7 +614,7 @@ impl Core {
                 .check(s.lkey, qp.pd, s.addr + offset, n as u64, AccessFlags::LOCAL_WRITE)
                 .map_err(|_| ())?;
             if let Some(r) = r {
-                r.memory.write_at(r.offset, &data[done..done + n]).map_err(|_| ())?;
+                r.write(&data[done..done + n])?;
             }
             done += n;
             offset = 0;
