@@ -139,13 +139,24 @@ impl SoftDevice {
     }
 
     /// Removes the device from the soft provider's device list and detaches
-    /// it from its link.
+    /// it from its link (without revoking its objects: see
+    /// [`SoftDevice::unplug`]).
     pub fn remove(&self) {
         self.shared.detach();
         registry()
             .lock()
             .expect("soft device list poisoned")
             .retain(|d| d.name != self.name);
+    }
+
+    /// Hot-unplug without a subsystem in between: revoke (control verbs
+    /// `ENODEV`, QPs to ERR, every WR flushed once), leave the device list,
+    /// then DEVICE_FATAL. The subsystem layer runs the same steps with its
+    /// clients' upcalls between revoke and DEVICE_FATAL.
+    pub fn unplug(&self) {
+        self.shared.revoke();
+        self.remove();
+        self.shared.raise_device_fatal();
     }
 
     /// The device's name.

@@ -220,6 +220,26 @@ impl DeviceShared {
         }
     }
 
+    /// Hot-unplug, first part (DESIGN §5): control verbs fail with `ENODEV`,
+    /// every QP goes to ERR, every outstanding WR completes once with
+    /// WR_FLUSH_ERR, armed CQ notifications fire, and the device leaves its
+    /// link. The caller then runs its clients' `remove` upcalls and finishes
+    /// with [`DeviceShared::raise_device_fatal`].
+    pub fn revoke(self: &Arc<Self>) {
+        self.with_core(|c, _| c.revoke());
+        self.detach();
+    }
+
+    /// Whether the device was revoked.
+    pub fn is_revoked(&self) -> bool {
+        self.lock().is_revoked()
+    }
+
+    /// Hot-unplug, last part: DEVICE_FATAL on every context.
+    pub fn raise_device_fatal(self: &Arc<Self>) {
+        self.with_core(|c, _| c.device_fatal());
+    }
+
     /// Detaches the device from its link.
     pub(crate) fn detach(&self) {
         self.link.detach(self);

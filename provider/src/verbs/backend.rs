@@ -80,6 +80,12 @@ impl<T: Any + Send + Sync> AsAny for T {
     }
 }
 
+/// Downcasts the object inside an `Arc<dyn …Ops>` to a backend's concrete
+/// type (the safe way around the [`AsAny`] pitfall).
+pub fn downcast<T: 'static, O: ?Sized + AsAny>(ops: &Arc<O>) -> Option<&T> {
+    (**ops).as_any().downcast_ref::<T>()
+}
+
 /// A source of devices (`ibv_get_device_list` for one backend).
 pub trait Provider: Send + Sync {
     /// Which backend this is.

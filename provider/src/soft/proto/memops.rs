@@ -36,6 +36,7 @@ impl Core {
     /// the soft provider does not support (on-demand paging, zero-based);
     /// `ENOMEM` at `max_mr`.
     pub fn reg_mr(&mut self, pd: PdId, memory: Arc<MemorySource>, access: AccessFlags) -> Result<(u32, u32)> {
+        self.live(crate::verbs::Verb::RegMr)?;
         self.check_pd(crate::verbs::Verb::RegMr, pd)?;
         Self::check_mr_access(crate::verbs::Verb::RegMr, access)?;
         if self.mrs.live() >= self.cfg.attr.max_mr {
@@ -92,7 +93,7 @@ impl Core {
         if e.is_window() {
             return Err(verr!(DeregMr, InvalidArgument, "{lkey:#x} is a memory window"));
         }
-        if e.windows > 0 {
+        if e.windows > 0 && !self.revoked {
             return Err(verr!(
                 DeregMr,
                 Busy,
@@ -118,6 +119,7 @@ impl Core {
         access: Option<AccessFlags>,
         memory: Option<Arc<MemorySource>>,
     ) -> Result<(u32, u32)> {
+        self.live(crate::verbs::Verb::ReregMr)?;
         if let Some(pd) = pd {
             self.check_pd(crate::verbs::Verb::ReregMr, pd)?;
         }
@@ -165,6 +167,7 @@ impl Core {
     /// `EINVAL` for 0 or more than `max_fast_reg_page_list_len` pages;
     /// `ENOMEM` at `max_mr`.
     pub fn alloc_fast_reg_mr(&mut self, pd: PdId, max_pages: u32) -> Result<u32> {
+        self.live(crate::verbs::Verb::AllocMr)?;
         self.check_pd(crate::verbs::Verb::AllocMr, pd)?;
         let max = self.cfg.attr.max_fast_reg_page_list_len;
         if max_pages == 0 || max_pages > max {
@@ -206,6 +209,7 @@ impl Core {
     /// is not a power of two of at least 4 KiB, or an entry's lkey is not a
     /// valid MR of the same PD.
     pub fn map_mr_pages(&mut self, key: u32, sgl: &[(u64, u32, u32)], page_size: u32) -> Result<(u64, u64, usize)> {
+        self.live(crate::verbs::Verb::MapMrPages)?;
         if !page_size.is_power_of_two() || page_size < 4096 {
             return Err(verr!(
                 MapMrPages,
@@ -292,6 +296,7 @@ impl Core {
     ///
     /// `ENOMEM` at `max_mw`.
     pub fn alloc_mw(&mut self, pd: PdId, mw_type: MwType) -> Result<u32> {
+        self.live(crate::verbs::Verb::AllocMw)?;
         self.check_pd(crate::verbs::Verb::AllocMw, pd)?;
         if self.mrs.live() >= self.cfg.attr.max_mr {
             return Err(verr!(AllocMw, NoMemory, "key space exhausted"));

@@ -209,6 +209,8 @@ pub struct Core {
     counters: Counters,
     /// Reused payload buffer.
     scratch: Vec<u8>,
+    /// Set by [`Core::revoke`] (hot-unplug).
+    revoked: bool,
 }
 
 impl Core {
@@ -229,7 +231,69 @@ impl Core {
             timers: BTreeSet::new(),
             counters: Counters::default(),
             scratch: Vec::new(),
+            revoked: false,
         }
+    }
+
+    /// `ENODEV` once the device was revoked (hot-unplug).
+    pub(crate) fn live(&self, verb: crate::verbs::Verb) -> Result<()> {
+        if self.revoked {
+            return Err(crate::verbs::Error::new(
+                verb,
+                crate::verbs::ErrorKind::NoDevice,
+                "the device was removed",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether [`Core::revoke`] ran.
+    pub fn is_revoked(&self) -> bool {
+        self.revoked
+    }
+
+    /// Hot-unplug, engine part (DESIGN §5): control verbs fail with
+    /// `ENODEV` from now on; every QP moves to ERR and every posted,
+    /// uncompleted WR completes exactly once with WR_FLUSH_ERR (send queue
+    /// before receive queue, in post order); every armed CQ notification
+    /// fires so blocked waiters wake; timers stop and nothing more is
+    /// transmitted. DEVICE_FATAL is left to [`Core::device_fatal`], which the
+    /// caller raises last, after its clients' `remove` upcalls.
+    pub fn revoke(&mut self) {
+        if self.revoked {
+            return;
+        }
+        self.revoked = true;
+        for id in self.qp_ids() {
+            if let Some(mut qp) = self.take_qp(id) {
+                self.flush_qp(&mut qp);
+                self.put_qp(qp);
+            }
+        }
+        for (id, cq) in self.cqs.iter_mut() {
+            if cq.arm != cq::Arm::Disarmed {
+                cq.arm = cq::Arm::Disarmed;
+                self.events.push_back(CoreEvent::CqNotify { cq: CqId(id) });
+            }
+        }
+        self.tx.clear();
+        self.timers.clear();
+    }
+
+    /// Raises DEVICE_FATAL on every context: the last event of a removed
+    /// device.
+    pub fn device_fatal(&mut self) {
+        self.events.push_back(CoreEvent::Async {
+            owner: None,
+            event: AsyncEvent {
+                event_type: EventType::DeviceFatal,
+                element: AsyncElement::Device,
+            },
+        });
+    }
+
+    fn qp_ids(&self) -> Vec<u32> {
+        self.qps.iter().map(|(id, _)| id + QPN_BASE).collect()
     }
 
     /// The configuration.
@@ -287,6 +351,7 @@ impl Core {
     ///
     /// `ENOMEM` at `max_pd`.
     pub fn alloc_pd(&mut self, owner: u32) -> Result<PdId> {
+        self.live(crate::verbs::Verb::AllocPd)?;
         if self.pds.live() >= self.cfg.attr.max_pd {
             return Err(verr!(
                 AllocPd,
@@ -311,7 +376,7 @@ impl Core {
             || self.qps.iter().any(|(_, q)| q.pd == pd)
             || self.srqs.iter().any(|(_, s)| s.pd == pd)
             || self.ahs.iter().any(|(_, a)| a.pd == pd);
-        if in_use {
+        if in_use && !self.revoked {
             return Err(verr!(DeallocPd, Busy, "the PD still has MRs, QPs, SRQs or AHs"));
         }
         self.pds.remove(pd.0);
@@ -337,6 +402,7 @@ impl Core {
     ///
     /// `EINVAL` for 0 or more than `max_cqe` entries; `ENOMEM` at `max_cq`.
     pub fn create_cq(&mut self, cqe: u32, context: u64, owner: u32) -> Result<(CqId, u32)> {
+        self.live(crate::verbs::Verb::CreateCq)?;
         if cqe == 0 || cqe > self.cfg.attr.max_cqe {
             return Err(verr!(
                 CreateCq,
@@ -364,7 +430,9 @@ impl Core {
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
         match self.cqs.get(cq.0) {
             None => Err(verr!(DestroyCq, InvalidArgument, "no such CQ")),
-            Some(c) if c.users > 0 => Err(verr!(DestroyCq, Busy, "{} QP(s) still use this CQ", c.users)),
+            Some(c) if c.users > 0 && !self.revoked => {
+                Err(verr!(DestroyCq, Busy, "{} QP(s) still use this CQ", c.users))
+            }
             Some(_) => {
                 self.cqs.remove(cq.0);
                 Ok(())
@@ -403,6 +471,7 @@ impl Core {
     ///
     /// `EINVAL` if unknown.
     pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<()> {
+        self.live(crate::verbs::Verb::ReqNotifyCq)?;
         let c = self
             .cqs
             .get_mut(cq.0)
@@ -422,6 +491,7 @@ impl Core {
     /// `EINVAL` below the number of queued completions, 0, or above
     /// `max_cqe`.
     pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32> {
+        self.live(crate::verbs::Verb::ResizeCq)?;
         let max = self.cfg.attr.max_cqe;
         let c = self
             .cqs
@@ -477,6 +547,7 @@ impl Core {
     /// `EINVAL` beyond `max_srq_wr`/`max_srq_sge` or a limit above the
     /// depth; `ENOMEM` at `max_srq`.
     pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr, context: u64, owner: u32) -> Result<(SrqId, SrqAttr)> {
+        self.live(crate::verbs::Verb::CreateSrq)?;
         self.check_pd(crate::verbs::Verb::CreateSrq, pd)?;
         let a = &self.cfg.attr;
         if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr || attr.max_sge == 0 || attr.max_sge > a.max_srq_sge {
@@ -508,6 +579,7 @@ impl Core {
     /// `EINVAL` for a limit above the depth, a resize below the queued
     /// count or above `max_srq_wr`.
     pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.live(crate::verbs::Verb::ModifySrq)?;
         let max = self.cfg.attr.max_srq_wr;
         let s = self
             .srqs
@@ -536,7 +608,9 @@ impl Core {
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
         match self.srqs.get(srq.0) {
             None => Err(verr!(DestroySrq, InvalidArgument, "no such SRQ")),
-            Some(s) if s.users > 0 => Err(verr!(DestroySrq, Busy, "{} QP(s) still use this SRQ", s.users)),
+            Some(s) if s.users > 0 && !self.revoked => {
+                Err(verr!(DestroySrq, Busy, "{} QP(s) still use this SRQ", s.users))
+            }
             Some(_) => {
                 self.srqs.remove(srq.0);
                 Ok(())
@@ -553,6 +627,7 @@ impl Core {
     /// `EINVAL` for a bad port, a non-global AV (RoCE needs a GRH) or an
     /// unpopulated source GID; `ENOMEM` at `max_ah`.
     pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
+        self.live(crate::verbs::Verb::CreateAh)?;
         self.check_pd(crate::verbs::Verb::CreateAh, pd)?;
         self.check_av(attr)
             .map_err(|e| e.with_verb(crate::verbs::Verb::CreateAh))?;

@@ -288,6 +288,7 @@ impl Core {
     /// `EINVAL` for unknown PD/CQ/SRQ or capacities above the device limits;
     /// `ENOMEM` at `max_qp`.
     pub fn create_qp(&mut self, c: &QpCreate) -> Result<(u32, QpCap)> {
+        self.live(crate::verbs::Verb::CreateQp)?;
         self.check_pd(Verb::CreateQp, c.pd)?;
         if self.cqs.get(c.send_cq.0).is_none() || self.cqs.get(c.recv_cq.0).is_none() {
             return Err(verr!(CreateQp, InvalidArgument, "unknown or destroyed CQ"));
@@ -428,6 +429,7 @@ impl Core {
     ///
     /// `EINVAL` as [`qp_state::check_modify`] says, or for an unknown QP.
     pub fn modify_qp(&mut self, now: Nanos, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        self.live(crate::verbs::Verb::ModifyQp)?;
         let mut qp = self
             .take_qp(qpn)
             .ok_or_else(|| verr!(ModifyQp, InvalidArgument, "no QP {qpn:#x}"))?;
@@ -927,6 +929,7 @@ impl Core {
         wr_id: u64,
         signaled: bool,
     ) -> Result<u32> {
+        self.live(crate::verbs::Verb::BindMw)?;
         let is_type1 = self.mrs.get(mw_key).is_some_and(|e| {
             matches!(
                 e.backing,

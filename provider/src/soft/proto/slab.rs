@@ -57,6 +57,13 @@ impl<T> Slab<T> {
         self.slots[id as usize] = Some(value);
     }
 
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (u32, &mut T)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_mut().map(|v| (i as u32, v)))
+    }
+
     pub(crate) fn live(&self) -> u32 {
         self.live
     }
