@@ -120,9 +120,9 @@ impl SoftDevice {
         // administered) + "sv" + the address's low bytes.
         let low = gids[0].interface_id() & 0xffff_ffff;
         let guid = Guid(0x0253_7600_0000_0000 | low);
-        let mut attr = Self::attr_for(guid);
+        let mut attr = Self::default_attr(guid);
         attr.node_guid = guid;
-        let port = Self::port_attr_for();
+        let port = Self::default_port_attr();
         let mut core_cfg = CoreConfig::new(attr, port, gids.clone(), config.seed);
         core_cfg.max_inflight_packets = 1024;
         let link = config.link.unwrap_or_else(|| InprocFabric::global() as Arc<dyn Link>);
@@ -195,10 +195,11 @@ impl SoftDevice {
 
     /// Device attributes.
     pub fn attr(&self) -> DeviceAttr {
-        Self::attr_for(self.guid)
+        Self::default_attr(self.guid)
     }
 
-    fn attr_for(guid: Guid) -> DeviceAttr {
+    /// The attributes every soft device advertises, with `guid`.
+    pub fn default_attr(guid: Guid) -> DeviceAttr {
         use crate::verbs::{AtomicCap, DeviceCapFlags as F};
         use limits::*;
         DeviceAttr {
@@ -249,10 +250,11 @@ impl SoftDevice {
 
     /// Attributes of port 1, the only port.
     pub fn port_attr(&self) -> PortAttr {
-        Self::port_attr_for()
+        Self::default_port_attr()
     }
 
-    fn port_attr_for() -> PortAttr {
+    /// The port attributes every soft device advertises.
+    pub fn default_port_attr() -> PortAttr {
         use crate::verbs::{LinkLayer, Mtu, PortState};
         PortAttr {
             state: PortState::Active,

@@ -34,6 +34,8 @@ mod requester;
 mod responder;
 mod slab;
 mod srq;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::IpAddr;

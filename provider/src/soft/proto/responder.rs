@@ -292,8 +292,16 @@ impl Core {
             match self.next_recv(qp) {
                 Some(r) => Some(r),
                 None => {
-                    // Put the write back so the retry resumes here.
-                    qp.resp.write = Some(w);
+                    // A multi-packet write resumes at this (last) packet, so
+                    // its progress is put back. A write-only-with-immediate
+                    // is retried from its start and sets the progress up
+                    // again from its RETH: keeping it here would make the
+                    // retry look like a new message inside an unfinished one
+                    // (an opcode sequence error, NAK invalid request).
+                    // Found by the simulated fabric (sim_regressions).
+                    if !pkt.info.position.starts_message() {
+                        qp.resp.write = Some(w);
+                    }
                     return Outcome::Rnr;
                 }
             }
