@@ -6,6 +6,17 @@ use std::time::{Duration, Instant};
 
 use softverbs::verbs::*;
 
+use crate::case::{Check, Stop};
+
+/// The generous upper bound of every wait for something that must happen
+/// (a completion, an event): long enough that a loaded machine never
+/// flakes, and only ever reached when the device is wrong.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// How long a case watches for something that must *not* happen (a
+/// completion of a dropped message, an event that must not fire).
+pub const QUIET: Duration = Duration::from_millis(40);
+
 /// How to build a [`Pair`].
 #[derive(Debug, Clone)]
 pub struct PairConfig {
@@ -39,6 +50,9 @@ pub struct PairConfig {
     pub psn: u32,
     /// Q_Key for UD.
     pub qkey: u32,
+    /// Use the send CQ for receive completions too (`rcq` then stays
+    /// unused).
+    pub shared_cq: bool,
 }
 
 impl Default for PairConfig {
@@ -68,6 +82,7 @@ impl Default for PairConfig {
             sq_sig_all: false,
             psn: 0x1234,
             qkey: 0x1111_1111,
+            shared_cq: false,
         }
     }
 }
@@ -130,10 +145,11 @@ impl Side {
         let pd = ctx.alloc_pd()?;
         let scq = ctx.create_cq(cfg.cq_depth, 1, None, 0)?;
         let rcq = ctx.create_cq(cfg.cq_depth, 2, None, 0)?;
+        let rcq_or_shared = if cfg.shared_cq { &scq } else { &rcq };
         let qp = pd.create_qp(&QpInitAttr {
             qp_type: cfg.qp_type,
             send_cq: &scq,
-            recv_cq: &rcq,
+            recv_cq: rcq_or_shared,
             srq: None,
             cap: cfg.cap,
             sq_sig_all: cfg.sq_sig_all,
@@ -159,21 +175,7 @@ impl Side {
     ///
     /// As `modify_qp`.
     pub fn to_init(&self, cfg: &PairConfig) -> Result<()> {
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            ..QpAttr::default()
-        };
-        let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-        if cfg.qp_type == QpType::Ud {
-            a.qkey = cfg.qkey;
-            mask |= QpAttrMask::QKEY;
-        } else {
-            a.qp_access_flags = cfg.qp_access;
-            mask |= QpAttrMask::ACCESS_FLAGS;
-        }
-        self.qp.modify(&a, mask)
+        qp_to_init(&self.qp, cfg)
     }
 
     /// INIT→RTR towards `remote`.
@@ -182,24 +184,14 @@ impl Side {
     ///
     /// As `modify_qp`.
     pub fn to_rtr(&self, cfg: &PairConfig, remote: &Side) -> Result<()> {
-        let mut a = QpAttr {
-            qp_state: QpState::Rtr,
-            ..QpAttr::default()
-        };
-        let mut mask = QpAttrMask::STATE;
-        if cfg.qp_type != QpType::Ud {
-            a.path_mtu = cfg.mtu;
-            a.dest_qp_num = remote.qp.qp_num();
-            a.rq_psn = remote.psn;
-            a.ah_attr = AhAttr::roce(remote.gid, self.gid_index, 1);
-            mask |= QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-            if cfg.qp_type == QpType::Rc {
-                a.max_dest_rd_atomic = cfg.rd_atomic;
-                a.min_rnr_timer = cfg.min_rnr_timer;
-                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-            }
-        }
-        self.qp.modify(&a, mask)
+        qp_to_rtr(
+            &self.qp,
+            cfg,
+            self.gid_index,
+            remote.gid,
+            remote.qp.qp_num(),
+            remote.psn,
+        )
     }
 
     /// RTR→RTS.
@@ -208,20 +200,34 @@ impl Side {
     ///
     /// As `modify_qp`.
     pub fn to_rts(&self, cfg: &PairConfig) -> Result<()> {
-        let mut a = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: self.psn,
-            ..QpAttr::default()
-        };
-        let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if cfg.qp_type == QpType::Rc {
-            a.timeout = cfg.timeout;
-            a.retry_cnt = cfg.retry_cnt;
-            a.rnr_retry = cfg.rnr_retry;
-            a.max_rd_atomic = cfg.rd_atomic;
-            mask |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
-        self.qp.modify(&a, mask)
+        qp_to_rts(&self.qp, cfg, self.psn)
+    }
+
+    /// An address handle towards `remote` (for UD sends).
+    ///
+    /// # Errors
+    ///
+    /// As `create_ah`.
+    pub fn ah_to(&self, remote: &Side) -> Result<Ah> {
+        self.pd.create_ah(&AhAttr::roce(remote.gid, self.gid_index, 1))
+    }
+
+    /// Posts one send work request.
+    ///
+    /// # Errors
+    ///
+    /// As `post_send`.
+    pub fn post(&self, wr: SendWr<'_>) -> std::result::Result<(), PostError> {
+        self.qp.post_send(&[wr])
+    }
+
+    /// Moves the QP to `state` with only the STATE bit (RESET, ERR, SQD).
+    ///
+    /// # Errors
+    ///
+    /// As `modify_qp`.
+    pub fn move_to(&self, state: QpState) -> Result<()> {
+        set_state(&self.qp, state)
     }
 
     /// Posts one receive of `len` bytes at `offset` of the side's MR.
@@ -361,4 +367,307 @@ impl Pair {
         self.a.to_rts(&self.cfg)?;
         self.b.to_rts(&self.cfg)
     }
+}
+
+/// RESET→INIT with the required attributes of `cfg.qp_type`: P_Key index
+/// 0, port 1, and the Q_Key (UD) or the access flags (UC, RC).
+///
+/// # Errors
+///
+/// As `modify_qp`.
+pub fn qp_to_init(qp: &Qp, cfg: &PairConfig) -> Result<()> {
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    if qp.qp_type() == QpType::Ud {
+        a.qkey = cfg.qkey;
+        mask |= QpAttrMask::QKEY;
+    } else {
+        a.qp_access_flags = cfg.qp_access;
+        mask |= QpAttrMask::ACCESS_FLAGS;
+    }
+    qp.modify(&a, mask)
+}
+
+/// INIT→RTR towards QP `dest_qpn` at `dgid` (whose first PSN is `rq_psn`),
+/// from local GID index `sgid_index`; UD needs only the state.
+///
+/// # Errors
+///
+/// As `modify_qp`.
+pub fn qp_to_rtr(qp: &Qp, cfg: &PairConfig, sgid_index: u8, dgid: Gid, dest_qpn: u32, rq_psn: u32) -> Result<()> {
+    let mut a = QpAttr {
+        qp_state: QpState::Rtr,
+        ..QpAttr::default()
+    };
+    let mut mask = QpAttrMask::STATE;
+    if qp.qp_type() != QpType::Ud {
+        a.path_mtu = cfg.mtu;
+        a.dest_qp_num = dest_qpn;
+        a.rq_psn = rq_psn;
+        a.ah_attr = AhAttr::roce(dgid, sgid_index, 1);
+        mask |= QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+        if qp.qp_type() == QpType::Rc {
+            a.max_dest_rd_atomic = cfg.rd_atomic;
+            a.min_rnr_timer = cfg.min_rnr_timer;
+            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+        }
+    }
+    qp.modify(&a, mask)
+}
+
+/// RTR→RTS with first send PSN `sq_psn` (and, for RC, `cfg`'s timeout,
+/// retry counts and read/atomic depth).
+///
+/// # Errors
+///
+/// As `modify_qp`.
+pub fn qp_to_rts(qp: &Qp, cfg: &PairConfig, sq_psn: u32) -> Result<()> {
+    let mut a = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn,
+        ..QpAttr::default()
+    };
+    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+    if qp.qp_type() == QpType::Rc {
+        a.timeout = cfg.timeout;
+        a.retry_cnt = cfg.retry_cnt;
+        a.rnr_retry = cfg.rnr_retry;
+        a.max_rd_atomic = cfg.rd_atomic;
+        mask |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+    }
+    qp.modify(&a, mask)
+}
+
+/// A modify with only the STATE bit (any→RESET, any→ERR, RTS→SQD, …).
+///
+/// # Errors
+///
+/// As `modify_qp`.
+pub fn set_state(qp: &Qp, state: QpState) -> Result<()> {
+    let a = QpAttr {
+        qp_state: state,
+        ..QpAttr::default()
+    };
+    qp.modify(&a, QpAttrMask::STATE)
+}
+
+/// Creates a QP on `pd` with the given CQs, SRQ and capacities.
+///
+/// # Errors
+///
+/// As `create_qp`.
+pub fn create_qp(pd: &Pd, qp_type: QpType, scq: &Cq, rcq: &Cq, srq: Option<&Srq>, cap: QpCap) -> Result<Qp> {
+    pd.create_qp(&QpInitAttr {
+        qp_type,
+        send_cq: scq,
+        recv_cq: rcq,
+        srq,
+        cap,
+        sq_sig_all: false,
+    })
+}
+
+/// Connects two RC/UC QPs created outside a [`Pair`] (RESET→RTS on both),
+/// with PSNs `cfg.psn` (A) and `cfg.psn + 1000` (B).
+///
+/// # Errors
+///
+/// As `modify_qp`.
+pub fn connect_qps(cfg: &PairConfig, a: (&Qp, u8, Gid), b: (&Qp, u8, Gid)) -> Result<()> {
+    let (pa, pb) = (cfg.psn, (cfg.psn + 1000) & 0xff_ffff);
+    qp_to_init(a.0, cfg)?;
+    qp_to_init(b.0, cfg)?;
+    qp_to_rtr(a.0, cfg, a.1, b.2, b.0.qp_num(), pb)?;
+    qp_to_rtr(b.0, cfg, b.1, a.2, a.0.qp_num(), pa)?;
+    qp_to_rts(a.0, cfg, pa)?;
+    qp_to_rts(b.0, cfg, pb)
+}
+
+/// Waits up to `timeout` for an async event on `ctx` satisfying `want`;
+/// other events are consumed and ignored.
+///
+/// # Errors
+///
+/// The error of `get_async_event`.
+pub fn wait_async(
+    ctx: &Context,
+    timeout: Duration,
+    mut want: impl FnMut(&AsyncEvent) -> bool,
+) -> Result<Option<AsyncEvent>> {
+    let start = Instant::now();
+    loop {
+        let left = timeout.saturating_sub(start.elapsed());
+        match ctx.get_async_event(Some(left))? {
+            Some(e) if want(&e) => return Ok(Some(e)),
+            Some(_) if !left.is_zero() => continue,
+            _ => return Ok(None),
+        }
+    }
+}
+
+/// Everything `cq` delivers within `dur` (polling throughout).
+///
+/// # Errors
+///
+/// The poll error.
+pub fn collect(cq: &Cq, dur: Duration) -> Result<Vec<WorkCompletion>> {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    let mut wc = [WorkCompletion::default(); 16];
+    loop {
+        let n = cq.poll(&mut wc)?;
+        out.extend_from_slice(&wc[..n]);
+        if start.elapsed() >= dur {
+            return Ok(out);
+        }
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Waits for one completion on `cq`, failing the case (naming `what`) if
+/// none arrives within [`WAIT`].
+///
+/// # Errors
+///
+/// [`Stop::Fail`] on timeout or a poll error.
+pub fn expect_one(cq: &Cq, what: &str) -> std::result::Result<WorkCompletion, Stop> {
+    wait_one(cq, WAIT).map_err(|e| Stop::Fail(format!("{what}: {e}")))
+}
+
+/// Waits for `n` completions on `cq` (see [`expect_one`]).
+///
+/// # Errors
+///
+/// [`Stop::Fail`] on timeout or a poll error.
+pub fn expect_n(cq: &Cq, n: usize, what: &str) -> std::result::Result<Vec<WorkCompletion>, Stop> {
+    wait_n(cq, n, WAIT).map_err(|e| Stop::Fail(format!("{what}: {e}")))
+}
+
+/// Checks a completion's `wr_id`, status and (for successes) opcode.
+///
+/// # Errors
+///
+/// [`Stop::Fail`] describing the difference.
+pub fn check_wc(wc: &WorkCompletion, wr_id: u64, status: WcStatus, opcode: Option<WcOpcode>, what: &str) -> Check {
+    if wc.wr_id != wr_id || wc.status != status {
+        return Err(Stop::Fail(format!(
+            "{what}: expected wr_id {wr_id} with status '{status}', got wr_id {} with '{}' (vendor_err {:#x})",
+            wc.wr_id, wc.status, wc.vendor_err
+        )));
+    }
+    if let Some(op) = opcode {
+        if wc.opcode != op {
+            return Err(Stop::Fail(format!(
+                "{what}: expected opcode {op}, got {} (wr_id {wr_id})",
+                wc.opcode
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `cq` stays empty for [`QUIET`].
+///
+/// # Errors
+///
+/// [`Stop::Fail`] naming the unexpected completion.
+pub fn expect_quiet(cq: &Cq, what: &str) -> Check {
+    let got = collect(cq, QUIET)?;
+    match got.first() {
+        None => Ok(()),
+        Some(wc) => Err(Stop::Fail(format!(
+            "{what}: expected no completion, got {} (wr_id {}, status '{}', opcode {})",
+            got.len(),
+            wc.wr_id,
+            wc.status,
+            wc.opcode
+        ))),
+    }
+}
+
+/// Checks that a post failed at WR `index` with `kind`.
+///
+/// # Errors
+///
+/// [`Stop::Fail`] if the post succeeded or failed differently; a
+/// [`Stop::Skip`] if it failed with `EOPNOTSUPP` and that was not expected.
+pub fn expect_post_err(r: std::result::Result<(), PostError>, index: usize, kind: ErrorKind, what: &str) -> Check {
+    match r {
+        Ok(()) => Err(Stop::Fail(format!(
+            "{what}: the post succeeded; expected {} at WR {index}",
+            errno_name(kind)
+        ))),
+        Err(e) if e.index == index && e.error.kind() == kind => Ok(()),
+        Err(e) if e.error.kind() == ErrorKind::NotSupported => Err(crate::case::not_supported(&e.error)),
+        Err(e) => Err(Stop::Fail(format!(
+            "{what}: expected {} at WR {index}, got {} at WR {}: {}",
+            errno_name(kind),
+            errno_name(e.error.kind()),
+            e.index,
+            e.error
+        ))),
+    }
+}
+
+/// Checks that a verb failed with `kind`.
+///
+/// # Errors
+///
+/// [`Stop::Fail`] if it succeeded or failed differently.
+pub fn expect_err<T>(r: Result<T>, kind: ErrorKind, what: &str) -> Check {
+    match r {
+        Ok(_) => Err(Stop::Fail(format!("{what}: succeeded; expected {}", errno_name(kind)))),
+        Err(e) if e.kind() == kind => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotSupported => Err(crate::case::not_supported(&e)),
+        Err(e) => Err(Stop::Fail(format!(
+            "{what}: expected {}, got {}: {e}",
+            errno_name(kind),
+            errno_name(e.kind())
+        ))),
+    }
+}
+
+/// `EINVAL`-style name of an error kind.
+pub fn errno_name(kind: ErrorKind) -> String {
+    match kind {
+        ErrorKind::InvalidArgument => "EINVAL".into(),
+        ErrorKind::NoMemory => "ENOMEM".into(),
+        ErrorKind::Busy => "EBUSY".into(),
+        ErrorKind::NoDevice => "ENODEV".into(),
+        ErrorKind::NotSupported => "EOPNOTSUPP".into(),
+        ErrorKind::Io => "EIO".into(),
+        ErrorKind::NotFound => "ENOENT".into(),
+        ErrorKind::WouldBlock => "EAGAIN".into(),
+        ErrorKind::TimedOut => "ETIMEDOUT".into(),
+        ErrorKind::PermissionDenied => "EPERM".into(),
+        ErrorKind::Other(e) => format!("errno {e}"),
+        _ => format!("{kind:?}"),
+    }
+}
+
+/// Checks that the QP is in `state`.
+///
+/// # Errors
+///
+/// [`Stop::Fail`] naming the state it is in, or the query error.
+pub fn expect_state(qp: &Qp, state: QpState, what: &str) -> Check {
+    let now = qp.query()?.qp_state;
+    if now != state {
+        return Err(Stop::Fail(format!("{what}: the QP is in {now}, expected {state}")));
+    }
+    Ok(())
+}
+
+/// A deterministic byte pattern (distinct per `seed`).
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(u32::from(seed) * 7 + 1) as u8)
+        .collect()
 }

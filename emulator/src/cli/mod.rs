@@ -9,6 +9,7 @@
 //! Errors never panic: [`main`] prints `softverbs: <error>` on standard error
 //! and exits with the status of the [`CliError`] (see [`EXIT_STATUS`]).
 
+pub mod conformance;
 pub mod devices;
 pub mod devinfo;
 
@@ -28,7 +29,8 @@ Exit status:
   1  no RDMA device found (none for the selected backend, or no device or
      port with the name or number given)
   2  usage error (unknown option, bad value)
-  3  a device was found but a verbs call on it failed (open, query)"
+  3  a device was found but a verbs call on it failed (open, query)
+  4  conformance: at least one case failed"
     };
 }
 
@@ -121,6 +123,9 @@ pub enum Command {
     /// Show device and port attributes (like ibv_devinfo)
     #[command(after_long_help = EXIT_STATUS)]
     Devinfo(devinfo::Args),
+    /// Run the verbs conformance suite and print a pass/fail/skip report
+    #[command(after_long_help = EXIT_STATUS)]
+    Conformance(conformance::Args),
 }
 
 /// A failed command: what to print and the exit status.
@@ -274,6 +279,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match &cli.command {
         Command::Devices(args) => devices::run(&env, args, out),
         Command::Devinfo(args) => devinfo::run(&env, args, out),
+        Command::Conformance(args) => conformance::run(&env, args, out),
     }
 }
 

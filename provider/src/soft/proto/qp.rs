@@ -349,6 +349,14 @@ impl Core {
         }
         let attr = QpAttr {
             cap: granted,
+            // UD has no path MTU attribute: its messages fit one packet of
+            // the port's active MTU, as on hardware and rxe (rxe_req.c
+            // get_mtu()). (Conformance: data.ud.send.port_mtu.)
+            path_mtu: if c.qp_type == QpType::Ud {
+                self.cfg.port.active_mtu
+            } else {
+                QpAttr::default().path_mtu
+            },
             ..QpAttr::default()
         };
         let qp = Box::new(Qp {
@@ -450,6 +458,10 @@ impl Core {
         let from = qp.state();
         qp_state::apply_modify(&mut qp.attr, attr, mask, to);
         qp.attr.cap = qp.cap;
+        if qp.qp_type == QpType::Ud {
+            // Keep the UD message limit at the port MTU (see create_qp).
+            qp.attr.path_mtu = self.cfg.port.active_mtu;
+        }
         if mask.contains(QpAttrMask::RQ_PSN) {
             qp.resp.epsn = Psn::new(attr.rq_psn);
         }
