@@ -12,6 +12,7 @@
 pub mod conformance;
 pub mod devices;
 pub mod devinfo;
+pub mod perf;
 
 use std::fmt;
 use std::io::{self, Write};
@@ -123,6 +124,10 @@ pub enum Command {
     /// Show device and port attributes (like ibv_devinfo)
     #[command(after_long_help = EXIT_STATUS)]
     Devinfo(devinfo::Args),
+    /// perftest-compatible bandwidth/latency tests (write_bw, send_lat, …)
+    /// and the many-QP scale test
+    #[command(after_long_help = EXIT_STATUS)]
+    Perf(perf::Args),
     /// Run the verbs conformance suite and print a pass/fail/skip report
     #[command(after_long_help = EXIT_STATUS)]
     Conformance(conformance::Args),
@@ -279,6 +284,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
     match &cli.command {
         Command::Devices(args) => devices::run(&env, args, out),
         Command::Devinfo(args) => devinfo::run(&env, args, out),
+        Command::Perf(args) => perf::run(&env, args, out),
         Command::Conformance(args) => conformance::run(&env, args, out),
     }
 }

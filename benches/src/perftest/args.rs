@@ -1,0 +1,789 @@
+//! The command line of the perftest-style tools and the parameters a run
+//! resolves from it (perftest's defaults per test, checked combinations).
+//!
+//! Flags keep perftest's letters, long names and meanings (`ib_write_bw
+//! --help`); where perftest has a positional server host, `--client HOST`
+//! (or the positional `HOST`) says the same.
+
+use std::fmt;
+
+use softverbs::verbs::{BackendKind, Mtu, QpType};
+
+use super::PerfError;
+
+/// Which test to run (`softverbs perf <TEST>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum PerfTest {
+    /// RDMA write bandwidth (ib_write_bw)
+    #[value(name = "write_bw")]
+    WriteBw,
+    /// RDMA write ping-pong latency (ib_write_lat)
+    #[value(name = "write_lat")]
+    WriteLat,
+    /// RDMA read bandwidth (ib_read_bw)
+    #[value(name = "read_bw")]
+    ReadBw,
+    /// RDMA read latency (ib_read_lat)
+    #[value(name = "read_lat")]
+    ReadLat,
+    /// Send/receive bandwidth (ib_send_bw)
+    #[value(name = "send_bw")]
+    SendBw,
+    /// Send/receive ping-pong latency (ib_send_lat)
+    #[value(name = "send_lat")]
+    SendLat,
+    /// Atomic bandwidth (ib_atomic_bw)
+    #[value(name = "atomic_bw")]
+    AtomicBw,
+    /// Atomic latency (ib_atomic_lat)
+    #[value(name = "atomic_lat")]
+    AtomicLat,
+    /// Many QPs on one device pair: aggregate message rate and memory per QP
+    #[value(name = "scale")]
+    Scale,
+}
+
+/// The operation a test exercises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VerbKind {
+    /// RDMA write.
+    Write,
+    /// RDMA read.
+    Read,
+    /// Send/receive.
+    Send,
+    /// Atomic (fetch-and-add or compare-and-swap).
+    Atomic,
+}
+
+impl VerbKind {
+    /// perftest's name of the verb in the banner (`RDMA_Write`).
+    pub fn perftest_name(self) -> &'static str {
+        match self {
+            VerbKind::Write => "RDMA_Write",
+            VerbKind::Read => "RDMA_Read",
+            VerbKind::Send => "Send",
+            VerbKind::Atomic => "Atomic",
+        }
+    }
+
+    /// Whether the responder's answer is data (reads and atomics): latency
+    /// then reports the full round trip, as perftest does.
+    pub fn is_round_trip(self) -> bool {
+        matches!(self, VerbKind::Read | VerbKind::Atomic)
+    }
+}
+
+impl PerfTest {
+    /// The verb the test exercises (`None` for `scale`).
+    pub fn verb(self) -> Option<VerbKind> {
+        Some(match self {
+            PerfTest::WriteBw | PerfTest::WriteLat => VerbKind::Write,
+            PerfTest::ReadBw | PerfTest::ReadLat => VerbKind::Read,
+            PerfTest::SendBw | PerfTest::SendLat => VerbKind::Send,
+            PerfTest::AtomicBw | PerfTest::AtomicLat => VerbKind::Atomic,
+            PerfTest::Scale => return None,
+        })
+    }
+
+    /// Whether it is a bandwidth test (`scale` counts as one).
+    pub fn is_bw(self) -> bool {
+        !matches!(
+            self,
+            PerfTest::WriteLat | PerfTest::ReadLat | PerfTest::SendLat | PerfTest::AtomicLat
+        )
+    }
+
+    /// The name on the command line (`write_bw`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PerfTest::WriteBw => "write_bw",
+            PerfTest::WriteLat => "write_lat",
+            PerfTest::ReadBw => "read_bw",
+            PerfTest::ReadLat => "read_lat",
+            PerfTest::SendBw => "send_bw",
+            PerfTest::SendLat => "send_lat",
+            PerfTest::AtomicBw => "atomic_bw",
+            PerfTest::AtomicLat => "atomic_lat",
+            PerfTest::Scale => "scale",
+        }
+    }
+
+    /// The eight perftest tests, in the order the README lists them.
+    pub const PERFTEST: [PerfTest; 8] = [
+        PerfTest::WriteBw,
+        PerfTest::WriteLat,
+        PerfTest::ReadBw,
+        PerfTest::ReadLat,
+        PerfTest::SendBw,
+        PerfTest::SendLat,
+        PerfTest::AtomicBw,
+        PerfTest::AtomicLat,
+    ];
+}
+
+impl fmt::Display for PerfTest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `-c`: the connection type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Connection {
+    /// Reliable connection
+    #[value(name = "RC", alias = "rc")]
+    Rc,
+    /// Unreliable connection
+    #[value(name = "UC", alias = "uc")]
+    Uc,
+    /// Unreliable datagram
+    #[value(name = "UD", alias = "ud")]
+    Ud,
+}
+
+impl Connection {
+    /// The QP type.
+    pub fn qp_type(self) -> QpType {
+        match self {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+            Connection::Ud => QpType::Ud,
+        }
+    }
+
+    /// perftest's name (`RC`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Connection::Rc => "RC",
+            Connection::Uc => "UC",
+            Connection::Ud => "UD",
+        }
+    }
+}
+
+/// `-A`: the atomic operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AtomicType {
+    /// Compare and swap
+    #[value(name = "CMP_AND_SWAP")]
+    CmpAndSwap,
+    /// Fetch and add
+    #[value(name = "FETCH_AND_ADD")]
+    FetchAndAdd,
+}
+
+impl AtomicType {
+    /// perftest's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicType::CmpAndSwap => "CMP_AND_SWAP",
+            AtomicType::FetchAndAdd => "FETCH_AND_ADD",
+        }
+    }
+}
+
+/// `--link`: how soft devices reach each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LinkKind {
+    /// In-process link (both ends in this process)
+    Inproc,
+    /// UDP sockets (RoCEv2 on port 4791); not available yet
+    Udp,
+    /// Shared-memory rings between processes; not available yet
+    Shm,
+}
+
+impl LinkKind {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkKind::Inproc => "inproc",
+            LinkKind::Udp => "udp",
+            LinkKind::Shm => "shm",
+        }
+    }
+}
+
+/// The arguments of `softverbs perf`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "perftest options")]
+pub struct PerfArgs {
+    /// The test: write_bw, write_lat, read_bw, read_lat, send_bw, send_lat,
+    /// atomic_bw, atomic_lat, or scale (many QPs: message rate and memory
+    /// per QP)
+    #[arg(value_enum, value_name = "TEST")]
+    pub test: PerfTest,
+    /// Server to connect to (same as --client HOST)
+    #[arg(value_name = "HOST", conflicts_with_all = ["client", "server", "loopback"])]
+    pub host: Option<String>,
+
+    /// Size of message to exchange [default: 65536 for bw, 2 for lat, 8 for
+    /// atomics and scale]
+    #[arg(short = 's', long = "size", value_name = "SIZE")]
+    pub size: Option<u64>,
+    /// Run sizes from 2 till 2^23 (up to the MTU with UD; 8 only for
+    /// atomics)
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Number of exchanges (at least 5) [default: 5000 for bw, 1000 for lat]
+    #[arg(short = 'n', long = "iters", value_name = "ITERS")]
+    pub iters: Option<u64>,
+    /// Run the test for this many seconds instead of -n iterations
+    #[arg(short = 'D', long = "duration", value_name = "SECONDS", conflicts_with_all = ["iters", "all"])]
+    pub duration: Option<u64>,
+    /// Warm-up and cool-down margin of a -D run, in seconds
+    #[arg(short = 'f', long = "margin", value_name = "SECONDS", default_value_t = 2)]
+    pub margin: u64,
+    /// Size of the tx queue [default: 128 for bw, 1 for lat]
+    #[arg(short = 't', long = "tx-depth", value_name = "DEPTH")]
+    pub tx_depth: Option<u32>,
+    /// Size of the rx queue (send tests) [default: 512]
+    #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
+    pub rx_depth: Option<u32>,
+    /// Generate a CQE only every N sends (bw tests) [default: 100]
+    #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
+    pub cq_mod: Option<u32>,
+    /// Max size of message to be sent inline [default: 0 for bw; 220 for
+    /// write_lat, 236 for send_lat (188 on UD)]
+    #[arg(short = 'I', long = "inline_size", value_name = "SIZE")]
+    pub inline_size: Option<u32>,
+    /// Connection type
+    #[arg(
+        short = 'c',
+        long = "connection",
+        value_enum,
+        default_value = "RC",
+        value_name = "RC|UC|UD"
+    )]
+    pub connection: Connection,
+    /// Number of QPs
+    #[arg(short = 'q', long = "qp", value_name = "QPS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub qps: u32,
+    /// Measure bidirectional bandwidth (default unidirectional)
+    #[arg(short = 'b', long = "bidirectional")]
+    pub bidirectional: bool,
+    /// MTU size: 256 - 4096 [default: the port's active MTU]
+    #[arg(short = 'm', long = "mtu", value_name = "MTU")]
+    pub mtu: Option<u32>,
+    /// Post a list of N send WQEs per post (instead of single post)
+    #[arg(short = 'l', long = "post_list", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub post_list: u32,
+    /// Sleep on CQ events (a completion channel) instead of busy polling
+    #[arg(short = 'e', long = "events")]
+    pub events: bool,
+    /// Atomic operation
+    #[arg(
+        short = 'A',
+        long = "atomic_type",
+        value_enum,
+        default_value = "FETCH_AND_ADD",
+        value_name = "TYPE"
+    )]
+    pub atomic_type: AtomicType,
+    /// Outstanding reads/atomics [default: the device's max_qp_rd_atom, at most 16]
+    #[arg(short = 'o', long = "outs", value_name = "N")]
+    pub outs: Option<u32>,
+    /// Cancel peak-bw calculation (default with peak up to iters=20000)
+    #[arg(short = 'N', long = "noPeak")]
+    pub no_peak: bool,
+    /// Report Max/Average BW in Gbit/sec (instead of MiB/sec)
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// Also save the report as JSON in FILE
+    #[arg(long = "out_json", value_name = "FILE", num_args = 0..=1,
+          default_missing_value = "perftest_out.json")]
+    pub out_json: Option<String>,
+    /// Name of the JSON report file (implies --out_json)
+    #[arg(long = "out_json_file", value_name = "FILE", conflicts_with = "out_json")]
+    pub out_json_file: Option<String>,
+
+    /// Use IB device DEV [default: the first device; softverbs_0 in loopback]
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub ib_dev: Option<String>,
+    /// Use port PORT of the device
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub ib_port: u8,
+    /// GID index [default: the first populated GID]
+    #[arg(short = 'x', long = "gid-index", value_name = "INDEX")]
+    pub gid_index: Option<u8>,
+    /// Listen on/connect to TCP port PORT for the address exchange
+    #[arg(short = 'p', long = "port", value_name = "PORT", default_value_t = 18515)]
+    pub port: u16,
+
+    /// Both ends in this process (the default): the local device and
+    /// --peer-dev, joined by the soft provider's in-process link
+    #[arg(long, help_heading = "softverbs options", conflicts_with_all = ["server", "client"])]
+    pub loopback: bool,
+    /// Wait for a client to connect (perftest's mode with no host)
+    #[arg(long, help_heading = "softverbs options", conflicts_with = "client")]
+    pub server: bool,
+    /// Connect to the server on HOST and run the test against it
+    #[arg(long, value_name = "HOST", help_heading = "softverbs options")]
+    pub client: Option<String>,
+    /// The loopback peer device [default: the other embedded soft device;
+    /// the same device with --backend hw]
+    #[arg(long, value_name = "DEV", help_heading = "softverbs options")]
+    pub peer_dev: Option<String>,
+    /// Link between soft devices: inproc (in this process), udp or shm (not
+    /// available yet)
+    #[arg(
+        long,
+        value_enum,
+        default_value = "inproc",
+        value_name = "LINK",
+        help_heading = "softverbs options"
+    )]
+    pub link: LinkKind,
+    /// scale: the QP counts to measure, comma separated
+    #[arg(
+        long,
+        value_name = "N,N,…",
+        value_delimiter = ',',
+        default_value = "1,64,1024,16384",
+        help_heading = "softverbs options"
+    )]
+    pub qp_counts: Vec<u32>,
+    /// scale: messages per QP count (spread over the QPs)
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1_000_000,
+        help_heading = "softverbs options"
+    )]
+    pub messages: u64,
+}
+
+/// Where the two ends of the test run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// Both ends in this process.
+    Loopback,
+    /// Wait for a client on the TCP port.
+    Server,
+    /// Connect to a server.
+    Client(String),
+}
+
+/// Everything a run needs, resolved from [`PerfArgs`] with perftest's
+/// defaults and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// The test.
+    pub test: PerfTest,
+    /// Its verb.
+    pub verb: VerbKind,
+    /// Bandwidth (true) or latency test.
+    pub bw: bool,
+    /// Message sizes to run, in order.
+    pub sizes: Vec<u64>,
+    /// Iterations per QP (ignored with `duration`).
+    pub iters: u64,
+    /// `-D`: seconds.
+    pub duration: Option<u64>,
+    /// `-f`: seconds of warm-up and cool-down in a `-D` run.
+    pub margin: f64,
+    /// Send queue depth per QP.
+    pub tx_depth: u32,
+    /// Receive queue depth per QP.
+    pub rx_depth: u32,
+    /// CQ moderation.
+    pub cq_mod: u32,
+    /// Inline threshold.
+    pub inline_size: u32,
+    /// Transport.
+    pub connection: Connection,
+    /// Number of QPs.
+    pub qps: u32,
+    /// Bidirectional.
+    pub duplex: bool,
+    /// Requested path MTU (`None`: the port's active MTU).
+    pub mtu: Option<Mtu>,
+    /// Post list length.
+    pub post_list: u32,
+    /// Sleep on completion events.
+    pub events: bool,
+    /// Atomic operation.
+    pub atomic_type: AtomicType,
+    /// Outstanding reads/atomics requested (`None`: device maximum, ≤ 16).
+    pub outs: Option<u32>,
+    /// Compute the peak bandwidth.
+    pub peak: bool,
+    /// Report Gb/s.
+    pub report_gbits: bool,
+    /// JSON report file.
+    pub out_json: Option<String>,
+    /// Device.
+    pub ib_dev: Option<String>,
+    /// Loopback peer device.
+    pub peer_dev: Option<String>,
+    /// Port.
+    pub ib_port: u8,
+    /// GID index.
+    pub gid_index: Option<u8>,
+    /// TCP port.
+    pub tcp_port: u16,
+    /// Where the ends run.
+    pub mode: Mode,
+    /// Backend.
+    pub backend: BackendKind,
+    /// Link (soft backend).
+    pub link: LinkKind,
+}
+
+/// perftest's largest message (`-a` goes up to it).
+pub const MAX_SIZE: u64 = 1 << 23;
+/// perftest's minimum iteration count.
+pub const MIN_ITERS: u64 = 5;
+/// Above this many iterations perftest stops computing the peak.
+pub const PEAK_MAX_ITERS: u64 = 20_000;
+
+fn usage(msg: impl Into<String>) -> PerfError {
+    PerfError::Usage(msg.into())
+}
+
+impl Params {
+    /// Resolves the arguments of a perftest test (not `scale`).
+    ///
+    /// # Errors
+    ///
+    /// [`PerfError::Usage`] for a combination perftest rejects (a verb the
+    /// connection type cannot carry, a size out of range, …) and
+    /// [`PerfError::NotAvailable`] for a link the soft provider lacks.
+    pub fn from_args(a: &PerfArgs, backend: BackendKind) -> Result<Params, PerfError> {
+        let verb = a
+            .test
+            .verb()
+            .ok_or_else(|| usage("the scale test is not a perftest test"))?;
+        let bw = a.test.is_bw();
+        let ud = a.connection == Connection::Ud;
+        match (verb, a.connection) {
+            (VerbKind::Send, _) | (VerbKind::Write, Connection::Rc | Connection::Uc) => {}
+            (VerbKind::Read | VerbKind::Atomic, Connection::Rc) => {}
+            (v, c) => {
+                return Err(usage(format!(
+                    "{} is not supported on {} (perftest: reads and atomics need RC, writes RC or UC; UD carries sends only)",
+                    v.perftest_name(),
+                    c.name()
+                )))
+            }
+        }
+        let mode = match (&a.client, &a.host, a.server) {
+            (Some(h), _, _) | (None, Some(h), _) => Mode::Client(h.clone()),
+            (None, None, true) => Mode::Server,
+            (None, None, false) => Mode::Loopback,
+        };
+        if backend == BackendKind::Soft {
+            match a.link {
+                LinkKind::Inproc if mode != Mode::Loopback => {
+                    return Err(PerfError::NotAvailable(
+                        "--server/--client need a network link between processes, and the soft provider has only \
+                         the in-process link so far (--link udp and --link shm are not available yet); run with \
+                         --loopback, or with --backend hw over real devices"
+                            .into(),
+                    ))
+                }
+                LinkKind::Udp | LinkKind::Shm => {
+                    return Err(PerfError::NotAvailable(format!(
+                        "--link {}: the soft provider's {} link is not available yet (only inproc exists); use \
+                         --link inproc (--loopback), or --backend hw",
+                        a.link.name(),
+                        a.link.name()
+                    )))
+                }
+                LinkKind::Inproc => {}
+            }
+        }
+        let atomic = verb == VerbKind::Atomic;
+        let default_size = if atomic {
+            8
+        } else if bw {
+            65536
+        } else {
+            2
+        };
+        let size = a.size.unwrap_or(default_size);
+        if atomic && size != 8 {
+            return Err(usage("atomic tests use 8-byte messages (-s 8)"));
+        }
+        if !(1..=MAX_SIZE).contains(&size) {
+            return Err(usage(format!("size {size} out of range 1..={MAX_SIZE}")));
+        }
+        let mtu = match a.mtu {
+            None => None,
+            Some(m) => Some(
+                Mtu::ALL
+                    .iter()
+                    .copied()
+                    .find(|x| x.bytes() == m)
+                    .ok_or_else(|| usage(format!("MTU {m}: must be 256, 512, 1024, 2048 or 4096")))?,
+            ),
+        };
+        let sizes = if a.all && !atomic {
+            (1..=23).map(|e| 1u64 << e).collect()
+        } else {
+            vec![size]
+        };
+        let iters = a.iters.unwrap_or(if bw { 5000 } else { 1000 });
+        if iters < MIN_ITERS {
+            return Err(usage(format!("iterations must be at least {MIN_ITERS}")));
+        }
+        let tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 }).max(1);
+        let rx_depth = a
+            .rx_depth
+            .unwrap_or(if verb == VerbKind::Send { 512 } else { 1 })
+            .max(1);
+        let mut cq_mod = a.cq_mod.unwrap_or(100).max(1);
+        if a.post_list > 1 {
+            // perftest signals the last WR of each list.
+            cq_mod = a.post_list;
+            if a.post_list > tx_depth {
+                return Err(usage(format!(
+                    "post list {} is longer than the tx depth {tx_depth}",
+                    a.post_list
+                )));
+            }
+            if a.duration.is_none() && !iters.is_multiple_of(u64::from(a.post_list)) {
+                return Err(usage(format!(
+                    "iterations ({iters}) must be a multiple of the post list ({})",
+                    a.post_list
+                )));
+            }
+        }
+        if !bw {
+            cq_mod = 1;
+        }
+        cq_mod = cq_mod.min(tx_depth);
+        let inline_size = a.inline_size.unwrap_or(match (bw, verb) {
+            (false, VerbKind::Write) => 220,
+            (false, VerbKind::Send) if ud => 188,
+            (false, VerbKind::Send) => 236,
+            _ => 0,
+        });
+        if a.bidirectional && !bw {
+            return Err(usage("-b (bidirectional) is for bandwidth tests"));
+        }
+        if a.events && a.duration.is_some() {
+            return Err(usage("-e (events) cannot be combined with -D"));
+        }
+        let out_json = a.out_json_file.clone().or_else(|| a.out_json.clone());
+        let duration = a.duration;
+        if let Some(d) = duration {
+            if d == 0 {
+                return Err(usage("-D needs at least 1 second"));
+            }
+        }
+        let mut margin = a.margin as f64;
+        if let Some(d) = duration {
+            // Keep at least half of the run for sampling.
+            if 2.0 * margin > d as f64 / 2.0 {
+                margin = d as f64 / 4.0;
+            }
+        }
+        Ok(Params {
+            test: a.test,
+            verb,
+            bw,
+            sizes,
+            iters,
+            duration,
+            margin,
+            tx_depth,
+            rx_depth,
+            cq_mod,
+            inline_size,
+            connection: a.connection,
+            qps: a.qps,
+            duplex: a.bidirectional,
+            mtu,
+            post_list: a.post_list,
+            events: a.events,
+            atomic_type: a.atomic_type,
+            outs: a.outs,
+            peak: !a.no_peak && iters <= PEAK_MAX_ITERS && duration.is_none(),
+            report_gbits: a.report_gbits,
+            out_json,
+            ib_dev: a.ib_dev.clone(),
+            peer_dev: a.peer_dev.clone(),
+            ib_port: a.ib_port,
+            gid_index: a.gid_index,
+            tcp_port: a.port,
+            mode,
+            backend,
+            link: a.link,
+        })
+    }
+
+    /// The largest message of the run.
+    pub fn max_size(&self) -> u64 {
+        self.sizes.iter().copied().max().unwrap_or(1)
+    }
+
+    /// Whether the send side of the test uses inline data for `size`.
+    pub fn inline_for(&self, size: u64) -> bool {
+        matches!(self.verb, VerbKind::Write | VerbKind::Send) && size <= u64::from(self.inline_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        perf: PerfArgs,
+    }
+
+    fn parse(args: &[&str]) -> PerfArgs {
+        let mut v = vec!["perf"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).expect("parse").perf
+    }
+
+    fn params(args: &[&str]) -> Result<Params, PerfError> {
+        Params::from_args(&parse(args), BackendKind::Soft)
+    }
+
+    #[test]
+    fn perftest_defaults() {
+        let p = params(&["write_bw"]).unwrap();
+        assert_eq!(
+            (p.sizes.clone(), p.iters, p.tx_depth, p.cq_mod, p.inline_size),
+            (vec![65536], 5000, 128, 100, 0)
+        );
+        assert_eq!(p.mode, Mode::Loopback);
+        assert!(p.peak);
+        let p = params(&["write_lat"]).unwrap();
+        assert_eq!(
+            (p.sizes.clone(), p.iters, p.tx_depth, p.inline_size),
+            (vec![2], 1000, 1, 220)
+        );
+        let p = params(&["send_lat", "-c", "UD"]).unwrap();
+        assert_eq!(p.inline_size, 188);
+        let p = params(&["send_bw"]).unwrap();
+        assert_eq!(p.rx_depth, 512);
+        let p = params(&["atomic_bw"]).unwrap();
+        assert_eq!((p.sizes.clone(), p.atomic_type), (vec![8], AtomicType::FetchAndAdd));
+    }
+
+    #[test]
+    fn perftest_flags() {
+        let a = parse(&[
+            "send_bw",
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "-t",
+            "64",
+            "-r",
+            "256",
+            "-Q",
+            "8",
+            "-I",
+            "64",
+            "-c",
+            "UC",
+            "-q",
+            "4",
+            "-b",
+            "-m",
+            "1024",
+            "-e",
+            "--report_gbits",
+            "--out_json",
+            "x.json",
+            "-d",
+            "softverbs_1",
+            "-x",
+            "0",
+        ]);
+        let p = Params::from_args(&a, BackendKind::Soft).unwrap();
+        assert_eq!(p.sizes, vec![4096]);
+        assert_eq!(
+            (p.iters, p.tx_depth, p.rx_depth, p.cq_mod, p.inline_size),
+            (100, 64, 256, 8, 64)
+        );
+        assert_eq!(
+            (p.connection, p.qps, p.duplex, p.mtu),
+            (Connection::Uc, 4, true, Some(Mtu::Mtu1024))
+        );
+        assert!(p.events && p.report_gbits);
+        assert_eq!(p.out_json.as_deref(), Some("x.json"));
+        assert_eq!(p.ib_dev.as_deref(), Some("softverbs_1"));
+        let p = params(&["write_bw", "--out_json"]).unwrap();
+        assert_eq!(p.out_json.as_deref(), Some("perftest_out.json"));
+        let p = params(&["write_bw", "-a"]).unwrap();
+        assert_eq!(p.sizes.len(), 23);
+        assert_eq!((p.sizes[0], p.sizes[22]), (2, 1 << 23));
+        let p = params(&["write_bw", "-l", "8", "-n", "80"]).unwrap();
+        assert_eq!((p.post_list, p.cq_mod), (8, 8));
+        let p = params(&["read_bw", "-D", "3"]).unwrap();
+        assert_eq!(p.duration, Some(3));
+        assert!(!p.peak);
+        assert!(p.margin <= 0.75);
+        let p = params(&["write_bw", "-n", "30000"]).unwrap();
+        assert!(!p.peak);
+    }
+
+    #[test]
+    fn modes_and_links() {
+        assert_eq!(
+            Params::from_args(&parse(&["write_bw", "--client", "h"]), BackendKind::Hardware)
+                .unwrap()
+                .mode,
+            Mode::Client("h".into())
+        );
+        assert_eq!(
+            Params::from_args(&parse(&["write_bw", "h2"]), BackendKind::Hardware)
+                .unwrap()
+                .mode,
+            Mode::Client("h2".into())
+        );
+        assert_eq!(
+            Params::from_args(&parse(&["write_bw", "--server"]), BackendKind::Hardware)
+                .unwrap()
+                .mode,
+            Mode::Server
+        );
+        assert!(matches!(
+            params(&["write_bw", "--server"]),
+            Err(PerfError::NotAvailable(_))
+        ));
+        let e = params(&["write_bw", "--link", "udp"]).unwrap_err();
+        assert!(e.to_string().contains("not available yet"), "{e}");
+        assert!(matches!(
+            params(&["write_bw", "--link", "shm"]),
+            Err(PerfError::NotAvailable(_))
+        ));
+    }
+
+    #[test]
+    fn rejected_combinations() {
+        for bad in [
+            &["read_bw", "-c", "UC"][..],
+            &["write_bw", "-c", "UD"],
+            &["atomic_lat", "-s", "16"],
+            &["write_bw", "-n", "3"],
+            &["write_bw", "-m", "1000"],
+            &["write_lat", "-b"],
+            &["write_bw", "-s", "0"],
+            &["write_bw", "-l", "3", "-n", "100"],
+        ] {
+            assert!(matches!(params(bad), Err(PerfError::Usage(_))), "{bad:?}");
+        }
+        let mut v = vec!["perf"];
+        v.extend_from_slice(&["write_bw", "-D", "2", "-n", "10"]);
+        #[derive(Debug, Parser)]
+        struct C {
+            #[command(flatten)]
+            perf: PerfArgs,
+        }
+        assert!(C::try_parse_from(v).is_err());
+    }
+}
