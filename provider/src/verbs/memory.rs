@@ -293,6 +293,19 @@ impl MemorySource {
         Ok(())
     }
 
+    /// Appends `len` bytes at `offset` to `dst` (one copy, no zeroing of
+    /// `dst` first).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the memory.
+    pub fn append_to(&self, offset: usize, len: usize, dst: &mut Vec<u8>) -> Result<()> {
+        check_range(offset, len, self.len())?;
+        // SAFETY: in bounds (checked); valid as in read_at.
+        unsafe { append_from_ptr(self.ptr().add(offset), len, dst) };
+        Ok(())
+    }
+
     fn atomic_at(&self, offset: usize) -> Result<&AtomicU64> {
         check_range(offset, 8, self.len())?;
         // SAFETY: in bounds (checked); the pointer is valid as in read_at.

@@ -91,6 +91,8 @@ pub struct CoreConfig {
     pub max_inflight_packets: u32,
     /// Whether to verify the ICRC of received packets.
     pub check_icrc: bool,
+    /// Whether to compute the ICRC of sent packets (else it is zero).
+    pub emit_icrc: bool,
     /// UDP destination port of RoCEv2 (4791).
     pub udp_port: u16,
 }
@@ -106,6 +108,7 @@ impl CoreConfig {
             ack_every: 64,
             max_inflight_packets: 1024,
             check_icrc: true,
+            emit_icrc: true,
             udp_port: crate::soft::wire::ROCEV2_UDP_PORT,
         }
     }
@@ -209,8 +212,6 @@ pub struct Core {
     /// (deadline, qpn) of every QP with an armed timer.
     timers: BTreeSet<(Nanos, u32)>,
     counters: Counters,
-    /// Reused payload buffer.
-    scratch: Vec<u8>,
     /// Set by [`Core::revoke`] (hot-unplug).
     revoked: bool,
 }
@@ -232,7 +233,6 @@ impl Core {
             events: VecDeque::new(),
             timers: BTreeSet::new(),
             counters: Counters::default(),
-            scratch: Vec::new(),
             revoked: false,
         }
     }

@@ -132,6 +132,26 @@ impl Resolved {
         }
     }
 
+    /// Appends the range's bytes to `dst` (`len` is the range's length).
+    pub(crate) fn append_to(&self, len: usize, dst: &mut Vec<u8>) -> Result<(), ()> {
+        match self {
+            Resolved::One { memory, offset } => memory.append_to(*offset, len, dst).map_err(|_| ()),
+            Resolved::Many(segs) => {
+                let mut left = len;
+                for s in segs {
+                    let n = (s.len as usize).min(left);
+                    s.memory.append_to(s.offset, n, dst).map_err(|_| ())?;
+                    left -= n;
+                }
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        }
+    }
+
     fn single(&self) -> Option<(&MemorySource, usize)> {
         match self {
             Resolved::One { memory, offset } => Some((memory, *offset)),

@@ -274,18 +274,19 @@ impl Core {
                 (n, last)
             }
         };
-        // Gather the payload.
-        let mut payload = std::mem::take(&mut self.scratch);
-        payload.clear();
-        payload.resize(payload_len as usize, 0);
+        // Build the packet in place: headers, then the payload gathered
+        // straight from local memory (one copy), then pad and ICRC.
+        let Some(mut data) = self.new_packet(&h, payload_len as usize) else {
+            self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
+            return false;
+        };
         if payload_len > 0 {
             let w = &qp.sq[idx];
-            if let Some(data) = &w.inline {
-                payload.copy_from_slice(&data[offset as usize..(offset + payload_len) as usize]);
-            } else if self.gather(qp, idx, offset, &mut payload).is_err() {
+            if let Some(inline) = &w.inline {
+                data.extend_from_slice(&inline[offset as usize..(offset + payload_len) as usize]);
+            } else if self.gather(qp, idx, offset, payload_len as usize, &mut data).is_err() {
                 // The MR vanished between check and use (dereg from another
                 // thread is serialized with us, so only a bug gets here).
-                self.scratch = payload;
                 self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
                 return false;
             }
@@ -294,71 +295,79 @@ impl Core {
             Some(u) => (u.dst, u.sgid_index),
             None => (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index),
         };
-        self.transmit(qp.qpn, dest_qpn, sgid_index, dst, &h, &payload);
-        self.scratch = payload;
+        self.queue_packet(qp.qpn, dest_qpn, sgid_index, dst, payload_len as usize, data);
         if !last {
             qp.req.send_offset += payload_len;
         }
         last
     }
 
-    /// Copies `buf.len()` bytes of WQE `idx`'s message at `offset` out of
-    /// local memory.
-    fn gather(&self, qp: &Qp, idx: usize, mut offset: u32, buf: &mut [u8]) -> Result<(), ()> {
+    /// Appends `len` bytes of WQE `idx`'s message at `offset`, read from
+    /// local memory, to `out`.
+    fn gather(&self, qp: &Qp, idx: usize, mut offset: u32, len: usize, out: &mut Vec<u8>) -> Result<(), ()> {
         let mut filled = 0usize;
         for s in &qp.sq[idx].sgl {
-            if filled == buf.len() {
+            if filled == len {
                 break;
             }
             if offset >= s.len {
                 offset -= s.len;
                 continue;
             }
-            let n = ((s.len - offset) as usize).min(buf.len() - filled);
+            let n = ((s.len - offset) as usize).min(len - filled);
             let r = self
                 .mrs
-                .check(
-                    s.lkey,
-                    qp.pd,
-                    s.addr + u64::from(offset),
-                    n as u64,
-                    AccessFlags::empty(),
-                )
+                .check(s.lkey, qp.pd, s.addr + u64::from(offset), n as u64, AccessFlags::empty())
                 .map_err(|_| ())?;
             if let Some(r) = r {
-                r.read(&mut buf[filled..filled + n])?;
+                r.append_to(n, out)?;
             }
             filled += n;
             offset = 0;
         }
-        Ok(())
+        if filled == len {
+            Ok(())
+        } else {
+            Err(())
+        }
     }
 
-    /// Emits one packet with its ICRC into the transmit queue.
-    pub(crate) fn transmit(
+    /// A buffer holding `h`'s headers for a payload of `payload_len` bytes,
+    /// with room for the rest of the packet; the caller appends the payload
+    /// and passes it to [`Core::queue_packet`].
+    pub(crate) fn new_packet(&mut self, h: &PacketRepr, payload_len: usize) -> Option<Vec<u8>> {
+        let mut data = Vec::with_capacity(h.packet_len(payload_len));
+        data.resize(h.header_len(), 0);
+        if h.emit_headers(payload_len, &mut data).is_err() {
+            self.counters.tx_emit_errors += 1;
+            return None;
+        }
+        Some(data)
+    }
+
+    /// Pads a packet built by [`Core::new_packet`] plus its payload, adds
+    /// the ICRC and queues it.
+    pub(crate) fn queue_packet(
         &mut self,
         local_qpn: u32,
         remote_qpn: u32,
         sgid_index: u8,
         dst: IpAddr,
-        h: &PacketRepr,
-        payload: &[u8],
+        payload_len: usize,
+        mut data: Vec<u8>,
     ) {
         let Some(src) = self.cfg.gids.get(sgid_index as usize).map(|g| g.to_ip()) else {
             return;
         };
-        let len = h.packet_len(payload.len());
-        let mut data = vec![0u8; len];
-        if h.emit(payload, &mut data).is_err() {
-            self.counters.tx_emit_errors += 1;
-            return;
-        }
+        data.resize(data.len() + crate::soft::wire::pad_len(payload_len) + crate::soft::wire::ICRC_LEN, 0);
         let ports = UdpPorts {
             src: entropy_port(local_qpn, remote_qpn),
             dst: self.cfg.udp_port,
         };
-        if let Some(ip) = pseudo_header(src, dst) {
-            let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut data);
+        if self.cfg.emit_icrc {
+            if let Some(ip) = pseudo_header(src, dst) {
+                let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut data);
+            }
         }
         self.counters.tx_packets += 1;
         self.tx.push_back(Transmit {
@@ -368,6 +377,22 @@ impl Core {
             dst_port: ports.dst,
             data,
         });
+    }
+
+    /// Emits one packet with a payload given as a slice.
+    pub(crate) fn transmit(
+        &mut self,
+        local_qpn: u32,
+        remote_qpn: u32,
+        sgid_index: u8,
+        dst: IpAddr,
+        h: &PacketRepr,
+        payload: &[u8],
+    ) {
+        if let Some(mut data) = self.new_packet(h, payload.len()) {
+            data.extend_from_slice(payload);
+            self.queue_packet(local_qpn, remote_qpn, sgid_index, dst, payload.len(), data);
+        }
     }
 
     /// Runs the local operation (LOCAL_INV, REG_MR, BIND_MW) at the head

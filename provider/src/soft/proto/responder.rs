@@ -393,8 +393,6 @@ impl Core {
     fn send_read_responses(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32) -> bool {
         let mtu = qp.mtu();
         let npkts = super::requester::packets_for(len, mtu);
-        let mut buf = std::mem::take(&mut self.scratch);
-        let mut ok = true;
         for i in 0..npkts {
             let off = i * mtu;
             let n = (len - off.min(len)).min(mtu);
@@ -404,25 +402,6 @@ impl Core {
                 (false, true) => Position::Last,
                 (false, false) => Position::Middle,
             };
-            buf.clear();
-            buf.resize(n as usize, 0);
-            if n > 0 {
-                match self.mrs.check_remote(
-                    rkey,
-                    qp.pd,
-                    qp.qpn,
-                    va + u64::from(off),
-                    u64::from(n),
-                    AccessFlags::REMOTE_READ,
-                ) {
-                    Ok(Some(r)) if r.read(&mut buf).is_ok() => {}
-                    Ok(None) => {}
-                    _ => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
             let opcode = Opcode::find(Transport::Rc, OpKind::ReadResponse, position, false, false)
                 .unwrap_or(Opcode::Unknown(0xff));
             let mut h = PacketRepr::new(BthRepr::new(opcode, Qpn::new(qp.attr.dest_qp_num), psn.wrapping_add(i)));
@@ -432,10 +411,30 @@ impl Core {
                     msn: (qp.resp.msn + 1) & 0x00ff_ffff,
                 });
             }
-            self.transmit_reply(qp, &h, &buf);
+            // Build in place: the payload is read from memory straight into
+            // the packet.
+            let Some(mut data) = self.new_packet(&h, n as usize) else { return false };
+            if n > 0 {
+                let r = self.mrs.check_remote(
+                    rkey,
+                    qp.pd,
+                    qp.qpn,
+                    va + u64::from(off),
+                    u64::from(n),
+                    AccessFlags::REMOTE_READ,
+                );
+                match r {
+                    Ok(Some(r)) if r.append_to(n as usize, &mut data).is_ok() => {}
+                    Ok(None) => {}
+                    _ => return false,
+                }
+            }
+            let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+            let sgid = qp.attr.ah_attr.grh.sgid_index;
+            self.counters.tx_responses += 1;
+            self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, n as usize, data);
         }
-        self.scratch = buf;
-        ok
+        true
     }
 
     fn recv_atomic(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {

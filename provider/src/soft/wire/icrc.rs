@@ -44,8 +44,18 @@ const MASKED: IpVariantFields = IpVariantFields {
 /// headers. Never panics, whatever the length of the input.
 pub fn compute_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &[u8]) -> u32 {
     let roce_len = packet_without_icrc.len().saturating_add(ICRC_LEN);
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&LRH_STAND_IN);
+    // The masked prefix (LRH stand-in, IP, UDP, BTH: at most 8+40+8+12
+    // bytes) is assembled once and fed to the CRC in one update: many tiny
+    // updates cost more than the bytes they hash.
+    let mut prefix = [0u8; 8 + 40 + 8 + Bth::LEN];
+    let mut n = 0;
+    let mut put = |bytes: &[u8], n: &mut usize| {
+        if let Some(dst) = prefix.get_mut(*n..*n + bytes.len()) {
+            dst.copy_from_slice(bytes);
+            *n += bytes.len();
+        }
+    };
+    put(&LRH_STAND_IN, &mut n);
     match *ip {
         IpPseudoHeader::V4 {
             src,
@@ -57,30 +67,30 @@ pub fn compute_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &
             header[IPV4_TOS] = 0xff;
             header[IPV4_TTL] = 0xff;
             header[IPV4_CHECKSUM].fill(0xff);
-            hasher.update(&header);
+            put(&header, &mut n);
         }
         IpPseudoHeader::V6 { src, dst } => {
             let mut header = ipv6_header(src, dst, &MASKED, roce_len);
             header[0] |= !IPV6_VERSION_NIBBLE;
             header[1..4].fill(0xff);
             header[IPV6_HOP_LIMIT] = 0xff;
-            hasher.update(&header);
+            put(&header, &mut n);
         }
     }
-    hasher.update(&udp_header(ports, roce_len, 0xffff));
-
+    put(&udp_header(ports, roce_len, 0xffff), &mut n);
     let bth_len = packet_without_icrc.len().min(Bth::LEN);
     let (bth, rest) = packet_without_icrc
         .split_at_checked(bth_len)
         .unwrap_or((packet_without_icrc, &[]));
-    let mut masked_bth = [0u8; Bth::LEN];
-    if let Some(dst) = masked_bth.get_mut(..bth_len) {
-        dst.copy_from_slice(bth);
+    let bth_at = n;
+    put(bth, &mut n);
+    if bth_len > BTH_VARIANT_BYTE {
+        if let Some(variant) = prefix.get_mut(bth_at + BTH_VARIANT_BYTE) {
+            *variant = 0xff;
+        }
     }
-    if let Some(variant) = masked_bth.get_mut(BTH_VARIANT_BYTE) {
-        *variant = 0xff;
-    }
-    hasher.update(masked_bth.get(..bth_len).unwrap_or(&[]));
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(prefix.get(..n).unwrap_or(&[]));
     hasher.update(rest);
     hasher.finalize()
 }

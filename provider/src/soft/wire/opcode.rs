@@ -428,15 +428,50 @@ impl Opcode {
         with_immediate: bool,
         with_invalidate: bool,
     ) -> Option<Opcode> {
-        Opcode::ALL.into_iter().find(|op| {
-            op.info().is_some_and(|info| {
-                info.transport == transport
-                    && info.kind == kind
-                    && info.position == position
-                    && info.headers.immdt == with_immediate
-                    && info.headers.ieth == with_invalidate
-            })
-        })
+        // The opcode byte is the transport in the top three bits and the
+        // operation in the low five (IBTA Vol. 1 §9.2): compute it, then let
+        // the table confirm that the combination exists.
+        use OpKind::*;
+        use Position::*;
+        let base: u8 = match transport {
+            Transport::Rc => 0x00,
+            Transport::Uc => 0x20,
+            Transport::Ud => 0x60,
+        };
+        let op: u8 = match (kind, position, with_immediate, with_invalidate) {
+            (Send, First, false, false) => 0x00,
+            (Send, Middle, false, false) => 0x01,
+            (Send, Last, false, false) => 0x02,
+            (Send, Last, true, false) => 0x03,
+            (Send, Only, false, false) => 0x04,
+            (Send, Only, true, false) => 0x05,
+            (Write, First, false, false) => 0x06,
+            (Write, Middle, false, false) => 0x07,
+            (Write, Last, false, false) => 0x08,
+            (Write, Last, true, false) => 0x09,
+            (Write, Only, false, false) => 0x0a,
+            (Write, Only, true, false) => 0x0b,
+            (ReadRequest, Only, false, false) => 0x0c,
+            (ReadResponse, First, false, false) => 0x0d,
+            (ReadResponse, Middle, false, false) => 0x0e,
+            (ReadResponse, Last, false, false) => 0x0f,
+            (ReadResponse, Only, false, false) => 0x10,
+            (Ack, Only, false, false) => 0x11,
+            (AtomicAck, Only, false, false) => 0x12,
+            (CompareSwap, Only, false, false) => 0x13,
+            (FetchAdd, Only, false, false) => 0x14,
+            (Send, Last, false, true) => 0x16,
+            (Send, Only, false, true) => 0x17,
+            _ => return None,
+        };
+        let opcode = Opcode::from(base | op);
+        let info = opcode.info()?;
+        let matches = info.transport == transport
+            && info.kind == kind
+            && info.position == position
+            && info.headers.immdt == with_immediate
+            && info.headers.ieth == with_invalidate;
+        matches.then_some(opcode)
     }
 
     /// The IBTA name, e.g. `"RC_SEND_FIRST"`; `"UNKNOWN"` for unknown values.

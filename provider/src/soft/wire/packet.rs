@@ -116,21 +116,40 @@ impl PacketRepr {
     ///
     /// Nothing is written when an error is returned.
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.packet_len(payload.len());
+        let packet = buf.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
+        let header_len = self.emit_headers(payload.len(), packet)?;
+        let mut cursor = Cursor::new(packet.get_mut(header_len..).ok_or(WireError::BufferTooSmall)?);
+        cursor.take(payload.len())?.copy_from_slice(payload);
+        cursor.take(pad_len(payload.len()) + ICRC_LEN)?.fill(0);
+        Ok(len)
+    }
+
+    /// Writes only the headers, for a payload of `payload_len` bytes that
+    /// the caller places right after them (so a payload gathered from
+    /// memory is copied once), and returns the header length. The BTH pad
+    /// count is set from `payload_len`; the caller appends payload, then
+    /// [`pad_len`]`(payload_len)` zero bytes and the ICRC.
+    ///
+    /// # Errors
+    ///
+    /// As [`PacketRepr::emit`], with `BufferTooSmall` if `buf` cannot hold
+    /// the headers.
+    pub fn emit_headers(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize, WireError> {
         let info = table_entry(self.bth.opcode)?;
         if self.present_headers() != info.headers {
             return Err(WireError::HeaderMismatch);
         }
-        if !info.has_payload && !payload.is_empty() {
+        if !info.has_payload && payload_len != 0 {
             return Err(WireError::UnexpectedPayload);
         }
-        let len = self.packet_len(payload.len());
-        let packet = buf.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
-        let pad = pad_len(payload.len());
-
+        let header_len = self.header_len();
+        let headers = buf.get_mut(..header_len).ok_or(WireError::BufferTooSmall)?;
+        let pad = pad_len(payload_len);
         let mut bth = self.bth;
         // `pad` < 4, so the narrowing cannot lose bits.
         bth.pad_count = (pad & 3) as u8;
-        let mut cursor = Cursor::new(packet);
+        let mut cursor = Cursor::new(headers);
         bth.emit(cursor.take(BthRepr::LEN)?)?;
         // Canonical wire order (IBTA Vol. 1 §9.2): DETH, RETH, AtomicETH,
         // AETH, AtomicAckETH, ImmDt, IETH.
@@ -155,9 +174,7 @@ impl PacketRepr {
         if let Some(ieth) = &self.ieth {
             ieth.emit(cursor.take(IethRepr::LEN)?)?;
         }
-        cursor.take(payload.len())?.copy_from_slice(payload);
-        cursor.take(pad + ICRC_LEN)?.fill(0);
-        Ok(len)
+        Ok(header_len)
     }
 }
 
