@@ -11,3 +11,4 @@
 //! `cargo run --release -- devinfo -v`.
 
 pub mod cli;
+pub mod netns;

@@ -13,4 +13,5 @@
 #[cfg(feature = "hardware")]
 pub mod hw;
 pub mod soft;
+pub mod subsystem;
 pub mod verbs;

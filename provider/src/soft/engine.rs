@@ -240,6 +240,14 @@ impl DeviceShared {
         self.with_core(|c, _| c.device_fatal());
     }
 
+    /// How many contexts of this device are still open (every object keeps
+    /// its context alive, so zero means every consumer let go). The
+    /// subsystem waits for it during hot-unplug.
+    pub fn open_contexts(&self) -> usize {
+        let sinks = self.sinks.lock().unwrap_or_else(|p| p.into_inner());
+        sinks.values().filter(|w| w.strong_count() > 0).count()
+    }
+
     /// Detaches the device from its link.
     pub(crate) fn detach(&self) {
         self.link.detach(self);

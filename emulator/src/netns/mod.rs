@@ -1,0 +1,144 @@
+//! Namespace drivers: what turns network-namespace changes — a namespace
+//! created or deleted, a network interface moved with `ip link set IF netns
+//! NS` — into calls on the device subsystem
+//! ([`softverbs::subsystem::Subsystem`]), so that a soft device bound to an
+//! interface follows it from namespace to namespace (DESIGN §5).
+//!
+//! - [`NetnsDriver`]: the driver interface.
+//! - [`VirtualNetns`]: the virtual driver — portable, no privileges, used by
+//!   default ([`default_driver`]) and by the property tests. Each namespace
+//!   is an isolated in-process network (its own in-process fabric), and
+//!   interfaces are records in the driver.
+//! - [`traffic`]: a connected RC pair with a ledger of every posted work
+//!   request, to check "every WR completes exactly once" across hotplug.
+//!
+//! # A real Linux driver (not built yet)
+//!
+//! The trait is shaped so that a `LinuxNetns` driver can implement it
+//! without changing callers; it waits for the soft provider's UDP link:
+//!
+//! - namespaces are real network namespaces: `add_netns` creates one
+//!   (`unshare(CLONE_NEWNET)` on a helper thread, bind-mounted at
+//!   `/run/netns/NAME` like `ip netns add`) or adopts an existing one; the
+//!   driver maps each namespace's inode (`stat /proc/<tid>/ns/net`) to a
+//!   [`NamespaceId`];
+//! - interfaces are real `net_device`s; `link_set_netns` sends RTM_NEWLINK
+//!   with `IFLA_NET_NS_FD`;
+//! - its [`DeviceFactory`](softverbs::subsystem::DeviceFactory) instantiates
+//!   a soft device on a UDP link whose socket is created *inside* the
+//!   target namespace (`setns` on a short-lived thread, bind to the
+//!   interface's address, hand back the descriptor — a socket stays in the
+//!   namespace it was created in), which needs a UDP link constructible from
+//!   a bound socket;
+//! - `sync` reads rtnetlink (RTM_NEWLINK/RTM_DELLINK, RTM_NEWNSID/DELNSID)
+//!   to follow changes made outside the process by `ip`; the virtual driver
+//!   has none;
+//! - tests run it only as root (`CAP_NET_ADMIN` + `CAP_SYS_ADMIN`) and skip
+//!   with a message elsewhere.
+
+pub mod traffic;
+mod virtual_netns;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use softverbs::subsystem::{DeviceInfo, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem};
+
+pub use virtual_netns::VirtualNetns;
+
+/// The name by which drivers know the initial namespace.
+pub const INIT_NETNS: &str = "init";
+
+/// A namespace driver: the environment side of namespaces and interfaces,
+/// feeding a [`Subsystem`].
+///
+/// Methods take `&self` (drivers lock internally) and never hold a lock of
+/// their own while calling into the subsystem, so clients' upcalls may call
+/// back into the driver.
+pub trait NetnsDriver: Send + Sync {
+    /// Short name (`virtual`, `linux`).
+    fn kind(&self) -> &'static str;
+
+    /// The subsystem the driver feeds.
+    fn subsystem(&self) -> &Arc<Subsystem>;
+
+    /// Creates a namespace (`ip netns add NAME`).
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` if one has that name; the environment's error.
+    fn add_netns(&self, name: &str) -> Result<NamespaceId>;
+
+    /// Deletes a namespace (`ip netns del NAME`): its interfaces return to
+    /// the initial namespace and so do the devices bound to them.
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` if there is none; `EPERM` for the initial namespace.
+    fn del_netns(&self, name: &str) -> Result<()>;
+
+    /// The namespace named `name` ([`INIT_NETNS`] for the initial one).
+    fn netns(&self, name: &str) -> Option<NamespaceId>;
+
+    /// Creates a network interface owning `addr`, in the initial namespace.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` if the name or the address is taken.
+    fn add_link(&self, ifname: &str, addr: IpAddr) -> Result<()>;
+
+    /// Moves an interface to another namespace (`ip link set IF netns NS`);
+    /// in exclusive mode the device bound to it follows (an unplug and a
+    /// replug, reason `NetnsMove`). Moving to the namespace it is in does
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` for an unknown interface or namespace; the subsystem's error
+    /// from moving the device.
+    fn link_set_netns(&self, ifname: &str, netns: &str) -> Result<()>;
+
+    /// The namespace an interface is in.
+    fn link_netns(&self, ifname: &str) -> Option<NamespaceId>;
+
+    /// Creates a soft RDMA device bound to an interface (`rdma link add NAME
+    /// type rxe netdev IF`), in the interface's namespace (the initial one in
+    /// shared mode).
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` for an unknown interface; `EBUSY` if the interface already
+    /// has a device or the name is taken.
+    fn add_device(&self, name: &str, ifname: &str) -> Result<DeviceInfo>;
+
+    /// Removes a device (`rdma link delete NAME`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Subsystem::remove_device`].
+    fn del_device(&self, name: &str) -> Result<RemovalReport>;
+
+    /// Switches the subsystem's namespace mode (`rdma system set netns`).
+    ///
+    /// # Errors
+    ///
+    /// As [`Subsystem::set_mode`].
+    fn set_mode(&self, mode: NetnsMode) -> Result<()> {
+        self.subsystem().set_mode(mode)
+    }
+
+    /// Applies changes made outside the driver since the last call; returns
+    /// how many. The virtual driver has none.
+    ///
+    /// # Errors
+    ///
+    /// The environment's error.
+    fn sync(&self) -> Result<usize> {
+        Ok(0)
+    }
+}
+
+/// The driver to use by default: the virtual one.
+pub fn default_driver(subsystem: Arc<Subsystem>) -> Box<dyn NetnsDriver> {
+    Box::new(VirtualNetns::new(subsystem))
+}
