@@ -86,6 +86,11 @@ impl Core {
     /// `EBUSY` while memory windows are bound to the MR; `EINVAL` for an
     /// unknown key or a window's key.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
+        if self.revoked {
+            // Destroy after removal always succeeds (DESIGN §5).
+            self.mrs.remove(lkey);
+            return Ok(());
+        }
         let e = self
             .mrs
             .get(lkey)
@@ -313,6 +318,12 @@ impl Core {
     ///
     /// `EINVAL` for an unknown window.
     pub fn dealloc_mw(&mut self, rkey: u32) -> Result<()> {
+        if self.revoked {
+            if let Some(key) = self.mrs.get_by_index_mut(rkey).filter(|e| e.is_window()).map(|e| e.key) {
+                self.mrs.remove(key);
+            }
+            return Ok(());
+        }
         let e = self
             .mrs
             .get_by_index_mut(rkey)

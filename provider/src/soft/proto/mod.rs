@@ -214,6 +214,8 @@ pub struct Core {
     counters: Counters,
     /// Set by [`Core::revoke`] (hot-unplug).
     revoked: bool,
+    /// Set once DEVICE_FATAL was raised: no async event follows it.
+    fatal: bool,
 }
 
 impl Core {
@@ -234,6 +236,7 @@ impl Core {
             timers: BTreeSet::new(),
             counters: Counters::default(),
             revoked: false,
+            fatal: false,
         }
     }
 
@@ -285,13 +288,43 @@ impl Core {
     /// Raises DEVICE_FATAL on every context: the last event of a removed
     /// device.
     pub fn device_fatal(&mut self) {
-        self.events.push_back(CoreEvent::Async {
-            owner: None,
-            event: AsyncEvent {
+        if self.fatal {
+            return;
+        }
+        self.push_async(
+            None,
+            AsyncEvent {
                 event_type: EventType::DeviceFatal,
                 element: AsyncElement::Device,
             },
-        });
+        );
+        self.fatal = true;
+    }
+
+    /// Queues an async event; after DEVICE_FATAL none follows (it is the
+    /// last event of a device, DESIGN §5).
+    pub(crate) fn push_async(&mut self, owner: Option<u32>, event: AsyncEvent) {
+        if !self.fatal {
+            self.events.push_back(CoreEvent::Async { owner, event });
+        }
+    }
+
+    /// Frees everything the engine still holds after [`Core::revoke`]:
+    /// queues, CQs, SRQs, address handles, PDs and every reference to
+    /// registered memory (the memory of consumers that did not let go is
+    /// released now). Destroy calls after it still succeed.
+    pub fn disassociate(&mut self) {
+        if !self.revoked {
+            return;
+        }
+        self.qps = Slab::default();
+        self.cqs = Slab::default();
+        self.srqs = Slab::default();
+        self.ahs = Slab::default();
+        self.pds = Slab::default();
+        self.mrs = MrTable::default();
+        self.tx.clear();
+        self.timers.clear();
     }
 
     fn qp_ids(&self) -> Vec<u32> {
@@ -371,6 +404,11 @@ impl Core {
     ///
     /// `EBUSY` while MRs, QPs, SRQs or AHs use the PD; `EINVAL` if unknown.
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
+        if self.revoked {
+            // Destroy after removal always succeeds (DESIGN §5).
+            self.pds.remove(pd.0);
+            return Ok(());
+        }
         if self.pds.get(pd.0).is_none() {
             return Err(verr!(DeallocPd, InvalidArgument, "no such PD"));
         }
@@ -430,6 +468,10 @@ impl Core {
     ///
     /// `EBUSY` while a QP uses the CQ; `EINVAL` if unknown.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
+        if self.revoked {
+            self.cqs.remove(cq.0);
+            return Ok(());
+        }
         match self.cqs.get(cq.0) {
             None => Err(verr!(DestroyCq, InvalidArgument, "no such CQ")),
             Some(c) if c.users > 0 && !self.revoked => {
@@ -520,24 +562,24 @@ impl Core {
         }
         if out.overrun {
             self.counters.cq_overruns += 1;
-            self.events.push_back(CoreEvent::Async {
-                owner: Some(owner),
-                event: AsyncEvent {
+            self.push_async(
+                Some(owner),
+                AsyncEvent {
                     event_type: EventType::CqErr,
                     element: AsyncElement::Cq(context),
                 },
-            });
+            );
         }
     }
 
     pub(crate) fn qp_event(&mut self, qp: &Qp, event_type: EventType) {
-        self.events.push_back(CoreEvent::Async {
-            owner: Some(qp.owner),
-            event: AsyncEvent {
+        self.push_async(
+            Some(qp.owner),
+            AsyncEvent {
                 event_type,
                 element: AsyncElement::Qp(qp.qpn),
             },
-        });
+        );
     }
 
     // ---- shared receive queues ----------------------------------------
@@ -608,6 +650,10 @@ impl Core {
     ///
     /// `EBUSY` while QPs use it.
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        if self.revoked {
+            self.srqs.remove(srq.0);
+            return Ok(());
+        }
         match self.srqs.get(srq.0) {
             None => Err(verr!(DestroySrq, InvalidArgument, "no such SRQ")),
             Some(s) if s.users > 0 && !self.revoked => {
@@ -650,6 +696,10 @@ impl Core {
     ///
     /// `EINVAL` if unknown.
     pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
+        if self.revoked {
+            self.ahs.remove(ah.0);
+            return Ok(());
+        }
         self.ahs
             .remove(ah.0)
             .map(|_| ())

@@ -392,6 +392,10 @@ impl Core {
     ///
     /// `EINVAL` for an unknown QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+        if self.revoked && self.qp_info(qpn).is_none() {
+            // Destroy after removal always succeeds (DESIGN §5).
+            return Ok(());
+        }
         let mut qp = self
             .take_qp(qpn)
             .ok_or_else(|| verr!(DestroyQp, InvalidArgument, "no QP {qpn:#x}"))?;

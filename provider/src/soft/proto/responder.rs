@@ -150,13 +150,13 @@ impl Core {
                 let (w, fire) = s.pop()?;
                 if fire {
                     let (context, owner) = (s.context, s.owner);
-                    self.events.push_back(super::CoreEvent::Async {
-                        owner: Some(owner),
-                        event: crate::verbs::AsyncEvent {
+                    self.push_async(
+                        Some(owner),
+                        crate::verbs::AsyncEvent {
                             event_type: EventType::SrqLimitReached,
                             element: crate::verbs::AsyncElement::Srq(context),
                         },
-                    });
+                    );
                 }
                 Some(w)
             }
@@ -413,7 +413,9 @@ impl Core {
             }
             // Build in place: the payload is read from memory straight into
             // the packet.
-            let Some(mut data) = self.new_packet(&h, n as usize) else { return false };
+            let Some(mut data) = self.new_packet(&h, n as usize) else {
+                return false;
+            };
             if n > 0 {
                 let r = self.mrs.check_remote(
                     rkey,

@@ -655,3 +655,42 @@ impl Node {
         self.core.cq_len(self.cq) == 0
     }
 }
+
+#[test]
+fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_recv(1, 0, 64);
+    n.post_send(0, 2, SendOp::Send, 0, 8);
+    n.sent();
+    n.core.revoke();
+    let wc = n.cqes();
+    assert_eq!(
+        wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(2, WcStatus::WrFlushErr), (1, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(
+        n.core.alloc_pd(1).unwrap_err().kind(),
+        crate::verbs::ErrorKind::NoDevice
+    );
+    n.core.device_fatal();
+    // A CQ overrun after DEVICE_FATAL raises no further event.
+    for _ in 0..300 {
+        n.core.push_cqe(n.cq, WorkCompletion::default(), false);
+    }
+    let mut events = Vec::new();
+    while let Some(e) = n.core.poll_event() {
+        events.push(e);
+    }
+    let last = events.iter().rev().find_map(|e| match e {
+        CoreEvent::Async { event, .. } => Some(event.event_type),
+        _ => None,
+    });
+    assert_eq!(last, Some(crate::verbs::EventType::DeviceFatal));
+    // Destroy in any order, twice, and after disassociate: all Ok.
+    n.core.destroy_cq(n.cq).unwrap();
+    n.core.disassociate();
+    n.core.destroy_qp(n.qpn).unwrap();
+    n.core.destroy_qp(n.qpn).unwrap();
+    n.core.dereg_mr(n.lkey).unwrap();
+    n.core.dealloc_pd(PdId(0)).unwrap();
+}
