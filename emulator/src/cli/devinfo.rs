@@ -125,6 +125,9 @@ pub fn render(dev: &Device, ctx: &Context, args: &Args) -> Result<String, CliErr
     }
     let mut s = String::new();
     device_lines(&mut s, dev, &attr, args.verbose);
+    if args.verbose {
+        soft_lines(&mut s, dev);
+    }
     for port in 1..=attr.phys_port_cnt {
         if args.port.is_some_and(|p| p != port) {
             continue;
@@ -197,6 +200,35 @@ pub fn device_lines(s: &mut String, dev: &Device, a: &DeviceAttr, verbose: bool)
     let _ = writeln!(s, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
     let _ = writeln!(s, "\tmax_fast_reg_page_list_len:\t{}", a.max_fast_reg_page_list_len);
     let _ = writeln!(s, "\tmax_inline_data:\t\t{}", a.max_inline_data);
+}
+
+/// For a soft device (with `-v`): its link, engine mode and every packet
+/// counter (what was received, sent, retransmitted, and what was dropped
+/// and why: malformed, bad ICRC, unknown QP, wrong source, …), then the
+/// link's own counters. Nothing for other devices.
+pub fn soft_lines(s: &mut String, dev: &Device) {
+    let Some(soft) = dev
+        .ops()
+        .as_ref()
+        .as_any()
+        .downcast_ref::<softverbs::soft::SoftDevice>()
+    else {
+        return;
+    };
+    let shared = soft.shared();
+    let _ = writeln!(s, "\tsoft_link:\t\t\t{}", shared.link_name());
+    let mode = match shared.mode() {
+        softverbs::soft::engine::EngineMode::Inline => "inline".to_string(),
+        softverbs::soft::engine::EngineMode::ProgressThread { spin } => {
+            format!("progress thread (spin {} us)", spin.as_micros())
+        }
+    };
+    let _ = writeln!(s, "\tsoft_engine:\t\t\t{mode}");
+    let _ = writeln!(s, "\tsoft_counters:");
+    for (name, value) in shared.counters().iter().chain(shared.link_stats()) {
+        let tabs = if name.len() >= 15 { "\t" } else { "\t\t" };
+        let _ = writeln!(s, "\t\t{name}:{tabs}{value}");
+    }
 }
 
 /// The port part of the report, without the GID table.
@@ -481,6 +513,16 @@ mod tests {
         let err = render(&device(), &fake_context(), &bad_port).unwrap_err();
         assert_eq!(err.exit_status(), 1);
         assert!(err.to_string().contains("port 2 does not exist"), "{err}");
+    }
+
+    #[test]
+    fn soft_counters_in_verbose_output() {
+        let mut s = String::new();
+        soft_lines(&mut s, &device());
+        assert!(s.contains("\tsoft_link:\t\t\tinproc\n"), "{s}");
+        assert!(s.contains("\tsoft_engine:\t\t\tinline\n"), "{s}");
+        assert!(s.contains("\t\trx_bad_icrc:\t\t"), "{s}");
+        assert!(s.contains("\t\trx_bad_source:\t\t"), "{s}");
     }
 
     #[test]

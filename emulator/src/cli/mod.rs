@@ -13,6 +13,7 @@ pub mod conformance;
 pub mod devices;
 pub mod devinfo;
 pub mod perf;
+pub mod pingpong;
 
 use std::fmt;
 use std::io::{self, Write};
@@ -131,6 +132,11 @@ pub enum Command {
     /// Run the verbs conformance suite and print a pass/fail/skip report
     #[command(after_long_help = EXIT_STATUS)]
     Conformance(conformance::Args),
+    /// RC ping-pong between two processes or hosts over the UDP link (like
+    /// ibv_rc_pingpong): `pingpong` on the server, `pingpong SERVER` on the
+    /// client
+    #[command(after_long_help = EXIT_STATUS)]
+    Pingpong(pingpong::Args),
 }
 
 /// A failed command: what to print and the exit status.
@@ -286,6 +292,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Devinfo(args) => devinfo::run(&env, args, out),
         Command::Perf(args) => perf::run(&env, args, out),
         Command::Conformance(args) => conformance::run(&env, args, out),
+        Command::Pingpong(args) => pingpong::run(&env, args, out),
     }
 }
 

@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::engine::DeviceShared;
 use super::link::inproc::InprocFabric;
+use super::engine::EngineMode;
+use super::link::udp::{UdpConfig, UdpLink};
 use super::link::Link;
 use super::objects::SoftContext;
 use super::proto::{Core, CoreConfig};
 use crate::verbs::backend::*;
-use crate::verbs::{verr, BackendKind, DeviceAttr, Gid, Guid, PortAttr, Result};
+use crate::verbs::{verr, BackendKind, DeviceAttr, ErrorKind, Gid, Guid, PortAttr, Result, Verb};
 
 /// Limits every soft device advertises (`ibv_query_device`).
 pub mod limits {
@@ -63,6 +65,9 @@ pub struct SoftDeviceConfig {
     /// The link its packets travel on (`None`: the process-wide in-process
     /// fabric).
     pub link: Option<Arc<dyn Link>>,
+    /// How the engine makes progress (inline by default; see
+    /// [`crate::soft::engine`] for when to use a progress thread).
+    pub engine: EngineMode,
 }
 
 impl SoftDeviceConfig {
@@ -77,7 +82,53 @@ impl SoftDeviceConfig {
             addrs: vec![addr],
             seed,
             link: None,
+            engine: EngineMode::Inline,
         }
+    }
+
+    /// A device on its own UDP link (see [`crate::soft::link::udp`]): binds
+    /// the sockets `udp` describes now, and takes the device's addresses
+    /// (and so its GIDs) from them.
+    ///
+    /// # Errors
+    ///
+    /// `EADDRINUSE`-class failures to bind (as `Busy`), an address or
+    /// interface this host does not have (`InvalidArgument`), other socket
+    /// errors as `Io`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use softverbs::soft::engine::EngineMode;
+    /// use softverbs::soft::link::udp::UdpConfig;
+    /// use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+    ///
+    /// let udp = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    /// let mut cfg = SoftDeviceConfig::udp("udp0", udp)?;
+    /// cfg.engine = EngineMode::progress_thread();
+    /// let dev = SoftDevice::create(cfg)?;
+    /// let ctx = dev.open()?;
+    /// println!("GID {}", ctx.query_gid(1, 0)?);
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn udp(name: &str, udp: UdpConfig) -> Result<SoftDeviceConfig> {
+        let link = UdpLink::bind(&udp).map_err(|e| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::AddrInUse => ErrorKind::Busy,
+                std::io::ErrorKind::AddrNotAvailable
+                | std::io::ErrorKind::NotFound
+                | std::io::ErrorKind::InvalidInput => ErrorKind::InvalidArgument,
+                _ => ErrorKind::Io,
+            };
+            crate::verbs::Error::new(Verb::OpenDevice, kind, format!("UDP link {:?}: {e}", udp.bind))
+        })?;
+        let addrs = link.gids().iter().map(|g| g.to_ip()).collect();
+        Ok(SoftDeviceConfig {
+            addrs,
+            link: Some(link as Arc<dyn Link>),
+            ..SoftDeviceConfig::new(name, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        })
     }
 }
 
@@ -126,7 +177,18 @@ impl SoftDevice {
         let mut core_cfg = CoreConfig::new(attr, port, gids.clone(), config.seed);
         core_cfg.max_inflight_packets = 1024;
         let link = config.link.unwrap_or_else(|| InprocFabric::global() as Arc<dyn Link>);
+        if !link.poll_fds().is_empty() {
+            // A network link: what a QP has in flight must fit the peer's
+            // socket receive buffer (4 MiB asked, 8 MiB of truesize granted
+            // to root), or bursts are dropped there and go-back-N storms.
+            core_cfg.max_inflight_packets = 512;
+        }
+        core_cfg.check_icrc = link.needs_icrc();
+        core_cfg.emit_icrc = link.needs_icrc();
         let shared = DeviceShared::new(config.name.clone(), config.addrs.clone(), Core::new(core_cfg), link);
+        shared
+            .start(config.engine)
+            .map_err(|e| verr!(OpenDevice, Io, "starting the progress thread: {e}"))?;
         let dev = Arc::new(SoftDevice {
             name: config.name,
             guid,

@@ -40,26 +40,29 @@ impl EventFd {
         n == 8
     }
 
-    /// Waits until the fd is readable or `timeout` passes (`None`: forever).
-    /// Returns whether it is readable.
-    pub(crate) fn wait_readable(&self, timeout: Option<Duration>) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = timeout.map(|d| libc::timespec {
-            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        });
-        let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one valid pollfd and an optional timespec, both alive for
-        // the duration of the call; no signal mask is passed.
-        let r = unsafe { libc::ppoll(&mut pfd, 1, tsp, std::ptr::null()) };
-        r > 0 && pfd.revents & libc::POLLIN != 0
-    }
-
     pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// Waits until one of `fds` is readable or `timeout` passes (`None`:
+/// forever). Returns whether any is readable.
+pub(crate) fn poll_readable(fds: &[RawFd], timeout: Option<Duration>) -> bool {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ts = timeout.map(|d| libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    });
+    let tsp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `pfds.len()` valid pollfds and an optional timespec, alive
+    // for the call; no signal mask is passed.
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tsp, std::ptr::null()) };
+    r > 0
 }

@@ -87,7 +87,7 @@ impl EventSink for SoftContext {
     fn cq_notify(&self, cq: CqId) {
         let found = lock(&self.channels).get(&cq.0).cloned();
         if let Some((context, ch)) = found {
-            ch.post(context);
+            ch.post(cq.0, context);
         }
     }
 
@@ -98,8 +98,8 @@ impl EventSink for SoftContext {
 }
 
 /// Waits for `ready` on `fd` up to `timeout`, driving `dev` whenever its
-/// engine has a deadline (inline progress: timers only run when someone
-/// drives the device).
+/// engine has a deadline or (inline mode) its link has datagrams: timers
+/// only run and sockets are only read when someone drives the device.
 fn wait_driving(
     dev: &Arc<DeviceShared>,
     fd: &EventFd,
@@ -123,7 +123,7 @@ fn wait_driving(
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        fd.wait_readable(slice);
+        dev.wait_readable(fd.raw(), slice);
     }
 }
 
@@ -181,6 +181,7 @@ impl ContextOps for SoftContext {
         Ok(Arc::new(SoftCompChannel {
             dev: self.dev.clone(),
             pending: Mutex::new(VecDeque::new()),
+            unacked: Mutex::new(HashMap::new()),
             fd: EventFd::new().map_err(|e| verr!(CreateCompChannel, Io, "eventfd: {e}"))?,
             users: AtomicU32::new(0),
         }))
@@ -204,8 +205,10 @@ impl ContextOps for SoftContext {
             None => None,
         };
         let (id, capacity) = self.dev.with_core(|c, _| c.create_cq(cqe, context, self.id))?;
+        let unacked = Arc::new(AtomicU32::new(0));
         if let Some(ch) = &channel {
             ch.users.fetch_add(1, Ordering::Relaxed);
+            lock(&ch.unacked).insert(id.0, unacked.clone());
             lock(&self.channels).insert(id.0, (context, ch.clone()));
         }
         Ok(Arc::new(SoftCq {
@@ -214,6 +217,7 @@ impl ContextOps for SoftContext {
             capacity: AtomicU32::new(capacity),
             context,
             channel,
+            unacked,
             destroyed: AtomicBool::new(false),
         }))
     }
@@ -567,25 +571,57 @@ impl MwOps for SoftMw {
     }
 }
 
-/// A completion event channel.
+/// A completion event channel: an eventfd (semaphore mode) with one count
+/// per pending event, and the queue of `(CQ id, CQ context)` behind it.
+/// Each event handed out counts as unacknowledged on its CQ until
+/// `ack_cq_events`; a CQ with unacknowledged events cannot be destroyed
+/// (`EBUSY`), as `ibv_destroy_cq` would otherwise race with a consumer
+/// still using the event.
 pub(crate) struct SoftCompChannel {
     dev: Arc<DeviceShared>,
-    pending: Mutex<VecDeque<u64>>,
+    pending: Mutex<VecDeque<(u32, u64)>>,
+    /// CQ id → events handed out and not yet acknowledged.
+    unacked: Mutex<HashMap<u32, Arc<AtomicU32>>>,
     fd: EventFd,
     users: AtomicU32,
 }
 
 impl SoftCompChannel {
-    fn post(&self, context: u64) {
-        lock(&self.pending).push_back(context);
+    fn post(&self, cq: u32, context: u64) {
+        lock(&self.pending).push_back((cq, context));
         self.fd.post();
+    }
+
+    /// Forgets a destroyed CQ: its undelivered events are dropped (with
+    /// their eventfd counts, so the descriptor stays exact).
+    fn forget(&self, cq: u32) {
+        lock(&self.unacked).remove(&cq);
+        let mut pending = lock(&self.pending);
+        let before = pending.len();
+        pending.retain(|&(id, _)| id != cq);
+        for _ in pending.len()..before {
+            self.fd.try_take();
+        }
     }
 }
 
 impl CompChannelOps for SoftCompChannel {
     fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u64>> {
-        let got = wait_driving(&self.dev, &self.fd, timeout, || self.fd.try_take());
-        Ok(if got { lock(&self.pending).pop_front() } else { None })
+        let start = Instant::now();
+        loop {
+            let left = timeout.map(|t| t.saturating_sub(start.elapsed()));
+            let got = wait_driving(&self.dev, &self.fd, left, || self.fd.try_take());
+            if !got {
+                return Ok(None);
+            }
+            let Some((cq, context)) = lock(&self.pending).pop_front() else {
+                continue;
+            };
+            if let Some(n) = lock(&self.unacked).get(&cq) {
+                n.fetch_add(1, Ordering::AcqRel);
+                return Ok(Some(context));
+            }
+        }
     }
 
     fn fd(&self) -> Option<std::os::fd::RawFd> {
@@ -608,19 +644,47 @@ pub(crate) struct SoftCq {
     capacity: AtomicU32,
     context: u64,
     channel: Option<Arc<SoftCompChannel>>,
+    /// Channel events of this CQ handed out and not acknowledged.
+    unacked: Arc<AtomicU32>,
     destroyed: AtomicBool,
 }
 
 impl Drop for SoftCq {
     fn drop(&mut self) {
-        let _ = CqOps::destroy(self);
+        // The last reference is gone: nobody can acknowledge any more.
+        let _ = self.destroy_inner(true);
+    }
+}
+
+impl SoftCq {
+    fn destroy_inner(&self, force: bool) -> Result<()> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let unacked = self.unacked.load(Ordering::Acquire);
+        if unacked > 0 && !force {
+            return Err(verr!(
+                DestroyCq,
+                Busy,
+                "{unacked} completion event(s) of this CQ were not acknowledged (ack_cq_events)"
+            ));
+        }
+        self.ctx.dev.with_core(|c, _| c.destroy_cq(self.id))?;
+        self.destroyed.store(true, Ordering::Release);
+        if let Some(ch) = &self.channel {
+            ch.users.fetch_sub(1, Ordering::AcqRel);
+            lock(&self.ctx.channels).remove(&self.id.0);
+            ch.forget(self.id.0);
+        }
+        Ok(())
     }
 }
 
 impl CqOps for SoftCq {
     #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        self.ctx.dev.with_core(|c, _| c.poll_cq(self.id, wc))
+        // Inline mode: polling is what reads a network link.
+        self.ctx.dev.poll_cq_with(|c, _| c.poll_cq(self.id, wc))
     }
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -637,10 +701,12 @@ impl CqOps for SoftCq {
         self.capacity.load(Ordering::Acquire)
     }
 
-    fn ack_events(&self, _n: u32) {
-        // Events are consumed from the channel when read; nothing to
-        // release here (the soft provider does not block destroy on
-        // unacknowledged events).
+    fn ack_events(&self, n: u32) {
+        // Acknowledging more than was handed out is a caller bug that
+        // libibverbs does not catch either; saturate rather than wrap.
+        let _ = self
+            .unacked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(n)));
     }
 
     fn context(&self) -> u64 {
@@ -648,16 +714,7 @@ impl CqOps for SoftCq {
     }
 
     fn destroy(&self) -> Result<()> {
-        if self.destroyed.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.ctx.dev.with_core(|c, _| c.destroy_cq(self.id))?;
-        self.destroyed.store(true, Ordering::Release);
-        if let Some(ch) = &self.channel {
-            ch.users.fetch_sub(1, Ordering::AcqRel);
-            lock(&self.ctx.channels).remove(&self.id.0);
-        }
-        Ok(())
+        self.destroy_inner(false)
     }
 }
 

@@ -1,16 +1,25 @@
 //! Datagram links that carry RoCEv2 packets between soft devices.
 //!
-//! A link moves [`Transmit`]s from one device's engine to the inbox of the
-//! device that owns the destination address. The in-process link
-//! ([`inproc`]) joins devices of one process; later links (UDP,
-//! shared memory) implement the same trait.
+//! A link moves [`Transmit`]s from one device's engine to the device that
+//! owns the destination address. The in-process link ([`inproc`]) joins
+//! devices of one process through their inboxes; the UDP link ([`udp`])
+//! joins processes and hosts through the kernel's UDP stack. Later links
+//! (shared memory) implement the same trait.
+//!
+//! The engine calls a link in this order (see [`crate::soft::engine`]):
+//! [`Link::recv`] to feed received datagrams to the engine (network links;
+//! bounded by a budget), then, after the engine ran, [`Link::send_batch`]
+//! with everything it produced. A progress thread sleeps on
+//! [`Link::poll_fds`].
 
 pub mod inproc;
+pub mod udp;
 
+use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use super::engine::DeviceShared;
-use super::proto::Transmit;
+use super::proto::{Counters, Datagram, Transmit};
 
 /// A way to send datagrams.
 pub trait Link: Send + Sync + std::fmt::Debug {
@@ -18,6 +27,60 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// destination device's inbox and returns that device, which the caller
     /// must then drive; a network link returns `None`.
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>>;
+
+    /// Sends every datagram of `txs` in order (leaving `txs` empty) and
+    /// adds the in-process devices they reached to `reached`, once each.
+    /// Network links batch the system calls.
+    fn send_batch(&self, txs: &mut Vec<Transmit>, reached: &mut Vec<Arc<DeviceShared>>) {
+        for t in txs.drain(..) {
+            if let Some(d) = self.send(t) {
+                if !reached.iter().any(|p| Arc::ptr_eq(p, &d)) {
+                    reached.push(d);
+                }
+            }
+        }
+    }
+
+    /// Hands up to about `budget` received datagrams to `f`, without
+    /// blocking; returns how many were read. Only network links receive
+    /// (an in-process link delivers into inboxes instead).
+    fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
+        let _ = (budget, f);
+        0
+    }
+
+    /// Retries datagrams the link could not send earlier (a full socket
+    /// buffer); returns whether none is left waiting.
+    fn flush(&self) -> bool {
+        true
+    }
+
+    /// Descriptors that become readable when [`Link::recv`] has work: what
+    /// a progress thread (or an application's event loop) waits on.
+    fn poll_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
+
+    /// Whether the engine must compute the ICRC of the packets it sends and
+    /// check it on those it receives. `false` for a link whose packets
+    /// cannot be corrupted or forged (in-process), and for a link that
+    /// computes and checks the ICRC itself against the real IP and UDP
+    /// headers (UDP: the engine's view of addresses and source ports is
+    /// not what goes on the wire).
+    fn needs_icrc(&self) -> bool {
+        true
+    }
+
+    /// Adds what the link dropped before the engine saw it to the engine's
+    /// counters (`rx_packets`, `rx_bad_icrc`, `rx_malformed`).
+    fn merge_counters(&self, counters: &mut Counters) {
+        let _ = counters;
+    }
+
+    /// The link's own counters, `(name, value)`, for `devinfo -v`.
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 
     /// Registers a device so datagrams to its addresses reach it.
     fn attach(&self, dev: &Arc<DeviceShared>);

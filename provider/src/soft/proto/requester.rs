@@ -317,7 +317,13 @@ impl Core {
             let n = ((s.len - offset) as usize).min(len - filled);
             let r = self
                 .mrs
-                .check(s.lkey, qp.pd, s.addr + u64::from(offset), n as u64, AccessFlags::empty())
+                .check(
+                    s.lkey,
+                    qp.pd,
+                    s.addr + u64::from(offset),
+                    n as u64,
+                    AccessFlags::empty(),
+                )
                 .map_err(|_| ())?;
             if let Some(r) = r {
                 r.append_to(n, out)?;
@@ -359,7 +365,10 @@ impl Core {
         let Some(src) = self.cfg.gids.get(sgid_index as usize).map(|g| g.to_ip()) else {
             return;
         };
-        data.resize(data.len() + crate::soft::wire::pad_len(payload_len) + crate::soft::wire::ICRC_LEN, 0);
+        data.resize(
+            data.len() + crate::soft::wire::pad_len(payload_len) + crate::soft::wire::ICRC_LEN,
+            0,
+        );
         let ports = UdpPorts {
             src: entropy_port(local_qpn, remote_qpn),
             dst: self.cfg.udp_port,

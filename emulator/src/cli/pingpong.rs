@@ -1,0 +1,781 @@
+//! `softverbs pingpong`: RC ping-pong between two processes or hosts, like
+//! rdma-core's `ibv_rc_pingpong`, over a soft device on the UDP link (or
+//! any device named with `-d`, hardware included).
+//!
+//! ```text
+//! server$ softverbs pingpong
+//! client$ softverbs pingpong SERVER
+//!   local address:  LID 0x0000, QPN 0x000011, PSN 0x1a2b3c, GID fd73:7665:7262:0004:0000:8a01:7f00:0001
+//!   remote address: LID 0x0000, QPN 0x000011, PSN 0x4d5e6f, GID fd73:7665:7262:0004:0000:9c44:7f00:0001
+//! 8192000 bytes in 0.05 seconds = 1310.72 Mbit/sec
+//! 1000 iters in 0.05 seconds = 50.00 usec/iter
+//! latency (half round trip, usec): min 20.1 median 24.3 avg 25.0 p99 41.2 max 80.3
+//! ```
+//!
+//! The two sides exchange `(QPN, PSN, GID)` (and, for `--op write`, the
+//! buffer's address and rkey) over TCP, exactly as with hardware; each
+//! creates its UDP device on the address its TCP connection uses (or
+//! `--bind`), so the same command works on one host and between hosts.
+//!
+//! `--op send` (default): the client sends `--size` bytes, the server
+//! answers with as many, `--iters` times; both print bandwidth and
+//! usec/iter as `ibv_rc_pingpong` does, the client also the distribution
+//! of half round trips. `--op write`: the client streams `--iters` RDMA
+//! WRITEs of `--size` bytes (`--tx-depth` in flight) into the server's
+//! buffer and prints the bandwidth; the server stays passive (with
+//! `--engine inline` it polls to make progress; `--engine thread` lets a
+//! progress thread answer while it blocks on TCP).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::ValueEnum;
+use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::udp::{GsoMode, UdpConfig, UdpPort};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::{
+    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Error, Gid, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+};
+
+use super::{eprintln_safe, CliError, Env};
+
+/// Arguments of `softverbs pingpong`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Server to connect to (client mode); without it, wait for a client
+    pub server: Option<String>,
+    /// TCP port of the out-of-band exchange
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    pub port: u16,
+    /// Use this existing device instead of creating a soft UDP device
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub device: Option<String>,
+    /// Local GID index
+    #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
+    pub gid_index: u8,
+    /// Message size in bytes
+    #[arg(short = 's', long, default_value_t = 4096)]
+    pub size: u32,
+    /// Path MTU (256, 512, 1024, 2048, 4096)
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    pub mtu: u32,
+    /// Receive queue depth
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    pub rx_depth: u32,
+    /// Iterations (measured)
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u32,
+    /// Unmeasured iterations before the measured ones (send only)
+    #[arg(long, default_value_t = 100)]
+    pub warmup: u32,
+    /// Sleep on CQ events (completion channel) instead of busy-polling
+    #[arg(short = 'e', long)]
+    pub events: bool,
+    /// What to measure
+    #[arg(long, value_enum, default_value_t = Op::Send)]
+    pub op: Op,
+    /// RDMA WRITEs in flight (--op write)
+    #[arg(short = 't', long = "tx-depth", default_value_t = 32)]
+    pub tx_depth: u32,
+    /// Local address of the UDP device [default: the address of the TCP
+    /// connection]
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<IpAddr>,
+    /// UDP port of the device [default: 4791 if free, else a private one]
+    #[arg(long = "udp-port", value_name = "PORT")]
+    pub udp_port: Option<u16>,
+    /// How the soft engine makes progress
+    #[arg(long, value_enum, default_value_t = Engine::Inline)]
+    pub engine: Engine,
+    /// Busy-poll time of the progress thread before it sleeps, in µs
+    #[arg(long = "spin-us", default_value_t = 50)]
+    pub spin_us: u64,
+    /// UDP GSO policy of the soft device
+    #[arg(long, value_enum, default_value_t = Gso::Auto)]
+    pub gso: Gso,
+    /// Seconds the client keeps retrying to reach the server
+    #[arg(long = "connect-timeout", default_value_t = 10)]
+    pub connect_timeout: u64,
+    /// Print the soft device's counters at the end
+    #[arg(long)]
+    pub stats: bool,
+}
+
+/// What `pingpong` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Op {
+    /// RC send/receive ping-pong (latency and bandwidth)
+    Send,
+    /// One-way RDMA WRITE stream (bandwidth; the server stays passive)
+    Write,
+}
+
+/// `--engine` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// Posting and polling drive the engine (no extra thread)
+    Inline,
+    /// A progress thread per device
+    Thread,
+}
+
+/// `--gso` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Gso {
+    /// Towards loopback and private-GID peers only
+    Auto,
+    /// Whenever the kernel has it
+    On,
+    /// Never
+    Off,
+}
+
+/// A failure: printed here, exit status 3.
+fn fail(msg: impl std::fmt::Display) -> CliError {
+    eprintln_safe(&format!("softverbs: pingpong: {msg}"));
+    CliError::Reported(3)
+}
+
+fn verbs_fail(what: &str) -> impl FnOnce(Error) -> CliError + '_ {
+    move |e| fail(format!("{what}: {e}"))
+}
+
+/// What each side tells the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dest {
+    qpn: u32,
+    psn: u32,
+    gid: Gid,
+    addr: u64,
+    rkey: u32,
+}
+
+impl Dest {
+    fn line(&self) -> String {
+        let gid: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
+        format!(
+            "SVPP1 {:06x} {:06x} {gid} {:016x} {:08x}\n",
+            self.qpn, self.psn, self.addr, self.rkey
+        )
+    }
+
+    fn parse(line: &str) -> Option<Dest> {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 6 || f[0] != "SVPP1" || f[3].len() != 32 {
+            return None;
+        }
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(f[3].get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Dest {
+            qpn: u32::from_str_radix(f[1], 16).ok()?,
+            psn: u32::from_str_radix(f[2], 16).ok()? & 0xff_ffff,
+            gid: Gid(gid),
+            addr: u64::from_str_radix(f[4], 16).ok()?,
+            rkey: u32::from_str_radix(f[5], 16).ok()?,
+        })
+    }
+}
+
+struct Oob {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Oob {
+    fn new(s: TcpStream) -> Result<Oob, CliError> {
+        let _ = s.set_nodelay(true);
+        let writer = s.try_clone().map_err(|e| fail(format!("TCP: {e}")))?;
+        Ok(Oob {
+            reader: BufReader::new(s),
+            writer,
+        })
+    }
+
+    fn send(&mut self, line: &str) -> Result<(), CliError> {
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| fail(format!("sending to the peer: {e}")))
+    }
+
+    fn recv(&mut self) -> Result<String, CliError> {
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => Err(fail("the peer closed the connection")),
+            Ok(_) => Ok(line),
+            Err(e) => Err(fail(format!("reading from the peer: {e}"))),
+        }
+    }
+
+    /// Whether the peer sent a line (or closed), without blocking.
+    fn poll_line(&mut self) -> Result<bool, CliError> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(true);
+        }
+        let s = self.reader.get_ref();
+        s.set_nonblocking(true).map_err(|e| fail(format!("TCP: {e}")))?;
+        let mut b = [0u8; 1];
+        let r = s.peek(&mut b);
+        s.set_nonblocking(false).map_err(|e| fail(format!("TCP: {e}")))?;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(fail(format!("reading from the peer: {e}"))),
+        }
+    }
+}
+
+fn connect(server: &str, port: u16, timeout: Duration) -> Result<TcpStream, CliError> {
+    let start = Instant::now();
+    let addrs: Vec<SocketAddr> = (server, port)
+        .to_socket_addrs()
+        .map_err(|e| fail(format!("resolving {server}: {e}")))?
+        .collect();
+    loop {
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        if start.elapsed() >= timeout {
+            let e = last.map_or("no address".to_string(), |e| e.to_string());
+            return Err(fail(format!("connecting to {server}:{port}: {e}")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn mtu_of(m: u32) -> Result<Mtu, CliError> {
+    Ok(match m {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => return Err(fail(format!("MTU {m} is not one of 256, 512, 1024, 2048, 4096"))),
+    })
+}
+
+/// Runs the server or the client.
+///
+/// # Errors
+///
+/// [`CliError::Reported`] (status 3, message already on standard error)
+/// when the exchange, the device or a verb fails;
+/// [`CliError::NotFound`] for an unknown `-d` device.
+pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
+    let mtu = mtu_of(args.mtu)?;
+    if args.iters == 0 || args.rx_depth == 0 || args.tx_depth == 0 {
+        return Err(fail("--iters, --rx-depth and --tx-depth must be at least 1"));
+    }
+    // A server told its address creates its device first, so that a client
+    // on the same host cannot take the port it asked for in the meantime.
+    let early = match (&args.server, args.bind) {
+        (None, Some(ip)) => Some(open_device(env, args, ip)?),
+        _ => None,
+    };
+    let stream = match &args.server {
+        Some(server) => connect(server, args.port, Duration::from_secs(args.connect_timeout))?,
+        None => {
+            let listen = SocketAddr::new(
+                args.bind.unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
+                args.port,
+            );
+            let listener = TcpListener::bind(listen)
+                .or_else(|e| {
+                    // No IPv6 on this host: the IPv4 wildcard.
+                    if args.bind.is_none() {
+                        TcpListener::bind(SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), args.port))
+                    } else {
+                        Err(e)
+                    }
+                })
+                .map_err(|e| fail(format!("listening on {listen}: {e}")))?;
+            listener.accept().map_err(|e| fail(format!("accept: {e}")))?.0
+        }
+    };
+    let local_ip = match args.bind {
+        Some(ip) => ip,
+        None => {
+            let ip = stream.local_addr().map_err(|e| fail(format!("TCP: {e}")))?.ip();
+            // An IPv4 client reaching an IPv6 wildcard listener.
+            match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            }
+        }
+    };
+    let mut oob = Oob::new(stream)?;
+    let (device, soft) = match early {
+        Some(d) => d,
+        None => open_device(env, args, local_ip)?,
+    };
+    let res = Resources::new(&device, args, mtu)?;
+    let report = res.exchange_and_run(args, mtu, &mut oob, out);
+    if args.stats {
+        if let Some(d) = &soft {
+            let mut s = String::new();
+            for (k, v) in d.shared().counters().iter().chain(d.shared().link_stats()) {
+                if v != 0 {
+                    s.push_str(&format!("  {k}: {v}\n"));
+                }
+            }
+            let _ = write!(out, "counters of {}:\n{s}", d.name());
+        }
+    }
+    drop(res);
+    if let Some(d) = soft {
+        d.remove();
+    }
+    report
+}
+
+fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Option<Arc<SoftDevice>>), CliError> {
+    if let Some(name) = &args.device {
+        let d = env.device(Some(env.global.backend()), name)?;
+        return Ok((d, None));
+    }
+    let mut udp = UdpConfig::new(local_ip);
+    udp.port = args.udp_port.map_or(UdpPort::Auto, UdpPort::Fixed);
+    udp.gso = match args.gso {
+        Gso::Auto => GsoMode::Auto,
+        Gso::On => GsoMode::On,
+        Gso::Off => GsoMode::Off,
+    };
+    let name = format!("softverbs_udp{}", std::process::id());
+    let mut cfg = SoftDeviceConfig::udp(&name, udp).map_err(verbs_fail("creating the UDP device"))?;
+    cfg.engine = match args.engine {
+        Engine::Inline => EngineMode::Inline,
+        Engine::Thread => EngineMode::ProgressThread {
+            spin: Duration::from_micros(args.spin_us),
+        },
+    };
+    let dev = SoftDevice::create(cfg).map_err(verbs_fail("creating the UDP device"))?;
+    Ok((dev.device(), Some(dev)))
+}
+
+struct Resources {
+    _ctx: Context,
+    channel: Option<CompChannel>,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+    _pd: Pd,
+    gid: Gid,
+    psn: u32,
+}
+
+const RECV_WRID: u64 = 1 << 62;
+
+impl Resources {
+    fn new(device: &Device, args: &Args, _mtu: Mtu) -> Result<Resources, CliError> {
+        let ctx = device.open().map_err(verbs_fail("opening the device"))?;
+        let pd = ctx.alloc_pd().map_err(verbs_fail("ibv_alloc_pd"))?;
+        let channel = if args.events {
+            Some(
+                ctx.create_comp_channel()
+                    .map_err(verbs_fail("ibv_create_comp_channel"))?,
+            )
+        } else {
+            None
+        };
+        let depth = args.rx_depth + args.tx_depth + 1;
+        let cq = ctx
+            .create_cq(depth, 0, channel.as_ref(), 0)
+            .map_err(verbs_fail("ibv_create_cq"))?;
+        let attr = ctx.query_device().map_err(verbs_fail("ibv_query_device"))?;
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: args.tx_depth.max(2),
+                    max_recv_wr: args.rx_depth,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: attr.max_inline_data.min(64),
+                },
+                sq_sig_all: false,
+            })
+            .map_err(verbs_fail("ibv_create_qp"))?;
+        let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = pd
+            .alloc_mr(args.size.max(1) as usize, access)
+            .map_err(verbs_fail("ibv_reg_mr"))?;
+        let gid = ctx
+            .query_gid(1, u32::from(args.gid_index))
+            .map_err(verbs_fail("ibv_query_gid"))?;
+        // A PSN that differs between runs and processes, as rc_pingpong's
+        // lrand48() does.
+        let t = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos());
+        let psn = (t ^ std::process::id().wrapping_mul(0x9e37_79b9)) & 0xff_ffff;
+        Ok(Resources {
+            _ctx: ctx,
+            channel,
+            cq,
+            qp,
+            mr,
+            _pd: pd,
+            gid,
+            psn,
+        })
+    }
+
+    fn post_recv(&self, size: u32) -> Result<(), CliError> {
+        let sge = [self.mr.sge(0, size).map_err(verbs_fail("sge"))?];
+        self.qp
+            .post_recv(&[RecvWr::new(RECV_WRID, &sge)])
+            .map_err(|e| fail(format!("ibv_post_recv: {}", e.error)))
+    }
+
+    fn to_init(&self) -> Result<(), CliError> {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        };
+        self.qp
+            .modify(
+                &init,
+                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+            )
+            .map_err(verbs_fail("modify QP to INIT"))
+    }
+
+    fn connect(&self, args: &Args, mtu: Mtu, remote: &Dest) -> Result<(), CliError> {
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            ah_attr: AhAttr::roce(remote.gid, args.gid_index, 1),
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ..QpAttr::default()
+        };
+        self.qp
+            .modify(
+                &rtr,
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
+            .map_err(verbs_fail("modify QP to RTR"))?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: self.psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..QpAttr::default()
+        };
+        self.qp
+            .modify(
+                &rts,
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .map_err(verbs_fail("modify QP to RTS"))
+    }
+
+    fn exchange_and_run(&self, args: &Args, mtu: Mtu, oob: &mut Oob, out: &mut dyn Write) -> Result<(), CliError> {
+        self.to_init()?;
+        if args.op == Op::Send {
+            for _ in 0..args.rx_depth {
+                self.post_recv(args.size)?;
+            }
+        }
+        if let Some(ch) = &self.channel {
+            let _ = ch;
+            self.cq.req_notify(false).map_err(verbs_fail("ibv_req_notify_cq"))?;
+        }
+        let local = Dest {
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            gid: self.gid,
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey(),
+        };
+        let client = args.server.is_some();
+        // The client speaks first, as rc_pingpong does.
+        let remote = if client {
+            oob.send(&local.line())?;
+            Dest::parse(&oob.recv()?)
+        } else {
+            let r = Dest::parse(&oob.recv()?);
+            oob.send(&local.line())?;
+            r
+        }
+        .ok_or_else(|| fail("the peer sent a malformed address line"))?;
+        self.connect(args, mtu, &remote)?;
+        writeln!(
+            out,
+            "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            local.qpn, local.psn, local.gid
+        )?;
+        writeln!(
+            out,
+            "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            remote.qpn, remote.psn, remote.gid
+        )?;
+        // Both QPs are ready (and the server's receives posted) before the
+        // first packet.
+        oob.send("READY\n")?;
+        if oob.recv()?.trim() != "READY" {
+            return Err(fail("the peer is not ready"));
+        }
+        match args.op {
+            Op::Send => self.pingpong(args, client, out)?,
+            Op::Write => self.write_bw(args, client, &remote, oob, out)?,
+        }
+        Ok(())
+    }
+
+    /// Waits for at least one completion (busy-polling, or sleeping on
+    /// the channel with `-e`) and returns them.
+    fn next_completions<'w>(&self, wc: &'w mut [WorkCompletion]) -> Result<&'w [WorkCompletion], CliError> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n = self.cq.poll(wc).map_err(verbs_fail("ibv_poll_cq"))?;
+            if n > 0 {
+                for w in &wc[..n] {
+                    if w.status != WcStatus::Success {
+                        return Err(fail(format!(
+                            "completion with status {:?} for wr_id {:#x}",
+                            w.status, w.wr_id
+                        )));
+                    }
+                }
+                return Ok(&wc[..n]);
+            }
+            if let Some(ch) = &self.channel {
+                if ch
+                    .get_cq_event(Some(Duration::from_secs(1)))
+                    .map_err(verbs_fail("ibv_get_cq_event"))?
+                    .is_some()
+                {
+                    self.cq.ack_events(1);
+                    self.cq.req_notify(false).map_err(verbs_fail("ibv_req_notify_cq"))?;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(fail("no completion for 60 seconds"));
+            }
+        }
+    }
+
+    fn post_send(&self, size: u32, inline: bool) -> Result<(), CliError> {
+        let sge = [self.mr.sge(0, size).map_err(verbs_fail("sge"))?];
+        let mut flags = SendFlags::SIGNALED;
+        if inline {
+            flags |= SendFlags::INLINE;
+        }
+        self.qp
+            .post_send(&[SendWr::new(0, SendOp::Send, &sge).flags(flags)])
+            .map_err(|e| fail(format!("ibv_post_send: {}", e.error)))
+    }
+
+    fn pingpong(&self, args: &Args, client: bool, out: &mut dyn Write) -> Result<(), CliError> {
+        let inline = args.size <= 64;
+        let total = args.warmup + args.iters;
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut rtts = Vec::with_capacity(args.iters as usize);
+        let mut start = Instant::now();
+        let mut sends_out = 0u32;
+        for i in 0..total {
+            if i == args.warmup {
+                start = Instant::now();
+            }
+            let t0 = Instant::now();
+            if client {
+                self.post_send(args.size, inline)?;
+                sends_out += 1;
+            }
+            // Wait for the peer's message.
+            let mut got = false;
+            while !got {
+                for w in self.next_completions(&mut wc)? {
+                    if w.wr_id == RECV_WRID {
+                        got = true;
+                        self.post_recv(args.size)?;
+                    } else {
+                        sends_out -= 1;
+                    }
+                }
+            }
+            if client {
+                if i >= args.warmup {
+                    rtts.push(t0.elapsed());
+                }
+            } else {
+                self.post_send(args.size, inline)?;
+                sends_out += 1;
+            }
+            // Keep the send queue from filling with unreaped completions.
+            while sends_out >= args.tx_depth.max(2) {
+                for w in self.next_completions(&mut wc)? {
+                    if w.wr_id != RECV_WRID {
+                        sends_out -= 1;
+                    }
+                }
+            }
+        }
+        let secs = start.elapsed().as_secs_f64();
+        // Reap the last send completions so the peer's ACKs are in.
+        while sends_out > 0 {
+            for w in self.next_completions(&mut wc)? {
+                if w.wr_id != RECV_WRID {
+                    sends_out -= 1;
+                }
+            }
+        }
+        let bytes = u64::from(args.size) * u64::from(args.iters) * 2;
+        writeln!(
+            out,
+            "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
+            bytes as f64 * 8.0 / secs / 1e6
+        )?;
+        writeln!(
+            out,
+            "{} iters in {secs:.2} seconds = {:.2} usec/iter",
+            args.iters,
+            secs * 1e6 / f64::from(args.iters)
+        )?;
+        if client && !rtts.is_empty() {
+            rtts.sort();
+            let half = |d: Duration| d.as_secs_f64() * 1e6 / 2.0;
+            let n = rtts.len();
+            let avg = rtts.iter().map(|d| half(*d)).sum::<f64>() / n as f64;
+            writeln!(
+                out,
+                "latency (half round trip, usec): min {:.2} median {:.2} avg {avg:.2} p99 {:.2} max {:.2}",
+                half(rtts[0]),
+                half(rtts[n / 2]),
+                half(rtts[(n * 99 / 100).min(n - 1)]),
+                half(rtts[n - 1])
+            )?;
+        }
+        Ok(())
+    }
+
+    fn write_bw(
+        &self,
+        args: &Args,
+        client: bool,
+        remote: &Dest,
+        oob: &mut Oob,
+        out: &mut dyn Write,
+    ) -> Result<(), CliError> {
+        let pattern = |i: usize| (i as u8).wrapping_mul(31).wrapping_add((i >> 12) as u8);
+        if !client {
+            // Passive: the client writes into our buffer. Inline engines
+            // must be polled to make progress; a progress thread answers
+            // while we block.
+            if matches!(args.engine, Engine::Thread) || args.device.is_some() {
+                // Nothing to drive here: block on the connection.
+            } else {
+                let mut wc = [WorkCompletion::default(); 1];
+                while !oob.poll_line()? {
+                    for _ in 0..64 {
+                        let _ = self.cq.poll(&mut wc);
+                    }
+                }
+            }
+            let line = oob.recv()?;
+            let Some(stats) = line.strip_prefix("DONE ") else {
+                return Err(fail("the client did not finish"));
+            };
+            let len = args.size as usize;
+            let ok = (0..len).all(|i| {
+                let mut b = [0u8];
+                self.mr.read(i, &mut b).is_ok() && b[0] == pattern(i)
+            });
+            write!(out, "{stats}")?;
+            writeln!(out, "data {}", if ok { "verified" } else { "CORRUPT" })?;
+            oob.send("BYE\n")?;
+            return if ok {
+                Ok(())
+            } else {
+                Err(fail("the written data differs"))
+            };
+        }
+        let len = args.size as usize;
+        let data: Vec<u8> = (0..len).map(pattern).collect();
+        self.mr.write(0, &data).map_err(verbs_fail("filling the buffer"))?;
+        let sge = [self.mr.sge(0, args.size).map_err(verbs_fail("sge"))?];
+        let target = RemoteAddr {
+            addr: remote.addr,
+            rkey: remote.rkey,
+        };
+        let mut wc = [WorkCompletion::default(); 16];
+        let (mut posted, mut done) = (0u32, 0u32);
+        let start = Instant::now();
+        while done < args.iters {
+            while posted < args.iters && posted - done < args.tx_depth {
+                self.qp
+                    .post_send(&[SendWr::new(u64::from(posted), SendOp::Write { remote: target }, &sge)
+                        .flags(SendFlags::SIGNALED)])
+                    .map_err(|e| fail(format!("ibv_post_send: {}", e.error)))?;
+                posted += 1;
+            }
+            done += self.next_completions(&mut wc)?.len() as u32;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let bytes = args.size as f64 * f64::from(args.iters);
+        let line = format!(
+            "write: {} x {} bytes in {secs:.3} seconds = {:.1} MiB/sec ({:.2} Gbit/sec), {:.3} Mmsg/sec\n",
+            args.iters,
+            args.size,
+            bytes / secs / (1024.0 * 1024.0),
+            bytes * 8.0 / secs / 1e9,
+            f64::from(args.iters) / secs / 1e6
+        );
+        write!(out, "{line}")?;
+        oob.send(&format!("DONE {line}"))?;
+        // The server checks the data, then says goodbye.
+        let mut rest = String::new();
+        let _ = oob.reader.read_to_string(&mut rest);
+        if !rest.starts_with("BYE") {
+            return Err(fail("the server reported a failure"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_lines_round_trip() {
+        let d = Dest {
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: Gid([0xfd, 0x73, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]),
+            addr: 0x7f00_1234_5678,
+            rkey: 0xdead_beef,
+        };
+        assert_eq!(Dest::parse(&d.line()), Some(d));
+        assert_eq!(Dest::parse("SVPP1 11 22 zz 0 0"), None);
+        assert_eq!(Dest::parse(""), None);
+    }
+}

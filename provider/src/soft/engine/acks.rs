@@ -1,0 +1,191 @@
+//! ACK coalescing for inline devices on a network link.
+//!
+//! An RC responder acknowledges every message that asks for it. On a
+//! network link each ACK is a datagram, and on loopback a datagram costs
+//! about as much kernel time as the message itself: in a send/receive
+//! ping-pong, ACKs in both directions nearly double the one-way latency.
+//! IBTA lets a responder coalesce acknowledgements (an ACK for PSN n
+//! acknowledges every earlier request), so when a poll hands completions
+//! to the application (which is then likely to answer), an inline device
+//! keeps the plain ACKs that poll produced back for up to
+//! [`ACK_HOLD_NS`], keeping only the newest per QP, and sends them with the
+//! first verb called after that. ACKs produced while the application gets
+//! no completion (the target of RDMA WRITEs) leave at once. Everything else
+//! (requests, NAKs, read and atomic responses) leaves at once, and a
+//! response that is not a plain ACK first flushes the held ACKs so that
+//! responses of a QP never overtake each other.
+//!
+//! The cost: a requester sees its send completions up to
+//! [`ACK_HOLD_NS`] (plus the gap to the responder's next verb) later, and
+//! an inline application that stops calling verbs altogether strands the
+//! ACKs it holds (it strands everything else too: inline devices make
+//! progress only inside verbs). Progress-thread devices do not coalesce.
+
+use std::net::IpAddr;
+
+use crate::soft::proto::{Nanos, Transmit};
+use crate::soft::wire::Opcode;
+
+/// How long an ACK may be held. Far below any retransmission timeout in
+/// use (IBTA timeout 1 is 8 µs, the usual 14 is 67 ms), and longer than a
+/// loopback round trip, so a ping-pong sends one ACK per several messages.
+pub(crate) const ACK_HOLD_NS: Nanos = 50_000;
+
+const OPCODE_RC_ACK: u8 = 0x11;
+/// Offset of the AETH syndrome in an RC Acknowledge (right after the BTH).
+const AETH_SYNDROME: usize = 12;
+
+/// Plain ACKs held back, oldest first: (destination, QPN) → the newest ACK
+/// and when the first of those it replaced was held.
+#[derive(Debug, Default)]
+pub(crate) struct HeldAcks {
+    held: Vec<(IpAddr, [u8; 3], Transmit, Nanos)>,
+}
+
+/// An RC Acknowledge whose syndrome is ACK (not RNR NAK or NAK).
+fn is_plain_ack(t: &Transmit) -> bool {
+    t.data.len() > AETH_SYNDROME && t.data[0] == OPCODE_RC_ACK && t.data[AETH_SYNDROME] >> 5 == 0
+}
+
+/// A response (ACK, NAK, read or atomic response) rather than a request.
+fn is_response(t: &Transmit) -> bool {
+    t.data
+        .first()
+        .and_then(|&b| Opcode::from(b).info())
+        .is_some_and(|i| !i.is_request())
+}
+
+fn dest_qpn(t: &Transmit) -> [u8; 3] {
+    [t.data[5], t.data[6], t.data[7]]
+}
+
+impl HeldAcks {
+    /// Whether nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Sorts what the engine produced at `now`: with `hold_new`, plain ACKs
+    /// are held (the newest per QP; without, they go now and replace any
+    /// held one of their QP), and `out` becomes what must be sent now, in
+    /// order:
+    /// held ACKs first if a response that is not a plain ACK follows,
+    /// then the rest, then held ACKs that have waited [`ACK_HOLD_NS`]
+    /// (all of them with `flush_all`).
+    pub(crate) fn sort(&mut self, out: &mut Vec<Transmit>, now: Nanos, hold_new: bool, flush_all: bool) {
+        let mut send = Vec::with_capacity(out.len());
+        let mut responses = false;
+        for t in out.drain(..) {
+            if is_plain_ack(&t) {
+                let key = (t.dst, dest_qpn(&t));
+                let slot = self.held.iter().position(|(d, q, _, _)| (*d, *q) == key);
+                match (hold_new, slot) {
+                    (true, Some(i)) => self.held[i].2 = t,
+                    (true, None) => self.held.push((key.0, key.1, t, now)),
+                    (false, slot) => {
+                        if let Some(i) = slot {
+                            self.held.remove(i); // superseded
+                        }
+                        send.push(t);
+                    }
+                }
+            } else {
+                responses |= is_response(&t);
+                send.push(t);
+            }
+        }
+        if responses || flush_all {
+            let mut first: Vec<Transmit> = self.held.drain(..).map(|h| h.2).collect();
+            if responses {
+                first.append(&mut send);
+                *out = first;
+            } else {
+                send.append(&mut first);
+                *out = send;
+            }
+            return;
+        }
+        let due = self
+            .held
+            .iter()
+            .take_while(|h| now.saturating_sub(h.3) >= ACK_HOLD_NS)
+            .count();
+        send.extend(self.held.drain(..due).map(|h| h.2));
+        *out = send;
+    }
+
+    /// Everything held, for a final flush.
+    pub(crate) fn take_all(&mut self) -> Vec<Transmit> {
+        self.held.drain(..).map(|h| h.2).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pkt(opcode: u8, qpn: u8, syndrome: u8, tag: u8) -> Transmit {
+        let mut data = vec![0u8; 20];
+        data[0] = opcode;
+        data[7] = qpn;
+        data[AETH_SYNDROME] = syndrome;
+        data[19] = tag;
+        Transmit {
+            src: "127.0.0.1".parse().unwrap(),
+            dst: "127.0.0.2".parse().unwrap(),
+            src_port: 1,
+            dst_port: 4791,
+            data,
+        }
+    }
+
+    #[test]
+    fn acks_are_held_coalesced_and_released_when_due() {
+        let mut h = HeldAcks::default();
+        let mut out = vec![pkt(0x11, 1, 0x1f, 1), pkt(0x04, 1, 0, 2)];
+        h.sort(&mut out, 0, true, false);
+        assert_eq!(
+            out.iter().map(|t| t.data[19]).collect::<Vec<_>>(),
+            [2],
+            "the request goes, the ACK waits"
+        );
+        let mut out = vec![pkt(0x11, 1, 0x1f, 3), pkt(0x11, 2, 0x1f, 4)];
+        h.sort(&mut out, 1_000, true, false);
+        assert!(out.is_empty());
+        assert_eq!(h.held.len(), 2, "one per QP");
+        let mut out = Vec::new();
+        h.sort(&mut out, ACK_HOLD_NS, true, false);
+        assert_eq!(
+            out.iter().map(|t| t.data[19]).collect::<Vec<_>>(),
+            [3],
+            "QP 1's newest ACK is due"
+        );
+        let mut out = Vec::new();
+        h.sort(&mut out, ACK_HOLD_NS + 500, true, true);
+        assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [4]);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn other_responses_flush_held_acks_first() {
+        let mut h = HeldAcks::default();
+        let mut out = vec![pkt(0x11, 1, 0x1f, 1)];
+        h.sort(&mut out, 0, true, false);
+        // A NAK (syndrome 0b011...) and a read response (0x10).
+        let mut out = vec![pkt(0x11, 1, 0x60, 2), pkt(0x10, 1, 0, 3)];
+        h.sort(&mut out, 10, true, false);
+        assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn acks_not_held_go_now_and_supersede_held_ones() {
+        let mut h = HeldAcks::default();
+        let mut out = vec![pkt(0x11, 1, 0x1f, 1), pkt(0x11, 2, 0x1f, 2)];
+        h.sort(&mut out, 0, true, false);
+        let mut out = vec![pkt(0x11, 1, 0x1f, 3)];
+        h.sort(&mut out, 10, false, false);
+        assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [3]);
+        assert_eq!(h.held.len(), 1, "QP 2's ACK is still held");
+    }
+}

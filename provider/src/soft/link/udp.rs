@@ -1,0 +1,824 @@
+//! The UDP link: RoCEv2 over the kernel's UDP stack, IPv4 and IPv6, so
+//! that soft devices in different processes and on different hosts reach
+//! each other (and, in principle, rxe or a RoCE NIC).
+//!
+//! # What goes on the wire
+//!
+//! Each datagram is one RoCEv2 packet (BTH … ICRC) in a UDP payload, sent
+//! from the device's socket to the peer's port (4791 by default). Sockets
+//! are unconnected and set `IP_PMTUDISC_DO`: the kernel then sends with DF
+//! set and IP identification 0, which is the IPv4 header the ICRC of both
+//! ends is computed over (the receiver never sees the real header; the
+//! capture test checks that the kernel really sends id 0 and DF).
+//!
+//! The engine builds packets in its own view of the addresses (the GIDs,
+//! and a per-QP entropy source port) and leaves the ICRC to the link
+//! ([`Link::needs_icrc`] is false): the link computes it over the real
+//! headers on send (the source port on the wire is the socket's) and
+//! verifies it against the real headers on receive. Datagrams that are too
+//! short, longer than the largest RoCEv2 packet at MTU 4096, or whose ICRC
+//! does not match are dropped here and counted ([`UdpStats`]; they also
+//! show in the device's [`Counters`] as
+//! `rx_malformed` and `rx_bad_icrc`).
+//!
+//! # Addressing
+//!
+//! A device binds one UDP socket per address: one address
+//! ([`Bind::Addr`]) or every address of an interface ([`Bind::Interface`];
+//! IPv6 link-local addresses are skipped). Its GID table has one GID per
+//! address, in that order (IPv4 first for an interface):
+//!
+//! - **Standard GID** when the device owns UDP port 4791 on the address:
+//!   `::ffff:a.b.c.d` for IPv4, the address itself for IPv6. This is what
+//!   rxe and RoCE NICs use, and peers need nothing else.
+//! - **Private GID** when it has another port (several processes on one
+//!   host, each with its own port):
+//!
+//!   ```text
+//!   IPv4:  fd73:7665:7262:0004:0000:PPPP:AABB:CCDD   (a.b.c.d, port PPPP)
+//!   IPv6:  fd73:7665:7262:0006:PPPP:LLLL:LLLL:LLLL   (low 48 bits L, port P)
+//!   ```
+//!
+//!   `fd73:7665:7262::/48` is a unique local IPv6 prefix (RFC 4193; the
+//!   global ID is ASCII "sverb") that no real host should use; the subnet
+//!   ID says which form follows. The IPv6 form keeps only the low 48 bits
+//!   of the address: the upper 80 are taken from the sending device's own
+//!   address, so private-port IPv6 peers must share a /80 (true of `::1`
+//!   and of addresses given out from one /80); otherwise use port 4791.
+//!
+//! The link maps a destination GID back to `(ip, port)` with
+//! [`addr::endpoint_of`]. On receive, the source `(ip, port)` becomes the
+//! GID the peer announced with [`addr::source_gid`]: port 4791 and the
+//! RoCEv2 entropy range 0xC000–0xFFFF (what rxe and NICs send from) give
+//! the standard GID, any other port the private form. This is why an
+//! automatic private port ([`UdpPort::Auto`]) is taken from 0x8000–0xBFFF.
+//!
+//! Applications exchange `(GID, QPN, PSN)` out of band exactly as with
+//! hardware (`softverbs pingpong` does it over TCP) and put the peer's GID
+//! in the QP's address vector; nothing else knows about ports.
+//!
+//! The source check of a connected QP is only as strong as RoCEv2's:
+//! anyone who can send from the peer's address (and, for a private GID,
+//! port) can inject packets with a valid ICRC. What such packets can do is
+//! bounded by the engine's checks: QPN, PSN window, opcode sequence and
+//! the rkey and bounds of every access.
+//!
+//! # Batching and offloads
+//!
+//! Receive uses `recvmmsg` ([`RX_BATCH`] buffers per call, a bounded
+//! budget per engine turn) with UDP GRO where the kernel has it: a run of
+//! equal-size datagrams of one flow (a GSO message from a peer on this
+//! host) arrives as one buffer and is split here, so the kernel handles
+//! one buffer instead of up to 64 datagrams. Send groups the engine's
+//! output into
+//! `sendmmsg` calls; runs of equal-length datagrams to one destination (the
+//! middle packets of a multi-packet message) go as one UDP GSO message
+//! (`UDP_SEGMENT`) when the kernel supports it, with no copy: the segments
+//! are an iovec over the packets. If GSO fails once, the link falls back to
+//! one datagram per message for good. GSO has one wire-level catch: when
+//! the kernel segments a GSO message it numbers the IPv4 ids 0, 1, 2, …,
+//! and receivers that check the ICRC against the real header (rxe, NICs)
+//! would reject all but the first segment. [`GsoMode::Auto`] therefore
+//! uses GSO only towards loopback addresses and private-GID peers (soft
+//! devices by construction); [`GsoMode::On`] forces it.
+//!
+//! When the socket's send buffer is full the rest of a batch waits in a
+//! bounded backlog that the next send or receive flushes; beyond it
+//! datagrams are dropped and counted (RC retransmits them).
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use std::net::{IpAddr, Ipv4Addr};
+//! use softverbs::soft::link::udp::{UdpConfig, UdpPort};
+//! use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+//!
+//! let mut udp = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+//! udp.port = UdpPort::Auto;
+//! let dev = SoftDevice::create(SoftDeviceConfig::udp("rxe_like0", udp)?)?;
+//! println!("GID[0] = {}", dev.gids()[0]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod addr;
+mod sys;
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::Link;
+use crate::soft::engine::DeviceShared;
+use crate::soft::proto::{Counters, Datagram, Transmit};
+use crate::soft::wire::{check_icrc, fill_icrc, IpPseudoHeader, UdpPorts, MIN_PACKET_LEN, ROCEV2_UDP_PORT};
+use crate::verbs::Gid;
+
+pub use sys::RX_BATCH;
+
+/// What a UDP device binds to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bind {
+    /// One local address.
+    Addr(IpAddr),
+    /// Every address of a network interface (`eth0`, `veth1`), IPv6
+    /// link-local addresses excepted.
+    Interface(String),
+}
+
+/// Which UDP port a device binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UdpPort {
+    /// 4791 (standard GIDs); binding fails if it is taken.
+    Standard,
+    /// This port (4791 gives standard GIDs, any other private ones).
+    Fixed(u16),
+    /// 4791 if it is free, else a free private port in 0x8000–0xBFFF.
+    Auto,
+}
+
+/// When to use UDP GSO. See the module docs for why it is not always on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GsoMode {
+    /// Towards loopback addresses and private-GID peers only.
+    Auto,
+    /// Whenever the kernel supports it.
+    On,
+    /// Never.
+    Off,
+}
+
+/// How to open a UDP link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpConfig {
+    /// Address(es) to bind.
+    pub bind: Bind,
+    /// Port to bind.
+    pub port: UdpPort,
+    /// GSO policy.
+    pub gso: GsoMode,
+    /// Requested socket send and receive buffer, in bytes (raised past
+    /// the sysctl limits when the process may).
+    pub socket_buffer: usize,
+}
+
+impl UdpConfig {
+    /// Binds `ip` with an automatic port, GSO auto, 4 MiB socket buffers.
+    pub fn new(ip: IpAddr) -> UdpConfig {
+        UdpConfig {
+            bind: Bind::Addr(ip),
+            port: UdpPort::Auto,
+            gso: GsoMode::Auto,
+            socket_buffer: 4 << 20,
+        }
+    }
+
+    /// Binds every address of interface `name`, automatic port.
+    pub fn interface(name: &str) -> UdpConfig {
+        UdpConfig {
+            bind: Bind::Interface(name.to_string()),
+            ..UdpConfig::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+        }
+    }
+}
+
+/// Counters of the UDP link (what the engine never sees).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // each name says what it counts
+pub struct UdpStats {
+    pub rx_datagrams: u64,
+    pub rx_syscalls: u64,
+    pub rx_bad_icrc: u64,
+    pub rx_truncated: u64,
+    pub rx_oversized: u64,
+    pub rx_errors: u64,
+    pub tx_datagrams: u64,
+    pub tx_messages: u64,
+    pub tx_gso_messages: u64,
+    pub tx_syscalls: u64,
+    pub tx_unroutable: u64,
+    pub tx_errors: u64,
+    pub tx_backlogged: u64,
+    pub tx_backlog_drops: u64,
+}
+
+impl UdpStats {
+    /// `(name, value)` pairs, for display.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("udp_rx_datagrams", self.rx_datagrams),
+            ("udp_rx_syscalls", self.rx_syscalls),
+            ("udp_rx_bad_icrc", self.rx_bad_icrc),
+            ("udp_rx_truncated", self.rx_truncated),
+            ("udp_rx_oversized", self.rx_oversized),
+            ("udp_rx_errors", self.rx_errors),
+            ("udp_tx_datagrams", self.tx_datagrams),
+            ("udp_tx_messages", self.tx_messages),
+            ("udp_tx_gso_messages", self.tx_gso_messages),
+            ("udp_tx_syscalls", self.tx_syscalls),
+            ("udp_tx_unroutable", self.tx_unroutable),
+            ("udp_tx_errors", self.tx_errors),
+            ("udp_tx_backlogged", self.tx_backlogged),
+            ("udp_tx_backlog_drops", self.tx_backlog_drops),
+        ]
+        .into_iter()
+    }
+}
+
+#[derive(Debug, Default)]
+struct AtomicStats {
+    rx_datagrams: AtomicU64,
+    rx_syscalls: AtomicU64,
+    rx_bad_icrc: AtomicU64,
+    rx_truncated: AtomicU64,
+    rx_oversized: AtomicU64,
+    rx_errors: AtomicU64,
+    tx_datagrams: AtomicU64,
+    tx_messages: AtomicU64,
+    tx_gso_messages: AtomicU64,
+    tx_syscalls: AtomicU64,
+    tx_unroutable: AtomicU64,
+    tx_errors: AtomicU64,
+    tx_backlogged: AtomicU64,
+    tx_backlog_drops: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    if n != 0 {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Datagrams the send backlog holds before it drops.
+const BACKLOG_MAX: usize = 8192;
+
+/// One bound socket.
+#[derive(Debug)]
+struct Sock {
+    sock: UdpSocket,
+    local: SocketAddr,
+    gid: Gid,
+    /// The GID as the engine sees addresses (`gid.to_ip()`).
+    view: IpAddr,
+    /// Our IPv6 address (completes IPv6 private GIDs).
+    local_v6: Option<Ipv6Addr>,
+}
+
+#[derive(Debug)]
+struct TxState {
+    backlog: VecDeque<Transmit>,
+    /// Per datagram of the batch being sent: (socket, destination).
+    route: Vec<Option<(usize, SocketAddr, bool)>>,
+    msgs: Vec<sys::TxMsg>,
+}
+
+/// A UDP link: the sockets of one soft device. See the module docs.
+#[derive(Debug)]
+pub struct UdpLink {
+    socks: Vec<Sock>,
+    rx: Mutex<sys::RxBufs>,
+    tx: Mutex<TxState>,
+    gso_mode: GsoMode,
+    gso_ok: AtomicBool,
+    detached: AtomicBool,
+    stats: AtomicStats,
+    rcvbuf: i32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl UdpLink {
+    /// Binds the sockets `cfg` describes.
+    ///
+    /// # Errors
+    ///
+    /// The bind error (`AddrInUse` for a taken fixed or standard port,
+    /// `AddrNotAvailable` for an address this host does not have),
+    /// `NotFound` for an interface without usable addresses, or the error
+    /// of a socket option that must succeed (DF).
+    pub fn bind(cfg: &UdpConfig) -> io::Result<Arc<UdpLink>> {
+        let ips = match &cfg.bind {
+            Bind::Addr(ip) => vec![*ip],
+            Bind::Interface(name) => {
+                let ips = sys::interface_addrs(name)?;
+                if ips.is_empty() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("interface {name} has no usable address"),
+                    ));
+                }
+                ips
+            }
+        };
+        if ips.iter().any(|ip| ip.is_unspecified()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a soft device binds a real address (its GID is made from it), not a wildcard",
+            ));
+        }
+        // One port for every address of the device.
+        let bound = match cfg.port {
+            UdpPort::Standard => Self::bind_all(&ips, ROCEV2_UDP_PORT)?,
+            UdpPort::Fixed(p) => Self::bind_all(&ips, p)?,
+            UdpPort::Auto => Self::bind_auto(&ips)?,
+        };
+        let mut socks = Vec::new();
+        let mut rcvbuf = i32::MAX;
+        let want = i32::try_from(cfg.socket_buffer).unwrap_or(i32::MAX);
+        for (ip, sock) in ips.into_iter().zip(bound) {
+            sock.set_nonblocking(true)?;
+            let fd = sock.as_raw_fd();
+            sys::set_dont_fragment(fd, ip.is_ipv6())?;
+            rcvbuf = rcvbuf.min(sys::set_buffer(fd, true, want));
+            sys::set_buffer(fd, false, want);
+            let local = sock.local_addr()?;
+            let gid = addr::gid_of(local);
+            let local_v6 = match ip {
+                IpAddr::V6(v6) => Some(v6),
+                IpAddr::V4(_) => None,
+            };
+            socks.push(Sock {
+                sock,
+                local,
+                gid,
+                view: gid.to_ip(),
+                local_v6,
+            });
+        }
+        let gso_ok = cfg.gso != GsoMode::Off && socks.iter().all(|s| sys::gso_supported(s.sock.as_raw_fd()));
+        // GRO: a run of equal-size datagrams (a GSO message from a peer on
+        // this host, or what the NIC coalesced) arrives in one buffer.
+        let gro = socks.iter().all(|s| sys::enable_gro(s.sock.as_raw_fd()));
+        Ok(Arc::new(UdpLink {
+            socks,
+            rx: Mutex::new(sys::RxBufs::new(gro)),
+            tx: Mutex::new(TxState {
+                backlog: VecDeque::new(),
+                route: Vec::new(),
+                msgs: Vec::new(),
+            }),
+            gso_mode: cfg.gso,
+            gso_ok: AtomicBool::new(gso_ok),
+            detached: AtomicBool::new(false),
+            stats: AtomicStats::default(),
+            rcvbuf,
+        }))
+    }
+
+    /// Binds `port` on every address.
+    fn bind_all(ips: &[IpAddr], port: u16) -> io::Result<Vec<UdpSocket>> {
+        ips.iter()
+            .map(|ip| UdpSocket::bind(SocketAddr::new(*ip, port)))
+            .collect()
+    }
+
+    /// 4791 if it is free on every address, else a port of
+    /// [`addr::AUTO_PORTS`] free on every address. Binding is the test (no
+    /// probe-then-bind race with another process doing the same).
+    fn bind_auto(ips: &[IpAddr]) -> io::Result<Vec<UdpSocket>> {
+        match Self::bind_all(ips, ROCEV2_UDP_PORT) {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => {}
+            r => return r,
+        }
+        let span = u32::from(addr::AUTO_PORTS.end - addr::AUTO_PORTS.start);
+        // Start from a per-process point so that processes do not all try
+        // the same ports in the same order.
+        let nanos = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos());
+        let seed = std::process::id().wrapping_mul(2_654_435_761) ^ nanos;
+        for i in 0..span {
+            let port = addr::AUTO_PORTS.start + (seed.wrapping_add(i) % span) as u16;
+            match Self::bind_all(ips, port) {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => continue,
+                r => return r,
+            }
+        }
+        Err(io::Error::new(io::ErrorKind::AddrInUse, "no free private UDP port"))
+    }
+
+    /// The device's GIDs, one per bound address.
+    pub fn gids(&self) -> Vec<Gid> {
+        self.socks.iter().map(|s| s.gid).collect()
+    }
+
+    /// The bound local endpoints.
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.socks.iter().map(|s| s.local).collect()
+    }
+
+    /// The receive buffer the kernel granted (bytes, smallest over the
+    /// sockets).
+    pub fn receive_buffer(&self) -> usize {
+        usize::try_from(self.rcvbuf).unwrap_or(0)
+    }
+
+    /// Whether GSO is in use (supported, allowed, and not failed).
+    pub fn gso_active(&self) -> bool {
+        self.gso_ok.load(Ordering::Relaxed)
+    }
+
+    /// Where datagrams to `gid` go from this device.
+    pub fn endpoint_of(&self, gid: Gid) -> Option<SocketAddr> {
+        let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
+        addr::endpoint_of(gid, local_v6)
+    }
+
+    /// A snapshot of the link's counters.
+    pub fn stats(&self) -> UdpStats {
+        let s = &self.stats;
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        UdpStats {
+            rx_datagrams: g(&s.rx_datagrams),
+            rx_syscalls: g(&s.rx_syscalls),
+            rx_bad_icrc: g(&s.rx_bad_icrc),
+            rx_truncated: g(&s.rx_truncated),
+            rx_oversized: g(&s.rx_oversized),
+            rx_errors: g(&s.rx_errors),
+            tx_datagrams: g(&s.tx_datagrams),
+            tx_messages: g(&s.tx_messages),
+            tx_gso_messages: g(&s.tx_gso_messages),
+            tx_syscalls: g(&s.tx_syscalls),
+            tx_unroutable: g(&s.tx_unroutable),
+            tx_errors: g(&s.tx_errors),
+            tx_backlogged: g(&s.tx_backlogged),
+            tx_backlog_drops: g(&s.tx_backlog_drops),
+        }
+    }
+
+    /// The socket a datagram from engine address `src` leaves by.
+    fn sock_for(&self, src: IpAddr, dst: SocketAddr) -> Option<usize> {
+        self.socks
+            .iter()
+            .position(|s| s.view == src && s.local.is_ipv6() == dst.is_ipv6())
+            .or_else(|| self.socks.iter().position(|s| s.local.is_ipv6() == dst.is_ipv6()))
+    }
+
+    fn gso_towards(&self, dst: SocketAddr, gid_private: bool) -> bool {
+        match self.gso_mode {
+            GsoMode::Off => false,
+            GsoMode::On => true,
+            GsoMode::Auto => gid_private || dst.ip().is_loopback(),
+        }
+    }
+
+    /// Resolves, re-checksums (ICRC for the real headers) and sends
+    /// `txs`, in order; what the socket cannot take now goes to the
+    /// backlog.
+    fn transmit(&self, txs: &mut Vec<Transmit>) {
+        let mut st = lock(&self.tx);
+        if !st.backlog.is_empty() {
+            // Keep order: new datagrams queue behind the backlog.
+            self.flush_backlog_locked(&mut st);
+            if !st.backlog.is_empty() {
+                self.backlog_push(&mut st, txs.drain(..));
+                return;
+            }
+        }
+        let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
+        let st = &mut *st;
+        st.route.clear();
+        for t in txs.iter_mut() {
+            let dgid = Gid::from_ip(t.dst);
+            let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
+                let si = self.sock_for(t.src, dst)?;
+                let s = &self.socks[si];
+                let ip = match (s.local.ip(), dst.ip()) {
+                    (IpAddr::V4(a), IpAddr::V4(b)) => IpPseudoHeader::V4 {
+                        src: a,
+                        dst: b,
+                        id: 0,
+                        dont_fragment: true,
+                    },
+                    (IpAddr::V6(a), IpAddr::V6(b)) => IpPseudoHeader::V6 { src: a, dst: b },
+                    _ => return None,
+                };
+                let ports = UdpPorts {
+                    src: s.local.port(),
+                    dst: dst.port(),
+                };
+                fill_icrc(&ip, ports, &mut t.data).ok()?;
+                Some((si, dst, self.gso_towards(dst, addr::is_private(dgid))))
+            });
+            if route.is_none() {
+                bump(&self.stats.tx_unroutable, 1);
+            }
+            st.route.push(route);
+        }
+        let sent = self.send_routed(st, txs, 0);
+        if sent < txs.len() {
+            let rest: Vec<Transmit> = txs.drain(sent..).collect();
+            // Unroutable ones were counted already; keep the others.
+            let keep = rest
+                .into_iter()
+                .zip(st.route[sent..].iter())
+                .filter_map(|(t, r)| r.map(|_| t))
+                .collect::<Vec<_>>();
+            self.backlog_push(st, keep.into_iter());
+        }
+        txs.clear();
+    }
+
+    /// Sends `txs[from..]` along `st.route`; returns the index of the first
+    /// datagram not sent (`txs.len()` when all went).
+    fn send_routed(&self, st: &mut TxState, txs: &[Transmit], from: usize) -> usize {
+        let mut i = from;
+        while i < txs.len() {
+            // The next batch: consecutive datagrams by one socket.
+            let Some((si, _, _)) = st.route[i] else {
+                i += 1;
+                continue;
+            };
+            st.msgs.clear();
+            let mut j = i;
+            let gso = self.gso_ok.load(Ordering::Relaxed);
+            while j < txs.len() && st.msgs.len() < sys::TX_BATCH {
+                let Some((sj, dst, gso_here)) = st.route[j] else { break };
+                if sj != si {
+                    break;
+                }
+                let seg = txs[j].data.len();
+                let mut count = 1;
+                let mut bytes = seg;
+                if gso && gso_here {
+                    while j + count < txs.len() && count < sys::GSO_MAX_SEGMENTS {
+                        let Some((sk, dk, _)) = st.route[j + count] else { break };
+                        let len = txs[j + count].data.len();
+                        if sk != si || dk != dst || len > seg || bytes + len > sys::GSO_MAX_BYTES {
+                            break;
+                        }
+                        count += 1;
+                        bytes += len;
+                        if len < seg {
+                            break; // a shorter segment ends a GSO message
+                        }
+                    }
+                }
+                st.msgs.push(sys::TxMsg {
+                    dst,
+                    first: j,
+                    count,
+                    seg,
+                });
+                j += count;
+            }
+            if st.msgs.is_empty() {
+                // Unroutable datagram inside the range: skip it.
+                i = j.max(i + 1);
+                continue;
+            }
+            let datagrams: Vec<&[u8]> = txs.iter().map(|t| t.data.as_slice()).collect();
+            let fd = self.socks[si].sock.as_raw_fd();
+            let mut done = 0;
+            while done < st.msgs.len() {
+                bump(&self.stats.tx_syscalls, 1);
+                match sys::send_batch(fd, &datagrams, &st.msgs[done..]) {
+                    sys::SendOutcome::Sent(n) => {
+                        for m in &st.msgs[done..done + n] {
+                            bump(&self.stats.tx_datagrams, m.count as u64);
+                            if m.count > 1 {
+                                bump(&self.stats.tx_gso_messages, 1);
+                            }
+                        }
+                        bump(&self.stats.tx_messages, n as u64);
+                        done += n;
+                    }
+                    sys::SendOutcome::Failed(e) => {
+                        let m = st.msgs[done];
+                        match e.raw_os_error() {
+                            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                                return m.first;
+                            }
+                            Some(libc::EINTR) => {}
+                            Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) if m.count > 1 => {
+                                // GSO refused (no checksum offload on the
+                                // route, or an old kernel): send this and
+                                // everything later one datagram at a time.
+                                self.gso_ok.store(false, Ordering::Relaxed);
+                                return self.send_routed_plain(st, txs, m.first);
+                            }
+                            _ => {
+                                // Unreachable network, message too long: the
+                                // packet is lost (RC retransmits).
+                                bump(&self.stats.tx_errors, m.count as u64);
+                                done += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            i = j;
+        }
+        txs.len()
+    }
+
+    /// [`UdpLink::send_routed`] after GSO was switched off.
+    fn send_routed_plain(&self, st: &mut TxState, txs: &[Transmit], from: usize) -> usize {
+        debug_assert!(!self.gso_ok.load(Ordering::Relaxed));
+        self.send_routed(st, txs, from)
+    }
+
+    fn backlog_push(&self, st: &mut TxState, txs: impl Iterator<Item = Transmit>) {
+        for t in txs {
+            if st.backlog.len() >= BACKLOG_MAX {
+                bump(&self.stats.tx_backlog_drops, 1);
+                continue;
+            }
+            bump(&self.stats.tx_backlogged, 1);
+            st.backlog.push_back(t);
+        }
+    }
+
+    fn flush_backlog_locked(&self, st: &mut TxState) {
+        while !st.backlog.is_empty() {
+            let mut batch: Vec<Transmit> = st.backlog.drain(..).collect();
+            let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
+            st.route.clear();
+            for t in &batch {
+                let dgid = Gid::from_ip(t.dst);
+                // The ICRC was rewritten when the datagram was first routed.
+                let r = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
+                    Some((
+                        self.sock_for(t.src, dst)?,
+                        dst,
+                        self.gso_towards(dst, addr::is_private(dgid)),
+                    ))
+                });
+                st.route.push(r);
+            }
+            let sent = self.send_routed(st, &batch, 0);
+            if sent < batch.len() {
+                let rest: Vec<Transmit> = batch.drain(sent..).collect();
+                for t in rest.into_iter().rev() {
+                    st.backlog.push_front(t);
+                }
+                return;
+            }
+        }
+    }
+
+    fn receive(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
+        if self.detached.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let mut rx = lock(&self.rx);
+        let mut total = 0;
+        for s in &self.socks {
+            let fd = s.sock.as_raw_fd();
+            while total < budget {
+                bump(&self.stats.rx_syscalls, 1);
+                let n = match sys::recv_batch(fd, &mut rx, budget - total) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        bump(&self.stats.rx_errors, 1);
+                        0
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                total += n;
+                bump(&self.stats.rx_datagrams, n as u64);
+                for i in 0..n {
+                    self.deliver_one(s, &rx, i, f);
+                }
+                if n < sys::RX_BATCH {
+                    break;
+                }
+            }
+        }
+        total
+    }
+
+    /// Checks and hands over the datagram(s) of receive buffer `i`: one,
+    /// or with GRO a run of `segment`-byte datagrams (the last may be
+    /// shorter).
+    fn deliver_one(&self, s: &Sock, rx: &sys::RxBufs, i: usize, f: &mut dyn FnMut(Datagram<'_>)) {
+        let (data, from) = rx.get(i);
+        let Some(from) = from else {
+            bump(&self.stats.rx_errors, 1);
+            return;
+        };
+        if rx.truncated[i] {
+            bump(&self.stats.rx_oversized, 1);
+            return;
+        }
+        let seg = match rx.segment[i] {
+            0 => data.len().max(1),
+            n => n,
+        };
+        if rx.segment[i] != 0 {
+            // The kernel counted one datagram; count them all.
+            bump(
+                &self.stats.rx_datagrams,
+                data.len().div_ceil(seg).saturating_sub(1) as u64,
+            );
+        }
+        for d in data.chunks(seg) {
+            self.deliver_datagram(s, from, d, f);
+        }
+        if data.is_empty() {
+            self.deliver_datagram(s, from, data, f);
+        }
+    }
+
+    fn deliver_datagram(&self, s: &Sock, from: SocketAddr, data: &[u8], f: &mut dyn FnMut(Datagram<'_>)) {
+        if data.len() > sys::MAX_DATAGRAM {
+            bump(&self.stats.rx_oversized, 1);
+            return;
+        }
+        if data.len() < MIN_PACKET_LEN {
+            bump(&self.stats.rx_truncated, 1);
+            return;
+        }
+        let ip = match (from.ip(), s.local.ip()) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => IpPseudoHeader::V4 {
+                src: a,
+                dst: b,
+                id: 0,
+                dont_fragment: true,
+            },
+            (IpAddr::V6(a), IpAddr::V6(b)) => IpPseudoHeader::V6 { src: a, dst: b },
+            _ => {
+                bump(&self.stats.rx_errors, 1);
+                return;
+            }
+        };
+        let ports = UdpPorts {
+            src: from.port(),
+            dst: s.local.port(),
+        };
+        if !check_icrc(&ip, ports, data) {
+            bump(&self.stats.rx_bad_icrc, 1);
+            return;
+        }
+        let src = addr::source_gid(from, s.local_v6).to_ip();
+        f(Datagram {
+            src,
+            dst: s.view,
+            src_port: from.port(),
+            dst_port: s.local.port(),
+            data,
+        });
+    }
+}
+
+impl Link for UdpLink {
+    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
+        let mut v = vec![tx];
+        self.transmit(&mut v);
+        None
+    }
+
+    fn send_batch(&self, txs: &mut Vec<Transmit>, _reached: &mut Vec<Arc<DeviceShared>>) {
+        if self.detached.load(Ordering::Relaxed) {
+            txs.clear();
+            return;
+        }
+        self.transmit(txs);
+    }
+
+    fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
+        self.receive(budget, f)
+    }
+
+    fn flush(&self) -> bool {
+        let mut st = lock(&self.tx);
+        self.flush_backlog_locked(&mut st);
+        st.backlog.is_empty()
+    }
+
+    fn poll_fds(&self) -> Vec<RawFd> {
+        self.socks.iter().map(|s| s.sock.as_raw_fd()).collect()
+    }
+
+    fn needs_icrc(&self) -> bool {
+        // The link computes and checks it against the real headers.
+        false
+    }
+
+    fn merge_counters(&self, c: &mut Counters) {
+        let s = &self.stats;
+        let bad_icrc = s.rx_bad_icrc.load(Ordering::Relaxed);
+        let malformed = s.rx_truncated.load(Ordering::Relaxed) + s.rx_oversized.load(Ordering::Relaxed);
+        c.rx_bad_icrc += bad_icrc;
+        c.rx_malformed += malformed;
+        c.rx_packets += bad_icrc + malformed;
+    }
+
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        UdpLink::stats(self).iter().collect()
+    }
+
+    fn attach(&self, _dev: &Arc<DeviceShared>) {}
+
+    fn detach(&self, _dev: &DeviceShared) {
+        self.detached.store(true, Ordering::Relaxed);
+    }
+
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+}

@@ -1,0 +1,180 @@
+//! The UDP link on loopback: RC send/receive and RDMA WRITE between two
+//! soft devices, IPv4 and IPv6, in both engine modes; GIDs and their
+//! mapping back to endpoints.
+
+mod udp_common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::udp::{addr, Bind, UdpConfig, UdpLink, UdpPort};
+use softverbs::verbs::*;
+use udp_common::*;
+
+fn send_recv_roundtrip(ip: IpAddr, mode_a: EngineMode, mode_b: EngineMode) {
+    let (da, db) = (device(ip, mode_a), device(ip, mode_b));
+    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 9000));
+    connect(&a, &b, Mtu::Mtu1024);
+    // Several messages, one of them several packets long.
+    for (i, len) in [8u32, 1000, 5000, 1].into_iter().enumerate() {
+        let i = i as u64;
+        let sge = [b.mr.sge(0, 8192).unwrap()];
+        b.qp.post_recv(&[RecvWr::new(100 + i, &sge)]).unwrap();
+        let payload: Vec<u8> = (0..len).map(|k| (k as u8) ^ (i as u8) ^ 0x5a).collect();
+        a.mr.write(0, &payload).unwrap();
+        let sge = [a.mr.sge(0, len).unwrap()];
+        a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+            .unwrap();
+        let r = wait_one(&b.rcq, &[&a.scq]);
+        assert_eq!((r.wr_id, r.status, r.byte_len), (100 + i, WcStatus::Success, len));
+        assert_eq!(b.mr.to_vec(0, len as usize).unwrap(), payload);
+        let s = wait_one(&a.scq, &[&b.rcq]);
+        assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+    }
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+}
+
+#[test]
+fn rc_send_recv_ipv4_inline() {
+    send_recv_roundtrip(LO4, EngineMode::Inline, EngineMode::Inline);
+}
+
+#[test]
+fn rc_send_recv_ipv6_inline() {
+    send_recv_roundtrip(LO6, EngineMode::Inline, EngineMode::Inline);
+}
+
+#[test]
+fn rc_send_recv_progress_threads() {
+    send_recv_roundtrip(LO4, EngineMode::progress_thread(), EngineMode::progress_thread());
+    let sleepy = EngineMode::ProgressThread { spin: Duration::ZERO };
+    send_recv_roundtrip(LO6, sleepy, EngineMode::Inline);
+}
+
+/// The passive target of RDMA WRITEs never calls a verb: only a progress
+/// thread can answer. 1 MiB in 4 KiB packets also exercises GSO batches.
+#[test]
+fn rdma_write_to_a_passive_target_with_a_progress_thread() {
+    let (da, db) = (
+        device(LO4, EngineMode::Inline),
+        device(LO4, EngineMode::progress_thread()),
+    );
+    let len = 1 << 20;
+    let (a, b) = (side(&da, len, 7), side(&db, len, 77));
+    connect(&a, &b, Mtu::Mtu4096);
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    for round in 0..3u64 {
+        let sge = [a.mr.sge(0, len as u32).unwrap()];
+        a.qp.post_send(
+            &[SendWr::new(round, SendOp::Write { remote: b.mr.remote(0) }, &sge).flags(SendFlags::SIGNALED)],
+        )
+        .unwrap();
+        let wc = wait_one(&a.scq, &[]);
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+    }
+    assert!(b.mr.to_vec(0, len).unwrap() == data, "written data differs");
+    let stats = da.shared().link_stats();
+    let get = |n: &str| stats.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap();
+    assert!(get("udp_tx_datagrams") >= 3 * 256);
+    assert!(get("udp_tx_syscalls") < get("udp_tx_datagrams"), "batched: {stats:?}");
+}
+
+#[test]
+fn rdma_read_ipv6() {
+    let (da, db) = (
+        device(LO6, EngineMode::Inline),
+        device(LO6, EngineMode::progress_thread()),
+    );
+    let len = 200_000;
+    let (a, b) = (side(&da, len, 1), side(&db, len, 2));
+    connect(&a, &b, Mtu::Mtu4096);
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    b.mr.write(0, &data).unwrap();
+    let sge = [a.mr.sge(0, len as u32).unwrap()];
+    a.qp.post_send(&[SendWr::new(5, SendOp::Read { remote: b.mr.remote(0) }, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let wc = wait_one(&a.scq, &[]);
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+    assert!(a.mr.to_vec(0, len).unwrap() == data);
+}
+
+#[test]
+fn gids_encode_address_and_port() {
+    let d = device(LO4, EngineMode::Inline);
+    let gid = d.gids()[0];
+    assert!(addr::is_private(gid), "{gid}");
+    let ctx = d.open().unwrap();
+    assert_eq!(ctx.query_gid(1, 0).unwrap(), gid);
+    let ep = addr::endpoint_of(gid, None).unwrap();
+    assert_eq!(ep.ip(), LO4);
+    assert!((0x8000..0xc000).contains(&ep.port()));
+    // The string form is the documented one.
+    let s = gid.to_string();
+    assert!(s.starts_with("fd73:7665:7262:0004:0000:"), "{s}");
+    assert!(s.ends_with(":7f00:0001"), "{s}");
+}
+
+#[test]
+fn the_standard_port_gives_the_standard_gid() {
+    let cfg = UdpConfig {
+        port: UdpPort::Standard,
+        ..UdpConfig::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1)))
+    };
+    match UdpLink::bind(&cfg) {
+        Ok(link) => {
+            assert_eq!(link.gids(), vec![Gid::from_ip(LO4)]);
+            assert_eq!(link.local_addrs(), vec![SocketAddr::new(LO4, 4791)]);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            eprintln!("SKIP the_standard_port_gives_the_standard_gid: 127.0.0.1:4791 is in use");
+        }
+        Err(e) => panic!("bind: {e}"),
+    }
+}
+
+#[test]
+fn binding_an_interface_takes_all_its_addresses() {
+    let cfg = UdpConfig {
+        port: UdpPort::Fixed(free_private_port(LO4)),
+        ..UdpConfig::interface("lo")
+    };
+    let link = match UdpLink::bind(&cfg) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => return, // lost a port race: nothing to check
+        Err(e) => panic!("bind lo: {e}"),
+    };
+    let addrs = link.local_addrs();
+    assert!(addrs.iter().any(|a| a.ip() == LO4), "{addrs:?}");
+    assert_eq!(link.gids().len(), addrs.len());
+    assert!(UdpLink::bind(&UdpConfig::interface("no-such-if0")).is_err());
+    assert!(UdpLink::bind(&UdpConfig {
+        bind: Bind::Addr(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        ..UdpConfig::new(LO4)
+    })
+    .is_err());
+}
+
+/// Two QPs on each device, used at once: datagrams reach the right QP.
+#[test]
+fn several_qps_share_a_device() {
+    let (da, db) = (device(LO4, EngineMode::Inline), device(LO4, EngineMode::Inline));
+    let a1 = side(&da, 4096, 10);
+    let a2 = side(&da, 4096, 20);
+    let b1 = side(&db, 4096, 30);
+    let b2 = side(&db, 4096, 40);
+    connect(&a1, &b1, Mtu::Mtu1024);
+    connect(&a2, &b2, Mtu::Mtu1024);
+    for (tx, rx, byte) in [(&a1, &b1, 1u8), (&a2, &b2, 2u8), (&b1, &a1, 3u8)] {
+        let sge = [rx.mr.sge(0, 64).unwrap()];
+        rx.qp.post_recv(&[RecvWr::new(byte.into(), &sge)]).unwrap();
+        tx.mr.fill(0, 64, byte).unwrap();
+        let sge = [tx.mr.sge(0, 64).unwrap()];
+        tx.qp.post_send(&[SendWr::new(0, SendOp::Send, &sge)]).unwrap();
+        let wc = wait_one(&rx.rcq, &[&tx.scq]);
+        assert_eq!((wc.wr_id, wc.status), (u64::from(byte), WcStatus::Success));
+        assert_eq!(rx.mr.to_vec(0, 64).unwrap(), vec![byte; 64]);
+    }
+}
