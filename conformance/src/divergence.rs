@@ -77,17 +77,7 @@ pub const KNOWN_DIVERGENCES: &[Divergence] = &[
 
 /// Soft-provider bugs that are known and not fixed yet. Each entry's reason
 /// holds a reproduction. Empty when the soft provider passes everything.
-pub const KNOWN_SOFT_BUGS: &[Divergence] = &[Divergence {
-    backend: BackendKind::Soft,
-    device_prefix: "",
-    case: "err.rc.rnr.retry_progresses_without_requester_polling",
-    reason: "soft provider (inline progress, provider/src/soft/engine.rs): a device's timers (RNR wait, \
-             retransmission) only run when that device is driven (a verb on it: post, poll its CQ, wait on its \
-             channel or async events). Reproduction: RC pair softverbs_0 -> softverbs_1 with rnr_retry 7, \
-             min_rnr_timer 1; post a send on A with no receive at B (RNR NAK); post a receive on B; poll only \
-             B's CQ: nothing ever arrives, because A's expired RNR timer never runs. Polling A's send CQ (or any \
-             verb on A) delivers it at once. Hardware NICs retry on their own.",
-}];
+pub const KNOWN_SOFT_BUGS: &[Divergence] = &[];
 
 /// The entry that covers `case_id` on `device` of `backend`, if any (soft
 /// bugs included).

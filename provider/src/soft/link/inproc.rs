@@ -11,11 +11,30 @@ use crate::soft::engine::DeviceShared;
 use crate::soft::proto::Transmit;
 
 /// A set of devices that reach each other by address, in one process.
-#[derive(Debug, Default)]
+///
+/// Timers: the devices share the application's threads (inline progress), so
+/// a device's retransmission or RNR timer must run even when the
+/// application only calls into another device (a NIC retries on its own).
+/// The fabric keeps the earliest deadline of its devices; any verb on any of
+/// them checks it with one atomic load and drives the devices that are due.
+#[derive(Debug)]
 pub struct InprocFabric {
     devices: RwLock<HashMap<IpAddr, Weak<DeviceShared>>>,
     /// Datagrams to an address no device owns.
     unroutable: AtomicU64,
+    /// Earliest timer deadline of any device (process time; `u64::MAX`:
+    /// none). May be early (a timer was since cancelled), never late.
+    earliest: AtomicU64,
+}
+
+impl Default for InprocFabric {
+    fn default() -> Self {
+        InprocFabric {
+            devices: RwLock::default(),
+            unroutable: AtomicU64::new(0),
+            earliest: AtomicU64::new(u64::MAX),
+        }
+    }
 }
 
 impl InprocFabric {
@@ -52,6 +71,40 @@ impl Link for InprocFabric {
                 None
             }
         }
+    }
+
+    fn note_deadline(&self, deadline: Option<crate::soft::proto::Nanos>) {
+        if let Some(d) = deadline {
+            self.earliest.fetch_min(d, Ordering::AcqRel);
+        }
+    }
+
+    fn take_due(&self, now: crate::soft::proto::Nanos) -> Vec<Arc<DeviceShared>> {
+        if self.earliest.load(Ordering::Acquire) > now {
+            return Vec::new();
+        }
+        // Something may be due: recompute the earliest deadline from the
+        // devices themselves and hand back those that are due. Those are
+        // driven next and note their new deadlines then.
+        self.earliest.store(u64::MAX, Ordering::Release);
+        let devices: Vec<Arc<DeviceShared>> = {
+            let map = self.devices.read().expect("fabric map poisoned");
+            map.values().filter_map(Weak::upgrade).collect()
+        };
+        let mut due: Vec<Arc<DeviceShared>> = Vec::new();
+        for dev in devices {
+            if due.iter().any(|d| Arc::ptr_eq(d, &dev)) {
+                continue; // a device with several addresses
+            }
+            match dev.next_deadline() {
+                Some(t) if t <= now => due.push(dev),
+                Some(t) => {
+                    self.earliest.fetch_min(t, Ordering::AcqRel);
+                }
+                None => {}
+            }
+        }
+        due
     }
 
     fn attach(&self, dev: &Arc<DeviceShared>) {

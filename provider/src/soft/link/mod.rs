@@ -82,6 +82,18 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         Vec::new()
     }
 
+    /// Records that a device's earliest timer is now `deadline` (process
+    /// time, [`crate::soft::engine::process_now`]). A link whose devices
+    /// share the application's threads (in-process) uses it to run timers
+    /// of devices nobody is calling into.
+    fn note_deadline(&self, _deadline: Option<super::proto::Nanos>) {}
+
+    /// The attached devices whose timers are due at `now` (process time),
+    /// for the caller to drive. Cheap when none is due.
+    fn take_due(&self, _now: super::proto::Nanos) -> Vec<Arc<DeviceShared>> {
+        Vec::new()
+    }
+
     /// Registers a device so datagrams to its addresses reach it.
     fn attach(&self, dev: &Arc<DeviceShared>);
 
