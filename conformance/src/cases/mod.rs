@@ -14,6 +14,7 @@
 //! | `order` | ordering and fences (DESIGN §3.5) |
 //! | `err` | the error table of DESIGN §3.4 |
 //! | `srq` | shared receive queues and the limit event |
+//! | `hotplug`, `netns` | device removal mid-traffic, namespace moves (soft) |
 
 use crate::case::Case;
 
@@ -22,6 +23,7 @@ mod data;
 mod data_stress;
 mod device;
 mod errors;
+mod hotplug;
 mod memory;
 mod ordering;
 mod posting;
@@ -42,5 +44,6 @@ pub fn all() -> Vec<Case> {
     ordering::register(&mut out);
     errors::register(&mut out);
     srq::register(&mut out);
+    hotplug::register(&mut out);
     out
 }

@@ -136,7 +136,7 @@ impl MrMemory {
     fn atomic_at(&self, offset: usize) -> Result<&AtomicU64> {
         check_range(offset, 8, self.len)?;
         let addr = self.addr() as usize + offset;
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(verr!(
                 MemoryAccess,
                 InvalidArgument,
@@ -310,7 +310,7 @@ impl MemorySource {
         check_range(offset, 8, self.len())?;
         // SAFETY: in bounds (checked); the pointer is valid as in read_at.
         let addr = unsafe { self.ptr().add(offset) } as usize;
-        if addr % 8 != 0 {
+        if !addr.is_multiple_of(8) {
             return Err(verr!(
                 MemoryAccess,
                 InvalidArgument,

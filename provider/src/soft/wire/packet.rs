@@ -242,7 +242,7 @@ impl Packet {
         }
         let bth = BthRepr::parse(buf)?;
         let info = table_entry(bth.opcode)?;
-        if buf.len() % 4 != 0 {
+        if !buf.len().is_multiple_of(4) {
             return Err(WireError::BadLength);
         }
         let body_len = buf.len() - ICRC_LEN;
