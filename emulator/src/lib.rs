@@ -3,12 +3,14 @@
 //!
 //! Today this crate holds the CLI ([`cli`]): `softverbs devices` and
 //! `softverbs devinfo`, the `ibv_devices` / `ibv_devinfo` of the soft
-//! provider and of hardware. The deterministic simulated fabric (virtual
-//! time, seeded faults), the namespace and hotplug drivers, and the
-//! perf/conformance/pingpong/sim subcommands join it later (DESIGN §2).
+//! provider and of hardware. [`sim`] is the deterministic simulated fabric
+//! (virtual time, seeded faults, a reference-model checker and a
+//! loss/latency benchmark; `softverbs sim`). The namespace and hotplug
+//! drivers and the other subcommands join it later (DESIGN §2).
 //!
 //! Run it from the workspace root with `cargo run --release -- <args>`, e.g.
 //! `cargo run --release -- devinfo -v`.
 
 pub mod cli;
 pub mod netns;
+pub mod sim;

@@ -14,6 +14,7 @@ pub mod devices;
 pub mod devinfo;
 pub mod perf;
 pub mod pingpong;
+pub mod sim;
 
 use std::fmt;
 use std::io::{self, Write};
@@ -137,6 +138,11 @@ pub enum Command {
     /// client
     #[command(after_long_help = EXIT_STATUS)]
     Pingpong(pingpong::Args),
+    /// The deterministic simulated fabric: `sim bench` (goodput/latency
+    /// under loss), `sim run --seed S` (replay and trace a scenario), `sim
+    /// fuzz`
+    #[command(after_long_help = EXIT_STATUS)]
+    Sim(sim::Args),
 }
 
 /// A failed command: what to print and the exit status.
@@ -293,6 +299,7 @@ pub fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
         Command::Perf(args) => perf::run(&env, args, out),
         Command::Conformance(args) => conformance::run(&env, args, out),
         Command::Pingpong(args) => pingpong::run(&env, args, out),
+        Command::Sim(args) => sim::run(&env, args, out),
     }
 }
 

@@ -135,6 +135,16 @@ impl Core {
             }
         }
         let Some((idx, pkt)) = target else { return };
+        // Go-back-N only goes back: a target at or after the packet the
+        // requester sends next (a late NAK or RNR NAK after an earlier
+        // rewind) would skip the WQEs in between, which then never complete
+        // (sim_regressions, seed 622).
+        if idx > qp.req.send_next || (idx == qp.req.send_next && pkt * mtu >= qp.req.send_offset) {
+            let w = &qp.sq[idx];
+            if w.state == WqeState::Pending {
+                return;
+            }
+        }
         for w in qp.sq.iter_mut().skip(idx) {
             if w.state == WqeState::Sent {
                 if w.op.is_read_or_atomic() {
@@ -159,7 +169,10 @@ impl Core {
     fn ack_up_to(&mut self, qp: &mut Qp, psn: Psn) -> bool {
         let mut progressed = false;
         let mut resend_from = None;
-        for w in qp.sq.iter_mut() {
+        let send_next = qp.req.send_next;
+        let mut finished_current = false;
+        let mut finished_end = None;
+        for (i, w) in qp.sq.iter_mut().enumerate() {
             if w.npkts == 0 {
                 break;
             }
@@ -172,15 +185,48 @@ impl Core {
                     w.state = WqeState::Done;
                     progressed = true;
                 }
-                WqeState::Sent => {
+                // A send or write that a rewind (RNR NAK, NAK, timeout) reset
+                // to Pending, but that the ACK covers, arrived whole: it is
+                // done. Left Pending, acked_psn would pass it, and its resend
+                // would be re-ACKed outside the response window and never
+                // complete (sim_regressions, seed 0x34459e35fd4b6e54).
+                WqeState::Pending if !w.op.is_read_or_atomic() => {
+                    w.state = WqeState::Done;
+                    progressed = true;
+                    finished_current |= i == send_next;
+                    finished_end = Some(w.first_psn.wrapping_add(w.npkts));
+                }
+                // A plain ACK never carries a read's data or an atomic's
+                // result, also when a rewind already reset the WQE to
+                // Pending: acknowledging past it would lose its response
+                // (sim_regressions, seed 663).
+                WqeState::Sent | WqeState::Pending if w.op.is_read_or_atomic() => {
                     resend_from = Some(w.first_psn.wrapping_add(w.resp_pkts));
                     break;
                 }
-                WqeState::Pending | WqeState::Done | WqeState::Failed(..) => {}
+                WqeState::Pending | WqeState::Sent | WqeState::Done | WqeState::Failed(..) => {}
             }
         }
-        if psn.is_after(qp.req.acked_psn) {
-            qp.req.acked_psn = psn;
+        if finished_current {
+            // It may have been part-way through its resend.
+            qp.req.send_offset = 0;
+        }
+        if let Some(end) = finished_end {
+            // A rewind moved next_psn back into these WQEs; they may now be
+            // retired before the requester steps over them, and new WQEs must
+            // not reuse their PSNs (sim_regressions, seed 0x929).
+            if end.is_after(qp.req.next_psn) {
+                qp.req.next_psn = end;
+            }
+        }
+        // acked_psn means "every PSN up to here is done": it must not pass a
+        // read or atomic whose response is missing, or that response (and
+        // the duplicate the responder replays) would fall outside the
+        // response window and be dropped as stale until the retries run
+        // out. Found by the simulated fabric (sim_regressions, seed 43).
+        let upto = resend_from.map_or(psn, |p| p.wrapping_sub(1));
+        if upto.is_after(qp.req.acked_psn) {
+            qp.req.acked_psn = upto;
             progressed = true;
         }
         if progressed {
@@ -294,6 +340,13 @@ impl Core {
             self.ack_up_to(qp, qp.sq[idx].first_psn.wrapping_sub(1));
         }
         let Some(idx) = self.wqe_with_psn(qp, psn) else { return };
+        if qp.sq[idx].state != WqeState::Sent {
+            // As for atomics: an earlier read or atomic lacks its response
+            // and the requester went back to it; this read is resent
+            // (sim_regressions, seed 559).
+            self.counters.rx_stale_responses += 1;
+            return;
+        }
         let (offset, length, ends) = {
             let w = &qp.sq[idx];
             (w.resp_pkts * mtu, w.length, pkt.info.position.ends_message())
@@ -311,6 +364,13 @@ impl Core {
         }
         let w = &mut qp.sq[idx];
         w.resp_pkts += 1;
+        // Every in-order response is progress: the retry budget and the
+        // timer restart (as rxe does on each response). Resetting only at the
+        // end let a long read lose its retries while it was still
+        // progressing, one lost response per timeout. Found by the simulated
+        // fabric (sim_regressions, seed 23).
+        qp.req.retry_left = qp.attr.retry_cnt;
+        qp.req.retrans_at = None;
         if ends {
             w.state = WqeState::Done;
             qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
@@ -318,8 +378,6 @@ impl Core {
             if last.is_after(qp.req.acked_psn) {
                 qp.req.acked_psn = last;
             }
-            qp.req.retry_left = qp.attr.retry_cnt;
-            qp.req.retrans_at = None;
         }
     }
 
@@ -331,6 +389,14 @@ impl Core {
             return;
         }
         self.ack_up_to(qp, psn.wrapping_sub(1));
+        if qp.sq[idx].state != WqeState::Sent {
+            // The ACK implied by this response found an earlier read or
+            // atomic without its response and went back to it (go-back-N);
+            // this WQE is resent too and completes from the replayed
+            // response, in order, as in rxe (sim_regressions, seed 559).
+            self.counters.rx_stale_responses += 1;
+            return;
+        }
         let Some(orig) = pkt.headers.atomic_ack_eth.map(|a| a.original_value) else {
             return;
         };

@@ -74,7 +74,14 @@ impl Core {
             let idx = qp.req.send_next;
             let Some(w) = qp.sq.get(idx) else { break };
             if w.state != WqeState::Pending {
-                // Already transmitted (e.g. after go-back-N finished it).
+                // Already transmitted (e.g. after go-back-N finished it). New
+                // WQEs take their PSNs after it, never its own again.
+                if w.npkts > 0 {
+                    let end = w.first_psn.wrapping_add(w.npkts);
+                    if end.is_after(qp.req.next_psn) {
+                        qp.req.next_psn = end;
+                    }
+                }
                 qp.req.send_next += 1;
                 continue;
             }
@@ -270,7 +277,7 @@ impl Core {
                     h.bth.solicited = w.solicited && (!is_write || imm);
                 }
                 let pkt_index = offset / mtu;
-                h.bth.ack_req = transport == Transport::Rc && (last || (pkt_index + 1) % ack_every == 0);
+                h.bth.ack_req = transport == Transport::Rc && (last || (pkt_index + 1).is_multiple_of(ack_every));
                 (n, last)
             }
         };
