@@ -114,6 +114,16 @@ impl PeerLink {
         })
     }
 
+    /// The local address of the connection: the address a device on this
+    /// end binds so the peer reaches it the way it reached us.
+    ///
+    /// # Errors
+    ///
+    /// The socket has no local address.
+    pub fn local_ip(&self) -> Result<std::net::IpAddr, PerfError> {
+        Ok(self.reader.get_ref().local_addr()?.ip())
+    }
+
     /// Sends one line.
     ///
     /// # Errors

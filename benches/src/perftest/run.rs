@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use softverbs::verbs::{self, Device, WorkCompletion};
 
-use super::args::{Mode, Params, PerfArgs, PerfTest, VerbKind};
+use super::args::{LinkKind, Mode, Params, PerfArgs, PerfTest, VerbKind};
 use super::bw::{BwReceiver, BwSender};
 use super::exchange::{done_line, parse_done, PeerLink};
 use super::lat::{LatAgent, LatOutcome};
@@ -29,26 +29,96 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
         return crate::scale::run(args, backend, out);
     }
     let p = Params::from_args(args, backend)?;
+    let udp = p.backend == verbs::BackendKind::Soft && p.link == LinkKind::Udp;
     match p.mode.clone() {
+        Mode::Loopback if udp => {
+            let (a, b) = udp_loopback_devices(p.bw, p.verb)?;
+            run_loopback(&p, &a, &b, out)
+        }
         Mode::Loopback => {
             let (a, b) = loopback_devices(&p)?;
             run_loopback(&p, &a, &b, out)
         }
         Mode::Server => {
-            let dev = device(&p)?;
+            let dev = if udp { None } else { Some(device(&p)?) };
             writeln!(out, "\n************************************")?;
             writeln!(out, "* Waiting for client to connect... *")?;
             writeln!(out, "************************************")?;
             out.flush()?;
             let link = PeerLink::listen(p.tcp_port)?;
+            let dev = match dev {
+                Some(d) => d,
+                None => udp_device("perf_udp_server", link.local_ip()?)?,
+            };
             run_networked(&p, &dev, link, true, out)
         }
         Mode::Client(host) => {
-            let dev = device(&p)?;
+            let dev = if udp { None } else { Some(device(&p)?) };
             let link = PeerLink::connect(&host, p.tcp_port)?;
+            let dev = match dev {
+                Some(d) => d,
+                None => udp_device("perf_udp_client", link.local_ip()?)?,
+            };
             run_networked(&p, &dev, link, false, out)
         }
     }
+}
+
+/// A soft device on the UDP link bound to `ip` (automatic port; the
+/// private GID carries it), created once per process and name.
+fn udp_device(name: &str, ip: std::net::IpAddr) -> Result<Device, PerfError> {
+    udp_device_with(name, ip, softverbs::soft::engine::EngineMode::Inline)
+}
+
+fn udp_device_with(
+    name: &str,
+    ip: std::net::IpAddr,
+    engine: softverbs::soft::engine::EngineMode,
+) -> Result<Device, PerfError> {
+    use softverbs::soft::link::udp::UdpConfig;
+    use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+    if let Some(d) = verbs::devices(Some(verbs::BackendKind::Soft))
+        .ok()
+        .and_then(|ds| ds.into_iter().find(|d| d.name() == name))
+    {
+        return Ok(d);
+    }
+    let mut cfg = SoftDeviceConfig::udp(name, UdpConfig::new(ip))
+        .map_err(|e| PerfError::NotAvailable(format!("UDP soft device on {ip}: {e}")))?;
+    cfg.engine = engine;
+    let dev = SoftDevice::create(cfg).map_err(|e| PerfError::NotAvailable(format!("UDP soft device: {e}")))?;
+    Ok(dev.device())
+}
+
+/// The two devices of a loopback run over the UDP link: two soft devices
+/// on 127.0.0.1, each with its own port, talking RoCEv2 through the kernel.
+/// The measuring thread polls CQs, which drives inline devices. A side
+/// nobody polls needs a progress thread that sleeps on its socket (spin 0:
+/// on a small machine a second spinning thread would steal the measuring
+/// thread's core): the passive side of a bandwidth test or of a one-sided
+/// operation (read, atomic, write), and both sides of write_lat, which polls
+/// memory rather than a CQ (as perftest does).
+///
+/// # Errors
+///
+/// [`PerfError::NotAvailable`] when the sockets cannot be bound.
+pub fn udp_loopback_devices(bw: bool, verb: VerbKind) -> Result<(Device, Device), PerfError> {
+    use softverbs::soft::engine::EngineMode;
+    let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let threaded = EngineMode::ProgressThread {
+        spin: std::time::Duration::ZERO,
+    };
+    let a = if verb == VerbKind::Write && !bw {
+        udp_device_with("perf_udp_0t", lo, threaded)?
+    } else {
+        udp_device("perf_udp_0", lo)?
+    };
+    let b = if bw || verb != VerbKind::Send {
+        udp_device_with("perf_udp_1t", lo, threaded)?
+    } else {
+        udp_device("perf_udp_1", lo)?
+    };
+    Ok((a, b))
 }
 
 fn all_devices(p: &Params) -> Result<Vec<Device>, PerfError> {
@@ -579,6 +649,11 @@ mod tests {
             (&["write_bw", "-n", "24", "-s", "100", "-c", "UC", "-b", "-l", "4"], 5),
             (&["send_bw", "-n", "20", "-s", "256", "-b", "-e"], 5),
             (&["send_lat", "-n", "10", "-c", "UD", "-e"], 9),
+            // The same tests over the UDP link (two devices on 127.0.0.1).
+            (&["write_bw", "-n", "50", "-s", "4096", "--link", "udp"], 5),
+            (&["read_lat", "-n", "10", "--link", "udp"], 9),
+            (&["send_lat", "-n", "10", "--link", "udp"], 9),
+            (&["write_lat", "-n", "10", "--link", "udp"], 9),
         ] {
             let text = run_text(args);
             let r = rows(&text);

@@ -3,6 +3,8 @@
 
 use std::ffi::CStr;
 use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -10,12 +12,16 @@ use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr}
 
 use super::convert::{self, EventSubject};
 use super::ffi::{self, zeroed, RawAsyncEvent, SendPtr};
+use super::life::{HwDeviceLife, Member, MemberKind};
 use super::lifecycle::IbvObject;
 use super::objects::HwPd;
 use super::queue::{CqEvents, HwCompChannel, HwCq};
+use super::wake::WakeFd;
 use super::{check, ibv_error};
 use crate::verbs::backend::*;
-use crate::verbs::{verr, AsyncEvent, BackendKind, DeviceAttr, Error, ErrorKind, Gid, Guid, PortAttr, Result, Verb};
+use crate::verbs::{
+    verr, AsyncEvent, BackendKind, DeviceAttr, Error, ErrorKind, EventType, Gid, Guid, PortAttr, Result, Verb,
+};
 
 /// The hardware backend's [`Provider`]: every RDMA device libibverbs sees.
 #[derive(Debug, Default)]
@@ -40,14 +46,44 @@ impl Provider for HwProvider {
     /// ([`ErrorKind::NotSupported`]) with a sentence saying so; a kernel
     /// with the subsystem but no device gives an empty list.
     fn devices(&self) -> Result<Vec<Arc<dyn DeviceOps>>> {
-        let list = DeviceList::get()?;
-        let list = Arc::new(list);
-        let mut out: Vec<Arc<dyn DeviceOps>> = Vec::with_capacity(list.len);
-        for index in 0..list.len {
-            out.push(Arc::new(HwDevice::new(list.clone(), index)));
-        }
-        Ok(out)
+        Ok(list_devices(None)?
+            .into_iter()
+            .map(|d| d as Arc<dyn DeviceOps>)
+            .collect())
     }
+}
+
+/// `ibv_get_device_list`, in the network namespace at `netns` if given (a
+/// device of another namespace can only be listed and opened from inside
+/// it, in exclusive mode).
+pub(crate) fn list_devices(netns: Option<&Path>) -> Result<Vec<Arc<HwDevice>>> {
+    let list = match netns {
+        None => DeviceList::get()?,
+        Some(path) => super::netns::in_netns(path, DeviceList::get)
+            .map_err(|e| verr!(GetDeviceList, Io, "cannot enter {}: {e}", path.display()))??,
+    };
+    let list = Arc::new(list);
+    Ok((0..list.len)
+        .map(|index| Arc::new(HwDevice::new(list.clone(), index, netns.map(Path::to_path_buf))))
+        .collect())
+}
+
+/// The device named `name` (see [`list_devices`]).
+///
+/// # Errors
+///
+/// `ENODEV` if there is none; the listing's error.
+pub(crate) fn find_device(name: &str, netns: Option<&Path>) -> Result<Arc<HwDevice>> {
+    list_devices(netns)?
+        .into_iter()
+        .find(|d| d.name == name)
+        .ok_or_else(|| {
+            verr!(
+                OpenDevice,
+                NoDevice,
+                "no RDMA device named '{name}' (ibv_get_device_list)"
+            )
+        })
 }
 
 /// The array `ibv_get_device_list` returns; freed when the last device
@@ -105,10 +141,14 @@ pub struct HwDevice {
     index: usize,
     name: String,
     guid: Guid,
+    life: Arc<HwDeviceLife>,
+    /// The network namespace it was listed in, if not the caller's: opens
+    /// happen there (the kernel checks the opener's namespace).
+    netns: Option<PathBuf>,
 }
 
 impl HwDevice {
-    fn new(list: Arc<DeviceList>, index: usize) -> HwDevice {
+    fn new(list: Arc<DeviceList>, index: usize, netns: Option<PathBuf>) -> HwDevice {
         let dev = list.device(index);
         // SAFETY: dev is a valid device while the list is alive; the name
         // is a NUL-terminated string inside the device.
@@ -118,11 +158,75 @@ impl HwDevice {
         // SAFETY: as above; the GUID is read from sysfs, big-endian.
         let guid = convert::guid_from_raw(unsafe { rdma_sys::ibv_get_device_guid(dev) });
         HwDevice {
+            life: HwDeviceLife::for_device(&name),
             list,
             index,
             name,
             guid,
+            netns,
         }
+    }
+
+    /// The device's life (shared by every entry of the same device).
+    pub(crate) fn life(&self) -> &Arc<HwDeviceLife> {
+        &self.life
+    }
+
+    /// Opens a context that is not counted as a consumer and whose async
+    /// events are never held back (the event monitor's own).
+    pub(crate) fn open_private(&self) -> Result<Arc<HwContext>> {
+        self.open_context(false)
+    }
+
+    fn open_context(&self, accounted: bool) -> Result<Arc<HwContext>> {
+        if accounted {
+            self.life.check(Verb::OpenDevice)?;
+        }
+        let dev = SendPtr::new(self.list.device(self.index)).expect("list entries are not null");
+        let open = move || {
+            ffi::clear_errno();
+            // SAFETY: dev is valid while the list lives (the caller holds it).
+            let raw = unsafe { rdma_sys::ibv_open_device(dev.get()) };
+            SendPtr::new(raw).ok_or_else(|| ffi::errno_or(libc::ENODEV))
+        };
+        let ptr = match &self.netns {
+            None => open(),
+            Some(path) => super::netns::in_netns(path, open)
+                .map_err(|e| verr!(OpenDevice, Io, "cannot enter {}: {e}", path.display()))?,
+        }
+        .map_err(|e| ibv_error(Verb::OpenDevice, "ibv_open_device", e))?;
+        // SAFETY: the context is open; async_fd is set once by libibverbs.
+        let async_fd = unsafe { (*ptr.get()).async_fd };
+        // SAFETY: ptr is a freshly opened context only HwContext closes.
+        let ctx = unsafe { IbvObject::new(ptr, "device context") };
+        // From here on, dropping `ctx` (or the context) closes the device.
+        let wake = match ffi::set_nonblocking(async_fd) {
+            0 => WakeFd::new(async_fd),
+            e => Err(e),
+        };
+        let wake = match wake {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: the context is open and closed exactly once here.
+                let _ = ctx.destroy(|c| unsafe { rdma_sys::ibv_close_device(c) });
+                return Err(ibv_error(Verb::OpenDevice, "async event descriptor setup", e));
+            }
+        };
+        let context = Arc::new_cyclic(|this| HwContext {
+            this: this.clone(),
+            ctx,
+            wake,
+            name: self.name.clone(),
+            life: self.life.clone(),
+            accounted,
+            fatal: AtomicU8::new(FATAL_NONE),
+            _list: self.list.clone(),
+        });
+        if accounted {
+            let member: Weak<dyn Member> = Arc::downgrade(&context) as Weak<HwContext>;
+            self.life.register(MemberKind::Context, member);
+        }
+        Ok(context)
     }
 }
 
@@ -139,41 +243,44 @@ impl DeviceOps for HwDevice {
         BackendKind::Hardware
     }
 
-    /// `ibv_open_device`; the context's async event descriptor is made
-    /// non-blocking so that [`ContextOps::get_async_event`] can wait with a
-    /// timeout.
+    /// `ibv_open_device` (`ENODEV` once the device was removed); the
+    /// context's async event descriptor is made non-blocking so that
+    /// [`ContextOps::get_async_event`] can wait with a timeout.
     fn open(&self) -> Result<Arc<dyn ContextOps>> {
-        let dev = self.list.device(self.index);
-        ffi::clear_errno();
-        // SAFETY: dev is valid while the list lives (we hold it).
-        let raw = unsafe { rdma_sys::ibv_open_device(dev) };
-        let ptr = SendPtr::new(raw)
-            .ok_or_else(|| ibv_error(Verb::OpenDevice, "ibv_open_device", ffi::errno_or(libc::ENODEV)))?;
-        // SAFETY: the context is open; async_fd is set once by libibverbs.
-        let async_fd = unsafe { (*raw).async_fd };
-        // SAFETY: ptr is a freshly opened context only HwContext closes.
-        let ctx = unsafe { IbvObject::new(ptr, "device context") };
-        let context = Arc::new_cyclic(|this| HwContext {
-            this: this.clone(),
-            ctx,
-            async_fd,
-            name: self.name.clone(),
-            _list: self.list.clone(),
-        });
-        match ffi::set_nonblocking(async_fd) {
-            0 => Ok(context),
-            e => Err(ibv_error(Verb::OpenDevice, "fcntl(async_fd, O_NONBLOCK)", e)),
-        }
+        Ok(self.open_context(true)?)
     }
 }
 
+/// No DEVICE_FATAL yet.
+const FATAL_NONE: u8 = 0;
+/// The kernel reported DEVICE_FATAL; held back until the subsystem's
+/// removal reaches its step 5.
+const FATAL_HELD: u8 = 1;
+/// DEVICE_FATAL is to be delivered.
+const FATAL_PENDING: u8 = 2;
+/// DEVICE_FATAL was delivered: no event follows.
+const FATAL_DELIVERED: u8 = 3;
+
+/// The DEVICE_FATAL event.
+const DEVICE_FATAL: AsyncEvent = AsyncEvent {
+    event_type: EventType::DeviceFatal,
+    element: AsyncElement::Device,
+};
+
 /// An open device (`struct ibv_context`), closed when the last object
 /// using it is gone.
+///
+/// Its async events come from the kernel and, on removal, from the backend:
+/// DEVICE_FATAL is always the last one (see `life.rs`).
 pub struct HwContext {
     this: Weak<HwContext>,
     ctx: IbvObject<ibv_context>,
-    async_fd: RawFd,
+    wake: WakeFd,
     name: String,
+    life: Arc<HwDeviceLife>,
+    /// Counted as a consumer's context (the monitor's own is not).
+    accounted: bool,
+    fatal: AtomicU8,
     // Keeps the device list (and so this device) alive while open.
     _list: Arc<DeviceList>,
 }
@@ -197,13 +304,36 @@ impl HwContext {
         &self.ctx
     }
 
+    /// The device's life.
+    pub(crate) fn life(&self) -> &Arc<HwDeviceLife> {
+        &self.life
+    }
+
+    /// Whether a kernel DEVICE_FATAL must wait for the removal's step 5.
+    fn holds_fatal(&self) -> bool {
+        self.accounted && self.life.holds_fatal()
+    }
+
+    /// The device is gone (the kernel said DEVICE_FATAL, or `EIO`): stop
+    /// reading the kernel, and deliver DEVICE_FATAL now or when released.
+    fn kernel_fatal(&self) {
+        self.life.mark_dead();
+        self.wake.detach_kernel();
+        let next = if self.holds_fatal() { FATAL_HELD } else { FATAL_PENDING };
+        let _ = self
+            .fatal
+            .compare_exchange(FATAL_NONE, next, Ordering::AcqRel, Ordering::Acquire);
+    }
+
     /// Enters the context for a call of `verb` (a context is only freed by
     /// its drop, so this never fails while `&self` exists).
     fn enter(&self, verb: Verb) -> Result<super::lifecycle::Entered<'_, ibv_context>> {
         self.ctx.enter(verb)
     }
 
-    fn async_event(&self, ctx: *mut ibv_context) -> std::result::Result<Option<AsyncEvent>, Error> {
+    /// Reads one event: `Ok(None)` if another thread took it; `Err(None)`
+    /// if the device is gone (`EIO`, `ENODEV`).
+    fn async_event(&self, ctx: *mut ibv_context) -> std::result::Result<Option<AsyncEvent>, Option<Error>> {
         let mut ev: RawAsyncEvent = zeroed();
         ffi::clear_errno();
         // SAFETY: ctx is open (caller holds it entered); ev has the layout
@@ -212,7 +342,8 @@ impl HwContext {
         if rc != 0 {
             return match ffi::errno() {
                 libc::EAGAIN | libc::EINTR => Ok(None),
-                e => Err(ibv_error(Verb::GetAsyncEvent, "ibv_get_async_event", e)),
+                libc::EIO | libc::ENODEV => Err(None),
+                e => Err(Some(ibv_error(Verb::GetAsyncEvent, "ibv_get_async_event", e))),
             };
         }
         let converted = convert::event_from_raw(ev.event_type).map(|(event_type, subject)| {
@@ -234,12 +365,12 @@ impl HwContext {
         unsafe { rdma_sys::ibv_ack_async_event((&mut ev as *mut RawAsyncEvent).cast()) };
         match converted {
             Some(event) => Ok(Some(event)),
-            None => Err(verr!(
+            None => Err(Some(verr!(
                 GetAsyncEvent,
                 Io,
                 "the device reported async event type {}, unknown to this API (acknowledged)",
                 ev.event_type
-            )),
+            ))),
         }
     }
 }
@@ -258,6 +389,7 @@ impl ContextOps for HwContext {
     }
 
     fn query_device(&self) -> Result<DeviceAttr> {
+        self.life.check(Verb::QueryDevice)?;
         let ctx = self.enter(Verb::QueryDevice)?;
         let mut attr: ibv_device_attr = zeroed();
         // SAFETY: open context, valid out-parameter.
@@ -267,6 +399,7 @@ impl ContextOps for HwContext {
     }
 
     fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.life.check(Verb::QueryPort)?;
         let ctx = self.enter(Verb::QueryPort)?;
         let mut attr: ibv_port_attr = zeroed();
         // SAFETY: open context, valid out-parameter.
@@ -276,6 +409,7 @@ impl ContextOps for HwContext {
     }
 
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        self.life.check(Verb::QueryGid)?;
         let index =
             i32::try_from(index).map_err(|_| verr!(QueryGid, InvalidArgument, "GID index {index} out of range"))?;
         let ctx = self.enter(Verb::QueryGid)?;
@@ -291,6 +425,7 @@ impl ContextOps for HwContext {
     }
 
     fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.life.check(Verb::QueryPkey)?;
         let ctx = self.enter(Verb::QueryPkey)?;
         let mut pkey: u16 = 0;
         ffi::clear_errno();
@@ -307,6 +442,7 @@ impl ContextOps for HwContext {
     }
 
     fn alloc_pd(&self) -> Result<Arc<dyn PdOps>> {
+        self.life.check(Verb::AllocPd)?;
         let ctx = self.enter(Verb::AllocPd)?;
         ffi::clear_errno();
         // SAFETY: open context.
@@ -318,6 +454,7 @@ impl ContextOps for HwContext {
     }
 
     fn create_comp_channel(&self) -> Result<Arc<dyn CompChannelOps>> {
+        self.life.check(Verb::CreateCompChannel)?;
         let ctx = self.enter(Verb::CreateCompChannel)?;
         ffi::clear_errno();
         // SAFETY: open context.
@@ -341,24 +478,61 @@ impl ContextOps for HwContext {
         channel: Option<&Arc<dyn CompChannelOps>>,
         comp_vector: u32,
     ) -> Result<Arc<dyn CqOps>> {
+        self.life.check(Verb::CreateCq)?;
         HwCq::create(self, cqe, context, channel, comp_vector).map(|cq| cq as Arc<dyn CqOps>)
     }
 
     /// Waits with poll(2) on the (non-blocking) async descriptor, then
     /// `ibv_get_async_event` + `ibv_ack_async_event`. QP events carry the QP
     /// number, CQ events the CQ's user context, SRQ events the SRQ's.
+    ///
+    /// DEVICE_FATAL is the last event: after it, this waits out the timeout
+    /// and returns `Ok(None)`. A device that disappears (`EIO`) reports
+    /// DEVICE_FATAL too. Under the subsystem, a DEVICE_FATAL from the
+    /// kernel is held back until the removal's step 5.
     fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let ctx = self.enter(Verb::GetAsyncEvent)?;
         loop {
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let ready = ffi::wait_readable(self.async_fd, left)
-                .map_err(|e| ibv_error(Verb::GetAsyncEvent, "poll(async_fd)", e))?;
-            if ready {
-                if let Some(event) = self.async_event(ctx.ptr())? {
-                    return Ok(Some(event));
+            // Clear our wake-up before looking at the state, so that a
+            // change made after the look wakes the wait below.
+            self.wake.drain();
+            match self.fatal.load(Ordering::Acquire) {
+                FATAL_PENDING => {
+                    if self
+                        .fatal
+                        .compare_exchange(FATAL_PENDING, FATAL_DELIVERED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        return Ok(Some(DEVICE_FATAL));
+                    }
+                    continue;
                 }
-                // Another thread took the event: wait for the next one.
+                FATAL_HELD if !self.holds_fatal() => {
+                    let _ = self
+                        .fatal
+                        .compare_exchange(FATAL_HELD, FATAL_PENDING, Ordering::AcqRel, Ordering::Acquire);
+                    continue;
+                }
+                _ => {}
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // With the kernel side detached (after DEVICE_FATAL) this only
+            // waits for our own wake-up.
+            let ready = self
+                .wake
+                .wait(left)
+                .map_err(|e| ibv_error(Verb::GetAsyncEvent, "poll(async_fd)", e))?;
+            if ready.kernel && self.fatal.load(Ordering::Acquire) == FATAL_NONE {
+                match self.async_event(ctx.ptr()) {
+                    Ok(Some(ev)) if ev.event_type == EventType::DeviceFatal => self.kernel_fatal(),
+                    Ok(Some(ev)) => return Ok(Some(ev)),
+                    // Another thread took the event: wait for the next one.
+                    Ok(None) => {}
+                    Err(None) => self.kernel_fatal(),
+                    Err(Some(e)) => return Err(e),
+                }
+                continue;
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -366,8 +540,32 @@ impl ContextOps for HwContext {
         }
     }
 
+    /// An epoll descriptor readable while an event is pending: the kernel's
+    /// async descriptor joined with the backend's own (see `wake.rs`).
     fn async_fd(&self) -> Option<RawFd> {
-        Some(self.async_fd)
+        Some(self.wake.poll_fd())
+    }
+}
+
+impl Member for HwContext {
+    /// Nothing: the context's control verbs check the life themselves.
+    fn revoke(&self, _life: &HwDeviceLife) {}
+
+    /// DEVICE_FATAL: released if the kernel's was held back, raised
+    /// otherwise (never twice).
+    fn device_fatal(&self) {
+        self.wake.detach_kernel();
+        let mut s = self.fatal.load(Ordering::Acquire);
+        while s == FATAL_NONE || s == FATAL_HELD {
+            match self
+                .fatal
+                .compare_exchange(s, FATAL_PENDING, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => s = now,
+            }
+        }
+        self.wake.wake();
     }
 }
 

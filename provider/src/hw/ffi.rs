@@ -23,6 +23,7 @@
 
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
+#[cfg(test)]
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
@@ -239,6 +240,7 @@ pub(crate) fn set_nonblocking(fd: RawFd) -> i32 {
 /// Waits with poll(2) until `fd` is readable or `timeout` passes (`None`:
 /// forever). `Ok(true)` when readable, `Ok(false)` on timeout, `Err(errno)`
 /// on failure. Restarts after signals with the time that remains.
+#[cfg(test)]
 pub(crate) fn wait_readable(fd: RawFd, timeout: Option<Duration>) -> Result<bool, i32> {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {

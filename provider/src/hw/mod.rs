@@ -20,6 +20,27 @@
 //!   through the context's ops table) or that `rdma-sys` binds unsafely.
 //! - `lifecycle`: frees each ibverbs object exactly once, never while a call
 //!   is using it.
+//! - `shadow`: the work requests posted and not yet completed, per queue,
+//!   so that a removed device's work still completes exactly once.
+//! - `life`: a device's life under hotplug (Live → Revoked → Inert), shared
+//!   by every context and object of the device.
+//! - `wake`: kernel event descriptors joined with the backend's own, for
+//!   events a removal raises.
+//! - `monitor`: the per-device thread reading device-wide async events.
+//! - [`netns`], [`netlink`], [`sysfs`]: network namespaces, RDMA netlink and
+//!   sysfs, for discovery and the netns mode.
+//!
+//! # Hotplug
+//!
+//! The subsystem glue (`subsystem::hw`) puts hardware devices under the
+//! [`Subsystem`](crate::subsystem::Subsystem): a monitor turns the
+//! kernel's DEVICE_FATAL into the removal sequence, and a discovery scan
+//! adds and removes devices as they come and go (or move between network
+//! namespaces). Applications see the same removal behaviour as on the soft
+//! provider: control verbs fail with `ENODEV`, every posted work request
+//! completes exactly once (the backend synthesizes `WR_FLUSH_ERR` for what
+//! the device will no longer complete), armed CQs are notified, and
+//! DEVICE_FATAL is the last async event.
 //!
 //! # Object lifetime
 //!
@@ -45,15 +66,26 @@
 mod convert;
 mod device;
 mod ffi;
+pub(crate) mod life;
 mod lifecycle;
+pub(crate) mod monitor;
+pub mod netlink;
+pub mod netns;
 mod objects;
 mod post;
 mod qp;
 mod queue;
+pub(crate) mod shadow;
+pub mod sysfs;
+mod wake;
 
 use std::sync::Arc;
 
+pub(crate) use device::find_device;
+#[cfg(test)]
+pub(crate) use device::list_devices;
 pub use device::{HwContext, HwDevice, HwProvider};
+pub use monitor::HwEvent;
 pub use objects::{HwAh, HwMr, HwMw, HwPd};
 pub use qp::HwQp;
 pub use queue::{HwCompChannel, HwCq, HwSrq};

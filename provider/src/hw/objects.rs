@@ -10,6 +10,7 @@ use super::convert;
 use super::device::HwContext;
 use super::ffi::{self, DeallocMwFn, SendPtr};
 use super::ibv_error;
+use super::life::HwDeviceLife;
 use super::lifecycle::IbvObject;
 use super::qp::HwQp;
 use super::queue::HwSrq;
@@ -24,7 +25,7 @@ REG_MR work request exist only in the kernel verbs API";
 pub struct HwPd {
     this: Weak<HwPd>,
     pd: IbvObject<ibv_pd>,
-    _ctx: Arc<HwContext>,
+    ctx: Arc<HwContext>,
 }
 
 impl HwPd {
@@ -38,8 +39,20 @@ impl HwPd {
             this: this.clone(),
             // SAFETY: forwarded from the caller.
             pd: unsafe { IbvObject::new(ptr, "protection domain") },
-            _ctx: ctx,
+            ctx,
         })
+    }
+
+    /// The device's life.
+    pub(crate) fn life(&self) -> &Arc<HwDeviceLife> {
+        self.ctx.life()
+    }
+
+    fn free(&self) -> std::result::Result<(), i32> {
+        let life = self.ctx.life();
+        // SAFETY: the PD is freed at most once (lifecycle).
+        self.pd
+            .destroy(|pd| life.destroy_rc(unsafe { rdma_sys::ibv_dealloc_pd(pd) }))
     }
 
     /// This PD as an `Arc` (every PD lives in one).
@@ -61,8 +74,7 @@ impl HwPd {
 
 impl Drop for HwPd {
     fn drop(&mut self) {
-        // SAFETY: the PD is freed at most once (lifecycle).
-        let _ = self.pd.destroy(|pd| unsafe { rdma_sys::ibv_dealloc_pd(pd) });
+        let _ = self.free();
     }
 }
 
@@ -74,6 +86,7 @@ impl PdOps for HwPd {
     /// rather than freed under the device.
     fn reg_mr(&self, memory: MemorySource, access: AccessFlags) -> Result<Arc<dyn MrOps>> {
         let pd = self.pd.enter(Verb::RegMr)?;
+        self.life().check(Verb::RegMr)?;
         let (addr, len) = (memory.addr(), memory.len());
         ffi::clear_errno();
         // SAFETY: a live PD; the range is either our own allocation (Owned,
@@ -92,6 +105,7 @@ impl PdOps for HwPd {
     }
 
     fn alloc_fast_reg_mr(&self, _max_pages: u32) -> Result<Arc<dyn MrOps>> {
+        self.life().check(Verb::AllocMr)?;
         Err(verr!(AllocMr, NotSupported, "{NO_FAST_REG}"))
     }
 
@@ -99,6 +113,7 @@ impl PdOps for HwPd {
     /// has no windows).
     fn alloc_mw(&self, mw_type: MwType) -> Result<Arc<dyn MwOps>> {
         let pd = self.pd.enter(Verb::AllocMw)?;
+        self.life().check(Verb::AllocMw)?;
         ffi::clear_errno();
         // SAFETY: a live PD.
         let raw = unsafe { ffi::alloc_mw(pd.ptr(), mw_type.as_raw()) };
@@ -112,20 +127,24 @@ impl PdOps for HwPd {
             rkey: AtomicU32::new(rkey),
             mw_type,
             dealloc,
+            life: self.life().clone(),
             _pd: self.arc(),
         }))
     }
 
     fn create_qp(&self, attr: &QpCreateAttr) -> Result<Arc<dyn QpOps>> {
+        self.life().check(Verb::CreateQp)?;
         HwQp::create(self, attr).map(|qp| qp as Arc<dyn QpOps>)
     }
 
     fn create_srq(&self, attr: SrqAttr, context: u64) -> Result<Arc<dyn SrqOps>> {
+        self.life().check(Verb::CreateSrq)?;
         HwSrq::create(self, attr, context).map(|srq| srq as Arc<dyn SrqOps>)
     }
 
     fn create_ah(&self, attr: &AhAttr) -> Result<Arc<dyn AhOps>> {
         let pd = self.pd.enter(Verb::CreateAh)?;
+        self.life().check(Verb::CreateAh)?;
         let mut raw_attr = convert::ah_attr_to_raw(attr);
         ffi::clear_errno();
         // SAFETY: a live PD and a valid attribute struct.
@@ -136,16 +155,14 @@ impl PdOps for HwPd {
             // SAFETY: a fresh AH only the HwAh frees.
             ah: unsafe { IbvObject::new(ptr, "address handle") },
             attr: *attr,
+            life: self.life().clone(),
             _pd: self.arc(),
         }))
     }
 
     /// `ibv_dealloc_pd`: `EBUSY` while MRs, windows, QPs, SRQs or AHs use it.
     fn destroy(&self) -> Result<()> {
-        // SAFETY: the PD is freed at most once (lifecycle).
-        self.pd
-            .destroy(|pd| unsafe { rdma_sys::ibv_dealloc_pd(pd) })
-            .map_err(|e| ibv_error(Verb::DeallocPd, "ibv_dealloc_pd", e))
+        self.free().map_err(|e| ibv_error(Verb::DeallocPd, "ibv_dealloc_pd", e))
     }
 }
 
@@ -163,6 +180,7 @@ struct MrState {
 /// A memory region (`struct ibv_mr`).
 pub struct HwMr {
     mr: IbvObject<ibv_mr>,
+    life: Arc<HwDeviceLife>,
     // Copies of the ibv_mr fields, readable without racing a rereg.
     lkey: AtomicU32,
     rkey: AtomicU32,
@@ -183,6 +201,7 @@ impl HwMr {
         Arc::new(HwMr {
             // SAFETY: forwarded from the caller.
             mr: unsafe { IbvObject::new(ptr, "memory region") },
+            life: pd.life().clone(),
             lkey: AtomicU32::new(lkey),
             rkey: AtomicU32::new(rkey),
             addr: AtomicU64::new(addr),
@@ -206,8 +225,11 @@ impl HwMr {
     }
 
     fn free(&self) -> std::result::Result<(), i32> {
-        // SAFETY: the MR is deregistered at most once (lifecycle).
-        self.mr.destroy(|mr| unsafe { rdma_sys::ibv_dereg_mr(mr) })
+        // SAFETY: the MR is deregistered at most once (lifecycle). After a
+        // removal, EIO means the kernel already released the registration
+        // (the device no longer accesses the memory).
+        self.mr
+            .destroy(|mr| self.life.destroy_rc(unsafe { rdma_sys::ibv_dereg_mr(mr) }))
     }
 }
 
@@ -286,6 +308,7 @@ impl MrOps for HwMr {
         };
         let mut state = self.lock();
         let mr = self.mr.enter(Verb::ReregMr)?;
+        self.life.check(Verb::ReregMr)?;
         let pd_guard = new_pd.as_ref().map(|p| p.obj().enter(Verb::ReregMr)).transpose()?;
         let pd_ptr = pd_guard.as_ref().map_or(std::ptr::null_mut(), |g| g.ptr());
         let memory = memory.map(Arc::new);
@@ -358,6 +381,7 @@ pub struct HwMw {
     rkey: AtomicU32,
     mw_type: MwType,
     dealloc: Option<DeallocMwFn>,
+    life: Arc<HwDeviceLife>,
     _pd: Arc<HwPd>,
 }
 
@@ -378,7 +402,7 @@ impl HwMw {
         };
         // SAFETY: the window is freed at most once (lifecycle), through its
         // provider's entry point.
-        self.mw.destroy(|mw| unsafe { dealloc(mw) })
+        self.mw.destroy(|mw| self.life.destroy_rc(unsafe { dealloc(mw) }))
     }
 }
 
@@ -408,6 +432,7 @@ impl MwOps for HwMw {
 pub struct HwAh {
     ah: IbvObject<ibv_ah>,
     attr: AhAttr,
+    life: Arc<HwDeviceLife>,
     _pd: Arc<HwPd>,
 }
 
@@ -419,7 +444,8 @@ impl HwAh {
 
     fn free(&self) -> std::result::Result<(), i32> {
         // SAFETY: the AH is freed at most once (lifecycle).
-        self.ah.destroy(|ah| unsafe { rdma_sys::ibv_destroy_ah(ah) })
+        self.ah
+            .destroy(|ah| self.life.destroy_rc(unsafe { rdma_sys::ibv_destroy_ah(ah) }))
     }
 }
 

@@ -18,6 +18,11 @@
 //! backend makes before calling the provider (so that memory-unsafe or
 //! unrepresentable requests never reach the device) report `EINVAL` or
 //! `EOPNOTSUPP` for the WR that fails them, after posting those before it.
+//!
+//! A QP's queues are shadowed (see `shadow.rs`): with a [`Producer`] each
+//! chunk's work requests are recorded in the queue's ring before the
+//! provider call and settled after it, and a full ring refuses the next
+//! work request with `ENOMEM`, as a full queue does.
 
 use std::mem::MaybeUninit;
 
@@ -28,9 +33,9 @@ use super::ffi::zeroed;
 use super::ibv_error;
 use super::lifecycle::HeldSet;
 use super::objects::{HwAh, HwMr, HwMw};
-use super::qp::HwQp;
-use crate::verbs::backend::{MwOps, QpOps};
-use crate::verbs::{verr, Error, PostError, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Verb};
+use super::shadow::Producer;
+use crate::verbs::backend::MwOps;
+use crate::verbs::{verr, Error, PostError, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Verb, WcOpcode};
 
 /// Work requests per provider call.
 pub(crate) const WR_CHUNK: usize = 16;
@@ -147,6 +152,26 @@ fn invalid(verb: Verb, detail: String) -> Error {
     Error::new(verb, crate::verbs::ErrorKind::InvalidArgument, detail)
 }
 
+/// `ENOMEM` for a work request that does not fit in its (full) queue.
+fn queue_full(verb: Verb, queue: &str, capacity: usize) -> Error {
+    Error::new(
+        verb,
+        crate::verbs::ErrorKind::NoMemory,
+        format!("the {queue} queue is full ({capacity} work requests outstanding)"),
+    )
+}
+
+/// What posting to a send queue needs to know of its QP.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendTarget {
+    /// Transport.
+    pub(crate) qp_type: QpType,
+    /// Granted scatter length.
+    pub(crate) max_send_sge: u32,
+    /// Every send work request is signaled (`sq_sig_all`).
+    pub(crate) sig_all: bool,
+}
+
 /// Whether inline data may be used with this operation (DESIGN §3.3:
 /// Send and RDMA Write only).
 fn carries_inline(op: &SendOp<'_>) -> bool {
@@ -163,7 +188,7 @@ fn carries_inline(op: &SendOp<'_>) -> bool {
 /// Converts one send WR into `chunk`, entering the objects it names in
 /// `held`. Returns the window to update if it is a BIND_MW.
 fn fill_send<'a>(
-    qp: &HwQp,
+    qp: &SendTarget,
     wr: &SendWr<'a>,
     chunk: &mut Chunk<ibv_send_wr>,
     held: &mut HeldSet<'a, HOLD>,
@@ -243,7 +268,7 @@ fn fill_send<'a>(
         SendOp::LocalInv { key } => w.imm_data_invalidated_rkey_union.invalidated_rkey = key,
         _ => {}
     }
-    if qp.qp_type() == QpType::Ud {
+    if qp.qp_type == QpType::Ud {
         let dest = wr
             .ud
             .ok_or_else(|| verr!(PostSend, InvalidArgument, "a UD send needs a destination (SendWr::ud)"))?;
@@ -271,7 +296,7 @@ fn fill_send<'a>(
 }
 
 /// The checks made before a send WR reaches the provider; its opcode.
-fn send_opcode_checked(qp: &HwQp, wr: &SendWr<'_>) -> Result<u32, Error> {
+fn send_opcode_checked(qp: &SendTarget, wr: &SendWr<'_>) -> Result<u32, Error> {
     let opcode = convert::send_opcode(&wr.op).ok_or_else(|| {
         verr!(
             PostSend,
@@ -279,17 +304,17 @@ fn send_opcode_checked(qp: &HwQp, wr: &SendWr<'_>) -> Result<u32, Error> {
             "user-space ibverbs has no REG_MR work request (fast registration exists only in kernel verbs)"
         )
     })?;
-    if !wr.op.is_valid_for(qp.qp_type()) {
+    if !wr.op.is_valid_for(qp.qp_type) {
         return Err(invalid(
             Verb::PostSend,
             format!(
                 "{} work requests are not valid on a {} QP",
                 wr.op.wc_opcode(),
-                qp.qp_type()
+                qp.qp_type
             ),
         ));
     }
-    let max = qp.cap().max_send_sge as usize;
+    let max = qp.max_send_sge as usize;
     if wr.sg_list.len() > max {
         return Err(invalid(
             Verb::PostSend,
@@ -313,24 +338,38 @@ fn send_opcode_checked(qp: &HwQp, wr: &SendWr<'_>) -> Result<u32, Error> {
     Ok(opcode)
 }
 
-/// `ibv_post_send` for `wrs` on `qp` (entered by the caller as `qp_ptr`).
+/// `ibv_post_send` for `wrs` on a QP described by `target`: `call` is the
+/// provider call on the live (entered) QP; `shadow`, the send queue's ring.
 pub(crate) fn post_send(
-    qp: &HwQp,
-    qp_ptr: *mut rdma_sys::ibv_qp,
-    post: super::ffi::PostSendFn,
+    target: &SendTarget,
+    mut shadow: Option<&mut Producer<'_>>,
     wrs: &[SendWr<'_>],
+    mut call: impl FnMut(*mut ibv_send_wr, *mut *mut ibv_send_wr) -> i32,
 ) -> Result<(), PostError> {
     let mut start = 0;
     while start < wrs.len() {
         let mut chunk = Chunk::<ibv_send_wr>::new();
         let mut held = HeldSet::<HOLD>::new();
         let mut binds: [Option<(&HwMw, u32)>; WR_CHUNK] = [None; WR_CHUNK];
+        let room = shadow.as_deref().map_or(usize::MAX, Producer::room);
         let mut rejected = None;
         let mut next = start;
         while next < wrs.len() && !chunk.full_for(wrs[next].sg_list.len()) {
+            if chunk.len == room {
+                let capacity = shadow.as_deref().map_or(0, |p| p.capacity());
+                rejected = Some(queue_full(Verb::PostSend, "send", capacity));
+                break;
+            }
             let slot = chunk.len;
-            match fill_send(qp, &wrs[next], &mut chunk, &mut held) {
-                Ok(bound) => binds[slot] = bound,
+            let wr = &wrs[next];
+            match fill_send(target, wr, &mut chunk, &mut held) {
+                Ok(bound) => {
+                    binds[slot] = bound;
+                    if let Some(p) = shadow.as_deref_mut() {
+                        let signaled = target.sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+                        p.push(wr.wr_id, wr.op.wc_opcode(), signaled);
+                    }
+                }
                 Err(e) => {
                     rejected = Some(e);
                     break;
@@ -341,11 +380,17 @@ pub(crate) fn post_send(
         if chunk.len > 0 {
             let head = chunk.link();
             let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: a live QP (caller), a linked chain of chunk.len fully
-            // written WRs whose scatter lists, AHs, windows and MRs are
-            // valid (pool/spill on our stack or heap; objects held entered).
-            let rc = unsafe { post(qp_ptr, head, &mut bad) };
+            if let Some(p) = shadow.as_deref() {
+                p.publish();
+            }
+            // The chain: chunk.len fully written WRs whose scatter lists,
+            // AHs, windows and MRs are valid for the call (pool/spill on our
+            // stack or heap; objects held entered).
+            let rc = call(head, &mut bad);
             let posted = if rc == 0 { chunk.len } else { chunk.index_of(bad) };
+            if let Some(p) = shadow.as_deref_mut() {
+                p.settle(posted);
+            }
             for (mw, rkey) in binds[..posted].iter().flatten() {
                 mw.set_rkey(*rkey);
             }
@@ -365,21 +410,29 @@ pub(crate) fn post_send(
 }
 
 /// `ibv_post_recv` / `ibv_post_srq_recv` for `wrs`: `post` is the provider
-/// call on a live (entered) queue, `max_sge` its granted scatter length.
+/// call on a live (entered) queue, `max_sge` its granted scatter length,
+/// `shadow` its ring (a QP's receive queue; an SRQ has none).
 pub(crate) fn post_recv(
     wrs: &[RecvWr<'_>],
     max_sge: u32,
     verb: Verb,
     call: &str,
+    mut shadow: Option<&mut Producer<'_>>,
     mut post: impl FnMut(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
 ) -> Result<(), PostError> {
     let mut start = 0;
     while start < wrs.len() {
         let mut chunk = Chunk::<ibv_recv_wr>::new();
+        let room = shadow.as_deref().map_or(usize::MAX, Producer::room);
         let mut rejected = None;
         let mut next = start;
         while next < wrs.len() && !chunk.full_for(wrs[next].sg_list.len()) {
             let wr = &wrs[next];
+            if chunk.len == room {
+                let capacity = shadow.as_deref().map_or(0, |p| p.capacity());
+                rejected = Some(queue_full(verb, "receive", capacity));
+                break;
+            }
             if wr.sg_list.len() > max_sge as usize {
                 rejected = Some(invalid(
                     verb,
@@ -401,15 +454,25 @@ pub(crate) fn post_recv(
                 sg_list,
                 num_sge,
             });
+            if let Some(p) = shadow.as_deref_mut() {
+                p.push(wr.wr_id, WcOpcode::Recv, true);
+            }
             next += 1;
         }
         if chunk.len > 0 {
             let head = chunk.link();
             let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            if let Some(p) = shadow.as_deref() {
+                p.publish();
+            }
             let rc = post(head, &mut bad);
+            let posted = if rc == 0 { chunk.len } else { chunk.index_of(bad) };
+            if let Some(p) = shadow.as_deref_mut() {
+                p.settle(posted);
+            }
             if rc != 0 {
                 return Err(PostError {
-                    index: start + chunk.index_of(bad),
+                    index: start + posted,
                     error: ibv_error(verb, call, rc),
                 });
             }
@@ -464,7 +527,7 @@ mod tests {
             .map(|(i, l)| RecvWr::new(i as u64, l))
             .collect();
         let mut calls = Vec::new();
-        post_recv(&wrs, 3, Verb::PostRecv, "fake", |head, _bad| {
+        post_recv(&wrs, 3, Verb::PostRecv, "fake", None, |head, _bad| {
             calls.push(recv_chain(head));
             0
         })
@@ -485,7 +548,7 @@ mod tests {
         let wrs: Vec<RecvWr<'_>> = (0..20).map(|i| RecvWr::new(i, &list)).collect();
         // The provider rejects the 4th WR of the second chunk.
         let mut call = 0;
-        let err = post_recv(&wrs, 1, Verb::PostRecv, "fake", |head, bad| {
+        let err = post_recv(&wrs, 1, Verb::PostRecv, "fake", None, |head, bad| {
             call += 1;
             if call == 2 {
                 // SAFETY: the chain has at least 4 entries.
@@ -509,7 +572,7 @@ mod tests {
         let mut wrs: Vec<RecvWr<'_>> = (0..5).map(|i| RecvWr::new(i, &ok)).collect();
         wrs.push(RecvWr::new(5, &too_long));
         let mut posted = 0;
-        let err = post_recv(&wrs, 4, Verb::PostSrqRecv, "fake", |head, _| {
+        let err = post_recv(&wrs, 4, Verb::PostSrqRecv, "fake", None, |head, _| {
             posted += recv_chain(head).len();
             0
         })
@@ -517,7 +580,7 @@ mod tests {
         assert_eq!((err.index, posted), (5, 5));
         assert_eq!(err.error.verb(), Verb::PostSrqRecv);
         wrs[5] = RecvWr::new(5, &inline);
-        let err = post_recv(&wrs, 4, Verb::PostRecv, "fake", |_, _| 0).unwrap_err();
+        let err = post_recv(&wrs, 4, Verb::PostRecv, "fake", None, |_, _| 0).unwrap_err();
         assert_eq!(err.index, 5);
         assert!(err.error.detail().contains("inline"));
     }
@@ -533,7 +596,7 @@ mod tests {
             RecvWr::new(3, &mid),
         ];
         let mut calls = Vec::new();
-        post_recv(&wrs, u32::MAX, Verb::PostRecv, "fake", |head, _| {
+        post_recv(&wrs, u32::MAX, Verb::PostRecv, "fake", None, |head, _| {
             calls.push(recv_chain(head));
             0
         })
@@ -546,6 +609,6 @@ mod tests {
 
     #[test]
     fn empty_batches_call_nothing() {
-        post_recv(&[], 1, Verb::PostRecv, "fake", |_, _| unreachable!()).unwrap();
+        post_recv(&[], 1, Verb::PostRecv, "fake", None, |_, _| unreachable!()).unwrap();
     }
 }

@@ -1,24 +1,31 @@
 //! Queue pairs (`struct ibv_qp`): creation, state changes, queries, type 1
-//! window binds; posting is in `post.rs`.
+//! window binds; posting is in `post.rs`, the shadow of what was posted in
+//! `shadow.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use rdma_sys::{ibv_mw_bind, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_srq};
 
 use super::convert;
 use super::ffi::{self, zeroed, PostRecvFn, PostSendFn, SendPtr};
+use super::life::{HwDeviceLife, Member, MemberKind, PostMode};
 use super::lifecycle::{Entered, IbvObject};
 use super::objects::{HwMr, HwMw, HwPd};
-use super::post;
+use super::post::{self, SendTarget};
 use super::queue::{HwCq, HwSrq};
+use super::shadow::QpShadow;
 use super::{check, ibv_error};
 use crate::verbs::backend::*;
 use crate::verbs::{
-    verr, MwBindInfo, MwType, PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, Result, SendFlags, SendWr, Verb,
+    verr, MwBindInfo, MwType, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Result, SendFlags, SendWr,
+    Verb, WcOpcode,
 };
 
 /// A queue pair (`struct ibv_qp`). It holds its PD, CQs and SRQ, so they
 /// outlive it.
+///
+/// Every work request posted is recorded in the QP's shadow until its
+/// completion is polled, so that a removal can flush it (see `shadow.rs`).
 pub struct HwQp {
     qp: IbvObject<ibv_qp>,
     post_send: Option<PostSendFn>,
@@ -26,9 +33,12 @@ pub struct HwQp {
     qp_num: u32,
     qp_type: QpType,
     cap: QpCap,
+    target: SendTarget,
+    shadow: Arc<QpShadow>,
+    life: Arc<HwDeviceLife>,
     srq: Option<Arc<dyn SrqOps>>,
-    _recv_cq: Arc<dyn CqOps>,
-    _send_cq: Arc<dyn CqOps>,
+    recv_cq: Arc<dyn CqOps>,
+    send_cq: Arc<dyn CqOps>,
     _pd: Arc<HwPd>,
 }
 
@@ -77,7 +87,16 @@ impl HwQp {
             cap.max_recv_wr = 0;
             cap.max_recv_sge = 0;
         }
-        Ok(Arc::new(HwQp {
+        let life = pd.life().clone();
+        let shadow = QpShadow::new(
+            qp_num,
+            life.next_seq(),
+            cap.max_send_wr,
+            attr.srq.is_none().then_some(cap.max_recv_wr),
+        );
+        send_cq.shadow().attach(&shadow, true, false);
+        recv_cq.shadow().attach(&shadow, false, true);
+        let qp = Arc::new(HwQp {
             // SAFETY: a fresh QP only the HwQp frees.
             qp: unsafe { IbvObject::new(ptr, "queue pair") },
             post_send: ops.post_send,
@@ -85,11 +104,41 @@ impl HwQp {
             qp_num,
             qp_type: attr.qp_type,
             cap,
+            target: SendTarget {
+                qp_type: attr.qp_type,
+                max_send_sge: cap.max_send_sge,
+                sig_all: attr.sq_sig_all,
+            },
+            shadow,
+            life,
             srq: attr.srq.clone(),
-            _recv_cq: attr.recv_cq.clone(),
-            _send_cq: attr.send_cq.clone(),
+            recv_cq: attr.recv_cq.clone(),
+            send_cq: attr.send_cq.clone(),
             _pd: pd.arc(),
-        }))
+        });
+        let member: Weak<dyn Member> = Arc::downgrade(&qp) as Weak<HwQp>;
+        qp.life.register(MemberKind::Qp, member);
+        Ok(qp)
+    }
+
+    /// The CQ shadows this QP's queues complete on.
+    fn cq_shadows(&self) -> (Option<&HwCq>, Option<&HwCq>) {
+        (
+            super::downcast::<HwCq, _>(&self.send_cq),
+            super::downcast::<HwCq, _>(&self.recv_cq),
+        )
+    }
+
+    /// After a move to RESET the device forgets every outstanding work
+    /// request (no completion will come): so does the shadow.
+    fn forget_posted(&self) {
+        let (send_cq, recv_cq) = self.cq_shadows();
+        if let Some(cq) = send_cq {
+            self.shadow.send().reset(cq.shadow());
+        }
+        if let (Some(q), Some(cq)) = (self.shadow.recv(), recv_cq) {
+            q.reset(cq.shadow());
+        }
     }
 
     /// The `struct ibv_qp` pointer, for interoperating with C (rdma_cm).
@@ -100,7 +149,41 @@ impl HwQp {
 
     fn free(&self) -> std::result::Result<(), i32> {
         // SAFETY: the QP is destroyed at most once (lifecycle).
-        self.qp.destroy(|qp| unsafe { rdma_sys::ibv_destroy_qp(qp) })
+        let freed = self
+            .qp
+            .destroy(|qp| self.life.destroy_rc(unsafe { rdma_sys::ibv_destroy_qp(qp) }));
+        if freed.is_ok() {
+            // Its completions are gone with it (as ibv_destroy_qp discards
+            // them): no flush either.
+            let (send_cq, recv_cq) = self.cq_shadows();
+            for cq in [send_cq, recv_cq].into_iter().flatten() {
+                cq.shadow().detach(self.qp_num);
+            }
+        }
+        freed
+    }
+}
+
+impl Member for HwQp {
+    /// The removal's step 2: the QP moves to ERR (a present device then
+    /// flushes its work requests itself; a dead one answers `EIO`).
+    fn revoke(&self, life: &HwDeviceLife) {
+        let Ok(qp) = self.qp.enter(Verb::ModifyQp) else {
+            return;
+        };
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = QpState::Err.as_raw();
+        // SAFETY: a live QP (entered) and a valid attribute struct.
+        let rc = unsafe {
+            rdma_sys::ibv_modify_qp(
+                qp.ptr(),
+                &mut attr,
+                convert::qp_attr_mask_to_raw(QpAttrMask::STATE) as i32,
+            )
+        };
+        if rc.abs() == libc::EIO {
+            life.mark_dead();
+        }
     }
 }
 
@@ -130,14 +213,20 @@ impl QpOps for HwQp {
     /// changes nothing on error.
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let qp = self.qp.enter(Verb::ModifyQp)?;
+        self.life.check(Verb::ModifyQp)?;
         let mut raw = convert::qp_attr_to_raw(attr);
         // SAFETY: a live QP and a valid attribute struct.
         let rc = unsafe { rdma_sys::ibv_modify_qp(qp.ptr(), &mut raw, convert::qp_attr_mask_to_raw(mask)) };
-        check(Verb::ModifyQp, "ibv_modify_qp", rc)
+        check(Verb::ModifyQp, "ibv_modify_qp", rc)?;
+        if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+            self.forget_posted();
+        }
+        Ok(())
     }
 
     fn query(&self) -> Result<QpAttr> {
         let qp = self.qp.enter(Verb::QueryQp)?;
+        self.life.check(Verb::QueryQp)?;
         let mut raw: ibv_qp_attr = zeroed();
         let mut init: ibv_qp_init_attr = zeroed();
         // SAFETY: a live QP and valid out-parameters.
@@ -147,7 +236,10 @@ impl QpOps for HwQp {
         convert::qp_attr_from_raw(&raw)
     }
 
-    /// `ibv_post_send` through the provider's entry point (see `post.rs`).
+    /// `ibv_post_send` through the provider's entry point (see `post.rs`),
+    /// recorded in the send queue's shadow. After a removal the work
+    /// requests go to the shadow only (to complete with `WR_FLUSH_ERR`);
+    /// once the device's objects are inert, posting fails with `ENODEV`.
     #[inline]
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         if wrs.is_empty() {
@@ -163,7 +255,22 @@ impl QpOps for HwQp {
                 error: verr!(PostSend, NotSupported, "the provider has no post_send"),
             });
         };
-        post::post_send(self, qp.ptr(), post_fn, wrs)
+        if self.life.post_mode() == PostMode::Refuse {
+            return Err(PostError {
+                index: 0,
+                error: self.life.gone(Verb::PostSend),
+            });
+        }
+        let ptr = qp.ptr();
+        let mut ring = self.shadow.send().producer();
+        post::post_send(&self.target, Some(&mut ring), wrs, |head, bad| {
+            if self.life.post_mode() != PostMode::Device {
+                return 0;
+            }
+            // SAFETY: a live QP (entered above) and a linked chain of valid
+            // work requests (post.rs).
+            unsafe { post_fn(ptr, head, bad) }
+        })
     }
 
     /// `ibv_post_recv` through the provider's entry point (see `post.rs`).
@@ -193,12 +300,23 @@ impl QpOps for HwQp {
                 error: verr!(PostRecv, NotSupported, "the provider has no post_recv"),
             });
         };
+        if self.life.post_mode() == PostMode::Refuse {
+            return Err(PostError {
+                index: 0,
+                error: self.life.gone(Verb::PostRecv),
+            });
+        }
+        let mut ring = self.shadow.recv().map(|q| q.producer());
         post::post_recv(
             wrs,
             self.cap.max_recv_sge,
             Verb::PostRecv,
             "ibv_post_recv",
+            ring.as_mut(),
             |wr, bad| {
+                if self.life.post_mode() != PostMode::Device {
+                    return 0;
+                }
                 // SAFETY: a live QP (entered above) and a linked chain of valid
                 // work requests (post.rs).
                 unsafe { post_fn(qp.ptr(), wr, bad) }
@@ -222,6 +340,7 @@ impl QpOps for HwQp {
         let hw_mr = super::downcast::<HwMr, _>(bind.mr.ops())
             .ok_or_else(|| verr!(BindMw, InvalidArgument, "the MR belongs to another backend"))?;
         let qp = self.qp.enter(Verb::BindMw)?;
+        self.life.check(Verb::BindMw)?;
         let mw_guard = hw_mw.obj().enter(Verb::BindMw)?;
         let mr_guard = hw_mr.obj().enter(Verb::BindMw)?;
         let mut raw: ibv_mw_bind = zeroed();
@@ -231,8 +350,23 @@ impl QpOps for HwQp {
         raw.bind_info.addr = bind.addr;
         raw.bind_info.length = bind.length;
         raw.bind_info.mw_access_flags = convert::access_to_raw(bind.access);
+        // The bind is a work request on the send queue: shadow it.
+        let mut ring = self.shadow.send().producer();
+        if ring.room() == 0 {
+            return Err(verr!(
+                BindMw,
+                NoMemory,
+                "the send queue is full ({} work requests outstanding)",
+                ring.capacity()
+            ));
+        }
+        let signaled = self.target.sig_all || flags.contains(SendFlags::SIGNALED);
+        ring.push(wr_id, WcOpcode::BindMw, signaled);
+        ring.publish();
         // SAFETY: a live QP, window and MR (entered) and a valid bind struct.
         let rc = unsafe { ffi::bind_mw(qp.ptr(), mw_guard.ptr(), &mut raw) };
+        ring.settle(usize::from(rc == 0));
+        drop(ring);
         check(Verb::BindMw, "ibv_bind_mw", rc)?;
         // SAFETY: a live window; the provider stored the new rkey in it.
         let rkey = unsafe { (*mw_guard.ptr()).rkey };

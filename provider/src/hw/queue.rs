@@ -1,20 +1,23 @@
 //! Completion channels, completion queues and shared receive queues.
 
-use std::mem::MaybeUninit;
+use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_srq, ibv_srq_attr, ibv_srq_init_attr, ibv_wc};
+use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
 use super::convert;
 use super::device::HwContext;
 use super::ffi::{self, zeroed, PollCqFn, PostSrqRecvFn, ReqNotifyCqFn, SendPtr};
+use super::life::{HwDeviceLife, Member, MemberKind};
 use super::lifecycle::IbvObject;
 use super::objects::HwPd;
 use super::post;
+use super::shadow::CqShadow;
+use super::wake::WakeFd;
 use super::{check, ibv_error};
 use crate::verbs::backend::*;
 use crate::verbs::{verr, PostError, RecvWr, Result, SrqAttr, SrqAttrMask, Verb, WorkCompletion};
@@ -23,15 +26,17 @@ use crate::verbs::{verr, PostError, RecvWr, Result, SrqAttr, SrqAttrMask, Verb, 
 /// destroy is never held up for longer.
 const WAIT_SLICE: Duration = Duration::from_millis(100);
 
-/// Completions fetched per `ibv_poll_cq` call (an array of this many
-/// `ibv_wc` lives on the stack: 768 bytes).
-const POLL_CHUNK: usize = 16;
-
 /// A completion event channel (`struct ibv_comp_channel`).
+///
+/// Besides the kernel's notifications it delivers those a removal raises
+/// for armed CQs (see `life.rs`); [`CompChannelOps::fd`] is readable for
+/// both (see `wake.rs`).
 pub struct HwCompChannel {
     ch: IbvObject<ibv_comp_channel>,
-    fd: RawFd,
-    _ctx: Arc<HwContext>,
+    wake: WakeFd,
+    /// Notifications raised by the backend: CQ user contexts.
+    raised: Mutex<VecDeque<u64>>,
+    ctx: Arc<HwContext>,
 }
 
 impl HwCompChannel {
@@ -43,16 +48,41 @@ impl HwCompChannel {
     pub(crate) unsafe fn new(ctx: Arc<HwContext>, ptr: SendPtr<ibv_comp_channel>) -> Result<Arc<HwCompChannel>> {
         // SAFETY: a live channel; fd is set once at creation.
         let fd = unsafe { (*ptr.get()).fd };
-        let channel = Arc::new(HwCompChannel {
+        let wake = match ffi::set_nonblocking(fd) {
+            0 => WakeFd::new(fd),
+            e => Err(e),
+        };
+        let wake = match wake {
+            Ok(w) => w,
+            Err(e) => {
+                // SAFETY: the caller's fresh channel, freed once, here.
+                unsafe { rdma_sys::ibv_destroy_comp_channel(ptr.get()) };
+                return Err(ibv_error(Verb::CreateCompChannel, "channel descriptor setup", e));
+            }
+        };
+        Ok(Arc::new(HwCompChannel {
             // SAFETY: forwarded from the caller.
             ch: unsafe { IbvObject::new(ptr, "completion channel") },
-            fd,
-            _ctx: ctx,
-        });
-        match ffi::set_nonblocking(fd) {
-            0 => Ok(channel),
-            e => Err(ibv_error(Verb::CreateCompChannel, "fcntl(channel fd, O_NONBLOCK)", e)),
+            wake,
+            raised: Mutex::new(VecDeque::new()),
+            ctx,
+        }))
+    }
+
+    /// Raises a notification for the CQ whose user context is `cq_context`.
+    pub(crate) fn raise(&self, cq_context: u64) {
+        lock(&self.raised).push_back(cq_context);
+        self.wake.wake();
+    }
+
+    fn take_raised(&self) -> Option<u64> {
+        let mut r = lock(&self.raised);
+        let got = r.pop_front();
+        if !r.is_empty() {
+            // Keep the descriptor readable for the rest.
+            self.wake.wake();
         }
+        got
     }
 
     /// The channel's ibverbs object.
@@ -61,9 +91,15 @@ impl HwCompChannel {
     }
 
     fn free(&self) -> std::result::Result<(), i32> {
+        let life = self.ctx.life();
         // SAFETY: the channel is destroyed at most once (lifecycle).
-        self.ch.destroy(|ch| unsafe { rdma_sys::ibv_destroy_comp_channel(ch) })
+        self.ch
+            .destroy(|ch| life.destroy_rc(unsafe { rdma_sys::ibv_destroy_comp_channel(ch) }))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for HwCompChannel {
@@ -75,18 +111,27 @@ impl Drop for HwCompChannel {
 impl CompChannelOps for HwCompChannel {
     /// poll(2) on the channel descriptor, then `ibv_get_cq_event`; returns
     /// the CQ's user context. Each event must be acknowledged with
-    /// [`CqOps::ack_events`] on that CQ.
+    /// [`CqOps::ack_events`] on that CQ. Notifications a removal raised come
+    /// first; once the device is gone (`EIO`) only those remain.
     fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<u64>> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             let ch = self.ch.enter(Verb::GetCqEvent)?;
+            // Clear our wake-up before looking, so that a later raise
+            // wakes the wait below.
+            self.wake.drain();
+            if let Some(c) = self.take_raised() {
+                return Ok(Some(c));
+            }
             let slice = match deadline {
                 None => WAIT_SLICE,
                 Some(d) => d.saturating_duration_since(Instant::now()).min(WAIT_SLICE),
             };
-            let ready = ffi::wait_readable(self.fd, Some(slice))
+            let ready = self
+                .wake
+                .wait(Some(slice))
                 .map_err(|e| ibv_error(Verb::GetCqEvent, "poll(channel fd)", e))?;
-            if ready {
+            if ready.kernel {
                 let mut cq: *mut ibv_cq = std::ptr::null_mut();
                 let mut cq_context: *mut c_void = std::ptr::null_mut();
                 // SAFETY: a live channel and valid out-parameters.
@@ -98,11 +143,17 @@ impl CompChannelOps for HwCompChannel {
                     // cannot be destroyed before this event is acknowledged.
                     let events = unsafe { &*(cq_context as *const CqEvents) };
                     events.delivered.fetch_add(1, Ordering::AcqRel);
+                    events.armed.store(false, Ordering::Release);
                     return Ok(Some(events.user_context));
                 }
                 match ffi::errno() {
                     // Another waiter took it.
                     libc::EAGAIN | libc::EINTR => {}
+                    // The device is gone: only raised notifications remain.
+                    libc::EIO | libc::ENODEV => {
+                        self.ctx.life().mark_dead();
+                        self.wake.detach_kernel();
+                    }
                     e => return Err(ibv_error(Verb::GetCqEvent, "ibv_get_cq_event", e)),
                 }
             }
@@ -113,8 +164,10 @@ impl CompChannelOps for HwCompChannel {
         }
     }
 
+    /// An epoll descriptor readable while a notification is pending (the
+    /// kernel's channel descriptor joined with the backend's own).
     fn fd(&self) -> Option<RawFd> {
-        (!self.ch.is_destroyed()).then_some(self.fd)
+        (!self.ch.is_destroyed()).then_some(self.wake.poll_fd())
     }
 
     /// `ibv_destroy_comp_channel`: `EBUSY` while CQs use it.
@@ -129,6 +182,8 @@ impl CompChannelOps for HwCompChannel {
 pub(crate) struct CqEvents {
     user_context: u64,
     delivered: AtomicU64,
+    /// Notification requested and not yet delivered.
+    armed: AtomicBool,
 }
 
 impl CqEvents {
@@ -164,7 +219,9 @@ pub struct HwCq {
     events: Arc<CqEvents>,
     acks: Mutex<AckState>,
     resize: Mutex<()>,
-    _channel: Option<Arc<dyn CompChannelOps>>,
+    shadow: CqShadow,
+    life: Arc<HwDeviceLife>,
+    channel: Option<Arc<dyn CompChannelOps>>,
     _ctx: Arc<HwContext>,
 }
 
@@ -197,6 +254,7 @@ impl HwCq {
         let events = Arc::new(CqEvents {
             user_context: context,
             delivered: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
         });
         ffi::clear_errno();
         // SAFETY: an open context, a live channel (entered) or null; the
@@ -214,7 +272,7 @@ impl HwCq {
             SendPtr::new(raw).ok_or_else(|| ibv_error(Verb::CreateCq, "ibv_create_cq", ffi::errno_or(libc::ENOMEM)))?;
         // SAFETY: a live CQ; its context's ops table lives as long.
         let (capacity, ops) = unsafe { ((*raw).cqe, ffi::ops((*raw).context)) };
-        Ok(Arc::new(HwCq {
+        let cq = Arc::new(HwCq {
             // SAFETY: a fresh CQ only the HwCq frees.
             cq: unsafe { IbvObject::new(ptr, "completion queue") },
             poll: ops.poll_cq,
@@ -223,9 +281,19 @@ impl HwCq {
             events,
             acks: Mutex::new(AckState { acked: 0, freed: false }),
             resize: Mutex::new(()),
-            _channel: channel.cloned(),
+            shadow: CqShadow::new(),
+            life: ctx.life().clone(),
+            channel: channel.cloned(),
             _ctx: ctx.arc(),
-        }))
+        });
+        let member: Weak<dyn Member> = Arc::downgrade(&cq) as Weak<HwCq>;
+        cq.life.register(MemberKind::Cq, member);
+        Ok(cq)
+    }
+
+    /// The CQ's side of the work request shadow.
+    pub(crate) fn shadow(&self) -> &CqShadow {
+        &self.shadow
     }
 
     /// The CQ's ibverbs object.
@@ -257,7 +325,7 @@ impl HwCq {
                 }
             }
             // SAFETY: the CQ is destroyed at most once (lifecycle).
-            let rc = unsafe { rdma_sys::ibv_destroy_cq(cq) };
+            let rc = self.life.destroy_rc(unsafe { rdma_sys::ibv_destroy_cq(cq) });
             if rc == 0 {
                 self.acks().freed = true;
             }
@@ -277,54 +345,41 @@ impl Drop for HwCq {
 
 impl CqOps for HwCq {
     /// `ibv_poll_cq` through the provider's entry point, in batches of 16
-    /// on the stack. If the CQ fails after some completions were taken,
-    /// those are returned and the error comes with the next call.
+    /// on the stack, retiring the shadowed work requests completed (see
+    /// `shadow.rs`). If the CQ fails after some completions were taken,
+    /// those are returned and the error comes with the next call. After a
+    /// removal, the work requests the device will not complete come back
+    /// as `WR_FLUSH_ERR` once the real completions are drained.
     #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let cq = self.cq.enter(Verb::PollCq)?;
         let Some(poll) = self.poll else {
             return Err(verr!(PollCq, NotSupported, "the provider has no poll_cq"));
         };
-        let mut buf: [MaybeUninit<ibv_wc>; POLL_CHUNK] = [const { MaybeUninit::uninit() }; POLL_CHUNK];
-        let mut done = 0;
-        while done < wc.len() {
-            let want = (wc.len() - done).min(POLL_CHUNK);
-            // SAFETY: a live CQ; the buffer has room for `want` entries.
-            let n = unsafe { poll(cq.ptr(), want as i32, buf.as_mut_ptr().cast()) };
-            if n < 0 {
-                if done > 0 {
-                    break;
-                }
-                return Err(verr!(
-                    PollCq,
-                    Io,
-                    "ibv_poll_cq failed ({n}): CQ overrun or device error"
-                ));
-            }
-            let n = (n as usize).min(want);
-            for (dst, src) in wc[done..done + n].iter_mut().zip(&buf[..n]) {
-                // SAFETY: ibv_poll_cq initialised the first n entries.
-                *dst = convert::wc_from_raw(unsafe { src.assume_init_ref() });
-            }
-            done += n;
-            if n < want {
-                break;
-            }
-        }
-        Ok(done)
+        let ptr = cq.ptr();
+        self.shadow
+            .poll(wc, self.life.poll_mode(), |buf| {
+                // SAFETY: a live CQ (entered above); the buffer has room for
+                // buf.len() (at most 16) entries.
+                unsafe { poll(ptr, buf.len() as i32, buf.as_mut_ptr().cast()) }
+            })
+            .map_err(|n| verr!(PollCq, Io, "ibv_poll_cq failed ({n}): CQ overrun or device error"))
     }
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let cq = self.cq.enter(Verb::ReqNotifyCq)?;
+        self.life.check(Verb::ReqNotifyCq)?;
         let Some(notify) = self.notify else {
             return Err(verr!(ReqNotifyCq, NotSupported, "the provider has no req_notify_cq"));
         };
+        self.events.armed.store(true, Ordering::Release);
         // SAFETY: a live CQ, through the provider's entry point.
         let rc = unsafe { notify(cq.ptr(), i32::from(solicited_only)) };
         check(Verb::ReqNotifyCq, "ibv_req_notify_cq", rc)
     }
 
     fn resize(&self, cqe: u32) -> Result<u32> {
+        self.life.check(Verb::ResizeCq)?;
         let cqe = i32::try_from(cqe).map_err(|_| verr!(ResizeCq, InvalidArgument, "{cqe} CQ entries is too many"))?;
         let _serial = self.resize.lock().unwrap_or_else(|e| e.into_inner());
         let cq = self.cq.enter(Verb::ResizeCq)?;
@@ -370,11 +425,26 @@ impl CqOps for HwCq {
     }
 }
 
+impl Member for HwCq {
+    /// An armed notification fires (the removal's step 2).
+    fn revoke(&self, _life: &HwDeviceLife) {
+        if self.events.armed.swap(false, Ordering::AcqRel) {
+            if let Some(ch) = self.channel.as_ref().and_then(super::downcast::<HwCompChannel, _>) {
+                ch.raise(self.events.user_context);
+            }
+        }
+    }
+}
+
 /// A shared receive queue (`struct ibv_srq`).
+///
+/// Its receives are not shadowed: after a removal they stay in the SRQ,
+/// as with the soft provider, and posting fails with `ENODEV`.
 pub struct HwSrq {
     srq: IbvObject<ibv_srq>,
     post: Option<PostSrqRecvFn>,
     max_sge: u32,
+    life: Arc<HwDeviceLife>,
     _pd: Arc<HwPd>,
 }
 
@@ -399,6 +469,7 @@ impl HwSrq {
             post,
             // ibv_create_srq wrote back what it granted.
             max_sge: init.attr.max_sge,
+            life: pd.life().clone(),
             _pd: pd.arc(),
         }))
     }
@@ -416,7 +487,8 @@ impl HwSrq {
 
     fn free(&self) -> std::result::Result<(), i32> {
         // SAFETY: the SRQ is destroyed at most once (lifecycle).
-        self.srq.destroy(|srq| unsafe { rdma_sys::ibv_destroy_srq(srq) })
+        self.srq
+            .destroy(|srq| self.life.destroy_rc(unsafe { rdma_sys::ibv_destroy_srq(srq) }))
     }
 }
 
@@ -429,6 +501,7 @@ impl Drop for HwSrq {
 impl SrqOps for HwSrq {
     fn modify(&self, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
         let srq = self.srq.enter(Verb::ModifySrq)?;
+        self.life.check(Verb::ModifySrq)?;
         let mut raw = convert::srq_attr_to_raw(attr);
         // SAFETY: a live SRQ and a valid attribute struct.
         let rc = unsafe { rdma_sys::ibv_modify_srq(srq.ptr(), &mut raw, convert::srq_attr_mask_to_raw(mask)) };
@@ -437,6 +510,7 @@ impl SrqOps for HwSrq {
 
     fn query(&self) -> Result<SrqAttr> {
         let srq = self.srq.enter(Verb::QuerySrq)?;
+        self.life.check(Verb::QuerySrq)?;
         let mut raw: ibv_srq_attr = zeroed();
         // SAFETY: a live SRQ and a valid out-parameter.
         let rc = unsafe { rdma_sys::ibv_query_srq(srq.ptr(), &mut raw) };
@@ -451,17 +525,27 @@ impl SrqOps for HwSrq {
             .srq
             .enter(Verb::PostSrqRecv)
             .map_err(|error| PostError { index: 0, error })?;
+        self.life
+            .check(Verb::PostSrqRecv)
+            .map_err(|error| PostError { index: 0, error })?;
         let Some(post_fn) = self.post else {
             return Err(PostError {
                 index: 0,
                 error: verr!(PostSrqRecv, NotSupported, "the provider has no post_srq_recv"),
             });
         };
-        post::post_recv(wrs, self.max_sge, Verb::PostSrqRecv, "ibv_post_srq_recv", |wr, bad| {
-            // SAFETY: a live SRQ (entered above) and a linked chain of
-            // valid work requests (post.rs).
-            unsafe { post_fn(srq.ptr(), wr, bad) }
-        })
+        post::post_recv(
+            wrs,
+            self.max_sge,
+            Verb::PostSrqRecv,
+            "ibv_post_srq_recv",
+            None,
+            |wr, bad| {
+                // SAFETY: a live SRQ (entered above) and a linked chain of
+                // valid work requests (post.rs).
+                unsafe { post_fn(srq.ptr(), wr, bad) }
+            },
+        )
     }
 
     /// `ibv_destroy_srq`: `EBUSY` while QPs use it.

@@ -58,7 +58,7 @@ mod progress;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -105,6 +105,10 @@ pub struct DeviceShared {
     /// Inline mode on a network link: plain ACKs held back for coalescing
     /// (see `acks`). Locked only under the engine lock.
     held: Mutex<acks::HeldAcks>,
+    /// Whether inline polls may hold ACKs back (see [`acks`]); off by
+    /// default: an application that stops calling verbs would strand them
+    /// and its peer's last sends would end in RETRY_EXC_ERR.
+    coalesce_acks: AtomicBool,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -141,9 +145,17 @@ impl DeviceShared {
             link_fds,
             progress: progress::Progress::new(),
             held: Mutex::new(acks::HeldAcks::default()),
+            coalesce_acks: AtomicBool::new(false),
         });
         dev.link.attach(&dev);
         dev
+    }
+
+    /// Lets inline polls hold plain ACKs back for coalescing (a latency
+    /// gain on network links for applications that keep calling verbs, such
+    /// as ping-pong loops; see the `acks` module for the hazard).
+    pub fn set_ack_coalescing(&self, on: bool) {
+        self.coalesce_acks.store(on, Ordering::Relaxed);
     }
 
     /// The device's addresses.
@@ -195,7 +207,8 @@ impl DeviceShared {
         self: &Arc<Self>,
         f: impl FnOnce(&mut Core, Nanos) -> crate::verbs::Result<usize>,
     ) -> crate::verbs::Result<usize> {
-        self.run_verb(true, f, |r| matches!(r, Ok(n) if *n > 0), false)
+        let coalesce = self.coalesce_acks.load(Ordering::Relaxed);
+        self.run_verb(true, f, |r| coalesce && matches!(r, Ok(n) if *n > 0), false)
     }
 
     fn run_verb<R>(

@@ -76,6 +76,10 @@ pub mod device;
 pub mod error;
 pub mod events;
 pub mod gate;
+#[cfg(feature = "hardware")]
+pub mod hw;
+#[cfg(feature = "hardware")]
+pub mod hw_discovery;
 pub mod namespace;
 mod registry;
 pub mod removal;
@@ -90,3 +94,7 @@ pub use gate::{GateGuard, GuardedCq, GuardedQp, RemovalGate};
 pub use namespace::{NamespaceEvent, NamespaceId, NamespaceWatch, NetnsMode, WeakNamespace};
 pub use registry::{Subsystem, SubsystemConfig};
 pub use removal::{RemovalReason, RemovalReport, Straggler, UNATTRIBUTED};
+#[cfg(feature = "hardware")]
+pub use hw::{HwDeviceEvent, HwEventHub, HwFactory, HwPlugged, NetnsBindings};
+#[cfg(feature = "hardware")]
+pub use hw_discovery::{read_netns_mode, DiscoveryThread, HwDiscovery, ScanReport};

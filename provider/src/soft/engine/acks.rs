@@ -15,7 +15,8 @@
 //! response that is not a plain ACK first flushes the held ACKs so that
 //! responses of a QP never overtake each other.
 //!
-//! The cost: a requester sees its send completions up to
+//! Off by default ([`super::DeviceShared::set_ack_coalescing`] turns it on):
+//! the cost: a requester sees its send completions up to
 //! [`ACK_HOLD_NS`] (plus the gap to the responder's next verb) later, and
 //! an inline application that stops calling verbs altogether strands the
 //! ACKs it holds (it strands everything else too: inline devices make
