@@ -224,6 +224,9 @@ pub fn soft_lines(s: &mut String, dev: &Device) {
         }
     };
     let _ = writeln!(s, "\tsoft_engine:\t\t\t{mode}");
+    for p in shared.link_peers() {
+        let _ = writeln!(s, "\tsoft_peer:\t\t\t{p}");
+    }
     let _ = writeln!(s, "\tsoft_counters:");
     for (name, value) in shared.counters().iter().chain(shared.link_stats()) {
         let tabs = if name.len() >= 15 { "\t" } else { "\t\t" };

@@ -1,6 +1,10 @@
 //! `softverbs pingpong`: RC ping-pong between two processes or hosts, like
 //! rdma-core's `ibv_rc_pingpong`, over a soft device on the UDP link (or
-//! any device named with `-d`, hardware included).
+//! any device named with `-d`, hardware included). Between two processes
+//! on one host the soft devices can talk through shared memory: `--link
+//! auto` uses it when the peer offers it and UDP otherwise, `--link shm`
+//! uses shared memory only, `--link udp` (the default, what captures see)
+//! UDP only.
 //!
 //! ```text
 //! server$ softverbs pingpong
@@ -33,6 +37,7 @@ use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
 use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::shm::ShmMode;
 use softverbs::soft::link::udp::{GsoMode, UdpConfig, UdpPort};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::{
@@ -96,6 +101,11 @@ pub struct Args {
     /// UDP GSO policy of the soft device
     #[arg(long, value_enum, default_value_t = Gso::Auto)]
     pub gso: Gso,
+    /// Which path the soft device uses to reach the peer: shared memory
+    /// when the peer is a soft device on this host (else UDP), shared
+    /// memory only, or UDP only
+    #[arg(long, value_enum, default_value_t = LinkKind::Udp)]
+    pub link: LinkKind,
     /// Seconds the client keeps retrying to reach the server
     #[arg(long = "connect-timeout", default_value_t = 10)]
     pub connect_timeout: u64,
@@ -120,6 +130,17 @@ pub enum Engine {
     Inline,
     /// A progress thread per device
     Thread,
+}
+
+/// `--link` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LinkKind {
+    /// Shared memory to soft devices on this host, UDP otherwise
+    Auto,
+    /// Shared memory only
+    Shm,
+    /// UDP only
+    Udp,
 }
 
 /// `--gso` values.
@@ -326,6 +347,9 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
                     s.push_str(&format!("  {k}: {v}\n"));
                 }
             }
+            for p in d.shared().link_peers() {
+                s.push_str(&format!("  peer: {p}\n"));
+            }
             let _ = write!(out, "counters of {}:\n{s}", d.name());
         }
     }
@@ -349,7 +373,12 @@ fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Opti
         Gso::Off => GsoMode::Off,
     };
     let name = format!("softverbs_udp{}", std::process::id());
-    let mut cfg = SoftDeviceConfig::udp(&name, udp).map_err(verbs_fail("creating the UDP device"))?;
+    let mut cfg = match args.link {
+        LinkKind::Udp => SoftDeviceConfig::udp(&name, udp),
+        LinkKind::Auto => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Auto),
+        LinkKind::Shm => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Only),
+    }
+    .map_err(verbs_fail("creating the UDP device"))?;
     cfg.engine = match args.engine {
         Engine::Inline => EngineMode::Inline,
         Engine::Thread => EngineMode::ProgressThread {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::engine::DeviceShared;
 use super::link::inproc::InprocFabric;
 use super::engine::EngineMode;
+use super::link::shm::{ShmLink, ShmMode};
 use super::link::udp::{UdpConfig, UdpLink};
 use super::link::Link;
 use super::objects::SoftContext;
@@ -113,16 +114,7 @@ impl SoftDeviceConfig {
     /// # Ok::<(), softverbs::verbs::Error>(())
     /// ```
     pub fn udp(name: &str, udp: UdpConfig) -> Result<SoftDeviceConfig> {
-        let link = UdpLink::bind(&udp).map_err(|e| {
-            let kind = match e.kind() {
-                std::io::ErrorKind::AddrInUse => ErrorKind::Busy,
-                std::io::ErrorKind::AddrNotAvailable
-                | std::io::ErrorKind::NotFound
-                | std::io::ErrorKind::InvalidInput => ErrorKind::InvalidArgument,
-                _ => ErrorKind::Io,
-            };
-            crate::verbs::Error::new(Verb::OpenDevice, kind, format!("UDP link {:?}: {e}", udp.bind))
-        })?;
+        let link = bind_udp(&udp)?;
         let addrs = link.gids().iter().map(|g| g.to_ip()).collect();
         Ok(SoftDeviceConfig {
             addrs,
@@ -130,6 +122,45 @@ impl SoftDeviceConfig {
             ..SoftDeviceConfig::new(name, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
         })
     }
+
+    /// A device on a UDP link with shared-memory channels to the devices
+    /// of other processes on this host (see [`crate::soft::link::shm`]):
+    /// [`ShmMode::Auto`] falls back to UDP for everyone else,
+    /// [`ShmMode::Only`] never sends by UDP.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`SoftDeviceConfig::udp`]; `Busy` if a device with the same
+    /// GID already listens for channels.
+    pub fn udp_shm(name: &str, udp: UdpConfig, mode: ShmMode) -> Result<SoftDeviceConfig> {
+        let udp = bind_udp(&udp)?;
+        let addrs = udp.gids().iter().map(|g| g.to_ip()).collect();
+        let shm = ShmLink::new(udp, mode).map_err(|e| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::AddrInUse => ErrorKind::Busy,
+                _ => ErrorKind::Io,
+            };
+            crate::verbs::Error::new(Verb::OpenDevice, kind, format!("shared-memory link: {e}"))
+        })?;
+        Ok(SoftDeviceConfig {
+            addrs,
+            link: Some(shm as Arc<dyn Link>),
+            ..SoftDeviceConfig::new(name, IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        })
+    }
+}
+
+fn bind_udp(udp: &UdpConfig) -> Result<Arc<UdpLink>> {
+    UdpLink::bind(udp).map_err(|e| {
+        let kind = match e.kind() {
+            std::io::ErrorKind::AddrInUse => ErrorKind::Busy,
+            std::io::ErrorKind::AddrNotAvailable | std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidInput => {
+                ErrorKind::InvalidArgument
+            }
+            _ => ErrorKind::Io,
+        };
+        crate::verbs::Error::new(Verb::OpenDevice, kind, format!("UDP link {:?}: {e}", udp.bind))
+    })
 }
 
 /// A soft RoCEv2 device.

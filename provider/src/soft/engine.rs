@@ -301,6 +301,9 @@ impl DeviceShared {
         if self.progress.threaded() || self.link_fds.is_empty() {
             return super::notify::poll_readable(&[fd], timeout);
         }
+        if !self.link.prepare_sleep() {
+            return true;
+        }
         let mut fds = Vec::with_capacity(1 + self.link_fds.len());
         fds.push(fd);
         fds.extend_from_slice(&self.link_fds);
@@ -448,6 +451,11 @@ impl DeviceShared {
         let mut c = self.lock().counters().clone();
         self.link.merge_counters(&mut c);
         c
+    }
+
+    /// How the link reaches each peer it knows, for `devinfo`.
+    pub fn link_peers(&self) -> Vec<String> {
+        self.link.peers()
     }
 
     /// The link's own counters (`udp_tx_datagrams`, …), for `devinfo -v`.

@@ -230,6 +230,9 @@ fn run(dev: Weak<DeviceShared>, mut poll: Poll, spin: Duration) {
             // A full send buffer: retry soon.
             timeout = Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))));
         }
+        if !d.link.prepare_sleep() {
+            timeout = Some(Duration::ZERO);
+        }
         drop(d);
         let _ = poll.poll(&mut events, timeout);
         let Some(d) = dev.upgrade() else { return };

@@ -13,6 +13,7 @@
 //! [`Link::poll_fds`].
 
 pub mod inproc;
+pub mod shm;
 pub mod udp;
 
 use std::os::fd::RawFd;
@@ -91,6 +92,18 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// The attached devices whose timers are due at `now` (process time),
     /// for the caller to drive. Cheap when none is due.
     fn take_due(&self, _now: super::proto::Nanos) -> Vec<Arc<DeviceShared>> {
+        Vec::new()
+    }
+
+    /// Called right before the caller blocks on [`Link::poll_fds`]: a
+    /// link whose peers only signal sleeping readers (shared memory) tells
+    /// them now. Returns `false` if work already arrived (do not sleep).
+    fn prepare_sleep(&self) -> bool {
+        true
+    }
+
+    /// One line per known peer, for `devinfo` (how it is reached).
+    fn peers(&self) -> Vec<String> {
         Vec::new()
     }
 

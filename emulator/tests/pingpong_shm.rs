@@ -1,0 +1,111 @@
+//! `softverbs pingpong --link shm` between two processes on one host:
+//! send/receive and RDMA WRITE through shared memory, the automatic
+//! choice, and a peer killed mid-transfer.
+
+mod pingpong_common;
+
+use std::time::{Duration, Instant};
+
+use pingpong_common::*;
+
+fn pair(link: &str, extra: &[&str]) -> (String, String) {
+    let port = free_tcp_port().to_string();
+    let mut server = vec!["-p", port.as_str(), "--bind", "127.0.0.1", "--link", link, "--stats"];
+    server.extend_from_slice(extra);
+    let mut client = vec!["127.0.0.1", "-p", port.as_str(), "--link", link, "--stats"];
+    client.extend_from_slice(extra);
+    run_pair(None, &server, None, &client)
+}
+
+#[test]
+fn send_recv_over_shared_memory() {
+    let (s, c) = pair("shm", &["-s", "8", "-n", "2000", "--warmup", "10"]);
+    check_send_report(&s, 2000);
+    check_send_report(&c, 2000);
+    for out in [&s, &c] {
+        assert!(out.contains("shm_tx_datagrams:"), "{out}");
+        assert!(out.contains(" shm up pid "), "{out}");
+        assert!(
+            !out.contains("udp_tx_datagrams:"),
+            "--link shm sends nothing by UDP: {out}"
+        );
+    }
+    assert!(c.contains("shm_channels_opened: 1"), "{c}");
+    assert!(s.contains("shm_channels_accepted: 1"), "{s}");
+}
+
+#[test]
+fn multi_packet_sends_with_sleeping_progress_threads() {
+    let (s, c) = pair(
+        "shm",
+        &[
+            "-s",
+            "9000",
+            "-n",
+            "200",
+            "--warmup",
+            "5",
+            "--engine",
+            "thread",
+            "--spin-us",
+            "0",
+            "-e",
+        ],
+    );
+    check_send_report(&s, 200);
+    check_send_report(&c, 200);
+    assert!(c.contains("shm_doorbells:") || s.contains("shm_doorbells:"), "{s}\n{c}");
+}
+
+#[test]
+fn rdma_write_stream_over_shared_memory() {
+    for engine in ["inline", "thread"] {
+        let (s, c) = pair(
+            "shm",
+            &[
+                "--op", "write", "-s", "200000", "-n", "30", "-m", "4096", "--engine", engine,
+            ],
+        );
+        assert!(c.contains("write: 30 x 200000 bytes in "), "{c}");
+        assert!(s.contains("data verified"), "{engine}: {s}");
+        assert!(c.contains("shm_tx_datagrams:"), "{c}");
+    }
+}
+
+#[test]
+fn auto_uses_shared_memory_and_udp_does_not() {
+    let (_, c) = pair("auto", &["-s", "64", "-n", "300", "--warmup", "10"]);
+    assert!(c.contains(" shm up pid "), "{c}");
+    assert!(c.contains("shm_tx_datagrams:"), "{c}");
+    let (_, c) = pair("udp", &["-s", "64", "-n", "100", "--warmup", "10"]);
+    assert!(!c.contains("shm_"), "{c}");
+    assert!(c.contains("udp_tx_datagrams:"), "{c}");
+}
+
+/// The server dies in the middle of a long ping-pong: the client's work
+/// requests complete with an error (retries exhausted) and it exits, no
+/// hang, no crash.
+#[test]
+fn a_peer_killed_mid_transfer_fails_the_survivor_cleanly() {
+    let port = free_tcp_port().to_string();
+    let args = ["-s", "8", "-n", "100000000", "--warmup", "0", "--link", "shm"];
+    let mut sargs = vec!["-p", port.as_str(), "--bind", "127.0.0.1"];
+    sargs.extend_from_slice(&args);
+    let mut cargs = vec!["127.0.0.1", "-p", port.as_str()];
+    cargs.extend_from_slice(&args);
+    let mut server = spawn(None, &sargs);
+    let client = spawn(None, &cargs);
+    // Long enough for the connection and the channel on a loaded machine;
+    // the run itself would take minutes.
+    std::thread::sleep(Duration::from_millis(1500));
+    server.kill().expect("kill the server");
+    let _ = server.wait();
+    let start = Instant::now();
+    let (ok, _out, err) = finish(client);
+    assert!(!ok, "the client cannot succeed: {err}");
+    assert!(
+        err.contains("completion with status"),
+        "the client's WRs complete with an error: {err}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(30), "{:?}", start.elapsed());
+}

@@ -1,0 +1,515 @@
+//! The shared region of one channel and its two single-producer
+//! single-consumer rings of datagrams.
+//!
+//! # Layout
+//!
+//! One sealed memfd of [`REGION_LEN`] bytes, created by the side that
+//! connects:
+//!
+//! ```text
+//! 0       header page: magic "SVSHMRG1", version, slot count, slot size
+//! 4096    ring 0 (connector -> acceptor)
+//! 4096+R  ring 1 (acceptor -> connector)            R = RING_LEN
+//!
+//! ring:   +0    head   u64  (next slot the producer fills; producer writes)
+//!         +128  tail   u64  (next slot the consumer reads; consumer writes)
+//!         +256  sleep  u32  (consumer: 1 = about to sleep, ring the doorbell)
+//!         +4096 SLOTS slots of SLOT_LEN bytes
+//! slot:   +0 len u32, +4 src_port u16, +6 dst_port u16,
+//!         +8 src [16] (IPv6 form), +24 dst [16], +64 payload (MAX_PAYLOAD)
+//! ```
+//!
+//! `head` and `tail` are free-running u64 counters on their own cache
+//! lines (and the sleep flag on a third): the producer fills slot
+//! `head % SLOTS` and publishes it with a release store of `head + 1`;
+//! the consumer reads `head` with acquire, copies the slots out, and
+//! frees them with a release store of `tail`.
+//!
+//! # Trust
+//!
+//! The peer process writes this memory concurrently and may be hostile or
+//! broken. Each side keeps its own index privately and only *writes* it
+//! into the region; the index read from the peer is checked
+//! (`0 <= head - tail <= SLOTS`), slot positions are always taken modulo
+//! [`SLOTS`] from the private index, and a length is checked against
+//! [`MAX_PAYLOAD`] before any byte is copied. Payloads are copied out
+//! into private memory with volatile loads before the engine sees them,
+//! so a peer changing a slot mid-read can only change what we read, never
+//! where. No Rust reference into the mapping is ever created except the
+//! `AtomicU64`/`AtomicU32` views of the index words (atomics allow
+//! concurrent writers). The memfd is sealed against shrinking (checked on
+//! open), so the peer cannot truncate it under us (SIGBUS).
+
+use std::fs::File;
+use std::io;
+use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use super::sys;
+
+/// Slots per ring (a power of two).
+pub const SLOTS: u64 = 512;
+/// Largest datagram a slot carries: a RoCEv2 packet at MTU 4096 with
+/// every header (the UDP link's limit).
+pub const MAX_PAYLOAD: usize = 4096 + 256;
+/// Offset of the payload in a slot.
+const SLOT_HDR: usize = 64;
+/// Bytes per slot.
+pub const SLOT_LEN: usize = SLOT_HDR + MAX_PAYLOAD;
+/// Control block before the slots of a ring.
+const RING_CTRL: usize = 4096;
+/// Bytes per ring.
+pub const RING_LEN: usize = RING_CTRL + SLOTS as usize * SLOT_LEN;
+/// Bytes of the whole region.
+pub const REGION_LEN: usize = 4096 + 2 * RING_LEN;
+
+const MAGIC: u64 = u64::from_le_bytes(*b"SVSHMRG1");
+const VERSION: u32 = 1;
+const OFF_HEAD: usize = 0;
+const OFF_TAIL: usize = 128;
+const OFF_SLEEP: usize = 256;
+
+/// Offset of ring `r`'s head index in the region (for tests that play a
+/// broken peer).
+pub fn head_offset(r: usize) -> u64 {
+    (4096 + r * RING_LEN + OFF_HEAD) as u64
+}
+
+/// Offset of ring `r`'s tail index in the region.
+pub fn tail_offset(r: usize) -> u64 {
+    (4096 + r * RING_LEN + OFF_TAIL) as u64
+}
+
+/// Offset of slot `i` (taken modulo [`SLOTS`]) of ring `r`; its length
+/// word is the first 4 bytes.
+pub fn slot_offset(r: usize, i: u64) -> u64 {
+    (4096 + r * RING_LEN + RING_CTRL) as u64 + (i % SLOTS) * SLOT_LEN as u64
+}
+
+const _: () = assert!(SLOTS.is_power_of_two());
+const _: () = assert!(SLOT_LEN.is_multiple_of(64) && MAX_PAYLOAD.is_multiple_of(8));
+const _: () = assert!(RING_LEN.is_multiple_of(4096));
+
+/// A mapped channel region.
+#[derive(Debug)]
+pub struct Region {
+    map: MmapRaw,
+    file: File,
+}
+
+impl Region {
+    /// Creates a new region in a sealed memfd.
+    ///
+    /// # Errors
+    ///
+    /// Failure to create, size, seal or map the memfd.
+    pub fn create() -> io::Result<Region> {
+        let file = sys::memfd("softverbs-shm")?;
+        file.set_len(REGION_LEN as u64)?;
+        sys::seal_size(&file)?;
+        let region = Self::map(file)?;
+        let base = region.map.as_mut_ptr();
+        // SAFETY: the header page lies inside the fresh mapping (REGION_LEN
+        // bytes), which nobody else has seen yet; aligned u64/u32 stores.
+        unsafe {
+            std::ptr::write_volatile(base.cast::<u64>(), MAGIC);
+            std::ptr::write_volatile(base.add(8).cast::<u32>(), VERSION);
+            std::ptr::write_volatile(base.add(12).cast::<u32>(), SLOTS as u32);
+            std::ptr::write_volatile(base.add(16).cast::<u32>(), SLOT_LEN as u32);
+        }
+        Ok(region)
+    }
+
+    /// Maps a region received from a peer, after checking that it cannot
+    /// shrink under us (sealed), has the full size, and carries our
+    /// format.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidData` for an unsealed, short or foreign region; mapping
+    /// errors.
+    pub fn open(file: File) -> io::Result<Region> {
+        let seals = sys::seals(&file)?;
+        if seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "shm region is not sealed"));
+        }
+        if file.metadata()?.len() < REGION_LEN as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "shm region too short"));
+        }
+        let region = Self::map(file)?;
+        let base = region.map.as_ptr();
+        // SAFETY: the header page lies inside the mapping (length checked
+        // above, and it cannot shrink: sealed); aligned volatile loads.
+        let (magic, version, slots, slot_len) = unsafe {
+            (
+                std::ptr::read_volatile(base.cast::<u64>()),
+                std::ptr::read_volatile(base.add(8).cast::<u32>()),
+                std::ptr::read_volatile(base.add(12).cast::<u32>()),
+                std::ptr::read_volatile(base.add(16).cast::<u32>()),
+            )
+        };
+        if magic != MAGIC || version != VERSION || u64::from(slots) != SLOTS || slot_len as usize != SLOT_LEN {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "shm region of another format",
+            ));
+        }
+        Ok(region)
+    }
+
+    fn map(file: File) -> io::Result<Region> {
+        let map = MmapOptions::new().len(REGION_LEN).map_raw(file.as_raw_fd())?;
+        Ok(Region { map, file })
+    }
+
+    /// The memfd (to pass to the peer, or for a test to scribble on).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Pointer to byte `off` of ring `r`'s block.
+    fn ring_ptr(&self, r: usize, off: usize) -> *mut u8 {
+        debug_assert!(r < 2 && off < RING_LEN);
+        // SAFETY: 4096 + r * RING_LEN + off < REGION_LEN for r < 2 and
+        // off < RING_LEN, so the result stays inside the mapping.
+        unsafe { self.map.as_mut_ptr().add(4096 + (r & 1) * RING_LEN + off % RING_LEN) }
+    }
+
+    fn index(&self, r: usize, off: usize) -> &AtomicU64 {
+        let p = self.ring_ptr(r, off).cast::<u64>();
+        // SAFETY: `p` is 8-aligned (page-aligned base, offsets 0/128), in
+        // the mapping, which lives as long as `self`; an atomic view is
+        // sound under concurrent writes by the peer (all our accesses to
+        // this word are atomic).
+        unsafe { AtomicU64::from_ptr(p) }
+    }
+
+    fn sleep_flag(&self, r: usize) -> &AtomicU32 {
+        let p = self.ring_ptr(r, OFF_SLEEP).cast::<u32>();
+        // SAFETY: as in `index`: aligned, inside the mapping, only
+        // accessed atomically.
+        unsafe { AtomicU32::from_ptr(p) }
+    }
+
+    fn slot_ptr(&self, r: usize, i: u64) -> *mut u8 {
+        self.ring_ptr(r, RING_CTRL + (i % SLOTS) as usize * SLOT_LEN)
+    }
+}
+
+/// Metadata of a datagram in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotMeta {
+    /// Source address (the sender's GID as an address).
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port.
+    pub dst_port: u16,
+}
+
+fn ip16(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+fn ip_of(b: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(b);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// Why a push failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushError {
+    /// Every slot is in use: retry later.
+    Full,
+    /// The datagram is longer than [`MAX_PAYLOAD`].
+    TooLong,
+    /// The consumer's index is impossible: the peer is broken.
+    Corrupt,
+}
+
+/// The writing end of one ring.
+#[derive(Debug)]
+pub struct Producer {
+    ring: usize,
+    head: u64,
+    tail: u64,
+}
+
+impl Producer {
+    /// The producer of ring `ring` of a fresh region.
+    pub fn new(ring: usize) -> Producer {
+        Producer {
+            ring: ring & 1,
+            head: 0,
+            tail: 0,
+        }
+    }
+
+    /// Copies one datagram into the next slot and publishes it.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError`]; nothing was written then.
+    pub fn push(&mut self, region: &Region, meta: &SlotMeta, data: &[u8]) -> Result<(), PushError> {
+        if data.len() > MAX_PAYLOAD {
+            return Err(PushError::TooLong);
+        }
+        if self.head - self.tail >= SLOTS {
+            let tail = region.index(self.ring, OFF_TAIL).load(Ordering::Acquire);
+            // Untrusted: the consumer can only have freed what we filled.
+            if tail > self.head || self.head - tail > SLOTS {
+                return Err(PushError::Corrupt);
+            }
+            self.tail = tail;
+            if self.head - self.tail >= SLOTS {
+                return Err(PushError::Full);
+            }
+        }
+        let slot = region.slot_ptr(self.ring, self.head);
+        let src = ip16(meta.src);
+        let dst = ip16(meta.dst);
+        // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
+        // (index taken modulo SLOTS); every write below stays in it: header
+        // fields (aligned volatile stores) in the first 40 bytes, the
+        // payload at SLOT_HDR..SLOT_HDR + len <= SLOT_LEN (len <=
+        // MAX_PAYLOAD checked above); `data` is private memory, so the
+        // copy does not overlap.
+        unsafe {
+            std::ptr::write_volatile(slot.cast::<u32>(), data.len() as u32);
+            std::ptr::write_volatile(slot.add(4).cast::<u16>(), meta.src_port);
+            std::ptr::write_volatile(slot.add(6).cast::<u16>(), meta.dst_port);
+            for k in 0..2 {
+                let s = u64::from_ne_bytes(src[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                let d = u64::from_ne_bytes(dst[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                std::ptr::write_volatile(slot.add(8 + 8 * k).cast::<u64>(), s);
+                std::ptr::write_volatile(slot.add(24 + 8 * k).cast::<u64>(), d);
+            }
+            // A plain copy: the peer may read these bytes concurrently
+            // (a broken peer), which can only garble what it reads.
+            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HDR), data.len());
+        }
+        self.head += 1;
+        region.index(self.ring, OFF_HEAD).store(self.head, Ordering::Release);
+        Ok(())
+    }
+
+    /// `(slots published, slots known freed)`.
+    pub fn position(&self) -> (u64, u64) {
+        (self.head, self.tail)
+    }
+
+    /// After publishing: whether the consumer said it is going to sleep
+    /// (then the caller rings its doorbell). Pairs with
+    /// [`Consumer::prepare_sleep`] (store flag, fence, load head).
+    pub fn consumer_sleeping(&self, region: &Region) -> bool {
+        fence(Ordering::SeqCst);
+        region.sleep_flag(self.ring).load(Ordering::Relaxed) != 0
+    }
+}
+
+/// What reading a slot found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Popped {
+    /// A datagram, now in the caller's buffer.
+    Datagram(SlotMeta),
+    /// A slot with an impossible length: skipped.
+    BadLength,
+}
+
+/// The reading end of one ring.
+#[derive(Debug)]
+pub struct Consumer {
+    ring: usize,
+    tail: u64,
+    head: u64,
+    /// The producer published an impossible index: stop reading.
+    broken: bool,
+    sleeping: bool,
+}
+
+impl Consumer {
+    /// The consumer of ring `ring` of a fresh region.
+    pub fn new(ring: usize) -> Consumer {
+        Consumer {
+            ring: ring & 1,
+            tail: 0,
+            head: 0,
+            broken: false,
+            sleeping: false,
+        }
+    }
+
+    /// `(slots read, slots known published)`.
+    pub fn position(&self) -> (u64, u64) {
+        (self.tail, self.head)
+    }
+
+    /// Whether the producer published an impossible index (the consumer
+    /// then reads nothing more).
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Refreshes the producer's index; returns how many slots are ready,
+    /// or `None` if the index is impossible (the ring is then broken).
+    fn ready(&mut self, region: &Region) -> Option<u64> {
+        if self.broken {
+            return None;
+        }
+        if self.head == self.tail {
+            let head = region.index(self.ring, OFF_HEAD).load(Ordering::Acquire);
+            let n = head.wrapping_sub(self.tail);
+            if n > SLOTS {
+                self.broken = true;
+                return None;
+            }
+            self.head = head;
+        }
+        Some(self.head - self.tail)
+    }
+
+    /// Whether a slot is ready (or the ring just turned out broken).
+    pub fn has_data(&mut self, region: &Region) -> bool {
+        !matches!(self.ready(region), Some(0))
+    }
+
+    /// Copies the next datagram into `buf` (replacing its contents).
+    /// `Ok(None)`: the ring is empty. `Err(())`: the producer's index is
+    /// impossible; the ring is broken for good.
+    #[allow(clippy::result_unit_err)]
+    pub fn pop(&mut self, region: &Region, buf: &mut Vec<u8>) -> Result<Option<Popped>, ()> {
+        match self.ready(region) {
+            None => return Err(()),
+            Some(0) => return Ok(None),
+            Some(_) => {}
+        }
+        let slot = region.slot_ptr(self.ring, self.tail);
+        // SAFETY: `slot` starts a slot inside the mapping (index modulo
+        // SLOTS); the header reads are within its first 40 bytes, aligned.
+        let len = unsafe { std::ptr::read_volatile(slot.cast::<u32>()) } as usize;
+        self.tail += 1;
+        if len > MAX_PAYLOAD {
+            self.publish_tail(region);
+            return Ok(Some(Popped::BadLength));
+        }
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        buf.clear();
+        buf.resize(len, 0);
+        // SAFETY: as above for the header; the payload read covers `len`
+        // bytes from SLOT_HDR, at most SLOT_LEN in all (len <= MAX_PAYLOAD
+        // checked above, on our private copy of the length), into `buf`,
+        // which has exactly `len` bytes and does not overlap the mapping.
+        let (src_port, dst_port) = unsafe {
+            let sp = std::ptr::read_volatile(slot.add(4).cast::<u16>());
+            let dp = std::ptr::read_volatile(slot.add(6).cast::<u16>());
+            for k in 0..2 {
+                let s = std::ptr::read_volatile(slot.add(8 + 8 * k).cast::<u64>());
+                let d = std::ptr::read_volatile(slot.add(24 + 8 * k).cast::<u64>());
+                src[8 * k..8 * k + 8].copy_from_slice(&s.to_ne_bytes());
+                dst[8 * k..8 * k + 8].copy_from_slice(&d.to_ne_bytes());
+            }
+            // One copy into private memory, which is all the engine ever
+            // sees: a peer writing the slot meanwhile garbles the copy,
+            // never its bounds.
+            std::ptr::copy_nonoverlapping(slot.add(SLOT_HDR), buf.as_mut_ptr(), len);
+            (sp, dp)
+        };
+        if self.tail == self.head {
+            self.publish_tail(region);
+        }
+        Ok(Some(Popped::Datagram(SlotMeta {
+            src: ip_of(src),
+            dst: ip_of(dst),
+            src_port,
+            dst_port,
+        })))
+    }
+
+    fn publish_tail(&self, region: &Region) {
+        region.index(self.ring, OFF_TAIL).store(self.tail, Ordering::Release);
+    }
+
+    /// Announces that the reader is going to sleep; returns whether it
+    /// may (`false`: data is already there). The producer rings the
+    /// doorbell for anything it publishes after this.
+    pub fn prepare_sleep(&mut self, region: &Region) -> bool {
+        self.sleeping = true;
+        region.sleep_flag(self.ring).store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        !self.has_data(region)
+    }
+
+    /// The reader is awake again (cheap when it never slept).
+    pub fn wake(&mut self, region: &Region) {
+        if self.sleeping {
+            self.sleeping = false;
+            region.sleep_flag(self.ring).store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> SlotMeta {
+        SlotMeta {
+            src: "fd73:7665:7262:4::1".parse().unwrap(),
+            dst: "127.0.0.1".parse().unwrap(),
+            src_port: 0xc001,
+            dst_port: 4791,
+        }
+    }
+
+    #[test]
+    fn push_pop_wraps_and_fills() {
+        let r = Region::create().unwrap();
+        let r2 = Region::open(r.file().try_clone().unwrap()).unwrap();
+        let mut p = Producer::new(0);
+        let mut c = Consumer::new(0);
+        let mut buf = Vec::new();
+        for round in 0..3u64 {
+            for i in 0..SLOTS {
+                let data = vec![(i + round) as u8; (i as usize * 7) % 300 + 1];
+                p.push(&r, &meta(), &data).unwrap();
+            }
+            assert_eq!(p.push(&r, &meta(), b"x"), Err(PushError::Full));
+            for i in 0..SLOTS {
+                let got = c.pop(&r2, &mut buf).unwrap().unwrap();
+                assert_eq!(got, Popped::Datagram(meta()));
+                assert_eq!(buf, vec![(i + round) as u8; (i as usize * 7) % 300 + 1]);
+            }
+            assert_eq!(c.pop(&r2, &mut buf), Ok(None));
+        }
+        assert_eq!(p.push(&r, &meta(), &vec![0; MAX_PAYLOAD + 1]), Err(PushError::TooLong));
+        p.push(&r, &meta(), &vec![9; MAX_PAYLOAD]).unwrap();
+        assert!(matches!(c.pop(&r2, &mut buf), Ok(Some(Popped::Datagram(_)))));
+        assert_eq!(buf.len(), MAX_PAYLOAD);
+    }
+
+    #[test]
+    fn sleep_flag_handshake() {
+        let r = Region::create().unwrap();
+        let mut p = Producer::new(1);
+        let mut c = Consumer::new(1);
+        assert!(!p.consumer_sleeping(&r));
+        assert!(c.prepare_sleep(&r));
+        p.push(&r, &meta(), b"hello").unwrap();
+        assert!(p.consumer_sleeping(&r));
+        assert!(!c.prepare_sleep(&r));
+        c.wake(&r);
+        assert!(!p.consumer_sleeping(&r));
+    }
+}

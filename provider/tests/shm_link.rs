@@ -1,0 +1,252 @@
+//! The shared-memory link between soft devices (here of one process, each
+//! with its own link, exactly as two processes would be): RC traffic over
+//! the rings, the doorbell of sleeping progress threads, and a peer that
+//! scribbles on the rings.
+
+#[path = "udp_common/mod.rs"]
+mod udp_common;
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::shm::ring::{self, Consumer, Popped, Producer, PushError, Region, SlotMeta};
+use softverbs::soft::link::shm::{ShmLink, ShmMode};
+use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort};
+use softverbs::soft::link::Link;
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::*;
+use udp_common::*;
+
+fn shm_device(mode: ShmMode, engine: EngineMode) -> (Arc<SoftDevice>, Arc<ShmLink>) {
+    let mut udp = UdpConfig::new(LO4);
+    udp.port = UdpPort::Fixed(free_private_port(LO4));
+    let udp = UdpLink::bind(&udp).expect("bind");
+    let addrs = udp.gids().iter().map(|g| g.to_ip()).collect();
+    let link = ShmLink::new(udp, mode).expect("shm link");
+    let cfg = SoftDeviceConfig {
+        addrs,
+        link: Some(link.clone() as Arc<dyn Link>),
+        engine,
+        ..SoftDeviceConfig::new(&unique("shm"), LO4)
+    };
+    (SoftDevice::create(cfg).expect("create"), link)
+}
+
+fn stat(link: &ShmLink, name: &str) -> u64 {
+    link.stats().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, v)| v)
+}
+
+fn send_one(a: &Side, b: &Side, i: u64, len: u32) {
+    let sge = [b.mr.sge(0, 8192).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(100 + i, &sge)]).unwrap();
+    let payload: Vec<u8> = (0..len).map(|k| (k as u8) ^ (i as u8) ^ 0x5a).collect();
+    a.mr.write(0, &payload).unwrap();
+    let sge = [a.mr.sge(0, len).unwrap()];
+    a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (100 + i, WcStatus::Success, len));
+    assert_eq!(b.mr.to_vec(0, len as usize).unwrap(), payload);
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+}
+
+fn traffic(engine_a: EngineMode, engine_b: EngineMode, mode: ShmMode) -> (Arc<ShmLink>, Arc<ShmLink>) {
+    let ((da, la), (db, lb)) = (shm_device(mode, engine_a), shm_device(mode, engine_b));
+    let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    for (i, len) in [8u32, 1000, 5000, 1, 8192].into_iter().enumerate() {
+        send_one(&a, &b, i as u64, len);
+        send_one(&b, &a, 50 + i as u64, len);
+    }
+    // A 1 MiB RDMA WRITE: 256 packets in a 512-slot ring.
+    let data: Vec<u8> = (0..1 << 20).map(|k: u32| (k % 251) as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    let sge = [a.mr.sge(0, 1 << 20).unwrap()];
+    let remote = RemoteAddr {
+        addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(7, SendOp::Write { remote }, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (7, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(0, 1 << 20).unwrap(), data);
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    assert!(stat(&la, "shm_tx_datagrams") > 256, "{:?}", la.stats());
+    assert!(stat(&lb, "shm_rx_datagrams") > 256, "{:?}", lb.stats());
+    let peers = la.peer_lines();
+    assert!(peers.iter().any(|p| p.contains(" shm up pid ")), "{peers:?}");
+    assert!(da.shared().link_peers().iter().any(|p| p.contains(" shm up ")));
+    if mode == ShmMode::Only {
+        assert_eq!(stat(&la, "udp_tx_datagrams") + stat(&lb, "udp_tx_datagrams"), 0);
+    }
+    drop((a, b));
+    da.remove();
+    db.remove();
+    (la, lb)
+}
+
+#[test]
+fn rc_send_and_write_over_shared_memory_inline() {
+    traffic(EngineMode::Inline, EngineMode::Inline, ShmMode::Only);
+}
+
+#[test]
+fn auto_mode_switches_to_shared_memory() {
+    let (la, _) = traffic(EngineMode::Inline, EngineMode::Inline, ShmMode::Auto);
+    assert_eq!(la.mode(), ShmMode::Auto);
+}
+
+#[test]
+fn sleeping_progress_threads_are_woken_by_the_doorbell() {
+    let sleepy = EngineMode::ProgressThread { spin: Duration::ZERO };
+    let (la, lb) = traffic(sleepy, sleepy, ShmMode::Only);
+    assert!(
+        stat(&la, "shm_doorbells") + stat(&lb, "shm_doorbells") > 0,
+        "{:?} {:?}",
+        la.stats(),
+        lb.stats()
+    );
+}
+
+/// Plays a broken or hostile peer: writes into the ring the other device
+/// reads, through the memfd. The reader must drop and count, never panic
+/// or read outside the mapping.
+#[test]
+fn garbage_in_the_ring_is_dropped_and_counted() {
+    let ((da, la), (db, lb)) = (
+        shm_device(ShmMode::Only, EngineMode::Inline),
+        shm_device(ShmMode::Only, EngineMode::Inline),
+    );
+    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 9000));
+    connect(&a, &b, Mtu::Mtu1024);
+    send_one(&a, &b, 1, 100); // a connects: it writes ring 0, b reads it
+    let files = la.channel_files();
+    assert_eq!(files.len(), 1);
+    let (f, connector) = &files[0];
+    assert!(connector);
+    let read_u64 = |off: u64| {
+        let mut b = [0u8; 8];
+        f.read_exact_at(&mut b, off).unwrap();
+        u64::from_ne_bytes(b)
+    };
+    let drive_b = || {
+        let mut wc = [WorkCompletion::default(); 4];
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(50) {
+            let _ = b.rcq.poll(&mut wc);
+        }
+    };
+    // An impossible length.
+    let h = read_u64(ring::head_offset(0));
+    f.write_all_at(&0xffff_fff0u32.to_ne_bytes(), ring::slot_offset(0, h))
+        .unwrap();
+    f.write_all_at(&(h + 1).to_ne_bytes(), ring::head_offset(0)).unwrap();
+    drive_b();
+    assert_eq!(stat(&lb, "shm_rx_bad_len"), 1, "{:?}", lb.stats());
+    // A plausible datagram from an address that is not the peer's.
+    let slot = ring::slot_offset(0, h + 1);
+    f.write_all_at(&100u32.to_ne_bytes(), slot).unwrap();
+    f.write_all_at(&[1u8; 16], slot + 8).unwrap();
+    f.write_all_at(&(h + 2).to_ne_bytes(), ring::head_offset(0)).unwrap();
+    drive_b();
+    assert_eq!(stat(&lb, "shm_rx_bad_addr"), 1, "{:?}", lb.stats());
+    // An impossible index: the channel is given up.
+    f.write_all_at(&(h + 1_000_000).to_ne_bytes(), ring::head_offset(0))
+        .unwrap();
+    drive_b();
+    assert_eq!(stat(&lb, "shm_rx_bad_index"), 1, "{:?}", lb.stats());
+    assert!(
+        !lb.peer_lines().iter().any(|p| p.contains(" shm up ")),
+        "{:?}",
+        lb.peer_lines()
+    );
+    let c = db.shared().counters();
+    assert!(c.rx_malformed >= 2, "{c:?}");
+    drop((a, b));
+    da.remove();
+    db.remove();
+}
+
+/// Random bytes over a ring's indices and slots, again and again: the
+/// consumer never panics and never hands out more than a slot holds; a
+/// producer facing an impossible consumer index refuses to write.
+#[test]
+fn ring_survives_random_scribbles() {
+    let region = Region::create().unwrap();
+    let peer = region.file().try_clone().unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut buf = Vec::new();
+    let mut seen = 0;
+    for round in 0..200 {
+        let mut c = Consumer::new(0);
+        for _ in 0..64 {
+            let what = rnd() % 4;
+            let off = match what {
+                0 => ring::head_offset(0),
+                1 => ring::slot_offset(0, rnd()),
+                2 => ring::slot_offset(0, rnd()) + rnd() % ring::SLOT_LEN as u64,
+                _ => ring::head_offset(0) + rnd() % ring::RING_LEN as u64,
+            };
+            let v = if round % 2 == 0 {
+                rnd() % (2 * ring::SLOTS)
+            } else {
+                rnd()
+            };
+            peer.write_all_at(&v.to_ne_bytes(), off.min((ring::REGION_LEN - 8) as u64))
+                .unwrap();
+        }
+        for _ in 0..2 * ring::SLOTS {
+            match c.pop(&region, &mut buf) {
+                Ok(Some(Popped::Datagram(_))) => {
+                    assert!(buf.len() <= ring::MAX_PAYLOAD);
+                    seen += 1;
+                }
+                Ok(Some(Popped::BadLength)) => {}
+                Ok(None) | Err(()) => break,
+            }
+        }
+    }
+    assert!(seen > 0, "some scribbles look like datagrams");
+    // A consumer index beyond what was produced.
+    let mut p = Producer::new(1);
+    let meta = SlotMeta {
+        src: LO4,
+        dst: LO4,
+        src_port: 1,
+        dst_port: 2,
+    };
+    for _ in 0..ring::SLOTS {
+        p.push(&region, &meta, b"x").unwrap();
+    }
+    peer.write_all_at(&u64::MAX.to_ne_bytes(), ring::tail_offset(1))
+        .unwrap();
+    assert_eq!(p.push(&region, &meta, b"x"), Err(PushError::Corrupt));
+    // A region that is not sealed is refused.
+    let f = tempfile_like();
+    f.set_len(ring::REGION_LEN as u64).unwrap();
+    assert!(Region::open(f).is_err());
+}
+
+fn tempfile_like() -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("softverbs-shm-test-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    f
+}
