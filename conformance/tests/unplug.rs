@@ -12,8 +12,16 @@ use softverbs_conformance::harness::*;
 
 #[test]
 fn unplug_flushes_everything_once_and_fails_control_verbs() {
-    let a = SoftDevice::create(SoftDeviceConfig::new("unplug_a", IpAddr::V4(Ipv4Addr::new(127, 83, 90, 1)))).unwrap();
-    let b = SoftDevice::create(SoftDeviceConfig::new("unplug_b", IpAddr::V4(Ipv4Addr::new(127, 83, 90, 2)))).unwrap();
+    let a = SoftDevice::create(SoftDeviceConfig::new(
+        "unplug_a",
+        IpAddr::V4(Ipv4Addr::new(127, 83, 90, 1)),
+    ))
+    .unwrap();
+    let b = SoftDevice::create(SoftDeviceConfig::new(
+        "unplug_b",
+        IpAddr::V4(Ipv4Addr::new(127, 83, 90, 2)),
+    ))
+    .unwrap();
     let (ca, cb) = (a.open().unwrap(), b.open().unwrap());
     let p = Pair::new(&ca, &cb, PairConfig::default()).unwrap();
     // Receives on A that nothing will consume, and sends to B that will
@@ -24,7 +32,9 @@ fn unplug_flushes_everything_once_and_fails_control_verbs() {
     b.unplug();
     let sge = [p.a.mr.sge(0, 8).unwrap()];
     for i in 0..3 {
-        p.a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED)]).unwrap();
+        p.a.qp
+            .post_send(&[SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+            .unwrap();
     }
     // A is still live: its sends go nowhere and time out later; unplug A.
     a.unplug();
@@ -32,12 +42,18 @@ fn unplug_flushes_everything_once_and_fails_control_verbs() {
     assert_eq!(sends.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![0, 1, 2]);
     assert!(sends.iter().all(|w| w.status == WcStatus::WrFlushErr));
     let recvs = wait_n(&p.a.rcq, 5, Duration::from_secs(5)).unwrap();
-    assert_eq!(recvs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![100, 101, 102, 103, 104]);
+    assert_eq!(
+        recvs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![100, 101, 102, 103, 104]
+    );
     assert!(recvs.iter().all(|w| w.status == WcStatus::WrFlushErr));
     assert!(stays_empty(&p.a.scq, Duration::from_millis(20)).unwrap());
     // Posting after removal still completes exactly once, with a flush.
     p.a.qp.post_send(&[SendWr::new(9, SendOp::Send, &sge)]).unwrap();
-    assert_eq!(wait_one(&p.a.scq, Duration::from_secs(5)).unwrap().status, WcStatus::WrFlushErr);
+    assert_eq!(
+        wait_one(&p.a.scq, Duration::from_secs(5)).unwrap().status,
+        WcStatus::WrFlushErr
+    );
     // Control verbs fail with ENODEV.
     assert_eq!(ca.alloc_pd().unwrap_err().kind(), ErrorKind::NoDevice);
     assert_eq!(ca.create_cq(4, 0, None, 0).unwrap_err().kind(), ErrorKind::NoDevice);
@@ -45,7 +61,10 @@ fn unplug_flushes_everything_once_and_fails_control_verbs() {
         qp_state: QpState::Reset,
         ..QpAttr::default()
     };
-    assert_eq!(p.a.qp.modify(&attr, QpAttrMask::STATE).unwrap_err().kind(), ErrorKind::NoDevice);
+    assert_eq!(
+        p.a.qp.modify(&attr, QpAttrMask::STATE).unwrap_err().kind(),
+        ErrorKind::NoDevice
+    );
     // DEVICE_FATAL is delivered.
     let mut last = None;
     while let Some(e) = ca.get_async_event(Some(Duration::ZERO)).unwrap() {

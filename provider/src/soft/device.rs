@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::engine::DeviceShared;
-use super::link::inproc::InprocFabric;
 use super::engine::EngineMode;
+use super::link::inproc::InprocFabric;
 use super::link::shm::{ShmLink, ShmMode};
 use super::link::udp::{UdpConfig, UdpLink};
 use super::link::Link;

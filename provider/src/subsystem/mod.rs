@@ -91,10 +91,10 @@ pub use device::{
 pub use error::{Error, Op, Result};
 pub use events::{CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
 pub use gate::{GateGuard, GuardedCq, GuardedQp, RemovalGate};
-pub use namespace::{NamespaceEvent, NamespaceId, NamespaceWatch, NetnsMode, WeakNamespace};
-pub use registry::{Subsystem, SubsystemConfig};
-pub use removal::{RemovalReason, RemovalReport, Straggler, UNATTRIBUTED};
 #[cfg(feature = "hardware")]
 pub use hw::{HwDeviceEvent, HwEventHub, HwFactory, HwPlugged, NetnsBindings};
 #[cfg(feature = "hardware")]
 pub use hw_discovery::{read_netns_mode, DiscoveryThread, HwDiscovery, ScanReport};
+pub use namespace::{NamespaceEvent, NamespaceId, NamespaceWatch, NetnsMode, WeakNamespace};
+pub use registry::{Subsystem, SubsystemConfig};
+pub use removal::{RemovalReason, RemovalReport, Straggler, UNATTRIBUTED};
