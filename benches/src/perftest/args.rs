@@ -191,8 +191,8 @@ pub enum LinkKind {
     /// UDP sockets (RoCEv2): two UDP devices on 127.0.0.1 in loopback,
     /// or one per end with --server/--client
     Udp,
-    /// Shared-memory rings between processes (`softverbs pingpong --link
-    /// shm`; not driven by the perf tool yet)
+    /// Shared-memory rings (devices on one host; the UDP link carries the
+    /// rendezvous only)
     Shm,
 }
 
@@ -487,14 +487,7 @@ impl Params {
                             .into(),
                     ))
                 }
-                LinkKind::Shm => {
-                    return Err(PerfError::NotAvailable(
-                        "--link shm: the perf tool does not drive the shared-memory link yet; use --link udp, or \
-                         `softverbs pingpong --link shm` between two processes"
-                            .into(),
-                    ))
-                }
-                LinkKind::Inproc | LinkKind::Udp => {}
+                LinkKind::Inproc | LinkKind::Udp | LinkKind::Shm => {}
             }
         }
         let atomic = verb == VerbKind::Atomic;
@@ -760,10 +753,7 @@ mod tests {
             params(&["write_bw", "--link", "udp", "--server"]).unwrap().mode,
             Mode::Server
         );
-        assert!(matches!(
-            params(&["write_bw", "--link", "shm"]),
-            Err(PerfError::NotAvailable(_))
-        ));
+        assert_eq!(params(&["write_bw", "--link", "shm"]).unwrap().link, LinkKind::Shm);
     }
 
     #[test]

@@ -29,10 +29,11 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
         return crate::scale::run(args, backend, out);
     }
     let p = Params::from_args(args, backend)?;
-    let udp = p.backend == verbs::BackendKind::Soft && p.link == LinkKind::Udp;
+    let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
+    let shm = p.link == LinkKind::Shm;
     match p.mode.clone() {
-        Mode::Loopback if udp => {
-            let (a, b) = udp_loopback_devices(p.bw, p.verb)?;
+        Mode::Loopback if net => {
+            let (a, b) = udp_loopback_devices(p.bw, p.verb, shm)?;
             run_loopback(&p, &a, &b, out)
         }
         Mode::Loopback => {
@@ -40,7 +41,7 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             run_loopback(&p, &a, &b, out)
         }
         Mode::Server => {
-            let dev = if udp { None } else { Some(device(&p)?) };
+            let dev = if net { None } else { Some(device(&p)?) };
             writeln!(out, "\n************************************")?;
             writeln!(out, "* Waiting for client to connect... *")?;
             writeln!(out, "************************************")?;
@@ -48,16 +49,16 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             let link = PeerLink::listen(p.tcp_port)?;
             let dev = match dev {
                 Some(d) => d,
-                None => udp_device("perf_udp_server", link.local_ip()?)?,
+                None => udp_device("perf_udp_server", link.local_ip()?, shm)?,
             };
             run_networked(&p, &dev, link, true, out)
         }
         Mode::Client(host) => {
-            let dev = if udp { None } else { Some(device(&p)?) };
+            let dev = if net { None } else { Some(device(&p)?) };
             let link = PeerLink::connect(&host, p.tcp_port)?;
             let dev = match dev {
                 Some(d) => d,
-                None => udp_device("perf_udp_client", link.local_ip()?)?,
+                None => udp_device("perf_udp_client", link.local_ip()?, shm)?,
             };
             run_networked(&p, &dev, link, false, out)
         }
@@ -65,16 +66,19 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
 }
 
 /// A soft device on the UDP link bound to `ip` (automatic port; the
-/// private GID carries it), created once per process and name.
-fn udp_device(name: &str, ip: std::net::IpAddr) -> Result<Device, PerfError> {
-    udp_device_with(name, ip, softverbs::soft::engine::EngineMode::Inline)
+/// private GID carries it), created once per process and name; with `shm`,
+/// shared-memory rings carry the traffic and UDP only the rendezvous.
+fn udp_device(name: &str, ip: std::net::IpAddr, shm: bool) -> Result<Device, PerfError> {
+    udp_device_with(name, ip, softverbs::soft::engine::EngineMode::Inline, shm)
 }
 
 fn udp_device_with(
     name: &str,
     ip: std::net::IpAddr,
     engine: softverbs::soft::engine::EngineMode,
+    shm: bool,
 ) -> Result<Device, PerfError> {
+    let name = &format!("{name}{}", if shm { "_shm" } else { "" });
     use softverbs::soft::link::udp::UdpConfig;
     use softverbs::soft::{SoftDevice, SoftDeviceConfig};
     if let Some(d) = verbs::devices(Some(verbs::BackendKind::Soft))
@@ -83,8 +87,12 @@ fn udp_device_with(
     {
         return Ok(d);
     }
-    let mut cfg = SoftDeviceConfig::udp(name, UdpConfig::new(ip))
-        .map_err(|e| PerfError::NotAvailable(format!("UDP soft device on {ip}: {e}")))?;
+    let cfg = if shm {
+        SoftDeviceConfig::udp_shm(name, UdpConfig::new(ip), softverbs::soft::link::shm::ShmMode::Only)
+    } else {
+        SoftDeviceConfig::udp(name, UdpConfig::new(ip))
+    };
+    let mut cfg = cfg.map_err(|e| PerfError::NotAvailable(format!("soft device on {ip}: {e}")))?;
     cfg.engine = engine;
     let dev = SoftDevice::create(cfg).map_err(|e| PerfError::NotAvailable(format!("UDP soft device: {e}")))?;
     Ok(dev.device())
@@ -102,21 +110,21 @@ fn udp_device_with(
 /// # Errors
 ///
 /// [`PerfError::NotAvailable`] when the sockets cannot be bound.
-pub fn udp_loopback_devices(bw: bool, verb: VerbKind) -> Result<(Device, Device), PerfError> {
+pub fn udp_loopback_devices(bw: bool, verb: VerbKind, shm: bool) -> Result<(Device, Device), PerfError> {
     use softverbs::soft::engine::EngineMode;
     let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let threaded = EngineMode::ProgressThread {
         spin: std::time::Duration::ZERO,
     };
     let a = if verb == VerbKind::Write && !bw {
-        udp_device_with("perf_udp_0t", lo, threaded)?
+        udp_device_with("perf_udp_0t", lo, threaded, shm)?
     } else {
-        udp_device("perf_udp_0", lo)?
+        udp_device("perf_udp_0", lo, shm)?
     };
     let b = if bw || verb != VerbKind::Send {
-        udp_device_with("perf_udp_1t", lo, threaded)?
+        udp_device_with("perf_udp_1t", lo, threaded, shm)?
     } else {
-        udp_device("perf_udp_1", lo)?
+        udp_device("perf_udp_1", lo, shm)?
     };
     Ok((a, b))
 }
@@ -654,6 +662,9 @@ mod tests {
             (&["read_lat", "-n", "10", "--link", "udp"], 9),
             (&["send_lat", "-n", "10", "--link", "udp"], 9),
             (&["write_lat", "-n", "10", "--link", "udp"], 9),
+            // And over shared memory (two devices of this process).
+            (&["write_bw", "-n", "50", "-s", "4096", "--link", "shm"], 5),
+            (&["send_lat", "-n", "10", "--link", "shm"], 9),
         ] {
             let text = run_text(args);
             let r = rows(&text);
