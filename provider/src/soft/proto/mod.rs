@@ -17,7 +17,7 @@
 //! lets the simulated fabric replay any run from its seed (DESIGN §2).
 //!
 //! Files follow the directions of traffic, as rxe does: [`qp`] (objects,
-//! posting, state changes, flushing), `requester` (WQEs → request packets),
+//! state changes, flushing), `post` (posting), `requester` (WQEs → request packets),
 //! `responder` (request packets → memory, receive completions, responses),
 //! `completer` (responses → send completions, retransmission) and `recv`
 //! (header checks and dispatch).
@@ -28,6 +28,7 @@ mod completer;
 mod cq;
 mod memops;
 mod mr;
+mod post;
 mod qp;
 mod recv;
 mod requester;

@@ -1,0 +1,462 @@
+//! Posting (DESIGN §3.3): `post_send`, `post_recv` and the type 1
+//! window bind, which all queue WQEs after checking them; a bad WR is
+//! reported back and nothing after it is posted.
+
+use crate::soft::wire::Psn;
+use crate::verbs::{
+    verr, AccessFlags, ErrorKind, PostError, QpState, QpType, RecvWr, RemoteAddr, Result, SendFlags, SendOp, SendWr,
+    Verb,
+};
+
+use super::mr::MrTable;
+use super::qp::{post_err, LocalOp, Qp, RecvWqe, SendWqe, SgeRaw, UdTarget, WqeOp, WqeState};
+use super::{Core, Nanos};
+
+impl Core {
+    /// `ibv_post_send`.
+    ///
+    /// # Errors
+    ///
+    /// The first rejected WR: `EINVAL` (state before RTS, opcode not valid
+    /// for the QP type, too many SGEs, inline too large or on an opcode
+    /// without payload, misaligned atomic, inline-only SGE without INLINE,
+    /// missing UD destination), `ENOMEM` (queue full).
+    pub fn post_send(&mut self, now: Nanos, qpn: u32, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(mut qp) = self.take_qp(qpn) else {
+            return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
+        };
+        let r = self.post_send_inner(&mut qp, wrs);
+        let state = qp.state();
+        self.put_qp(qp);
+        if state == QpState::Rts {
+            self.run_requester(now, qpn);
+        }
+        r
+    }
+
+    fn post_send_inner(&mut self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            let state = qp.state();
+            if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("post_send in {state}: the QP must be in RTS"),
+                ));
+            }
+            if !wr.op.is_valid_for(qp.qp_type) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("{:?} is not valid on a {} QP", wr.op, qp.qp_type),
+                ));
+            }
+            let (op, remote, imm, compare, swap_add) = match wr.op {
+                SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0, 0, 0),
+                SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm, 0, 0),
+                SendOp::SendWithInv { rkey } => (WqeOp::SendInv, RemoteAddr::default(), rkey, 0, 0),
+                SendOp::Write { remote } => (WqeOp::Write, remote, 0, 0, 0),
+                SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm, 0, 0),
+                SendOp::Read { remote } => (WqeOp::Read, remote, 0, 0, 0),
+                SendOp::CompareSwap { remote, compare, swap } => (WqeOp::CompSwap, remote, 0, compare, swap),
+                SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, remote, 0, 0, add),
+                SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
+                SendOp::RegMr { .. } => (WqeOp::RegMr, RemoteAddr::default(), 0, 0, 0),
+                SendOp::BindMw { .. } => (WqeOp::BindMw, RemoteAddr::default(), 0, 0, 0),
+            };
+            let local = match wr.op {
+                SendOp::LocalInv { key } => Some(LocalOp::Inv { key }),
+                SendOp::RegMr { mr, key, access } => {
+                    if (key >> 8) != (mr.lkey() >> 8) {
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "REG_MR may change only the key byte of the MR's key",
+                        ));
+                    }
+                    Some(LocalOp::Reg { mr_key: key, access })
+                }
+                SendOp::BindMw { mw, rkey, bind } => {
+                    if mw.mw_type() != crate::verbs::MwType::Type2 {
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "BIND_MW work requests bind type 2 windows; use Qp::bind_mw for type 1",
+                        ));
+                    }
+                    Some(LocalOp::Bind {
+                        mw_key: mw.rkey(),
+                        new_key: rkey,
+                        mr_key: bind.mr.lkey(),
+                        addr: bind.addr,
+                        len: bind.length,
+                        access: bind.access,
+                        type1: false,
+                    })
+                }
+                _ => None,
+            };
+            if wr.sg_list.len() > qp.cap.max_send_sge as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    format!("{} SGEs exceed max_send_sge {}", wr.sg_list.len(), qp.cap.max_send_sge),
+                ));
+            }
+            let inline = wr.send_flags.contains(SendFlags::INLINE);
+            let Some(length) = crate::verbs::sgl_len(wr.sg_list) else {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "message longer than 2^32-1 bytes",
+                ));
+            };
+            if inline {
+                if !matches!(
+                    op,
+                    WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
+                ) {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        "INLINE is only valid for sends and RDMA writes",
+                    ));
+                }
+                if length > qp.cap.max_inline_data {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "inline data of {length} bytes exceeds max_inline_data {}",
+                            qp.cap.max_inline_data
+                        ),
+                    ));
+                }
+            } else if wr.sg_list.iter().any(|s| s.is_inline_only()) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "an SGE made with Sge::inline needs SendFlags::INLINE",
+                ));
+            }
+            if op.is_atomic() && (wr.remote_addr_is_misaligned() || wr.sg_list.len() != 1 || length < 8) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "atomics need an 8-byte aligned remote address and one local SGE of at least 8 bytes",
+                ));
+            }
+            if u64::from(length) > u64::from(self.cfg.port.max_msg_sz) {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::InvalidArgument,
+                    "message longer than max_msg_sz",
+                ));
+            }
+            let ud = if qp.qp_type == QpType::Ud {
+                let Some(d) = wr.ud else {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        "a UD send needs a destination (ah, remote_qpn, remote_qkey)",
+                    ));
+                };
+                let av = d.ah.attr();
+                if length > qp.mtu() {
+                    return Err(post_err(
+                        i,
+                        Verb::PostSend,
+                        ErrorKind::InvalidArgument,
+                        format!("UD message of {length} bytes exceeds the path MTU {}", qp.mtu()),
+                    ));
+                }
+                Some(UdTarget {
+                    dst: av.grh.dgid.to_ip(),
+                    sgid_index: av.grh.sgid_index,
+                    qpn: d.remote_qpn & 0x00ff_ffff,
+                    // IBTA 10.2.5: a Q_Key with the high bit set means "use
+                    // the QP's own".
+                    qkey: if d.remote_qkey & 0x8000_0000 != 0 {
+                        qp.attr.qkey
+                    } else {
+                        d.remote_qkey
+                    },
+                })
+            } else {
+                None
+            };
+            if qp.sq.len() >= qp.cap.max_send_wr as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostSend,
+                    ErrorKind::NoMemory,
+                    format!("send queue full ({} WRs)", qp.cap.max_send_wr),
+                ));
+            }
+            let mut sgl = qp.take_vec();
+            let inline_bytes = if inline {
+                let mut data = Vec::with_capacity(length as usize);
+                for s in wr.sg_list {
+                    if !s.append_direct(&mut data) && !self.append_from_mr(s, &mut data) {
+                        qp.recycle(sgl);
+                        return Err(post_err(
+                            i,
+                            Verb::PostSend,
+                            ErrorKind::InvalidArgument,
+                            "inline SGE names an MR that is not valid",
+                        ));
+                    }
+                }
+                Some(data)
+            } else {
+                sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
+                    addr: s.addr(),
+                    len: s.length(),
+                    lkey: s.lkey(),
+                }));
+                None
+            };
+            let signaled = qp.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+            qp.sq.push_back(SendWqe {
+                wr_id: wr.wr_id,
+                op,
+                remote,
+                imm,
+                compare,
+                swap_add,
+                sgl,
+                inline: inline_bytes,
+                length,
+                signaled,
+                fence: wr.send_flags.contains(SendFlags::FENCE) || op == WqeOp::LocalInv,
+                solicited: wr.send_flags.contains(SendFlags::SOLICITED),
+                ud,
+                local,
+                state: WqeState::Pending,
+                first_psn: Psn::new(0),
+                npkts: 0,
+                resp_pkts: 0,
+            });
+            if qp.state() == QpState::Err {
+                // Posting to a QP in ERR succeeds and flushes (DESIGN §3.3).
+                self.flush_qp(qp);
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    ///
+    /// # Errors
+    ///
+    /// The first rejected WR: `EINVAL` in RESET, with an SRQ, or with too
+    /// many SGEs; `ENOMEM` when the receive queue is full.
+    pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(mut qp) = self.take_qp(qpn) else {
+            return Err(post_err(0, Verb::PostRecv, ErrorKind::InvalidArgument, "no such QP"));
+        };
+        let r = self.post_recv_inner(&mut qp, wrs);
+        self.put_qp(qp);
+        r
+    }
+
+    fn post_recv_inner(&mut self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if qp.srq.is_some() {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "this QP receives through its SRQ",
+                ));
+            }
+            if qp.state() == QpState::Reset {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "post_recv in RESET",
+                ));
+            }
+            if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    format!("{} SGEs exceed max_recv_sge {}", wr.sg_list.len(), qp.cap.max_recv_sge),
+                ));
+            }
+            if wr.sg_list.iter().any(|s| s.is_inline_only()) {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::InvalidArgument,
+                    "a receive cannot use an inline-only SGE",
+                ));
+            }
+            if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+                return Err(post_err(
+                    i,
+                    Verb::PostRecv,
+                    ErrorKind::NoMemory,
+                    format!("receive queue full ({} WRs)", qp.cap.max_recv_wr),
+                ));
+            }
+            let mut sgl = qp.take_vec();
+            sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
+                addr: s.addr(),
+                len: s.length(),
+                lkey: s.lkey(),
+            }));
+            let length = sgl.iter().map(|s| u64::from(s.len)).sum();
+            qp.rq.push_back(RecvWqe {
+                wr_id: wr.wr_id,
+                sgl,
+                length,
+            });
+            if qp.state() == QpState::Err {
+                self.flush_qp(qp);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    /// `ibv_bind_mw` for a type 1 window: posts a bind WQE on the QP (it
+    /// completes in order with opcode BIND_MW) and returns the window's new
+    /// rkey (key byte incremented, as `ibv_inc_rkey`).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the QP is not RTS (or ERR, where it flushes), is UD, or
+    /// the window is not type 1; `ENOMEM` if the send queue is full.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw_type1(
+        &mut self,
+        now: Nanos,
+        qpn: u32,
+        mw_key: u32,
+        mr_key: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<u32> {
+        self.live(crate::verbs::Verb::BindMw)?;
+        let is_type1 = self.mrs.get(mw_key).is_some_and(|e| {
+            matches!(
+                e.backing,
+                super::mr::Backing::Window {
+                    mw_type: crate::verbs::MwType::Type1,
+                    ..
+                }
+            )
+        });
+        if !is_type1 {
+            return Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "{mw_key:#x} is not a type 1 memory window"
+            ));
+        }
+        let mut qp = self
+            .take_qp(qpn)
+            .ok_or_else(|| verr!(BindMw, InvalidArgument, "no QP {qpn:#x}"))?;
+        let check = if qp.qp_type == QpType::Ud {
+            Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "memory windows cannot be bound through a UD QP"
+            ))
+        } else if !matches!(qp.state(), QpState::Rts | QpState::Err) {
+            Err(verr!(BindMw, InvalidArgument, "the QP must be in RTS to bind a window"))
+        } else if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            Err(verr!(BindMw, NoMemory, "send queue full"))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = check {
+            self.put_qp(qp);
+            return Err(e);
+        }
+        let new_key = (mw_key & !0xff) | (mw_key.wrapping_add(1) & 0xff);
+        let sgl = qp.take_vec();
+        qp.sq.push_back(SendWqe {
+            wr_id,
+            op: WqeOp::BindMw,
+            remote: RemoteAddr::default(),
+            imm: 0,
+            compare: 0,
+            swap_add: 0,
+            sgl,
+            inline: None,
+            length: 0,
+            signaled: signaled || qp.sq_sig_all,
+            fence: false,
+            solicited: false,
+            ud: None,
+            local: Some(LocalOp::Bind {
+                mw_key,
+                new_key,
+                mr_key,
+                addr,
+                len,
+                access,
+                type1: true,
+            }),
+            state: WqeState::Pending,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            resp_pkts: 0,
+        });
+        if qp.state() == QpState::Err {
+            self.flush_qp(&mut qp);
+        }
+        self.put_qp(qp);
+        self.run_requester(now, qpn);
+        Ok(new_key)
+    }
+
+    /// Reads an MR-made SGE's bytes through the MR table (inline sends: the
+    /// lkey is not access-checked, as with ibverbs' INLINE).
+    fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
+        if s.length() == 0 {
+            return true;
+        }
+        let Some(e) = self.mrs.get(s.lkey()) else { return false };
+        let Ok(r) = MrTable::resolve(e, s.addr(), u64::from(s.length())) else {
+            return false;
+        };
+        let start = dst.len();
+        dst.resize(start + s.length() as usize, 0);
+        r.read(&mut dst[start..]).is_ok()
+    }
+}
+
+/// Extension used by posting checks.
+trait RemoteAlign {
+    fn remote_addr_is_misaligned(&self) -> bool;
+}
+
+impl RemoteAlign for SendWr<'_> {
+    fn remote_addr_is_misaligned(&self) -> bool {
+        match self.op {
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => remote.addr % 8 != 0,
+            _ => false,
+        }
+    }
+}
