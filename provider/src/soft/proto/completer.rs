@@ -417,38 +417,16 @@ impl Core {
     }
 
     /// Writes `data` into WQE `idx`'s local scatter list at `offset`.
-    fn scatter_send_wqe(&self, qp: &Qp, idx: usize, mut offset: u32, data: &[u8]) -> Result<(), ()> {
-        let mut done = 0usize;
-        for s in &qp.sq[idx].sgl {
-            if done == data.len() {
-                break;
-            }
-            if offset >= s.len {
-                offset -= s.len;
-                continue;
-            }
-            let n = ((s.len - offset) as usize).min(data.len() - done);
-            let r = self
-                .mrs
-                .check(
-                    s.lkey,
-                    qp.pd,
-                    s.addr + u64::from(offset),
-                    n as u64,
-                    AccessFlags::LOCAL_WRITE,
-                )
-                .map_err(|_| ())?;
-            if let Some(r) = r {
-                r.write(&data[done..done + n])?;
-            }
-            done += n;
-            offset = 0;
-        }
-        if done == data.len() {
-            Ok(())
-        } else {
-            Err(())
-        }
+    fn scatter_send_wqe(&self, qp: &Qp, idx: usize, offset: u32, data: &[u8]) -> Result<(), ()> {
+        let sgl = &qp.sq[idx].sgl;
+        self.mrs.for_each_piece(
+            sgl,
+            qp.pd,
+            offset.into(),
+            data.len(),
+            AccessFlags::LOCAL_WRITE,
+            |r, at, n| r.write(&data[at..at + n]),
+        )
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::verbs::{AccessFlags, MemorySource, MwType};
 
+use super::qp::SgeRaw;
 use super::{PdId, SplitMix};
 
 /// Why a key check failed; the caller turns it into the status of its side
@@ -369,6 +370,48 @@ impl MrTable {
                 Ok(Resolved::Many(out))
             }
             Backing::Window { .. } => Err(KeyError::BadKey),
+        }
+    }
+
+    /// Walks bytes `offset..offset + len` of a message laid out over the
+    /// scatter list `sgl`, checks each piece under its lkey for `pd` with
+    /// rights `need`, and calls `f(piece, at, n)` for the `n` bytes that
+    /// start at `at` within those `len` bytes. Fails if a check fails or the
+    /// list is shorter than the range. (Gather for requests, scatter for
+    /// read responses, atomic results and receives.)
+    pub(crate) fn for_each_piece(
+        &self,
+        sgl: &[SgeRaw],
+        pd: PdId,
+        mut offset: u64,
+        len: usize,
+        need: AccessFlags,
+        mut f: impl FnMut(&Resolved, usize, usize) -> Result<(), ()>,
+    ) -> Result<(), ()> {
+        let mut done = 0usize;
+        for s in sgl {
+            if done == len {
+                break;
+            }
+            let sl = u64::from(s.len);
+            if offset >= sl {
+                offset -= sl;
+                continue;
+            }
+            let n = ((sl - offset) as usize).min(len - done);
+            if let Some(r) = self
+                .check(s.lkey, pd, s.addr + offset, n as u64, need)
+                .map_err(|_| ())?
+            {
+                f(&r, done, n)?;
+            }
+            done += n;
+            offset = 0;
+        }
+        if done == len {
+            Ok(())
+        } else {
+            Err(())
         }
     }
 

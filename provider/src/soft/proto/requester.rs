@@ -311,38 +311,12 @@ impl Core {
 
     /// Appends `len` bytes of WQE `idx`'s message at `offset`, read from
     /// local memory, to `out`.
-    fn gather(&self, qp: &Qp, idx: usize, mut offset: u32, len: usize, out: &mut Vec<u8>) -> Result<(), ()> {
-        let mut filled = 0usize;
-        for s in &qp.sq[idx].sgl {
-            if filled == len {
-                break;
-            }
-            if offset >= s.len {
-                offset -= s.len;
-                continue;
-            }
-            let n = ((s.len - offset) as usize).min(len - filled);
-            let r = self
-                .mrs
-                .check(
-                    s.lkey,
-                    qp.pd,
-                    s.addr + u64::from(offset),
-                    n as u64,
-                    AccessFlags::empty(),
-                )
-                .map_err(|_| ())?;
-            if let Some(r) = r {
-                r.append_to(n, out)?;
-            }
-            filled += n;
-            offset = 0;
-        }
-        if filled == len {
-            Ok(())
-        } else {
-            Err(())
-        }
+    fn gather(&self, qp: &Qp, idx: usize, offset: u32, len: usize, out: &mut Vec<u8>) -> Result<(), ()> {
+        let sgl = &qp.sq[idx].sgl;
+        self.mrs
+            .for_each_piece(sgl, qp.pd, offset.into(), len, AccessFlags::empty(), |r, _, n| {
+                r.append_to(n, out)
+            })
     }
 
     /// A buffer holding `h`'s headers for a payload of `payload_len` bytes,

@@ -606,33 +606,15 @@ impl Core {
         })
     }
 
-    fn scatter_recv(&self, qp: &Qp, wqe: &RecvWqe, mut offset: u64, data: &[u8]) -> Result<(), ()> {
-        let mut done = 0usize;
-        for s in &wqe.sgl {
-            if done == data.len() {
-                break;
-            }
-            let len = u64::from(s.len);
-            if offset >= len {
-                offset -= len;
-                continue;
-            }
-            let n = ((len - offset) as usize).min(data.len() - done);
-            let r = self
-                .mrs
-                .check(s.lkey, qp.pd, s.addr + offset, n as u64, AccessFlags::LOCAL_WRITE)
-                .map_err(|_| ())?;
-            if let Some(r) = r {
-                r.write(&data[done..done + n])?;
-            }
-            done += n;
-            offset = 0;
-        }
-        if done == data.len() {
-            Ok(())
-        } else {
-            Err(())
-        }
+    fn scatter_recv(&self, qp: &Qp, wqe: &RecvWqe, offset: u64, data: &[u8]) -> Result<(), ()> {
+        self.mrs.for_each_piece(
+            &wqe.sgl,
+            qp.pd,
+            offset,
+            data.len(),
+            AccessFlags::LOCAL_WRITE,
+            |r, at, n| r.write(&data[at..at + n]),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
