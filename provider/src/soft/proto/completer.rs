@@ -303,10 +303,9 @@ impl Core {
             _ => {}
         }
         self.complete_done_prefix(qp);
-        if qp.state() != QpState::Err {
-            self.requester(qp, now);
-        }
-        self.arm_retransmit(qp, now);
+        // Transmits what the ACK opened up and re-arms the retransmission
+        // timer (in ERR it only clears it).
+        self.requester(qp, now);
     }
 
     fn wqe_with_psn(&self, qp: &Qp, psn: Psn) -> Option<usize> {
