@@ -314,18 +314,8 @@ impl Core {
                     format!("receive queue full ({} WRs)", qp.cap.max_recv_wr),
                 ));
             }
-            let mut sgl = qp.take_vec();
-            sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
-                addr: s.addr(),
-                len: s.length(),
-                lkey: s.lkey(),
-            }));
-            let length = sgl.iter().map(|s| u64::from(s.len)).sum();
-            qp.rq.push_back(RecvWqe {
-                wr_id: wr.wr_id,
-                sgl,
-                length,
-            });
+            let sgl = qp.take_vec();
+            qp.rq.push_back(RecvWqe::new(wr, sgl));
             if qp.state() == QpState::Err {
                 self.flush_qp(qp);
             }

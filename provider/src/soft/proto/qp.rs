@@ -158,6 +158,24 @@ pub(crate) struct RecvWqe {
     pub(crate) length: u64,
 }
 
+impl RecvWqe {
+    /// The engine's copy of a receive WR, its SGEs stored in `sgl` (a
+    /// recycled vector on the QP path).
+    pub(crate) fn new(wr: &crate::verbs::RecvWr<'_>, mut sgl: Vec<SgeRaw>) -> RecvWqe {
+        sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
+            addr: s.addr(),
+            len: s.length(),
+            lkey: s.lkey(),
+        }));
+        let length = sgl.iter().map(|s| u64::from(s.len)).sum();
+        RecvWqe {
+            wr_id: wr.wr_id,
+            sgl,
+            length,
+        }
+    }
+}
+
 /// Requester progress (DESIGN §3.7).
 #[derive(Debug, Default)]
 pub(crate) struct ReqState {

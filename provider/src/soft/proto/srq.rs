@@ -124,21 +124,7 @@ impl super::Core {
             if s.queue.len() >= s.max_wr as usize {
                 return Err(bad(ErrorKind::NoMemory, format!("SRQ full ({} WRs)", s.max_wr)));
             }
-            let sgl: Vec<_> = wr
-                .sg_list
-                .iter()
-                .map(|e| super::qp::SgeRaw {
-                    addr: e.addr(),
-                    len: e.length(),
-                    lkey: e.lkey(),
-                })
-                .collect();
-            let length = sgl.iter().map(|e| u64::from(e.len)).sum();
-            s.queue.push_back(RecvWqe {
-                wr_id: wr.wr_id,
-                sgl,
-                length,
-            });
+            s.queue.push_back(RecvWqe::new(wr, Vec::new()));
         }
         Ok(())
     }
