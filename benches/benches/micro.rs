@@ -378,6 +378,7 @@ fn dgram(t: &softverbs::soft::proto::Transmit) -> Datagram<'_> {
         src_port: t.src_port,
         dst_port: t.dst_port,
         data: &t.data,
+        train: None,
     }
 }
 

@@ -432,6 +432,7 @@ fn raw_core(batch: usize, window: Duration) -> f64 {
                 src_port: tx.src_port,
                 dst_port: tx.dst_port,
                 data: &tx.data,
+                train: None,
             };
             core.handle_datagram(t, d);
         }

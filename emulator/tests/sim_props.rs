@@ -362,6 +362,7 @@ fn generated_runs_exercise_the_recovery_paths() {
             sum.rnr_naks_sent += c.rnr_naks_sent;
             sum.rx_duplicates += c.rx_duplicates;
             sum.rx_bad_icrc += c.rx_bad_icrc;
+            sum.rx_trains += c.rx_trains;
         }
         fabric.lost += r.stats.lost;
         fabric.duplicated += r.stats.duplicated;
@@ -376,6 +377,7 @@ fn generated_runs_exercise_the_recovery_paths() {
         ("RNR NAKs", sum.rnr_naks_sent),
         ("duplicates at the responder", sum.rx_duplicates),
         ("ICRC failures", sum.rx_bad_icrc),
+        ("trains received (odd seeds)", sum.rx_trains),
         ("losses", fabric.lost),
         ("duplicated packets", fabric.duplicated),
         ("reordered packets", fabric.reordered),

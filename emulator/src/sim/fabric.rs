@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use softverbs::soft::device::limits;
-use softverbs::soft::proto::{Core, CoreConfig, CoreEvent, Datagram, Nanos, Transmit};
+use softverbs::soft::proto::{train, Core, CoreConfig, CoreEvent, Datagram, Nanos, Transmit};
 use softverbs::verbs::{AtomicCap, DeviceAttr, DeviceCapFlags, Gid, Guid, LinkLayer, Mtu, PortAttr, PortState};
 
 use super::link::{LinkConfig, Partition};
@@ -378,6 +378,14 @@ impl Fabric {
         Gid::from_ip(self.nodes[node.0].addr)
     }
 
+    /// Lets `node` send multi-packet RC SENDs and WRITEs from shareable
+    /// buffers (64 KiB and more) as trains (`softverbs::soft::proto::train`):
+    /// one packet standing for the message, which faults drop, duplicate,
+    /// delay and reorder like any other.
+    pub fn enable_trains(&mut self, node: NodeId) {
+        self.nodes[node.0].core.set_train_route(std::sync::Arc::new(AllTrains));
+    }
+
     /// Sets the link `from → to`.
     pub fn set_link(&mut self, from: NodeId, to: NodeId, cfg: LinkConfig) {
         let busy_until = self.links.get(&(from, to)).map_or(0, |l| l.busy_until);
@@ -655,7 +663,10 @@ impl Fabric {
         }
         // The packet occupies the link whether or not it survives.
         let start = link.busy_until.max(now);
-        link.busy_until = start + cfg.serialization_ns(tx.data.len());
+        // A train occupies the link for its whole payload, as its packets
+        // would.
+        let wire_len = tx.data.len() + tx.train.as_ref().map_or(0, |t| t.len() as usize);
+        link.busy_until = start + cfg.serialization_ns(wire_len);
         let mut arrive = link.busy_until + cfg.latency_ns;
         let verdict = match &mut self.filter {
             Some(f) => f(&FilterPacket {
@@ -731,14 +742,31 @@ impl Fabric {
         self.stats.delivered_bytes += p.tx.data.len() as u64;
         self.log(p.from, Some(p.to), TraceKind::Deliver, &p.tx.data);
         let now = self.now;
+        // A train's payload is read from the sender's buffers, which the
+        // packet keeps alive (every node lives in this process).
+        let pieces = p.tx.train.as_ref().and_then(|t| t.local_pieces());
+        let train = match (&p.tx.train, &pieces) {
+            (Some(t), Some(pieces)) => train::TrainIn::new(t.npkts, pieces),
+            _ => None,
+        };
         let d = Datagram {
             src: p.tx.src,
             dst: p.tx.dst,
             src_port: p.tx.src_port,
             dst_port: p.tx.dst_port,
             data: &p.tx.data,
+            train,
         };
         self.nodes[p.to.0].core.handle_datagram(now, d);
         self.flush(p.to);
+    }
+}
+
+/// Every node of a fabric can read every other's buffers.
+struct AllTrains;
+
+impl train::TrainRoute for AllTrains {
+    fn trains_to(&self, _dst: IpAddr) -> bool {
+        true
     }
 }

@@ -65,6 +65,7 @@ use std::time::Duration;
 use crossbeam_queue::SegQueue;
 
 use super::link::Link;
+use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Nanos, Transmit};
 use crate::verbs::AsyncEvent;
 
@@ -78,6 +79,16 @@ pub fn process_now() -> Nanos {
     static EPOCH: std::sync::OnceLock<quanta::Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(quanta::Instant::now);
     quanta::Instant::now().duration_since(epoch).as_nanos() as Nanos
+}
+
+/// The requester's view of a device's link for trains (weak: the link
+/// owns the device's shared state, not the other way round).
+struct LinkRoute(Weak<dyn Link>);
+
+impl TrainRoute for LinkRoute {
+    fn trains_to(&self, dst: IpAddr) -> bool {
+        self.0.upgrade().is_some_and(|l| l.trains_to(dst))
+    }
 }
 
 /// Receives what a device's engine reports outside itself: completion-channel
@@ -132,8 +143,9 @@ impl Drop for DeviceShared {
 }
 
 impl DeviceShared {
-    pub(crate) fn new(name: String, addrs: Vec<IpAddr>, core: Core, link: Arc<dyn Link>) -> Arc<DeviceShared> {
+    pub(crate) fn new(name: String, addrs: Vec<IpAddr>, mut core: Core, link: Arc<dyn Link>) -> Arc<DeviceShared> {
         let link_fds = link.poll_fds();
+        core.set_train_route(Arc::new(LinkRoute(Arc::downgrade(&link))));
         let dev = Arc::new(DeviceShared {
             name,
             addrs,
@@ -317,6 +329,18 @@ impl DeviceShared {
 
     fn progress_locked(core: &mut Core, inbox: &SegQueue<Transmit>, now: Nanos) {
         while let Some(t) = inbox.pop() {
+            // A train from a device of this process: its buffers are mapped
+            // here, and `t` keeps them alive while the engine copies.
+            let pieces = t.train.as_ref().map(|tr| (tr.npkts, tr.local_pieces()));
+            let train = match &pieces {
+                None => None,
+                Some((npkts, Some(p))) => TrainIn::new(*npkts, p),
+                // Out of bounds (a bug): drop it like a lost packet.
+                Some((_, None)) => continue,
+            };
+            if pieces.is_some() && train.is_none() {
+                continue;
+            }
             core.handle_datagram(
                 now,
                 Datagram {
@@ -325,6 +349,7 @@ impl DeviceShared {
                     src_port: t.src_port,
                     dst_port: t.dst_port,
                     data: &t.data,
+                    train,
                 },
             );
         }

@@ -9,8 +9,10 @@
 //! copies through raw pointers, like a DMA engine's.
 
 use std::alloc::{self, Layout};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use super::error::{verr, Result};
 
@@ -18,13 +20,183 @@ use super::error::{verr, Result};
 /// fast registration needs.
 pub const PAGE_SIZE: usize = 4096;
 
+/// Buffers at least this long are allocated in shareable memory (see
+/// [`MrMemory::shared`]); smaller ones on the heap.
+pub const SHARE_MIN: usize = 64 * 1024;
+
+/// Most shareable buffers alive at once in a process: each holds a file
+/// descriptor, and an application registering thousands of large buffers
+/// must not run out of descriptors for its sockets. Past it, buffers go on
+/// the heap (and large messages from them packet by packet).
+pub const SHARE_MAX_LIVE: usize = 256;
+
+static SHARED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A zero-initialised, page-aligned buffer owned by the library, suitable
 /// for registration. It is freed only when the last backend object that
 /// registered it is gone, so a device can never touch freed memory.
+///
+/// Buffers of [`SHARE_MIN`] bytes or more live in a sealed memfd mapping
+/// ([`SharedMemory`]) where the system allows it, so that a soft device in
+/// another process of this host can map them and copy a message once
+/// (the shared-memory link's trains); smaller ones live on the heap.
 #[derive(Debug)]
 pub struct MrMemory {
     ptr: NonNull<u8>,
     len: usize,
+    shared: Option<Arc<SharedMemory>>,
+}
+
+/// A sealed memfd of fixed size, mapped shared: what [`MrMemory`] uses for
+/// large buffers. The size seals (no shrink, no grow) let another process
+/// map it without risking SIGBUS; the mapping is unmapped when the last
+/// `Arc` goes, so a packet referring to it keeps it alive.
+#[derive(Debug)]
+pub struct SharedMemory {
+    fd: OwnedFd,
+    map: memmap2::MmapRaw,
+    token: u64,
+}
+
+impl SharedMemory {
+    /// A new zeroed shared buffer of `len` (> 0) bytes.
+    fn create(len: usize) -> std::io::Result<SharedMemory> {
+        static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+        if SHARED_LIVE.fetch_add(1, Ordering::Relaxed) >= SHARE_MAX_LIVE {
+            SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
+            return Err(std::io::Error::other("too many shareable buffers"));
+        }
+        let r = Self::create_file(len, NEXT_TOKEN.fetch_add(1, Ordering::Relaxed));
+        if r.is_err() {
+            SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn create_file(len: usize, token: u64) -> std::io::Result<SharedMemory> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a valid NUL-terminated name; the descriptor returned is
+        // new and owned by the OwnedFd.
+        let raw = unsafe { libc::memfd_create(c"softverbs-mr".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `raw` was just created and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let file = std::fs::File::from(fd);
+        file.set_len(len as u64)?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fcntl on a live descriptor with an integer argument.
+        if unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_ADD_SEALS, seals) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
+        Ok(SharedMemory {
+            fd: OwnedFd::from(file),
+            map,
+            token,
+        })
+    }
+
+    /// The memfd (to pass to a peer).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A number unique to this buffer in this process, never reused.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the buffer is empty (never: empty buffers are not shared).
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Start of the mapping in this process.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// `len` bytes at `offset`, as a piece another device of this process
+    /// may copy from; `None` if out of bounds.
+    pub fn piece(&self, offset: u64, len: usize) -> Option<MappedPiece<'_>> {
+        let end = offset.checked_add(len as u64)?;
+        if end > self.len() as u64 {
+            return None;
+        }
+        // SAFETY: in bounds (checked) of the mapping, which lives as long
+        // as `self` is borrowed. It may overlap the destination of a copy
+        // (an application writing a buffer onto itself in one process):
+        // `MemorySource::write_piece` copies with memmove semantics.
+        Some(unsafe { MappedPiece::new(self.as_ptr().add(offset as usize), len) })
+    }
+}
+
+impl Drop for SharedMemory {
+    fn drop(&mut self) {
+        SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A readable range of memory a device copies from without owning it:
+/// part of another device's buffer (a train's payload), in this process or
+/// mapped from another one. Only ever read through raw-pointer copies, so
+/// its contents may change concurrently (another process writing).
+#[derive(Debug, Clone, Copy)]
+pub struct MappedPiece<'a> {
+    ptr: *const u8,
+    len: usize,
+    _life: std::marker::PhantomData<&'a [u8]>,
+}
+
+// SAFETY: a MappedPiece is an address range whose validity its creator
+// vouched for (MappedPiece::new); it carries no thread affinity.
+unsafe impl Send for MappedPiece<'_> {}
+// SAFETY: as above; it is only read through raw-pointer copies.
+unsafe impl Sync for MappedPiece<'_> {}
+
+impl<'a> MappedPiece<'a> {
+    /// A piece of `len` bytes at `ptr`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr..ptr+len` must stay mapped and readable for `'a`. (It may
+    /// overlap the destination of a copy: copies from pieces are memmoves.)
+    pub unsafe fn new(ptr: *const u8, len: usize) -> MappedPiece<'a> {
+        MappedPiece {
+            ptr,
+            len,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the piece is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at `offset` of the piece; `None` if out of bounds.
+    pub fn sub(&self, offset: usize, len: usize) -> Option<MappedPiece<'a>> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Some(MappedPiece {
+                ptr: self.ptr.wrapping_add(offset),
+                len,
+                _life: std::marker::PhantomData,
+            }),
+            _ => None,
+        }
+    }
 }
 
 // SAFETY: MrMemory is a heap buffer with no thread affinity; all access goes
@@ -45,14 +217,34 @@ impl MrMemory {
             return Ok(MrMemory {
                 ptr: NonNull::dangling(),
                 len: 0,
+                shared: None,
             });
+        }
+        if len >= SHARE_MIN {
+            // Shareable when the system allows (memfd, sealing, mmap); the
+            // heap otherwise: sharing is an optimisation, not a contract.
+            if let Ok(shm) = SharedMemory::create(len) {
+                if let Some(ptr) = NonNull::new(shm.as_ptr()) {
+                    return Ok(MrMemory {
+                        ptr,
+                        len,
+                        shared: Some(Arc::new(shm)),
+                    });
+                }
+            }
         }
         let layout = Layout::from_size_align(len, PAGE_SIZE)
             .map_err(|_| verr!(RegMr, NoMemory, "cannot allocate {len} bytes"))?;
         // SAFETY: layout has non-zero size (len > 0 checked above).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| verr!(RegMr, NoMemory, "out of memory allocating {len} bytes"))?;
-        Ok(MrMemory { ptr, len })
+        Ok(MrMemory { ptr, len, shared: None })
+    }
+
+    /// The shareable memory behind the buffer, if it has one (buffers of
+    /// [`SHARE_MIN`] bytes or more, where memfds work).
+    pub fn shared(&self) -> Option<&Arc<SharedMemory>> {
+        self.shared.as_ref()
     }
 
     /// Start address.
@@ -151,7 +343,7 @@ impl MrMemory {
 
 impl Drop for MrMemory {
     fn drop(&mut self) {
-        if self.len > 0 {
+        if self.len > 0 && self.shared.is_none() {
             let layout = Layout::from_size_align(self.len, PAGE_SIZE).expect("layout was valid at allocation");
             // SAFETY: allocated in `new` with exactly this layout.
             unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
@@ -258,6 +450,29 @@ impl MemorySource {
     /// Whether the range is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// The shareable memory the range lives in (offsets in the range are
+    /// offsets in it), if any.
+    pub fn shared(&self) -> Option<&Arc<SharedMemory>> {
+        match self {
+            MemorySource::Owned(m) => m.shared(),
+            MemorySource::Raw(_) => None,
+        }
+    }
+
+    /// Copies `src` to `offset` (a device writing memory from a buffer it
+    /// does not own, such as a train's payload).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the memory.
+    pub fn write_piece(&self, offset: usize, src: MappedPiece<'_>) -> Result<()> {
+        check_range(offset, src.len, self.len())?;
+        // SAFETY: destination in bounds (checked), valid as in read_at; the
+        // source is readable per MappedPiece::new; `copy` allows overlap.
+        unsafe { std::ptr::copy(src.ptr, self.ptr().add(offset), src.len) };
+        Ok(())
     }
 
     fn ptr(&self) -> *mut u8 {
@@ -399,5 +614,30 @@ mod tests {
         assert_eq!(m.load_u64(16).unwrap(), 42);
         assert!(m.load_u64(17).is_err());
         assert!(m.load_u64(9_996).is_err());
+    }
+
+    #[test]
+    fn large_buffers_are_sealed_shareable_memfds_and_small_ones_are_not() {
+        assert!(MrMemory::new(SHARE_MIN - 1).unwrap().shared().is_none());
+        let m = MrMemory::new(SHARE_MIN).unwrap();
+        let shm = m.shared().expect("memfds work here").clone();
+        assert_eq!((shm.as_ptr() as u64, shm.len()), (m.addr(), SHARE_MIN));
+        // SAFETY: fcntl on a live descriptor, no argument.
+        let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&shm.fd()), libc::F_GET_SEALS) };
+        let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(seals & want, want, "a peer mapping it can never see it shrink");
+        m.write(100, b"abc").unwrap();
+        let src = MemorySource::Owned(MrMemory::new(16).unwrap());
+        src.write_piece(0, shm.piece(100, 3).unwrap()).unwrap();
+        let mut got = [0u8; 3];
+        src.read_at(0, &mut got).unwrap();
+        assert_eq!(&got, b"abc");
+        assert!(shm.piece(SHARE_MIN as u64 - 2, 3).is_none());
+        assert!(shm.piece(u64::MAX, 1).is_none());
+        assert!(shm.piece(0, 3).unwrap().sub(2, 2).is_none());
+        assert!(src.write_piece(15, shm.piece(0, 2).unwrap()).is_err());
+        // The mapping outlives the buffer while a packet holds it.
+        drop(m);
+        assert!(shm.piece(100, 3).is_some());
     }
 }

@@ -66,7 +66,7 @@ pub use backend::{AsyncElement, AsyncEvent, BackendKind, Provider};
 pub(crate) use error::verr;
 pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub use handle::*;
-pub use memory::{MemorySource, MrMemory, RawRegion, PAGE_SIZE};
+pub use memory::{MappedPiece, MemorySource, MrMemory, RawRegion, SharedMemory, PAGE_SIZE, SHARE_MIN};
 pub use types::*;
 pub use wr::*;
 

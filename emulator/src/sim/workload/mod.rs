@@ -196,6 +196,8 @@ pub struct Cut {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
     /// Seed of the fabric (faults, engine key bytes, memory contents).
+    /// With an odd seed both nodes send large messages from shareable
+    /// buffers as trains.
     pub seed: u64,
     /// The program.
     pub program: Program,

@@ -96,6 +96,11 @@ impl<'a> Runner<'a> {
         }
         let a = fabric.add_node(NodeConfig::new("a", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
         let b = fabric.add_node(NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))));
+        if sc.seed & 1 == 1 {
+            // Odd seeds: large messages from shareable buffers go as trains.
+            fabric.enable_trains(a);
+            fabric.enable_trains(b);
+        }
         fabric.set_link(a, b, sc.link_ab);
         fabric.set_link(b, a, sc.link_ba);
         for c in &sc.cuts {

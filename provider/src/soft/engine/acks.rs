@@ -137,6 +137,7 @@ mod tests {
             src_port: 1,
             dst_port: 4791,
             data,
+            train: None,
         }
     }
 

@@ -56,6 +56,13 @@ impl InprocFabric {
 }
 
 impl Link for InprocFabric {
+    /// Every device of the fabric is in this process: trains reach any
+    /// attached one.
+    fn trains_to(&self, dst: IpAddr) -> bool {
+        let map = self.devices.read().expect("fabric map poisoned");
+        map.get(&dst).is_some_and(|w| w.strong_count() > 0)
+    }
+
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
         let dst = {
             let map = self.devices.read().expect("fabric map poisoned");

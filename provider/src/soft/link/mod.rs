@@ -102,6 +102,15 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// Whether a train ([`crate::soft::proto::train`]) sent to `dst` now
+    /// would reach a receiver able to read the sender's shareable memory.
+    /// Links that say yes must carry a [`Transmit`] with a train to such a
+    /// receiver and hand it over as a [`Datagram`] with the train's payload,
+    /// or drop it (like a lost packet) if the route changed meanwhile.
+    fn trains_to(&self, _dst: std::net::IpAddr) -> bool {
+        false
+    }
+
     /// One line per known peer, for `devinfo` (how it is reached).
     fn peers(&self) -> Vec<String> {
         Vec::new()

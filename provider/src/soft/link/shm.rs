@@ -774,6 +774,7 @@ impl ShmLink {
                         src_port: m.src_port,
                         dst_port: m.dst_port,
                         data: &rx.buf,
+                        train: None,
                     });
                 }
             }

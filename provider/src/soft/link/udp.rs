@@ -761,6 +761,7 @@ impl UdpLink {
             src_port: from.port(),
             dst_port: s.local.port(),
             data,
+            train: None,
         });
     }
 }

@@ -37,6 +37,7 @@ mod slab;
 mod srq;
 #[cfg(test)]
 mod tests;
+pub mod train;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -128,6 +129,10 @@ pub struct Transmit {
     pub dst_port: u16,
     /// The UDP payload.
     pub data: Vec<u8>,
+    /// Set for a train ([`train`]): `data` is its ONLY packet, without
+    /// payload, and this says where the payload is. Only links that can
+    /// carry trains ([`train::TrainRoute`]) ever get one.
+    pub train: Option<Box<train::TrainOut>>,
 }
 
 /// A received datagram.
@@ -143,6 +148,9 @@ pub struct Datagram<'a> {
     pub dst_port: u16,
     /// The UDP payload.
     pub data: &'a [u8],
+    /// Set for a train ([`train`]): `data` is its ONLY packet, without
+    /// payload, and this is the payload.
+    pub train: Option<train::TrainIn<'a>>,
 }
 
 /// Something the driver must deliver outside the engine.
@@ -217,6 +225,18 @@ pub struct Core {
     revoked: bool,
     /// Set once DEVICE_FATAL was raised: no async event follows it.
     fatal: bool,
+    /// Where trains may go; none without a route.
+    train_route: Option<TrainRouteRef>,
+}
+
+/// The requester's view of the link for trains.
+#[derive(Clone)]
+struct TrainRouteRef(std::sync::Arc<dyn train::TrainRoute>);
+
+impl std::fmt::Debug for TrainRouteRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TrainRoute")
+    }
 }
 
 impl Core {
@@ -238,7 +258,15 @@ impl Core {
             counters: Counters::default(),
             revoked: false,
             fatal: false,
+            train_route: None,
         }
+    }
+
+    /// Lets the requester send multi-packet SENDs and WRITEs from
+    /// shareable memory as trains ([`train`]) to the destinations `route`
+    /// accepts.
+    pub fn set_train_route(&mut self, route: std::sync::Arc<dyn train::TrainRoute>) {
+        self.train_route = Some(TrainRouteRef(route));
     }
 
     /// `ENODEV` once the device was revoked (hot-unplug).

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::verbs::{AccessFlags, MemorySource, MwType};
 
 use super::qp::SgeRaw;
+use super::train::{TrainIn, TrainPiece};
 use super::{PdId, SplitMix};
 
 /// Why a key check failed; the caller turns it into the status of its side
@@ -150,6 +151,94 @@ impl Resolved {
                     Err(())
                 }
             }
+        }
+    }
+
+    /// Appends the range (`len` bytes) as train pieces to `out`; fails if
+    /// any of it is not in shareable memory.
+    pub(crate) fn shared_pieces(&self, len: usize, out: &mut Vec<TrainPiece>) -> Result<(), ()> {
+        let mut push = |m: &MemorySource, offset: usize, n: usize| -> Result<(), ()> {
+            let mem = m.shared().ok_or(())?.clone();
+            out.push(TrainPiece {
+                mem,
+                offset: offset as u64,
+                len: u32::try_from(n).map_err(|_| ())?,
+            });
+            Ok(())
+        };
+        match self {
+            Resolved::One { memory, offset } => push(memory, *offset, len),
+            Resolved::Many(segs) => {
+                let mut left = len;
+                for s in segs {
+                    let n = (s.len as usize).min(left);
+                    if n > 0 {
+                        push(&s.memory, s.offset, n)?;
+                    }
+                    left -= n;
+                }
+                if left == 0 {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        }
+    }
+
+    /// Copies `len` bytes of a train's payload, from `src_off` on, into
+    /// the range (whose length is `len`). The last bytes are written
+    /// last, after a release fence, as with the last packet of a message:
+    /// an application polling the last byte sees the rest.
+    pub(crate) fn write_train(&self, t: &TrainIn<'_>, src_off: u64, len: usize) -> Result<(), ()> {
+        const TAIL: usize = 64;
+        if len > TAIL {
+            self.write_train_span(t, src_off, 0, len - TAIL)?;
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            self.write_train_span(t, src_off + (len - TAIL) as u64, len - TAIL, TAIL)
+        } else {
+            self.write_train_span(t, src_off, 0, len)
+        }
+    }
+
+    /// Copies `len` train bytes from `src_off` to the range's offset `at`.
+    fn write_train_span(&self, t: &TrainIn<'_>, src_off: u64, at: usize, len: usize) -> Result<(), ()> {
+        let one;
+        let segs: &[Segment] = match self {
+            Resolved::One { memory, offset } => {
+                one = [Segment {
+                    memory: memory.clone(),
+                    offset: *offset,
+                    len: u64::MAX,
+                }];
+                &one
+            }
+            Resolved::Many(segs) => segs,
+        };
+        let (mut skip, mut src, mut left) = (at as u64, src_off, len as u64);
+        for s in segs {
+            if left == 0 {
+                break;
+            }
+            if skip >= s.len {
+                skip -= s.len;
+                continue;
+            }
+            let n = (s.len - skip).min(left);
+            let mut dst = s.offset + skip as usize;
+            t.for_each_range(src, n, |p| {
+                s.memory.write_piece(dst, p).map_err(|_| ())?;
+                dst += p.len();
+                Ok(())
+            })?;
+            src += n;
+            left -= n;
+            skip = 0;
+        }
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(())
         }
     }
 

@@ -3,10 +3,10 @@
 //! and the counters of what was dropped. A malformed or hostile packet is
 //! dropped and counted, never a panic.
 
-use crate::soft::wire::{check_icrc, Direction, Packet, Pkey, Transport, UdpPorts};
+use crate::soft::wire::{check_icrc, Direction, OpKind, Packet, Pkey, Position, Transport, UdpPorts};
 use crate::verbs::{QpState, QpType};
 
-use super::requester::{pseudo_header, transport_of};
+use super::requester::{packets_for, pseudo_header, transport_of};
 use super::{Core, Datagram, Nanos};
 
 /// Per-device packet counters (shown by `softverbs devinfo`).
@@ -44,6 +44,9 @@ pub struct Counters {
     pub retransmits: u64,
     pub retransmit_timeouts: u64,
     pub cq_overruns: u64,
+    pub tx_trains: u64,
+    pub rx_trains: u64,
+    pub rx_bad_train: u64,
 }
 
 impl Counters {
@@ -81,6 +84,9 @@ impl Counters {
             ("retransmits", self.retransmits),
             ("retransmit_timeouts", self.retransmit_timeouts),
             ("cq_overruns", self.cq_overruns),
+            ("tx_trains", self.tx_trains),
+            ("rx_trains", self.rx_trains),
+            ("rx_bad_train", self.rx_bad_train),
         ]
         .into_iter()
     }
@@ -95,6 +101,7 @@ impl Counters {
             + self.rx_bad_pkey
             + self.rx_bad_source
             + self.rx_bad_qkey
+            + self.rx_bad_train
     }
 }
 
@@ -164,8 +171,24 @@ impl Core {
                 return;
             }
         }
-        if request {
-            self.handle_request(qp, pkt, d.src, d.dst);
+        if let Some(t) = d.train {
+            // Only RC SEND/WRITE messages of more than one packet travel as
+            // trains, as an ONLY packet standing for all of them.
+            let ok = request
+                && qp.qp_type == QpType::Rc
+                && pkt.info.position == Position::Only
+                && matches!(pkt.info.kind, OpKind::Send | OpKind::Write)
+                && pkt.payload.is_empty()
+                && t.npkts() > 1
+                && t.npkts() == packets_for(t.len(), qp.mtu());
+            if !ok {
+                self.counters.rx_bad_train += 1;
+                return;
+            }
+            self.counters.rx_trains += 1;
+            self.handle_request(qp, pkt, d.src, d.dst, Some(&t));
+        } else if request {
+            self.handle_request(qp, pkt, d.src, d.dst, None);
         } else if pkt.info.transport == Transport::Rc {
             self.handle_response(qp, now, pkt);
         }

@@ -12,6 +12,7 @@ use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
 
 use super::mr::KeyError;
 use super::qp::{Qp, WqeOp, WqeState};
+use super::train::{TrainOut, TrainPiece, TRAIN_MAX_PIECES, TRAIN_MIN_LEN};
 use super::{Core, Nanos, Transmit};
 
 /// Vendor error codes the soft provider reports in `vendor_err`.
@@ -192,6 +193,12 @@ impl Core {
     /// Builds and queues the next packet of WQE `idx`; returns whether it
     /// was the WQE's last.
     fn send_one_packet(&mut self, qp: &mut Qp, idx: usize) -> bool {
+        if qp.req.send_offset == 0 {
+            if let Some(train) = self.train_for(qp, idx) {
+                self.send_train(qp, idx, train);
+                return true;
+            }
+        }
         let mtu = qp.mtu();
         let transport = transport_of(qp.qp_type);
         let ack_every = self.cfg.ack_every;
@@ -309,6 +316,75 @@ impl Core {
         last
     }
 
+    /// The train WQE `idx` can go as ([`super::train`]): an RC SEND or
+    /// WRITE of several packets and at least [`TRAIN_MIN_LEN`] bytes, not
+    /// inline, whose every byte lies in shareable memory, towards a
+    /// destination the link carries trains to.
+    fn train_for(&self, qp: &Qp, idx: usize) -> Option<TrainOut> {
+        let w = &qp.sq[idx];
+        let route = self.train_route.as_ref()?;
+        if qp.qp_type != QpType::Rc
+            || w.inline.is_some()
+            || w.length < TRAIN_MIN_LEN
+            || w.npkts < 2
+            || !matches!(
+                w.op,
+                WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
+            )
+            || !route.0.trains_to(qp.attr.ah_attr.grh.dgid.to_ip())
+        {
+            return None;
+        }
+        let mut pieces: Vec<TrainPiece> = Vec::new();
+        self.mrs
+            .for_each_piece(&w.sgl, qp.pd, 0, w.length as usize, AccessFlags::empty(), |r, _, n| {
+                r.shared_pieces(n, &mut pieces)?;
+                if pieces.len() > TRAIN_MAX_PIECES {
+                    return Err(());
+                }
+                Ok(())
+            })
+            .ok()?;
+        Some(TrainOut { npkts: w.npkts, pieces })
+    }
+
+    /// Queues WQE `idx` as one train: its ONLY packet, without payload.
+    fn send_train(&mut self, qp: &mut Qp, idx: usize, train: TrainOut) {
+        let w = &qp.sq[idx];
+        let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
+        let imm = matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
+        let inv = w.op == WqeOp::SendInv;
+        let kind = if is_write { OpKind::Write } else { OpKind::Send };
+        let dest_qpn = qp.attr.dest_qp_num;
+        let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), w.first_psn);
+        bth.pkey = Pkey::DEFAULT;
+        let mut h = PacketRepr::new(bth);
+        h.bth.bth_opcode(Transport::Rc, kind, Position::Only, imm, inv);
+        if is_write {
+            h.reth = Some(RethRepr {
+                va: w.remote.addr,
+                rkey: w.remote.rkey,
+                dma_len: w.length,
+            });
+        }
+        if imm {
+            h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
+        }
+        if inv {
+            h.ieth = Some(IethRepr { rkey: w.imm });
+        }
+        h.bth.solicited = w.solicited && (!is_write || imm);
+        h.bth.ack_req = true;
+        let Some(data) = self.new_packet(&h, 0) else {
+            self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
+            return;
+        };
+        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+        let sgid_index = qp.attr.ah_attr.grh.sgid_index;
+        self.counters.tx_trains += 1;
+        self.queue_packet_with(qp.qpn, dest_qpn, sgid_index, dst, 0, data, Some(Box::new(train)));
+    }
+
     /// Appends `len` bytes of WQE `idx`'s message at `offset`, read from
     /// local memory, to `out`.
     fn gather(&self, qp: &Qp, idx: usize, offset: u32, len: usize, out: &mut Vec<u8>) -> Result<(), ()> {
@@ -341,7 +417,22 @@ impl Core {
         sgid_index: u8,
         dst: IpAddr,
         payload_len: usize,
+        data: Vec<u8>,
+    ) {
+        self.queue_packet_with(local_qpn, remote_qpn, sgid_index, dst, payload_len, data, None);
+    }
+
+    /// [`Core::queue_packet`], for a train too.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_packet_with(
+        &mut self,
+        local_qpn: u32,
+        remote_qpn: u32,
+        sgid_index: u8,
+        dst: IpAddr,
+        payload_len: usize,
         mut data: Vec<u8>,
+        train: Option<Box<TrainOut>>,
     ) {
         let Some(src) = self.cfg.gids.get(sgid_index as usize).map(|g| g.to_ip()) else {
             return;
@@ -366,6 +457,7 @@ impl Core {
             src_port: ports.src,
             dst_port: ports.dst,
             data,
+            train,
         });
     }
 

@@ -14,6 +14,7 @@ use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, W
 use super::mr::KeyError;
 use super::qp::{Qp, RdAtomicRes, RecvProgress, RecvWqe, WriteProgress};
 use super::requester::{pseudo_header, transport_of};
+use super::train::TrainIn;
 use super::Core;
 
 /// How the responder answers a request.
@@ -33,7 +34,16 @@ enum Outcome {
 impl Core {
     /// Handles a request packet (responder side). `src` is the sender's
     /// address (for UD GRHs and responses).
-    pub(crate) fn handle_request(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, src: IpAddr, dst: IpAddr) {
+    /// `train`: the payload of a train (the packet is then its ONLY
+    /// packet standing for `train.npkts()` PSNs; checked by the caller).
+    pub(crate) fn handle_request(
+        &mut self,
+        qp: &mut Qp,
+        pkt: &ParsedPacket<'_>,
+        src: IpAddr,
+        dst: IpAddr,
+        train: Option<&TrainIn<'_>>,
+    ) {
         if qp.state() == QpState::Rtr && !qp.resp.established {
             qp.resp.established = true;
             self.qp_event(qp, EventType::CommEst);
@@ -71,13 +81,14 @@ impl Core {
             return;
         }
         qp.resp.nak_sent = false;
-        let outcome = self.execute_request(qp, pkt);
+        let outcome = self.execute_request(qp, pkt, train);
         let rc = qp.qp_type == QpType::Rc;
         match outcome {
             Outcome::Ok => {
-                qp.resp.epsn = psn.next();
+                let last = psn.wrapping_add(train.map_or(1, |t| t.npkts()) - 1);
+                qp.resp.epsn = last.next();
                 if rc && pkt.headers.bth.ack_req {
-                    self.send_ack(qp, psn, Syndrome::ACK);
+                    self.send_ack(qp, last, Syndrome::ACK);
                 }
             }
             Outcome::Answered => {}
@@ -116,7 +127,7 @@ impl Core {
         qp.resp.write = None;
     }
 
-    fn execute_request(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+    fn execute_request(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, train: Option<&TrainIn<'_>>) -> Outcome {
         let info = pkt.info;
         // Opcode sequence (IBTA 9.7.5.1.4): a message in progress must be
         // continued by the same kind; a new one must start with first/only.
@@ -133,8 +144,8 @@ impl Core {
             return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
         }
         match info.kind {
-            OpKind::Send => self.recv_send(qp, pkt),
-            OpKind::Write => self.recv_write(qp, pkt),
+            OpKind::Send => self.recv_send(qp, pkt, train),
+            OpKind::Write => self.recv_write(qp, pkt, train),
             OpKind::ReadRequest => self.recv_read(qp, pkt),
             OpKind::CompareSwap | OpKind::FetchAdd => self.recv_atomic(qp, pkt),
             _ => Outcome::Drop,
@@ -163,7 +174,7 @@ impl Core {
         }
     }
 
-    fn recv_send(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+    fn recv_send(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, train: Option<&TrainIn<'_>>) -> Outcome {
         if pkt.info.position.starts_message() {
             let Some(wqe) = self.next_recv(qp) else {
                 return Outcome::Rnr;
@@ -180,7 +191,8 @@ impl Core {
         let Some(mut prog) = qp.resp.recv.take() else {
             return Outcome::Drop;
         };
-        let end = prog.offset + pkt.payload.len() as u64;
+        let n = train.map_or(pkt.payload.len() as u64, |t| u64::from(t.len()));
+        let end = prog.offset + n;
         if end > prog.wqe.length {
             self.counters.rx_recv_too_long += 1;
             self.complete_recv(qp, &prog.wqe, WcStatus::LocLenErr, 0, None, WcFlags::empty(), 0, false);
@@ -190,7 +202,11 @@ impl Core {
             }
             return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
         }
-        if self.scatter_recv(qp, &prog.wqe, prog.offset, pkt.payload).is_err() {
+        let placed = match train {
+            Some(t) => self.scatter_train(qp, &prog.wqe, t),
+            None => self.scatter_recv(qp, &prog.wqe, prog.offset, pkt.payload),
+        };
+        if placed.is_err() {
             self.complete_recv(qp, &prog.wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
             qp.recycle(prog.wqe.sgl);
             return Outcome::Fatal(NakCode::RemoteOperationalError, EventType::QpAccessErr);
@@ -244,7 +260,7 @@ impl Core {
         Outcome::Ok
     }
 
-    fn recv_write(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) -> Outcome {
+    fn recv_write(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, train: Option<&TrainIn<'_>>) -> Outcome {
         let access_ok = qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE);
         if pkt.info.position.starts_message() {
             let Some(reth) = pkt.headers.reth else {
@@ -275,7 +291,7 @@ impl Core {
         let Some(mut w) = qp.resp.write.take() else {
             return Outcome::Drop;
         };
-        let n = pkt.payload.len() as u64;
+        let n = train.map_or(pkt.payload.len() as u64, |t| u64::from(t.len()));
         let ends = pkt.info.position.ends_message();
         // Payload must fill MTU-sized packets exactly and end with the DMA
         // length (IBTA 9.7.5.1.5: length errors are invalid requests).
@@ -314,7 +330,11 @@ impl Core {
                 .check_remote(w.rkey, qp.pd, qp.qpn, w.va, n, AccessFlags::REMOTE_WRITE)
             {
                 Ok(Some(r)) => {
-                    if r.write(pkt.payload).is_err() {
+                    let written = match train {
+                        Some(t) => r.write_train(t, 0, n as usize),
+                        None => r.write(pkt.payload),
+                    };
+                    if written.is_err() {
                         return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
                     }
                 }
@@ -614,6 +634,18 @@ impl Core {
             data.len(),
             AccessFlags::LOCAL_WRITE,
             |r, at, n| r.write(&data[at..at + n]),
+        )
+    }
+
+    /// Places a whole train's payload in a receive buffer.
+    fn scatter_train(&self, qp: &Qp, wqe: &RecvWqe, t: &TrainIn<'_>) -> Result<(), ()> {
+        self.mrs.for_each_piece(
+            &wqe.sgl,
+            qp.pd,
+            0,
+            t.len() as usize,
+            AccessFlags::LOCAL_WRITE,
+            |r, at, n| r.write_train(t, at as u64, n),
         )
     }
 

@@ -1,0 +1,172 @@
+//! Trains: a multi-packet SEND or RDMA WRITE sent as one request whose
+//! payload stays in the sender's memory, for links whose receiver can read
+//! that memory directly (the in-process link; the shared-memory link for
+//! [`SharedMemory`] buffers). The receiver copies the message once, from
+//! the sender's registered memory into its own.
+//!
+//! A train is an ONLY packet (`SEND_ONLY[_IMM|_INV]`, `WRITE_ONLY[_IMM]`
+//! with its RETH, ImmDt, IETH, solicited bit and AckReq) whose PSN is the
+//! message's first and which stands for all `npkts` packets the message
+//! takes at the path MTU: PSNs, the outstanding-packet window, ACK
+//! coalescing, duplicate and sequence handling stay exactly those of the
+//! packet-by-packet message, so the requester's completion and
+//! retransmission logic is unchanged. The responder checks the train like
+//! the packets it replaces (whole range up front, length against the DMA
+//! length or the receive buffer, `npkts` against its own MTU), places the
+//! payload piece by piece in order with the last bytes written last, and
+//! acknowledges the train's last PSN.
+//!
+//! A train is only built from the first byte of a message (a resumed
+//! message goes packet by packet), only towards destinations the link says
+//! it can carry trains to ([`TrainRoute`]), and only when every byte of
+//! the message lies in shareable memory. A link that cannot deliver a
+//! train (the route changed) drops it like a lost packet; the
+//! retransmission rebuilds the message as packets.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use crate::verbs::{MappedPiece, SharedMemory};
+
+/// Messages shorter than this go packet by packet even where trains are
+/// possible (a train costs a lookup per piece and, on the shared-memory
+/// link, a mapping per buffer).
+pub const TRAIN_MIN_LEN: u32 = 16 * 1024;
+
+/// Most pieces (scatter/gather elements) a train carries.
+pub const TRAIN_MAX_PIECES: usize = 16;
+
+/// Tells the requester where trains can go. Implemented for the link by
+/// the engine.
+pub trait TrainRoute: Send + Sync {
+    /// Whether a train sent to `dst` now would reach a receiver that can
+    /// read the sender's shareable memory.
+    fn trains_to(&self, dst: IpAddr) -> bool;
+}
+
+/// A piece of an outgoing train's payload: `len` bytes at `offset` of a
+/// shareable buffer.
+#[derive(Debug, Clone)]
+pub struct TrainPiece {
+    /// The buffer (kept alive while the train is in flight).
+    pub mem: Arc<SharedMemory>,
+    /// Offset in the buffer.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+}
+
+/// The payload description of an outgoing train, carried by its
+/// [`Transmit`](super::Transmit).
+#[derive(Debug, Clone)]
+pub struct TrainOut {
+    /// Packets (PSNs) the train stands for.
+    pub npkts: u32,
+    /// The pieces, in message order; their lengths add up to the message
+    /// length.
+    pub pieces: Vec<TrainPiece>,
+}
+
+impl PartialEq for TrainOut {
+    fn eq(&self, other: &TrainOut) -> bool {
+        self.npkts == other.npkts
+            && self.pieces.len() == other.pieces.len()
+            && self
+                .pieces
+                .iter()
+                .zip(&other.pieces)
+                .all(|(a, b)| Arc::ptr_eq(&a.mem, &b.mem) && a.offset == b.offset && a.len == b.len)
+    }
+}
+
+impl Eq for TrainOut {}
+
+impl TrainOut {
+    /// Total payload length.
+    pub fn len(&self) -> u64 {
+        self.pieces.iter().map(|p| u64::from(p.len)).sum()
+    }
+
+    /// Whether the train carries no payload (never built so).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces as readable ranges of this process, for a receiver in
+    /// the same process: the buffers are mapped here, and `self` keeps
+    /// them alive while the result is borrowed. `None` if a piece lies
+    /// outside its buffer.
+    pub fn local_pieces(&self) -> Option<Vec<MappedPiece<'_>>> {
+        self.pieces
+            .iter()
+            .map(|p| p.mem.piece(p.offset, p.len as usize))
+            .collect()
+    }
+}
+
+/// A received train's payload: what [`Core::handle_train`](super::Core::handle_train)
+/// reads the message from.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainIn<'a> {
+    npkts: u32,
+    len: u32,
+    pieces: &'a [MappedPiece<'a>],
+}
+
+impl<'a> TrainIn<'a> {
+    /// A train of `npkts` packets whose payload is `pieces` in order.
+    /// `None` if the total length does not fit a message (2^31 bytes) or
+    /// `npkts` is zero.
+    pub fn new(npkts: u32, pieces: &'a [MappedPiece<'a>]) -> Option<TrainIn<'a>> {
+        let total: usize = pieces.iter().try_fold(0usize, |a, p| a.checked_add(p.len()))?;
+        let len = u32::try_from(total).ok().filter(|&l| l <= 1 << 31)?;
+        (npkts > 0).then_some(TrainIn { npkts, len, pieces })
+    }
+
+    /// Packets the train stands for.
+    pub fn npkts(&self) -> u32 {
+        self.npkts
+    }
+
+    /// Payload length.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Calls `f(piece)` for the payload bytes `offset..offset+len`, in
+    /// order, one call per contiguous range; stops at the first error.
+    /// Errors if the payload is shorter than `offset + len`.
+    pub(crate) fn for_each_range(
+        &self,
+        offset: u64,
+        len: u64,
+        mut f: impl FnMut(MappedPiece<'a>) -> Result<(), ()>,
+    ) -> Result<(), ()> {
+        let mut skip = offset;
+        let mut left = len;
+        for p in self.pieces {
+            if left == 0 {
+                break;
+            }
+            let plen = p.len() as u64;
+            if skip >= plen {
+                skip -= plen;
+                continue;
+            }
+            let n = (plen - skip).min(left);
+            f(p.sub(skip as usize, n as usize).ok_or(())?)?;
+            left -= n;
+            skip = 0;
+        }
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(())
+        }
+    }
+}
