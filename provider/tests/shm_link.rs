@@ -25,6 +25,9 @@ fn shm_device(mode: ShmMode, engine: EngineMode) -> (Arc<SoftDevice>, Arc<ShmLin
     let udp = UdpLink::bind(&udp).expect("bind");
     let addrs = udp.gids().iter().map(|g| g.to_ip()).collect();
     let link = ShmLink::new(udp, mode).expect("shm link");
+    // These tests cover the packet path through the rings (trains, which
+    // would carry the large messages, are tested in shm_train.rs).
+    link.set_trains(false);
     let cfg = SoftDeviceConfig {
         addrs,
         link: Some(link.clone() as Arc<dyn Link>),

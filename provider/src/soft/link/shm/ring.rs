@@ -16,8 +16,25 @@
 //!         +256  sleep  u32  (consumer: 1 = about to sleep, ring the doorbell)
 //!         +4096 SLOTS slots of SLOT_LEN bytes
 //! slot:   +0 len u32, +4 src_port u16, +6 dst_port u16,
-//!         +8 src [16] (IPv6 form), +24 dst [16], +64 payload (MAX_PAYLOAD)
+//!         +8 src [16] (IPv6 form), +24 dst [16],
+//!         +40 kind u32, +44 ext u32,
+//!         +64 payload: len bytes of datagram, then ext bytes of extension
+//!             (len + ext <= MAX_PAYLOAD)
 //! ```
+//!
+//! The slot kinds (all integers in the header in host byte order, the
+//! extensions little-endian):
+//!
+//! - [`KIND_DATAGRAM`]: a datagram (`ext` is 0).
+//! - [`KIND_TRAIN`]: a train's ONLY packet, then its [`TrainDesc`]: `npkts
+//!   u32, count u32`, then `count` pieces of `token u64, offset u64, len
+//!   u32` (20 bytes each), `1 <= count <=` [`TRAIN_MAX_PIECES`].
+//! - [`KIND_FORGET`]: no datagram (`len` 0); the extension is a list of
+//!   buffer tokens (u64 each, at most [`FORGET_MAX`]) the producer no
+//!   longer refers to: the consumer unmaps them.
+//!
+//! Which buffer a token names, and how the consumer gets it, is the
+//! link's business (`shm.rs`, "Trains").
 //!
 //! `head` and `tail` are free-running u64 counters on their own cache
 //! lines (and the sleep flag on a third): the producer fills slot
@@ -31,8 +48,11 @@
 //! broken. Each side keeps its own index privately and only *writes* it
 //! into the region; the index read from the peer is checked
 //! (`0 <= head - tail <= SLOTS`), slot positions are always taken modulo
-//! [`SLOTS`] from the private index, and a length is checked against
-//! [`MAX_PAYLOAD`] before any byte is copied. Payloads are copied out
+//! [`SLOTS`] from the private index, and the lengths (datagram plus
+//! extension) are read once and checked against [`MAX_PAYLOAD`], and the
+//! kind against the known ones, before any byte is copied. Extensions
+//! are parsed from the private copy ([`TrainDesc::decode`],
+//! [`decode_forget`]), never from the slot. Payloads are copied out
 //! into private memory with volatile loads before the engine sees them,
 //! so a peer changing a slot mid-read can only change what we read, never
 //! where. No Rust reference into the mapping is ever created except the
@@ -49,6 +69,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::sys;
+pub use crate::soft::proto::train::TRAIN_MAX_PIECES;
 
 /// Slots per ring (a power of two).
 pub const SLOTS: u64 = 512;
@@ -67,8 +88,27 @@ pub const RING_LEN: usize = RING_CTRL + SLOTS as usize * SLOT_LEN;
 pub const REGION_LEN: usize = 4096 + 2 * RING_LEN;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SVSHMRG1");
-const VERSION: u32 = 1;
+/// 2: slot kinds (trains, forgets) in the header's bytes 40..48.
+const VERSION: u32 = 2;
 const OFF_HEAD: usize = 0;
+/// Offsets of the kind and extension-length words in a slot.
+const OFF_KIND: usize = 40;
+const OFF_EXT: usize = 44;
+
+/// Slot kind: a datagram.
+pub const KIND_DATAGRAM: u32 = 0;
+/// Slot kind: a train (ONLY packet, then a [`TrainDesc`]).
+pub const KIND_TRAIN: u32 = 1;
+/// Slot kind: tokens the consumer may unmap.
+pub const KIND_FORGET: u32 = 2;
+/// Most tokens one forget slot carries.
+pub const FORGET_MAX: usize = MAX_PAYLOAD / 8;
+/// Bytes of one piece in a train descriptor.
+const DESC_PIECE: usize = 20;
+/// Bytes of a train descriptor's header.
+const DESC_HDR: usize = 8;
+/// Longest train descriptor.
+pub const DESC_MAX: usize = DESC_HDR + TRAIN_MAX_PIECES * DESC_PIECE;
 const OFF_TAIL: usize = 128;
 const OFF_SLEEP: usize = 256;
 
@@ -84,7 +124,8 @@ pub fn tail_offset(r: usize) -> u64 {
 }
 
 /// Offset of slot `i` (taken modulo [`SLOTS`]) of ring `r`; its length
-/// word is the first 4 bytes.
+/// word is the first 4 bytes, its kind word at byte 40, the extension
+/// length at 44.
 pub fn slot_offset(r: usize, i: u64) -> u64 {
     (4096 + r * RING_LEN + RING_CTRL) as u64 + (i % SLOTS) * SLOT_LEN as u64
 }
@@ -227,6 +268,112 @@ fn ip_of(b: [u8; 16]) -> IpAddr {
     }
 }
 
+/// One piece of a train descriptor: `len` bytes at `offset` of the
+/// buffer the producer calls `token`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DescPiece {
+    /// The producer's name for the buffer (exported to the consumer
+    /// beforehand; see the link).
+    pub token: u64,
+    /// Offset in the buffer.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+}
+
+/// The extension of a [`KIND_TRAIN`] slot: how many packets the train
+/// stands for and where its payload is, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrainDesc {
+    /// Packets (PSNs) the train stands for.
+    pub npkts: u32,
+    /// The pieces (1 to [`TRAIN_MAX_PIECES`]).
+    pub pieces: Vec<DescPiece>,
+}
+
+impl TrainDesc {
+    /// Bytes of the wire form.
+    pub fn encoded_len(&self) -> usize {
+        DESC_HDR + DESC_PIECE * self.pieces.len()
+    }
+
+    /// Appends the wire form to `out`. `None` (nothing appended) if the
+    /// descriptor is not one [`TrainDesc::decode`] accepts.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Option<()> {
+        if !self.valid() {
+            return None;
+        }
+        out.reserve(self.encoded_len());
+        out.extend_from_slice(&self.npkts.to_le_bytes());
+        out.extend_from_slice(&(self.pieces.len() as u32).to_le_bytes());
+        for p in &self.pieces {
+            out.extend_from_slice(&p.token.to_le_bytes());
+            out.extend_from_slice(&p.offset.to_le_bytes());
+            out.extend_from_slice(&p.len.to_le_bytes());
+        }
+        Some(())
+    }
+
+    /// Parses a descriptor written by the peer (untrusted): the exact
+    /// length for its piece count, 1 to [`TRAIN_MAX_PIECES`] pieces, at
+    /// least one packet, no piece whose end overflows, and a total length
+    /// of at most 2^31 bytes (a message). Whether the pieces lie in their
+    /// buffers is for the caller to check against the mappings.
+    pub fn decode(b: &[u8]) -> Option<TrainDesc> {
+        let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+        let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+        let npkts = u32_at(0)?;
+        let count = u32_at(4)? as usize;
+        if count == 0 || count > TRAIN_MAX_PIECES || b.len() != DESC_HDR + DESC_PIECE * count {
+            return None;
+        }
+        let pieces = (0..count)
+            .map(|i| {
+                let o = DESC_HDR + DESC_PIECE * i;
+                Some(DescPiece {
+                    token: u64_at(o)?,
+                    offset: u64_at(o + 8)?,
+                    len: u32_at(o + 16)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let d = TrainDesc { npkts, pieces };
+        d.valid().then_some(d)
+    }
+
+    fn valid(&self) -> bool {
+        let total: u64 = self.pieces.iter().map(|p| u64::from(p.len)).sum();
+        self.npkts > 0
+            && !self.pieces.is_empty()
+            && self.pieces.len() <= TRAIN_MAX_PIECES
+            && total <= 1 << 31
+            && self
+                .pieces
+                .iter()
+                .all(|p| p.offset.checked_add(u64::from(p.len)).is_some())
+    }
+}
+
+/// Appends the extension of a [`KIND_FORGET`] slot naming `tokens` (at
+/// most [`FORGET_MAX`]; the rest is ignored) to `out`.
+pub fn encode_forget(tokens: &[u64], out: &mut Vec<u8>) {
+    for t in tokens.iter().take(FORGET_MAX) {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+}
+
+/// The tokens of a [`KIND_FORGET`] slot's extension (untrusted); `None`
+/// if it is not a whole number of tokens.
+pub fn decode_forget(b: &[u8]) -> Option<impl Iterator<Item = u64> + '_> {
+    if !b.len().is_multiple_of(8) || b.len() > FORGET_MAX * 8 {
+        return None;
+    }
+    Some(
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))),
+    )
+}
+
 /// Why a push failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushError {
@@ -256,35 +403,74 @@ impl Producer {
         }
     }
 
-    /// Copies one datagram into the next slot and publishes it.
+    /// A producer continuing ring `ring` of a live region where it stands
+    /// (the published head, the consumer's tail): for tests and tools that
+    /// play a peer writing a ring.
+    pub fn resume(region: &Region, ring: usize) -> Producer {
+        let ring = ring & 1;
+        Producer {
+            ring,
+            head: region.index(ring, OFF_HEAD).load(Ordering::Acquire),
+            tail: region.index(ring, OFF_TAIL).load(Ordering::Acquire),
+        }
+    }
+
+    /// Free slots, reading the consumer's index again when fewer than
+    /// `want` are known free.
     ///
     /// # Errors
     ///
-    /// [`PushError`]; nothing was written then.
-    pub fn push(&mut self, region: &Region, meta: &SlotMeta, data: &[u8]) -> Result<(), PushError> {
-        if data.len() > MAX_PAYLOAD {
-            return Err(PushError::TooLong);
-        }
-        if self.head - self.tail >= SLOTS {
+    /// [`PushError::Corrupt`] if the consumer's index is impossible.
+    pub fn room(&mut self, region: &Region, want: u64) -> Result<u64, PushError> {
+        if SLOTS - (self.head - self.tail) < want {
             let tail = region.index(self.ring, OFF_TAIL).load(Ordering::Acquire);
             // Untrusted: the consumer can only have freed what we filled.
             if tail > self.head || self.head - tail > SLOTS {
                 return Err(PushError::Corrupt);
             }
             self.tail = tail;
-            if self.head - self.tail >= SLOTS {
-                return Err(PushError::Full);
-            }
+        }
+        Ok(SLOTS - (self.head - self.tail))
+    }
+
+    /// Copies one datagram into the next slot and publishes it.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError`]; nothing was written then.
+    pub fn push(&mut self, region: &Region, meta: &SlotMeta, data: &[u8]) -> Result<(), PushError> {
+        self.push_ext(region, meta, KIND_DATAGRAM, data, &[])
+    }
+
+    /// Copies a slot of kind `kind` (`data`, then the extension `ext`)
+    /// into the next slot and publishes it.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError`]; nothing was written then.
+    pub fn push_ext(
+        &mut self,
+        region: &Region,
+        meta: &SlotMeta,
+        kind: u32,
+        data: &[u8],
+        ext: &[u8],
+    ) -> Result<(), PushError> {
+        if data.len() + ext.len() > MAX_PAYLOAD {
+            return Err(PushError::TooLong);
+        }
+        if self.room(region, 1)? == 0 {
+            return Err(PushError::Full);
         }
         let slot = region.slot_ptr(self.ring, self.head);
         let src = ip16(meta.src);
         let dst = ip16(meta.dst);
         // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
         // (index taken modulo SLOTS); every write below stays in it: header
-        // fields (aligned volatile stores) in the first 40 bytes, the
-        // payload at SLOT_HDR..SLOT_HDR + len <= SLOT_LEN (len <=
-        // MAX_PAYLOAD checked above); `data` is private memory, so the
-        // copy does not overlap.
+        // fields (aligned volatile stores) in the first 48 bytes, the
+        // payload at SLOT_HDR..SLOT_HDR + len + ext <= SLOT_LEN (checked
+        // above against MAX_PAYLOAD); `data` and `ext` are private memory,
+        // so the copies do not overlap.
         unsafe {
             std::ptr::write_volatile(slot.cast::<u32>(), data.len() as u32);
             std::ptr::write_volatile(slot.add(4).cast::<u16>(), meta.src_port);
@@ -295,9 +481,12 @@ impl Producer {
                 std::ptr::write_volatile(slot.add(8 + 8 * k).cast::<u64>(), s);
                 std::ptr::write_volatile(slot.add(24 + 8 * k).cast::<u64>(), d);
             }
+            std::ptr::write_volatile(slot.add(OFF_KIND).cast::<u32>(), kind);
+            std::ptr::write_volatile(slot.add(OFF_EXT).cast::<u32>(), ext.len() as u32);
             // A plain copy: the peer may read these bytes concurrently
             // (a broken peer), which can only garble what it reads.
             std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HDR), data.len());
+            std::ptr::copy_nonoverlapping(ext.as_ptr(), slot.add(SLOT_HDR + data.len()), ext.len());
         }
         self.head += 1;
         region.index(self.ring, OFF_HEAD).store(self.head, Ordering::Release);
@@ -318,13 +507,29 @@ impl Producer {
     }
 }
 
-/// What reading a slot found.
+/// What [`Consumer::pop`] (a reader of datagrams only) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Popped {
     /// A datagram, now in the caller's buffer.
     Datagram(SlotMeta),
-    /// A slot with an impossible length: skipped.
+    /// A slot with an impossible length, or of another kind than
+    /// [`KIND_DATAGRAM`]: skipped.
     BadLength,
+}
+
+/// What [`Consumer::pop_slot`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// A datagram, now the caller's buffer.
+    Datagram(SlotMeta),
+    /// A train: the caller's buffer holds its ONLY packet (the first
+    /// `usize` bytes), then its descriptor ([`TrainDesc::decode`]).
+    Train(SlotMeta, usize),
+    /// Tokens to forget: the caller's buffer holds them
+    /// ([`decode_forget`]).
+    Forget,
+    /// An impossible length or an unknown kind: skipped.
+    Bad,
 }
 
 /// The reading end of one ring.
@@ -384,11 +589,24 @@ impl Consumer {
         !matches!(self.ready(region), Some(0))
     }
 
-    /// Copies the next datagram into `buf` (replacing its contents).
+    /// Copies the next datagram into `buf` (replacing its contents); slots
+    /// of other kinds are skipped as [`Popped::BadLength`].
     /// `Ok(None)`: the ring is empty. `Err(())`: the producer's index is
     /// impossible; the ring is broken for good.
     #[allow(clippy::result_unit_err)]
     pub fn pop(&mut self, region: &Region, buf: &mut Vec<u8>) -> Result<Option<Popped>, ()> {
+        Ok(self.pop_slot(region, buf)?.map(|s| match s {
+            Slot::Datagram(m) => Popped::Datagram(m),
+            _ => Popped::BadLength,
+        }))
+    }
+
+    /// Copies the next slot's bytes (datagram and extension) into `buf`
+    /// (replacing its contents) and says what they are.
+    /// `Ok(None)`: the ring is empty. `Err(())`: the producer's index is
+    /// impossible; the ring is broken for good.
+    #[allow(clippy::result_unit_err)]
+    pub fn pop_slot(&mut self, region: &Region, buf: &mut Vec<u8>) -> Result<Option<Slot>, ()> {
         match self.ready(region) {
             None => return Err(()),
             Some(0) => return Ok(None),
@@ -396,21 +614,37 @@ impl Consumer {
         }
         let slot = region.slot_ptr(self.ring, self.tail);
         // SAFETY: `slot` starts a slot inside the mapping (index modulo
-        // SLOTS); the header reads are within its first 40 bytes, aligned.
-        let len = unsafe { std::ptr::read_volatile(slot.cast::<u32>()) } as usize;
+        // SLOTS); the header reads are within its first 48 bytes, aligned.
+        let (len, kind, ext) = unsafe {
+            (
+                std::ptr::read_volatile(slot.cast::<u32>()) as usize,
+                std::ptr::read_volatile(slot.add(OFF_KIND).cast::<u32>()),
+                std::ptr::read_volatile(slot.add(OFF_EXT).cast::<u32>()) as usize,
+            )
+        };
         self.tail += 1;
-        if len > MAX_PAYLOAD {
+        // Checked on our private copies of the words, once.
+        let sane = len + ext <= MAX_PAYLOAD
+            && match kind {
+                KIND_DATAGRAM => ext == 0,
+                KIND_TRAIN => true,
+                KIND_FORGET => len == 0,
+                _ => false,
+            };
+        if !sane {
             self.publish_tail(region);
-            return Ok(Some(Popped::BadLength));
+            return Ok(Some(Slot::Bad));
         }
+        let total = len + ext;
         let mut src = [0u8; 16];
         let mut dst = [0u8; 16];
         buf.clear();
-        buf.resize(len, 0);
-        // SAFETY: as above for the header; the payload read covers `len`
-        // bytes from SLOT_HDR, at most SLOT_LEN in all (len <= MAX_PAYLOAD
-        // checked above, on our private copy of the length), into `buf`,
-        // which has exactly `len` bytes and does not overlap the mapping.
+        buf.resize(total, 0);
+        // SAFETY: as above for the header; the payload read covers `total`
+        // bytes from SLOT_HDR, at most SLOT_LEN in all (total <=
+        // MAX_PAYLOAD checked above, on our private copies of the
+        // lengths), into `buf`, which has exactly `total` bytes and does
+        // not overlap the mapping.
         let (src_port, dst_port) = unsafe {
             let sp = std::ptr::read_volatile(slot.add(4).cast::<u16>());
             let dp = std::ptr::read_volatile(slot.add(6).cast::<u16>());
@@ -423,18 +657,23 @@ impl Consumer {
             // One copy into private memory, which is all the engine ever
             // sees: a peer writing the slot meanwhile garbles the copy,
             // never its bounds.
-            std::ptr::copy_nonoverlapping(slot.add(SLOT_HDR), buf.as_mut_ptr(), len);
+            std::ptr::copy_nonoverlapping(slot.add(SLOT_HDR), buf.as_mut_ptr(), total);
             (sp, dp)
         };
         if self.tail == self.head {
             self.publish_tail(region);
         }
-        Ok(Some(Popped::Datagram(SlotMeta {
+        let meta = SlotMeta {
             src: ip_of(src),
             dst: ip_of(dst),
             src_port,
             dst_port,
-        })))
+        };
+        Ok(Some(match kind {
+            KIND_DATAGRAM => Slot::Datagram(meta),
+            KIND_TRAIN => Slot::Train(meta, len),
+            _ => Slot::Forget,
+        }))
     }
 
     fn publish_tail(&self, region: &Region) {
@@ -511,5 +750,220 @@ mod tests {
         assert!(!c.prepare_sleep(&r));
         c.wake(&r);
         assert!(!p.consumer_sleeping(&r));
+    }
+
+    fn desc(n: usize) -> TrainDesc {
+        TrainDesc {
+            npkts: 3,
+            pieces: (0..n as u64)
+                .map(|i| DescPiece {
+                    token: 0x1000 + i,
+                    offset: i * 4096,
+                    len: 1000 + i as u32,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn train_and_forget_slots_round_trip() {
+        let r = Region::create().unwrap();
+        let mut p = Producer::new(0);
+        let mut c = Consumer::new(0);
+        let mut buf = Vec::new();
+        let packet = [7u8; 40];
+        for n in [1, 2, TRAIN_MAX_PIECES] {
+            let d = desc(n);
+            let mut ext = Vec::new();
+            d.encode(&mut ext).unwrap();
+            assert_eq!(ext.len(), d.encoded_len());
+            p.push_ext(&r, &meta(), KIND_TRAIN, &packet, &ext).unwrap();
+            assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Train(meta(), 40))));
+            assert_eq!(&buf[..40], &packet);
+            assert_eq!(TrainDesc::decode(&buf[40..]), Some(d));
+        }
+        let mut ext = Vec::new();
+        encode_forget(&[1, 2, u64::MAX], &mut ext);
+        p.push_ext(&r, &meta(), KIND_FORGET, &[], &ext).unwrap();
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Forget)));
+        assert_eq!(decode_forget(&buf).unwrap().collect::<Vec<_>>(), vec![1, 2, u64::MAX]);
+        // A datagram reader skips what it does not know.
+        p.push_ext(&r, &meta(), KIND_TRAIN, &packet, &ext).unwrap();
+        assert_eq!(c.pop(&r, &mut buf), Ok(Some(Popped::BadLength)));
+        p.push(&r, &meta(), b"plain").unwrap();
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Datagram(meta()))));
+        assert_eq!(buf, b"plain");
+        // Lengths add up against the slot.
+        let big = vec![0; MAX_PAYLOAD - 10];
+        assert_eq!(
+            p.push_ext(&r, &meta(), KIND_TRAIN, &big, &[0; 11]),
+            Err(PushError::TooLong)
+        );
+        p.push_ext(&r, &meta(), KIND_TRAIN, &big, &[0; 10]).unwrap();
+        assert_eq!(
+            c.pop_slot(&r, &mut buf),
+            Ok(Some(Slot::Train(meta(), MAX_PAYLOAD - 10)))
+        );
+        assert_eq!(buf.len(), MAX_PAYLOAD);
+    }
+
+    #[test]
+    fn room_counts_free_slots() {
+        let r = Region::create().unwrap();
+        let mut p = Producer::new(1);
+        let mut c = Consumer::new(1);
+        let mut buf = Vec::new();
+        assert_eq!(p.room(&r, 1), Ok(SLOTS));
+        for _ in 0..SLOTS - 1 {
+            p.push(&r, &meta(), b"x").unwrap();
+        }
+        assert_eq!(p.room(&r, 2), Ok(1));
+        p.push(&r, &meta(), b"x").unwrap();
+        assert_eq!(p.room(&r, 1), Ok(0));
+        c.pop_slot(&r, &mut buf).unwrap().unwrap();
+        // The consumer frees slots when it has read all it saw.
+        while c.pop_slot(&r, &mut buf).unwrap().is_some() {}
+        assert_eq!(p.room(&r, 1), Ok(SLOTS));
+        let mut q = Producer::resume(&r, 1);
+        assert_eq!(q.position(), (SLOTS, SLOTS));
+        q.push(&r, &meta(), b"y").unwrap();
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Datagram(meta()))));
+        assert_eq!(buf, b"y");
+    }
+
+    #[test]
+    fn hostile_descriptors_are_refused() {
+        let ok = {
+            let mut v = Vec::new();
+            desc(2).encode(&mut v).unwrap();
+            v
+        };
+        assert!(TrainDesc::decode(&ok).is_some());
+        // Truncated, padded, empty.
+        assert!(TrainDesc::decode(&ok[..ok.len() - 1]).is_none());
+        assert!(TrainDesc::decode(&[ok.as_slice(), &[0]].concat()).is_none());
+        assert!(TrainDesc::decode(&[]).is_none());
+        // No packet.
+        let mut v = ok.clone();
+        v[..4].copy_from_slice(&0u32.to_le_bytes());
+        assert!(TrainDesc::decode(&v).is_none());
+        // Piece counts: none, too many (with the length to match), huge.
+        for count in [0u32, TRAIN_MAX_PIECES as u32 + 1, u32::MAX] {
+            let mut v = vec![0u8; DESC_HDR + DESC_PIECE * (count as usize).min(64)];
+            v[..4].copy_from_slice(&1u32.to_le_bytes());
+            v[4..8].copy_from_slice(&count.to_le_bytes());
+            assert!(TrainDesc::decode(&v).is_none(), "{count}");
+        }
+        // Lengths beyond a message, offsets that wrap.
+        let mut d = desc(TRAIN_MAX_PIECES);
+        for p in &mut d.pieces {
+            p.len = u32::MAX;
+        }
+        assert!(d.encode(&mut Vec::new()).is_none());
+        let mut v = ok.clone();
+        for i in 0..2 {
+            v[DESC_HDR + DESC_PIECE * i + 16..DESC_HDR + DESC_PIECE * i + 20]
+                .copy_from_slice(&(1u32 << 30).to_le_bytes());
+        }
+        assert!(TrainDesc::decode(&v).is_some(), "exactly 2^31 bytes is a message");
+        v[DESC_HDR + 16] = 1;
+        assert!(TrainDesc::decode(&v).is_none(), "2^31 + 1 bytes is not");
+        let mut v = ok.clone();
+        v[DESC_HDR + 8..DESC_HDR + 16].copy_from_slice(&(u64::MAX - 10).to_le_bytes());
+        assert!(TrainDesc::decode(&v).is_none());
+        // Forget lists: whole tokens only, bounded.
+        assert!(decode_forget(&[0; 7]).is_none());
+        assert!(decode_forget(&vec![0; 8 * (FORGET_MAX + 1)]).is_none());
+        assert_eq!(decode_forget(&[]).unwrap().count(), 0);
+    }
+
+    /// Random bytes as descriptors, some with a plausible header: never a
+    /// panic, and whatever is accepted is within the limits and encodes
+    /// back to the same bytes.
+    #[test]
+    fn random_descriptors_never_panic() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut accepted = 0;
+        for i in 0..20_000 {
+            let count = rnd() % (TRAIN_MAX_PIECES as u64 + 3);
+            let len = if i % 2 == 0 {
+                DESC_HDR + DESC_PIECE * count as usize
+            } else {
+                (rnd() % (DESC_MAX as u64 + 64)) as usize
+            };
+            let mut v: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+            if v.len() >= 8 && i % 4 < 2 {
+                v[4..8].copy_from_slice(&(count as u32).to_le_bytes());
+                // Small lengths and offsets now and then.
+                for k in 0..count as usize {
+                    let o = DESC_HDR + DESC_PIECE * k;
+                    if o + 20 <= v.len() && rnd() % 2 == 0 {
+                        v[o + 8..o + 16].copy_from_slice(&(rnd() % (1 << 20)).to_le_bytes());
+                        v[o + 16..o + 20].copy_from_slice(&((rnd() % (1 << 20)) as u32).to_le_bytes());
+                    }
+                }
+            }
+            if let Some(d) = TrainDesc::decode(&v) {
+                accepted += 1;
+                assert!(d.npkts > 0 && !d.pieces.is_empty() && d.pieces.len() <= TRAIN_MAX_PIECES);
+                assert!(d.pieces.iter().map(|p| u64::from(p.len)).sum::<u64>() <= 1 << 31);
+                let mut back = Vec::new();
+                d.encode(&mut back).unwrap();
+                assert_eq!(back, v);
+            }
+            let _ = decode_forget(&v).map(|t| t.count());
+        }
+        assert!(accepted > 100, "{accepted}");
+    }
+
+    /// A peer scribbling kind and length words: the consumer never hands
+    /// out more than a slot holds, nor a train whose packet is longer than
+    /// what it copied.
+    #[test]
+    fn hostile_slot_headers_stay_in_the_slot() {
+        use std::os::unix::fs::FileExt;
+        let r = Region::create().unwrap();
+        let peer = r.file().try_clone().unwrap();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut c = Consumer::new(0);
+        let mut buf = Vec::new();
+        let (mut trains, mut bad) = (0, 0);
+        for i in 0..4 * SLOTS {
+            let slot = slot_offset(0, i);
+            let pick = |v: u64| match v % 4 {
+                0 => 0,
+                1 => (v >> 8) % 64,
+                2 => (v >> 8) % (MAX_PAYLOAD as u64 + 2),
+                _ => v >> 32,
+            } as u32;
+            let (len, kind, ext) = (pick(rnd()), (rnd() % 5) as u32, pick(rnd()));
+            peer.write_all_at(&len.to_ne_bytes(), slot).unwrap();
+            peer.write_all_at(&kind.to_ne_bytes(), slot + 40).unwrap();
+            peer.write_all_at(&ext.to_ne_bytes(), slot + 44).unwrap();
+            peer.write_all_at(&(i + 1).to_ne_bytes(), head_offset(0)).unwrap();
+            match c.pop_slot(&r, &mut buf) {
+                Ok(Some(Slot::Train(_, n))) => {
+                    trains += 1;
+                    assert!(n <= buf.len() && buf.len() <= MAX_PAYLOAD);
+                    let _ = TrainDesc::decode(&buf[n..]);
+                }
+                Ok(Some(Slot::Datagram(_))) | Ok(Some(Slot::Forget)) => assert!(buf.len() <= MAX_PAYLOAD),
+                Ok(Some(Slot::Bad)) => bad += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(trains > 0 && bad > 0, "{trains} {bad}");
     }
 }

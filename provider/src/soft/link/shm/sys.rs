@@ -1,5 +1,6 @@
 //! System calls of the shared-memory link: memfd and seals, eventfd
-//! doorbells, descriptor passing (SCM_RIGHTS) and peer credentials.
+//! doorbells, descriptor passing (SCM_RIGHTS), peer credentials and
+//! hang-up detection.
 
 use std::fs::File;
 use std::io;
@@ -165,20 +166,19 @@ pub(super) fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Whether the peer of a stream socket closed it (EOF or reset), without
-/// consuming anything.
+/// Whether the peer of a stream socket closed it (or it failed), without
+/// consuming anything: `POLLRDHUP`, which the kernel reports even while
+/// data (descriptor messages) still waits in the socket, unlike a peek,
+/// which would see the data first.
 pub(super) fn peer_closed(sock: RawFd) -> bool {
-    let mut b = [0u8; 1];
-    // SAFETY: reads at most 1 byte into a live buffer.
-    let n = unsafe { libc::recv(sock, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    if n == 0 {
-        return true;
-    }
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EINTR));
-    }
-    false
+    let mut p = libc::pollfd {
+        fd: sock,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
 }
 
 /// Waits up to `ms` milliseconds for `fd` to become readable.

@@ -1,0 +1,162 @@
+//! Trains on the shared-memory link: large RC SENDs and RDMA WRITEs from
+//! memfd-backed buffers go as one slot each, the receiver copying the
+//! payload once out of its mapping of the sender's buffer. Two devices of
+//! one process, each on its own link, exactly as two processes would be.
+
+#[path = "udp_common/mod.rs"]
+mod udp_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::shm::{ShmLink, ShmMode};
+use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort};
+use softverbs::soft::link::Link;
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::*;
+use udp_common::*;
+
+const MIB: u32 = 1 << 20;
+
+fn shm_device(engine: EngineMode, trains: bool) -> (Arc<SoftDevice>, Arc<ShmLink>) {
+    let mut udp = UdpConfig::new(LO4);
+    udp.port = UdpPort::Fixed(free_private_port(LO4));
+    let udp = UdpLink::bind(&udp).expect("bind");
+    let addrs = udp.gids().iter().map(|g| g.to_ip()).collect();
+    let link = ShmLink::new(udp, ShmMode::Only).expect("shm link");
+    link.set_trains(trains);
+    let cfg = SoftDeviceConfig {
+        addrs,
+        link: Some(link.clone() as Arc<dyn Link>),
+        engine,
+        ..SoftDeviceConfig::new(&unique("shmtrain"), LO4)
+    };
+    (SoftDevice::create(cfg).expect("create"), link)
+}
+
+fn stat(link: &ShmLink, name: &str) -> u64 {
+    link.stats().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, v)| v)
+}
+
+fn pattern(len: u32, seed: u8) -> Vec<u8> {
+    (0..len).map(|k| ((k % 251) as u8) ^ seed).collect()
+}
+
+/// Nothing more arrives on either CQ for a while.
+fn quiet(a: &Side, b: &Side) {
+    let more = collect(&a.scq, &[&b.rcq], Duration::from_millis(50));
+    assert!(more.is_empty(), "{more:?}");
+    let more = collect(&b.rcq, &[&a.scq], Duration::from_millis(50));
+    assert!(more.is_empty(), "{more:?}");
+}
+
+/// A 1 MiB RDMA WRITE, a 1 MiB SEND and a SEND of two pieces from `a` to
+/// `b` (4 KiB MTU), each checked for its data and for exactly one
+/// completion; returns the links.
+fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
+    let ((da, la), (db, lb)) = (shm_device(engine, trains), shm_device(engine, trains));
+    let (a, b) = (side(&da, 4 << 20, 100), side(&db, 4 << 20, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    // The first message opens the channel (and goes as packets).
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
+    let sge = [a.mr.sge(0, 64).unwrap()];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(wait_one(&b.rcq, &[&a.scq]).status, WcStatus::Success);
+    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    assert_eq!(la.trains_to(b.gid.to_ip()), trains);
+
+    // RDMA WRITE of 1 MiB at offset 4096 of a, to offset 8192 of b.
+    let data = pattern(MIB, 0x11);
+    a.mr.write(4096, &data).unwrap();
+    let sge = [a.mr.sge(4096, MIB).unwrap()];
+    let remote = RemoteAddr {
+        addr: b.mr.addr() + 8192,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(2, SendOp::Write { remote }, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(8192, MIB as usize).unwrap(), data);
+    assert_eq!(b.mr.to_vec(8192 + MIB as usize, 16).unwrap(), vec![0; 16]);
+    quiet(&a, &b);
+
+    // SEND of 1 MiB into a receive buffer at 2 MiB of b.
+    let data = pattern(MIB, 0x22);
+    a.mr.write(0, &data).unwrap();
+    let sge = [b.mr.sge(2 * MIB as u64, 2 * MIB).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(3, &sge)]).unwrap();
+    let sge = [a.mr.sge(0, MIB).unwrap()];
+    a.qp.post_send(&[SendWr::new(3, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (3, WcStatus::Success, MIB));
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (3, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(2 * MIB as usize, MIB as usize).unwrap(), data);
+    quiet(&a, &b);
+
+    // SEND of two pieces (300 KiB + 200 KiB, unaligned) of a.
+    let (p1, p2) = (pattern(300 << 10, 0x33), pattern(200 << 10, 0x44));
+    a.mr.write(5, &p1).unwrap();
+    a.mr.write(3 * MIB as usize + 1, &p2).unwrap();
+    let sge = [b.mr.sge(0, MIB).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(4, &sge)]).unwrap();
+    let sge = [
+        a.mr.sge(5, 300 << 10).unwrap(),
+        a.mr.sge(3 * MIB as u64 + 1, 200 << 10).unwrap(),
+    ];
+    a.qp.post_send(&[SendWr::new(4, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (4, WcStatus::Success, 500 << 10));
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (4, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(0, 500 << 10).unwrap(), [p1, p2].concat());
+    quiet(&a, &b);
+
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    for l in [&la, &lb] {
+        assert_eq!(
+            stat(l, "shm_rx_bad_train") + stat(l, "shm_rx_bad_export") + stat(l, "shm_tx_train_dropped"),
+            0,
+            "{:?}",
+            l.stats()
+        );
+    }
+    drop((a, b));
+    da.remove();
+    db.remove();
+    (la, lb)
+}
+
+#[test]
+fn large_messages_go_as_trains_inline() {
+    let (la, lb) = large_messages(EngineMode::Inline, true);
+    assert_eq!(stat(&la, "shm_tx_trains"), 3, "{:?}", la.stats());
+    assert_eq!(stat(&lb, "shm_rx_trains"), 3, "{:?}", lb.stats());
+    // One buffer (the MR), passed and mapped once.
+    assert_eq!((stat(&la, "shm_tx_exports"), stat(&lb, "shm_rx_maps")), (1, 1));
+    // A train stands for 256 packets: far fewer slots than packets.
+    assert!(stat(&la, "shm_tx_datagrams") < 64, "{:?}", la.stats());
+}
+
+#[test]
+fn large_messages_go_as_trains_with_sleeping_progress_threads() {
+    let sleepy = EngineMode::ProgressThread { spin: Duration::ZERO };
+    let (la, lb) = large_messages(sleepy, true);
+    assert_eq!(stat(&la, "shm_tx_trains"), 3, "{:?}", la.stats());
+    assert_eq!(stat(&lb, "shm_rx_trains"), 3, "{:?}", lb.stats());
+}
+
+#[test]
+fn without_trains_large_messages_go_as_packets() {
+    let (la, lb) = large_messages(EngineMode::Inline, false);
+    assert_eq!(stat(&la, "shm_tx_trains") + stat(&lb, "shm_rx_trains"), 0);
+    // 256 + 256 + 125 packets at 4 KiB, and the first message.
+    assert!(stat(&la, "shm_tx_datagrams") > 637, "{:?}", la.stats());
+}
