@@ -330,8 +330,8 @@ pub struct PerfArgs {
     /// the same device with --backend hw]
     #[arg(long, value_name = "DEV", help_heading = "softverbs options")]
     pub peer_dev: Option<String>,
-    /// Link between soft devices: inproc (in this process), udp or shm (not
-    /// available yet)
+    /// Link between soft devices: inproc (in this process), udp, or shm
+    /// (shared-memory rings between processes of one host)
     #[arg(
         long,
         value_enum,
