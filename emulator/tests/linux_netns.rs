@@ -498,3 +498,26 @@ fn deleting_a_namespace_brings_interfaces_home_or_unplugs() {
     assert!(env.drv.links().is_empty());
     assert!(env.sub.devices(ClientScope::All).is_empty());
 }
+
+#[test]
+fn shared_mode_keeps_devices_home_but_remakes_their_sockets() {
+    let Some(env) = Env::new("s", 216) else { return };
+    env.drv.set_mode(softverbs::subsystem::NetnsMode::Shared).unwrap();
+    env.pair_with_devices();
+    let da = env.dev("a");
+    let ns1 = env.drv.add_netns(&env.ns1).unwrap();
+    let before = env.sub.device(&da).unwrap().generation();
+    env.drv.link_set_netns(&env.a, &env.ns1).unwrap();
+    assert_eq!(env.drv.link_netns(&env.a), Some(ns1));
+    // Still in the initial namespace (visible everywhere), but a new
+    // instance whose sockets were made where the interface is now.
+    let d = env.sub.device(&da).unwrap();
+    assert_eq!(d.namespace(), NamespaceId::INIT);
+    assert!(d.generation() > before);
+    assert_eq!(env.sub.devices(ClientScope::Namespace(ns1)).len(), 2);
+    assert_traffic(&env);
+    env.drv.del_netns(&env.ns1).unwrap();
+    assert_eq!(env.drv.link_netns(&env.a), Some(NamespaceId::INIT));
+    assert_traffic(&env);
+    env.sub.shutdown();
+}
