@@ -176,6 +176,15 @@ impl LState {
 /// Address changes without a move are not followed (a device's GIDs are
 /// fixed for its life; move it or re-add it).
 ///
+/// # Lifetime and threads
+///
+/// Like `ip`, the driver leaves what it made on the host when it is
+/// dropped: namespaces, interfaces (and the devices stay in the subsystem
+/// until removed). Calls may come from any thread; the driver holds no lock
+/// of its own while it calls into the subsystem (upcalls may call back),
+/// so topology calls on the same interface from several threads at once
+/// are not ordered against each other: call `sync` from one thread.
+///
 /// # Privileges
 ///
 /// Root (`CAP_SYS_ADMIN` for namespaces and `setns`, `CAP_NET_ADMIN` for
