@@ -5,8 +5,9 @@
 //! `softverbs devinfo`, the `ibv_devices` / `ibv_devinfo` of the soft
 //! provider and of hardware. [`sim`] is the deterministic simulated fabric
 //! (virtual time, seeded faults, a reference-model checker and a
-//! loss/latency benchmark; `softverbs sim`). The namespace and hotplug
-//! drivers and the other subcommands join it later (DESIGN §2).
+//! loss/latency benchmark; `softverbs sim`). [`netns`] holds the namespace
+//! drivers that feed the device subsystem: a virtual one and, on Linux, one
+//! for real network namespaces. Other subcommands join later (DESIGN §2).
 //!
 //! Run it from the workspace root with `cargo run --release -- <args>`, e.g.
 //! `cargo run --release -- devinfo -v`.

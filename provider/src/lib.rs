@@ -7,11 +7,16 @@
 //! - [`soft`]: the soft provider, a verbs device in pure Rust speaking RoCEv2
 //!   (no kernel module, no root, no NIC).
 //! - `hw` (feature `hardware`): the same API over real ibverbs via rdma-sys.
+//! - [`netns`] (Linux): network-namespace identities and running code inside
+//!   another namespace (used by hardware discovery and by the emulator's
+//!   Linux namespace driver).
 //!
 //! See the [`verbs`] module for the memory-safety rule of the API.
 
 #[cfg(feature = "hardware")]
 pub mod hw;
+#[cfg(target_os = "linux")]
+pub mod netns;
 pub mod soft;
 pub mod subsystem;
 pub mod verbs;

@@ -9,33 +9,30 @@
 //!   default ([`default_driver`]) and by the property tests. Each namespace
 //!   is an isolated in-process network (its own in-process fabric), and
 //!   interfaces are records in the driver.
+//! - [`LinuxNetns`] (Linux, root): the real driver — namespaces are network
+//!   namespaces (`/run/netns/NAME`, shared with `ip netns`), interfaces are
+//!   real interfaces (veth pairs it creates, or existing ones it adopts), and
+//!   a soft device runs on a UDP link whose sockets are created inside the
+//!   namespace its interface is in (`setns` on a short-lived thread; a
+//!   socket stays in the namespace it was created in), with GIDs from the
+//!   interface's addresses there. Moving the interface (through the driver,
+//!   or with `ip link set … netns …` followed by [`NetnsDriver::sync`])
+//!   unplugs the device and replugs it in the new namespace (reason
+//!   `NetnsMove`); the interface disappearing is a hot-unplug; link down
+//!   and up are PORT_ERR and PORT_ACTIVE events on the device. See its docs
+//!   for what each operation does on the host.
 //! - [`traffic`]: a connected RC pair with a ledger of every posted work
 //!   request, to check "every WR completes exactly once" across hotplug.
 //!
-//! # A real Linux driver (not built yet)
-//!
-//! The trait is shaped so that a `LinuxNetns` driver can implement it
-//! without changing callers; it waits for the soft provider's UDP link:
-//!
-//! - namespaces are real network namespaces: `add_netns` creates one
-//!   (`unshare(CLONE_NEWNET)` on a helper thread, bind-mounted at
-//!   `/run/netns/NAME` like `ip netns add`) or adopts an existing one; the
-//!   driver maps each namespace's inode (`stat /proc/<tid>/ns/net`) to a
-//!   [`NamespaceId`];
-//! - interfaces are real `net_device`s; `link_set_netns` sends RTM_NEWLINK
-//!   with `IFLA_NET_NS_FD`;
-//! - its [`DeviceFactory`](softverbs::subsystem::DeviceFactory) instantiates
-//!   a soft device on a UDP link whose socket is created *inside* the
-//!   target namespace (`setns` on a short-lived thread, bind to the
-//!   interface's address, hand back the descriptor — a socket stays in the
-//!   namespace it was created in), which needs a UDP link constructible from
-//!   a bound socket;
-//! - `sync` reads rtnetlink (RTM_NEWLINK/RTM_DELLINK, RTM_NEWNSID/DELNSID)
-//!   to follow changes made outside the process by `ip`; the virtual driver
-//!   has none;
-//! - tests run it only as root (`CAP_NET_ADMIN` + `CAP_SYS_ADMIN`) and skip
-//!   with a message elsewhere.
+//! Both drivers implement [`NetnsDriver`] and are interchangeable behind
+//! `Box<dyn NetnsDriver>`: a namespace is a subsystem
+//! [`NamespaceId`] of the same name, a device's factory
+//! ([`DeviceFactory`](softverbs::subsystem::DeviceFactory)) instantiates it
+//! for the namespace it lands in, and moves go through
+//! [`Subsystem::move_device`].
 
+#[cfg(target_os = "linux")]
+mod linux;
 pub mod traffic;
 mod virtual_netns;
 
@@ -44,6 +41,8 @@ use std::sync::Arc;
 
 use softverbs::subsystem::{DeviceInfo, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem};
 
+#[cfg(target_os = "linux")]
+pub use linux::LinuxNetns;
 pub use virtual_netns::VirtualNetns;
 
 /// The name by which drivers know the initial namespace.
@@ -128,7 +127,9 @@ pub trait NetnsDriver: Send + Sync {
     }
 
     /// Applies changes made outside the driver since the last call; returns
-    /// how many. The virtual driver has none.
+    /// how many. The virtual driver has none; the Linux driver follows
+    /// interfaces moved, deleted, or brought down and up with `ip`, and
+    /// namespaces deleted with `ip netns del`.
     ///
     /// # Errors
     ///

@@ -27,8 +27,8 @@
 //! - `wake`: kernel event descriptors joined with the backend's own, for
 //!   events a removal raises.
 //! - `monitor`: the per-device thread reading device-wide async events.
-//! - [`netns`], [`netlink`], [`sysfs`]: network namespaces, RDMA netlink and
-//!   sysfs, for discovery and the netns mode.
+//! - [`netns`] (shared with the soft side), [`netlink`], [`sysfs`]: network
+//!   namespaces, RDMA netlink and sysfs, for discovery and the netns mode.
 //!
 //! # Hotplug
 //!
@@ -70,7 +70,9 @@ pub(crate) mod life;
 mod lifecycle;
 pub(crate) mod monitor;
 pub mod netlink;
-pub mod netns;
+/// Network namespaces (moved to [`crate::netns`], which the soft side
+/// uses too; re-exported here for the hardware backend's callers).
+pub use crate::netns;
 mod objects;
 mod post;
 mod qp;

@@ -2,6 +2,7 @@
 //! soft provider enumerates, and the embedded default pair.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::engine::DeviceShared;
@@ -13,7 +14,10 @@ use super::link::Link;
 use super::objects::SoftContext;
 use super::proto::{Core, CoreConfig};
 use crate::verbs::backend::*;
-use crate::verbs::{verr, BackendKind, DeviceAttr, ErrorKind, Gid, Guid, PortAttr, Result, Verb};
+use crate::verbs::{
+    verr, AsyncElement, AsyncEvent, BackendKind, DeviceAttr, ErrorKind, EventType, Gid, Guid, PortAttr, PortState,
+    Result, Verb,
+};
 
 /// Limits every soft device advertises (`ibv_query_device`).
 pub mod limits {
@@ -171,6 +175,9 @@ pub struct SoftDevice {
     gids: Vec<Gid>,
     seed: u64,
     shared: Arc<DeviceShared>,
+    /// Whether port 1 is up (shared with every open context, which reports
+    /// it from `query_port`).
+    port_active: Arc<AtomicBool>,
 }
 
 impl SoftDevice {
@@ -226,6 +233,7 @@ impl SoftDevice {
             gids,
             seed: config.seed,
             shared,
+            port_active: Arc::new(AtomicBool::new(true)),
         });
         list.push(dev.clone());
         Ok(dev)
@@ -341,9 +349,61 @@ impl SoftDevice {
         }
     }
 
-    /// Attributes of port 1, the only port.
+    /// Attributes of port 1, the only port (its state as last set by
+    /// [`SoftDevice::set_port_active`]).
     pub fn port_attr(&self) -> PortAttr {
-        Self::default_port_attr()
+        port_attr_in(Self::default_port_attr(), self.port_active())
+    }
+
+    /// Whether port 1 is active.
+    pub fn port_active(&self) -> bool {
+        self.port_active.load(Ordering::Acquire)
+    }
+
+    /// Sets the state of port 1, as a NIC's port follows its link (what a
+    /// namespace driver calls when the network interface the device is
+    /// bound to goes down or up): `query_port` of every open context then
+    /// reports `PORT_ACTIVE` (physical state LinkUp) or `PORT_DOWN`
+    /// (Disabled), and every context gets the async event `PORT_ACTIVE` or
+    /// `PORT_ERR` for port 1. Returns whether the state changed; setting
+    /// the state it has does nothing (no event). Traffic is not stopped
+    /// here: on a network link, the interface being down already stops it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+    /// use softverbs::verbs::{EventType, PortState};
+    ///
+    /// let dev = SoftDevice::create(SoftDeviceConfig::new("doc_port0", "127.83.202.1".parse().unwrap()))?;
+    /// let ctx = dev.open()?;
+    /// assert!(dev.set_port_active(false));
+    /// assert_eq!(ctx.query_port(1)?.state, PortState::Down);
+    /// let ev = ctx.get_async_event(Some(std::time::Duration::from_secs(5)))?.unwrap();
+    /// assert_eq!(ev.event_type, EventType::PortErr);
+    /// assert!(!dev.set_port_active(false)); // no change, no event
+    /// dev.set_port_active(true);
+    /// assert_eq!(ctx.query_port(1)?.state, PortState::Active);
+    /// drop(ctx);
+    /// dev.unplug();
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn set_port_active(&self, active: bool) -> bool {
+        if self.port_active.swap(active, Ordering::AcqRel) == active {
+            return false;
+        }
+        let event = AsyncEvent {
+            event_type: if active {
+                EventType::PortActive
+            } else {
+                EventType::PortErr
+            },
+            element: AsyncElement::Port(1),
+        };
+        // Through the engine's event queue, so the event is ordered with
+        // the device's other async events (and none follows DEVICE_FATAL).
+        self.shared.with_core(|c, _| c.push_async(None, event));
+        true
     }
 
     /// The port attributes every soft device advertises.
@@ -371,6 +431,15 @@ impl SoftDevice {
             link_layer: LinkLayer::Ethernet,
         }
     }
+}
+
+/// `attr` with the state of a port that is (or is not) active.
+pub(crate) fn port_attr_in(mut attr: PortAttr, active: bool) -> PortAttr {
+    if !active {
+        attr.state = PortState::Down;
+        attr.phys_state = 3; // Disabled, as rxe reports a port whose netdev is down
+    }
+    attr
 }
 
 fn registry() -> &'static Mutex<Vec<Arc<SoftDevice>>> {
@@ -415,7 +484,13 @@ impl DeviceOps for SoftDevice {
     }
 
     fn open(&self) -> Result<Arc<dyn ContextOps>> {
-        let ctx = SoftContext::open(self.shared.clone(), self.attr(), self.port_attr(), self.gids.clone())?;
+        let ctx = SoftContext::open(
+            self.shared.clone(),
+            self.attr(),
+            Self::default_port_attr(),
+            self.port_active.clone(),
+            self.gids.clone(),
+        )?;
         Ok(ctx)
     }
 }

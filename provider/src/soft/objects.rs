@@ -34,6 +34,9 @@ pub(crate) struct SoftContext {
     id: u32,
     attr: DeviceAttr,
     port: PortAttr,
+    /// Whether port 1 is active (shared with the device; see
+    /// `SoftDevice::set_port_active`).
+    port_active: Arc<AtomicBool>,
     gids: Vec<Gid>,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
@@ -46,6 +49,7 @@ impl SoftContext {
         dev: Arc<DeviceShared>,
         attr: DeviceAttr,
         port: PortAttr,
+        port_active: Arc<AtomicBool>,
         gids: Vec<Gid>,
     ) -> Result<Arc<SoftContext>> {
         let event_fd = EventFd::new().map_err(|e| verr!(OpenDevice, Io, "eventfd: {e}"))?;
@@ -55,6 +59,7 @@ impl SoftContext {
             id: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
             attr,
             port,
+            port_active,
             gids,
             events: Mutex::new(VecDeque::new()),
             event_fd,
@@ -138,7 +143,10 @@ impl ContextOps for SoftContext {
 
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.check_port(crate::verbs::Verb::QueryPort, port)?;
-        Ok(self.port.clone())
+        Ok(super::device::port_attr_in(
+            self.port.clone(),
+            self.port_active.load(Ordering::Acquire),
+        ))
     }
 
     fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {

@@ -1,4 +1,8 @@
-//! Network namespaces as the RDMA subsystem sees them.
+//! Linux network namespaces: their identities, and running code inside one.
+//!
+//! Used by the hardware backend's discovery (below) and by the emulator's
+//! Linux namespace driver, which creates the UDP sockets of soft devices
+//! inside the namespace of the interface they are bound to.
 //!
 //! In exclusive mode an RDMA device belongs to one network namespace: only
 //! there is it listed (`/sys/class/infiniband` of a sysfs mounted in that
@@ -8,10 +12,11 @@
 //! inode (and device) of its `/proc/<pid>/ns/net` file; two paths name the
 //! same namespace when those match.
 //!
-//! [`in_netns`] runs a closure on a short-lived thread that entered another
-//! namespace with `setns(2)` (which needs `CAP_SYS_ADMIN`): what it opens
-//! there (a netlink socket, a device context) stays usable from every
-//! thread afterwards.
+//! [`in_netns`] (and [`in_netns_file`], for a namespace already open) runs
+//! a closure on a short-lived thread that entered another namespace with
+//! `setns(2)` (which needs `CAP_SYS_ADMIN`): what it opens there (a socket,
+//! a netlink socket, a device context) stays in that namespace and usable
+//! from every thread afterwards.
 
 use std::fmt;
 use std::fs::File;
@@ -50,6 +55,19 @@ impl NetnsId {
         })
     }
 
+    /// The namespace an open nsfs file refers to.
+    ///
+    /// # Errors
+    ///
+    /// The `fstat(2)` error.
+    pub fn of_file(file: &File) -> io::Result<NetnsId> {
+        let m = file.metadata()?;
+        Ok(NetnsId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+
     /// The calling thread's namespace.
     ///
     /// # Errors
@@ -72,12 +90,34 @@ pub fn named(name: &str) -> PathBuf {
 ///
 /// Opening `path` or `setns(2)` failed (`EPERM` without `CAP_SYS_ADMIN`).
 pub fn in_netns<R: Send>(path: &Path, f: impl FnOnce() -> R + Send) -> io::Result<R> {
-    let file = File::open(path)?;
+    in_netns_file(&File::open(path)?, f)
+}
+
+/// Runs `f` on a thread inside the network namespace `file` refers to (an
+/// open nsfs file: `/proc/<pid>/ns/net`, `/run/netns/<name>`).
+///
+/// # Errors
+///
+/// `setns(2)` failed (`EPERM` without `CAP_SYS_ADMIN`, `EINVAL` if `file`
+/// is not a network namespace); the thread panicked.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::fs::File;
+/// use softverbs::netns::{in_netns_file, NetnsId};
+///
+/// let ns = File::open("/run/netns/blue")?;
+/// let there = in_netns_file(&ns, NetnsId::current)??;
+/// println!("blue is {there}");
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub fn in_netns_file<R: Send>(file: &File, f: impl FnOnce() -> R + Send) -> io::Result<R> {
     std::thread::scope(|s| {
         s.spawn(move || {
-            // SAFETY: setns on a descriptor we opened; CLONE_NEWNET changes
-            // only the calling thread's network namespace, and this thread
-            // ends when `f` returns.
+            // SAFETY: setns on a descriptor that `file` keeps open for the
+            // call; CLONE_NEWNET changes only the calling thread's network
+            // namespace, and this thread ends when `f` returns.
             if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                 return Err(io::Error::last_os_error());
             }
