@@ -55,6 +55,9 @@ use qp::Qp;
 use slab::Slab;
 use srq::Srq;
 
+/// Most packet buffers [`Core::recycle_buffer`] keeps for reuse.
+pub const SPARE_BUFS: usize = 64;
+
 /// Time in nanoseconds on the caller's monotonic scale.
 pub type Nanos = u64;
 
@@ -209,6 +212,9 @@ pub struct Core {
     ahs: Slab<AhEntry>,
     qps: Slab<Box<Qp>>,
     tx: VecDeque<Transmit>,
+    /// Packet buffers handed back by the driver ([`Core::recycle_buffer`]),
+    /// reused for the next packets so that a packet costs no allocation.
+    spare_bufs: Vec<Vec<u8>>,
     events: VecDeque<CoreEvent>,
     /// (deadline, qpn) of every QP with an armed timer.
     timers: BTreeSet<(Nanos, u32)>,
@@ -233,6 +239,7 @@ impl Core {
             ahs: Slab::default(),
             qps: Slab::default(),
             tx: VecDeque::new(),
+            spare_bufs: Vec::new(),
             events: VecDeque::new(),
             timers: BTreeSet::new(),
             counters: Counters::default(),
@@ -345,6 +352,30 @@ impl Core {
     /// Next datagram to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         self.tx.pop_front()
+    }
+
+    /// Hands back the buffer of a datagram the driver is done with (one it
+    /// sent, or one it received and passed to [`Core::handle_datagram`]):
+    /// the engine builds later packets in it instead of allocating. Optional;
+    /// at most [`SPARE_BUFS`] buffers are kept.
+    #[inline]
+    pub fn recycle_buffer(&mut self, buf: Vec<u8>) {
+        if self.spare_bufs.len() < SPARE_BUFS && buf.capacity() > 0 {
+            self.spare_bufs.push(buf);
+        }
+    }
+
+    /// An empty buffer with room for `len` bytes (a spare one if any).
+    #[inline]
+    pub(crate) fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.spare_bufs.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.reserve(len);
+                b
+            }
+            None => Vec::with_capacity(len),
+        }
     }
 
     /// Whether datagrams are waiting in [`Core::poll_transmit`].
