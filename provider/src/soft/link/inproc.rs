@@ -83,8 +83,12 @@ impl Link for InprocFabric {
     }
 
     fn note_deadline(&self, deadline: Option<crate::soft::proto::Nanos>) {
+        // A load first: the deadline rarely moves earlier, and a locked
+        // read-modify-write on every verb showed in the profile.
         if let Some(d) = deadline {
-            self.earliest.fetch_min(d, Ordering::AcqRel);
+            if d < self.earliest.load(Ordering::Acquire) {
+                self.earliest.fetch_min(d, Ordering::AcqRel);
+            }
         }
     }
 

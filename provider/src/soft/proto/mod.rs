@@ -389,6 +389,8 @@ impl Core {
     }
 
     /// The earliest deadline at which [`Core::handle_timeout`] must run.
+    /// It may be early (a timer whose deadline moved out or went away
+    /// still wakes once, and finds nothing to do), never late.
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.timers.first().map(|&(t, _)| t)
     }
