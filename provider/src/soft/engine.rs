@@ -87,6 +87,14 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<Vec<Transmit>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Per-device batches of [`DeviceShared::send_all`].
+type Work = Vec<(Arc<DeviceShared>, Vec<Transmit>)>;
+
+thread_local! {
+    /// The (empty) work list of `send_all`, kept for its capacity.
+    static WORK: std::cell::RefCell<Work> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// An empty `Vec<Transmit>`, with capacity if this thread has a spare one.
 fn take_scratch() -> Vec<Transmit> {
     SCRATCH
@@ -302,8 +310,11 @@ impl DeviceShared {
         self.send_all(out, now);
         if !threaded {
             // Timers of other devices on this link that nobody drives.
-            for dev in self.link.take_due(now) {
-                dev.drive();
+            let due = self.link.take_due(now);
+            if !due.is_empty() {
+                for dev in due {
+                    dev.drive();
+                }
             }
         }
         r
@@ -367,10 +378,14 @@ impl DeviceShared {
         }
     }
 
+    #[inline]
     fn dispatch_events(&self, events: Vec<CoreEvent>) {
-        if events.is_empty() {
-            return;
+        if !events.is_empty() {
+            self.dispatch_events_slow(events);
         }
+    }
+
+    fn dispatch_events_slow(&self, events: Vec<CoreEvent>) {
         let sinks: Vec<(u32, Arc<dyn EventSink>)> = self
             .sinks
             .lock()
@@ -408,7 +423,9 @@ impl DeviceShared {
         }
         // Batches to hand over, each to one device; in a ping-pong there is
         // one at a time, and its Vec is reused for what that device answers.
-        let mut work: Vec<(Arc<DeviceShared>, Vec<Transmit>)> = Vec::new();
+        let mut work = WORK
+            .try_with(|w| std::mem::take(&mut *w.borrow_mut()))
+            .unwrap_or_default();
         self.route_into(first, &mut work);
         while let Some((dev, mut txs)) = work.pop() {
             let mut events = Vec::new();
@@ -429,6 +446,13 @@ impl DeviceShared {
             dev.dispatch_events(events);
             dev.route_into(txs, &mut work);
         }
+        // Keep the (empty) list's capacity for the next call on this thread.
+        let _ = WORK.try_with(|w| {
+            let mut w = w.borrow_mut();
+            if w.capacity() == 0 {
+                *w = work;
+            }
+        });
     }
 
     /// Hands a received datagram to the engine and recycles its buffer.
@@ -449,7 +473,7 @@ impl DeviceShared {
 
     /// Sorts datagrams this device sends: those for in-process devices are
     /// added to `work` (per device, in order), the rest go to the link.
-    fn route_into(&self, mut txs: Vec<Transmit>, work: &mut Vec<(Arc<DeviceShared>, Vec<Transmit>)>) {
+    fn route_into(&self, mut txs: Vec<Transmit>, work: &mut Work) {
         if txs.is_empty() {
             put_scratch(txs);
             return;
