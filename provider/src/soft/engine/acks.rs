@@ -9,7 +9,9 @@
 //! to the application (which is then likely to answer), an inline device
 //! keeps the plain ACKs that poll produced back for up to
 //! [`ACK_HOLD_NS`], keeping only the newest per QP, and sends them with the
-//! first verb called after that. ACKs produced while the application gets
+//! first verb called after that, or earlier, once [`ACK_RIDE_NS`] old, in
+//! the same `sendmmsg` as the next datagram the device sends anyway (a
+//! ping-pong's reply), so that they cost no system call of their own. ACKs produced while the application gets
 //! no completion (the target of RDMA WRITEs) leave at once. Everything else
 //! (requests, NAKs, read and atomic responses) leaves at once, and a
 //! response that is not a plain ACK first flushes the held ACKs so that
@@ -31,6 +33,12 @@ use crate::soft::wire::Opcode;
 /// use (IBTA timeout 1 is 8 µs, the usual 14 is 67 ms), and longer than a
 /// loopback round trip, so a ping-pong sends one ACK per several messages.
 pub(crate) const ACK_HOLD_NS: Nanos = 50_000;
+
+/// How long an ACK is held at least when the device sends something else
+/// it could ride along with (a ping-pong's reply): long enough that one
+/// ACK covers a few messages, short enough that send completions are not
+/// held up much.
+pub(crate) const ACK_RIDE_NS: Nanos = 20_000;
 
 const OPCODE_RC_ACK: u8 = 0x11;
 /// Offset of the AETH syndrome in an RC Acknowledge (right after the BTH).
@@ -74,45 +82,46 @@ impl HeldAcks {
     /// then the rest, then held ACKs that have waited [`ACK_HOLD_NS`]
     /// (all of them with `flush_all`).
     pub(crate) fn sort(&mut self, out: &mut Vec<Transmit>, now: Nanos, hold_new: bool, flush_all: bool) {
-        let mut send = Vec::with_capacity(out.len());
+        // In place: this runs for every verb that sends, and a second
+        // vector per call was an allocation per message.
         let mut responses = false;
-        for t in out.drain(..) {
-            if is_plain_ack(&t) {
-                let key = (t.dst, dest_qpn(&t));
+        let mut i = 0;
+        while i < out.len() {
+            let t = &out[i];
+            if is_plain_ack(t) {
+                let key = (t.dst, dest_qpn(t));
                 let slot = self.held.iter().position(|(d, q, _, _)| (*d, *q) == key);
-                match (hold_new, slot) {
-                    (true, Some(i)) => self.held[i].2 = t,
-                    (true, None) => self.held.push((key.0, key.1, t, now)),
-                    (false, slot) => {
-                        if let Some(i) = slot {
-                            self.held.remove(i); // superseded
-                        }
-                        send.push(t);
+                if hold_new {
+                    let t = out.remove(i);
+                    match slot {
+                        Some(j) => self.held[j].2 = t,
+                        None => self.held.push((key.0, key.1, t, now)),
                     }
+                    continue;
+                }
+                if let Some(j) = slot {
+                    self.held.remove(j); // superseded
                 }
             } else {
-                responses |= is_response(&t);
-                send.push(t);
+                responses |= is_response(t);
             }
+            i += 1;
         }
-        if responses || flush_all {
-            let mut first: Vec<Transmit> = self.held.drain(..).map(|h| h.2).collect();
-            if responses {
-                first.append(&mut send);
-                *out = first;
-            } else {
-                send.append(&mut first);
-                *out = send;
-            }
+        if responses {
+            out.splice(0..0, self.held.drain(..).map(|h| h.2));
             return;
         }
-        let due = self
-            .held
-            .iter()
-            .take_while(|h| now.saturating_sub(h.3) >= ACK_HOLD_NS)
-            .count();
-        send.extend(self.held.drain(..due).map(|h| h.2));
-        *out = send;
+        if flush_all {
+            out.extend(self.held.drain(..).map(|h| h.2));
+            return;
+        }
+        // Held ACKs leave on their own once [`ACK_HOLD_NS`] old; from
+        // [`ACK_RIDE_NS`] on they leave with anything this verb sends (after
+        // it, so that the kernel handles the request first): the same
+        // `sendmmsg`, no system call of their own.
+        let age = if out.is_empty() { ACK_HOLD_NS } else { ACK_RIDE_NS };
+        let due = self.held.iter().take_while(|h| now.saturating_sub(h.3) >= age).count();
+        out.extend(self.held.drain(..due).map(|h| h.2));
     }
 
     /// Everything held, for a final flush.
@@ -165,6 +174,29 @@ mod tests {
         h.sort(&mut out, ACK_HOLD_NS + 500, true, true);
         assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [4]);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn old_enough_acks_ride_along_with_a_request() {
+        let mut h = HeldAcks::default();
+        let mut out = vec![pkt(0x11, 1, 0x1f, 1)];
+        h.sort(&mut out, 0, true, false);
+        let mut out = vec![pkt(0x04, 1, 0, 2)];
+        h.sort(&mut out, ACK_RIDE_NS - 1, true, false);
+        assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [2], "too young");
+        let mut out = vec![pkt(0x04, 1, 0, 3)];
+        h.sort(&mut out, ACK_RIDE_NS, true, false);
+        assert_eq!(
+            out.iter().map(|t| t.data[19]).collect::<Vec<_>>(),
+            [3, 1],
+            "the ACK leaves after the request"
+        );
+        assert!(h.is_empty());
+        let mut out = vec![pkt(0x11, 1, 0x1f, 4)];
+        h.sort(&mut out, 0, true, false);
+        let mut out = Vec::new();
+        h.sort(&mut out, ACK_RIDE_NS, true, false);
+        assert!(out.is_empty(), "alone, it waits for ACK_HOLD_NS");
     }
 
     #[test]

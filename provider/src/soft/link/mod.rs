@@ -13,6 +13,7 @@
 //! [`Link::poll_fds`].
 
 pub mod inproc;
+mod iphash;
 pub mod shm;
 pub mod udp;
 

@@ -45,6 +45,7 @@ impl Core {
                         self.push_cqe(qp.send_cq, wc, false);
                     }
                     qp.recycle(w.sgl);
+                    qp.recycle_inline(w.inline);
                 }
                 WqeState::Failed(status, vendor_err) => {
                     self.complete_send_error(qp, status, vendor_err);
