@@ -256,7 +256,9 @@ impl DeviceShared {
         hold_acks: impl FnOnce(&R) -> bool,
         flush_acks: bool,
     ) -> R {
-        let mut out = take_scratch();
+        // A spare Vec only once there is something to send (most verbs,
+        // posting a receive or an empty poll, send nothing).
+        let mut out = Vec::new();
         let mut events = Vec::new();
         let threaded = self.progress.threaded();
         // One clock read per verb: everything this verb does (including
@@ -384,6 +386,9 @@ impl DeviceShared {
     }
 
     fn drain_locked(core: &mut Core, out: &mut Vec<Transmit>, events: &mut Vec<CoreEvent>) {
+        if out.capacity() == 0 && core.has_transmit() {
+            *out = take_scratch();
+        }
         while let Some(t) = core.poll_transmit() {
             out.push(t);
         }
@@ -432,7 +437,9 @@ impl DeviceShared {
     /// recycled there for the packets that device builds next.
     pub(crate) fn send_all(self: &Arc<Self>, first: Vec<Transmit>, now: Nanos) {
         if first.is_empty() {
-            put_scratch(first);
+            if first.capacity() > 0 {
+                put_scratch(first);
+            }
             return;
         }
         // Batches to hand over, each to one device; in a ping-pong there is

@@ -174,7 +174,7 @@ impl DeviceShared {
             Some(g) => g,
             None => self.lock(),
         };
-        let mut out = super::take_scratch();
+        let mut out = Vec::new();
         let mut events = Vec::new();
         Self::progress_locked(&mut core, &self.inbox, now);
         Self::drain_locked(&mut core, &mut out, &mut events);
