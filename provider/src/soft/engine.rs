@@ -346,10 +346,6 @@ impl DeviceShared {
         if self.progress.threaded() || self.link_fds.is_empty() {
             return super::notify::poll_readable(&[fd], timeout);
         }
-        // Nothing drives an inline device while its thread sleeps: ACKs
-        // held for coalescing leave now, or the peer's sends would wait for
-        // a retransmission to wake us.
-        self.flush_held_acks();
         if !self.link.prepare_sleep() {
             return true;
         }
@@ -357,16 +353,6 @@ impl DeviceShared {
         fds.push(fd);
         fds.extend_from_slice(&self.link_fds);
         super::notify::poll_readable(&fds, timeout)
-    }
-
-    /// Sends every ACK held for coalescing (inline network devices).
-    fn flush_held_acks(&self) {
-        let _core = self.lock();
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if !held.is_empty() {
-            let mut all = held.take_all();
-            self.link.send_batch(&mut all, &mut Vec::new());
-        }
     }
 
     /// Engine time of the next deadline, if any.
