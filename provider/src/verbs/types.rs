@@ -501,11 +501,16 @@ impl Gid {
     }
 
     /// The IP address this GID names (IPv4 for a mapped GID).
+    #[inline]
     pub fn to_ip(self) -> IpAddr {
-        let v6 = Ipv6Addr::from(self.0);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
+        // The mapped-prefix test on the bytes directly: the engine calls
+        // this for every packet, and `Ipv6Addr::to_ipv4_mapped` went
+        // through eight 16-bit segments.
+        let b = self.0;
+        if b[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+            IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(b))
         }
     }
 

@@ -186,7 +186,7 @@ impl DeviceShared {
         }
         drop(core);
         self.dispatch_events(events);
-        self.send_all(out);
+        self.send_all(out, now);
         worked
     }
 }

@@ -1,7 +1,6 @@
 //! The in-process link: devices of one process exchange datagrams through
 //! each other's inboxes, with no system call.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, Weak};
@@ -19,7 +18,10 @@ use crate::soft::proto::Transmit;
 /// them checks it with one atomic load and drives the devices that are due.
 #[derive(Debug)]
 pub struct InprocFabric {
-    devices: RwLock<HashMap<IpAddr, Weak<DeviceShared>>>,
+    /// Address → device. A list, not a hash map: a fabric joins a handful
+    /// of devices and this lookup runs for every packet (SipHash of an
+    /// `IpAddr` cost more than the scan).
+    devices: RwLock<Vec<(IpAddr, Weak<DeviceShared>)>>,
     /// Datagrams to an address no device owns.
     unroutable: AtomicU64,
     /// Earliest timer deadline of any device (process time; `u64::MAX`:
@@ -55,20 +57,27 @@ impl InprocFabric {
     }
 }
 
+impl InprocFabric {
+    fn lookup(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+        let map = self.devices.read().expect("fabric map poisoned");
+        map.iter().find(|(ip, _)| *ip == dst).and_then(|(_, w)| w.upgrade())
+    }
+}
+
 impl Link for InprocFabric {
     /// Every device of the fabric is in this process: trains reach any
     /// attached one.
     fn trains_to(&self, dst: IpAddr) -> bool {
         let map = self.devices.read().expect("fabric map poisoned");
-        map.get(&dst).is_some_and(|w| w.strong_count() > 0)
+        map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0)
+    }
+
+    fn route(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+        self.lookup(dst)
     }
 
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
-        let dst = {
-            let map = self.devices.read().expect("fabric map poisoned");
-            map.get(&tx.dst).and_then(Weak::upgrade)
-        };
-        match dst {
+        match self.lookup(tx.dst) {
             Some(dev) => {
                 dev.deliver(tx);
                 Some(dev)
@@ -81,8 +90,12 @@ impl Link for InprocFabric {
     }
 
     fn note_deadline(&self, deadline: Option<crate::soft::proto::Nanos>) {
+        // A load first: the deadline rarely moves earlier, and a locked
+        // read-modify-write on every verb showed in the profile.
         if let Some(d) = deadline {
-            self.earliest.fetch_min(d, Ordering::AcqRel);
+            if d < self.earliest.load(Ordering::Acquire) {
+                self.earliest.fetch_min(d, Ordering::AcqRel);
+            }
         }
     }
 
@@ -96,7 +109,7 @@ impl Link for InprocFabric {
         self.earliest.store(u64::MAX, Ordering::Release);
         let devices: Vec<Arc<DeviceShared>> = {
             let map = self.devices.read().expect("fabric map poisoned");
-            map.values().filter_map(Weak::upgrade).collect()
+            map.iter().filter_map(|(_, w)| w.upgrade()).collect()
         };
         let mut due: Vec<Arc<DeviceShared>> = Vec::new();
         for dev in devices {
@@ -117,15 +130,14 @@ impl Link for InprocFabric {
     fn attach(&self, dev: &Arc<DeviceShared>) {
         let mut map = self.devices.write().expect("fabric map poisoned");
         for ip in dev.addrs() {
-            map.insert(*ip, Arc::downgrade(dev));
+            map.retain(|(a, _)| a != ip);
+            map.push((*ip, Arc::downgrade(dev)));
         }
     }
 
     fn detach(&self, dev: &DeviceShared) {
         let mut map = self.devices.write().expect("fabric map poisoned");
-        for ip in dev.addrs() {
-            map.remove(ip);
-        }
+        map.retain(|(a, _)| !dev.addrs().contains(a));
     }
 
     fn name(&self) -> &'static str {

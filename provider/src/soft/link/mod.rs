@@ -13,6 +13,7 @@
 //! [`Link::poll_fds`].
 
 pub mod inproc;
+mod iphash;
 pub mod shm;
 pub mod udp;
 
@@ -28,6 +29,15 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// destination device's inbox and returns that device, which the caller
     /// must then drive; a network link returns `None`.
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>>;
+
+    /// In-process links: the attached device that owns `dst`, to which the
+    /// caller hands datagrams directly (under that device's engine lock,
+    /// with no queue in between). `None`: use [`Link::send`] (network
+    /// links, or no device owns `dst`).
+    fn route(&self, dst: std::net::IpAddr) -> Option<Arc<DeviceShared>> {
+        let _ = dst;
+        None
+    }
 
     /// Sends every datagram of `txs` in order (leaving `txs` empty) and
     /// adds the in-process devices they reached to `reached`, once each.

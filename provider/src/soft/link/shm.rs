@@ -681,7 +681,7 @@ pub struct ShmLink {
     listeners: Mutex<Vec<UnixListener>>,
     listener_fds: Vec<RawFd>,
     doorbell: OwnedFd,
-    routes: RwLock<HashMap<IpAddr, Route>>,
+    routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
     chans: RwLock<Vec<Arc<Channel>>>,
     /// Channels up (cheap check on the receive path).
     up: AtomicU64,
@@ -723,7 +723,7 @@ impl ShmLink {
             listeners: Mutex::new(listeners),
             listener_fds,
             doorbell: sys::eventfd()?,
-            routes: RwLock::new(HashMap::new()),
+            routes: RwLock::new(HashMap::default()),
             chans: RwLock::new(Vec::new()),
             up: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -800,7 +800,7 @@ impl ShmLink {
         lines
     }
 
-    fn routes_w(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Route>> {
+    fn routes_w(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Route, super::iphash::IpHash>> {
         self.routes.write().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -1350,6 +1350,9 @@ impl Link for ShmLink {
             return;
         }
         let mut udp_out: Vec<Transmit> = Vec::new();
+        // Channels to kick once at the end; the first one without a heap
+        // allocation (a batch nearly always goes to one peer).
+        let mut kicked_first: Option<Arc<Channel>> = None;
         let mut kicked: Vec<Arc<Channel>> = Vec::new();
         for t in txs.drain(..) {
             match self.channel_for(t.dst) {
@@ -1359,8 +1362,13 @@ impl Link for ShmLink {
                     if !up || c.backlogged() {
                         self.backlogged.store(true, Ordering::SeqCst);
                     }
-                    if up && !kicked.iter().any(|k| Arc::ptr_eq(k, &c)) {
-                        kicked.push(c);
+                    let seen = |k: &Arc<Channel>| Arc::ptr_eq(k, &c);
+                    if up && !kicked_first.as_ref().is_some_and(seen) && !kicked.iter().any(seen) {
+                        if kicked_first.is_none() {
+                            kicked_first = Some(c);
+                        } else {
+                            kicked.push(c);
+                        }
                     }
                 }
                 // A train never goes by UDP: the receiver could not read
@@ -1371,7 +1379,7 @@ impl Link for ShmLink {
                 None => udp_out.push(t),
             }
         }
-        for c in kicked {
+        for c in kicked_first.into_iter().chain(kicked) {
             c.kick(&self.stats);
         }
         if !udp_out.is_empty() {

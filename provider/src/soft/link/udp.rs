@@ -65,8 +65,9 @@
 //!
 //! # Batching and offloads
 //!
-//! Receive uses `recvmmsg` ([`RX_BATCH`] buffers per call, a bounded
-//! budget per engine turn) with UDP GRO where the kernel has it: a run of
+//! Receive uses `recvmmsg` (a first call for a few buffers, then up to
+//! [`RX_BATCH`] per call while they come full; a bounded budget per engine
+//! turn) with UDP GRO where the kernel has it: a run of
 //! equal-size datagrams of one flow (a GSO message from a peer on this
 //! host) arrives as one buffer and is split here, so the kernel handles
 //! one buffer instead of up to 64 datagrams. Send groups the engine's
@@ -667,9 +668,14 @@ impl UdpLink {
         let mut total = 0;
         for s in &self.socks {
             let fd = s.sock.as_raw_fd();
+            // A small first call (see `sys::RX_FIRST`), larger ones after
+            // a full one.
+            let mut ask = sys::RX_FIRST;
             while total < budget {
                 bump(&self.stats.rx_syscalls, 1);
-                let n = match sys::recv_batch(fd, &mut rx, budget - total) {
+                let ask_now = ask.min(budget - total);
+                ask = sys::RX_BATCH;
+                let n = match sys::recv_batch(fd, &mut rx, ask_now) {
                     Ok(n) => n,
                     Err(_) => {
                         bump(&self.stats.rx_errors, 1);
@@ -684,7 +690,7 @@ impl UdpLink {
                 for i in 0..n {
                     self.deliver_one(s, &rx, i, f);
                 }
-                if n < sys::RX_BATCH {
+                if n < ask_now {
                     break;
                 }
             }

@@ -45,6 +45,7 @@ impl Core {
                         self.push_cqe(qp.send_cq, wc, false);
                     }
                     qp.recycle(w.sgl);
+                    qp.recycle_inline(w.inline);
                 }
                 WqeState::Failed(status, vendor_err) => {
                     self.complete_send_error(qp, status, vendor_err);
@@ -71,13 +72,22 @@ impl Core {
     }
 
     /// The QP's one timer is the earlier of the RNR wait and retransmission.
+    ///
+    /// The armed wake-up may be earlier than that, never later: when the
+    /// deadline moves out or goes away (every ACK does one or the other)
+    /// the armed entry stays, fires early, finds nothing due and re-arms
+    /// from the real deadlines ([`Core::on_qp_timer`]). That keeps the
+    /// timer table out of the per-message path (two B-tree updates per
+    /// message before); a QP that goes idle costs one spurious wake-up.
     fn update_timer(&mut self, qp: &mut Qp) {
         let t = match (qp.req.rnr_wait, qp.req.retrans_at) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if t != qp.timer {
-            self.set_timer(qp, t);
+        match (t, qp.timer) {
+            (None, _) => {}
+            (Some(want), Some(armed)) if armed <= want => {}
+            (Some(_), _) => self.set_timer(qp, t),
         }
     }
 

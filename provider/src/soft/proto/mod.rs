@@ -56,6 +56,9 @@ use qp::Qp;
 use slab::Slab;
 use srq::Srq;
 
+/// Most packet buffers [`Core::recycle_buffer`] keeps for reuse.
+pub const SPARE_BUFS: usize = 64;
+
 /// Time in nanoseconds on the caller's monotonic scale.
 pub type Nanos = u64;
 
@@ -217,6 +220,9 @@ pub struct Core {
     ahs: Slab<AhEntry>,
     qps: Slab<Box<Qp>>,
     tx: VecDeque<Transmit>,
+    /// Packet buffers handed back by the driver ([`Core::recycle_buffer`]),
+    /// reused for the next packets so that a packet costs no allocation.
+    spare_bufs: Vec<Vec<u8>>,
     events: VecDeque<CoreEvent>,
     /// (deadline, qpn) of every QP with an armed timer.
     timers: BTreeSet<(Nanos, u32)>,
@@ -253,6 +259,7 @@ impl Core {
             ahs: Slab::default(),
             qps: Slab::default(),
             tx: VecDeque::new(),
+            spare_bufs: Vec::new(),
             events: VecDeque::new(),
             timers: BTreeSet::new(),
             counters: Counters::default(),
@@ -375,6 +382,30 @@ impl Core {
         self.tx.pop_front()
     }
 
+    /// Hands back the buffer of a datagram the driver is done with (one it
+    /// sent, or one it received and passed to [`Core::handle_datagram`]):
+    /// the engine builds later packets in it instead of allocating. Optional;
+    /// at most [`SPARE_BUFS`] buffers are kept.
+    #[inline]
+    pub fn recycle_buffer(&mut self, buf: Vec<u8>) {
+        if self.spare_bufs.len() < SPARE_BUFS && buf.capacity() > 0 {
+            self.spare_bufs.push(buf);
+        }
+    }
+
+    /// An empty buffer with room for `len` bytes (a spare one if any).
+    #[inline]
+    pub(crate) fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        match self.spare_bufs.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.reserve(len);
+                b
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
     /// Whether datagrams are waiting in [`Core::poll_transmit`].
     pub fn has_transmit(&self) -> bool {
         !self.tx.is_empty()
@@ -386,6 +417,8 @@ impl Core {
     }
 
     /// The earliest deadline at which [`Core::handle_timeout`] must run.
+    /// It may be early (a timer whose deadline moved out or went away
+    /// still wakes once, and finds nothing to do), never late.
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.timers.first().map(|&(t, _)| t)
     }

@@ -207,7 +207,7 @@ impl Core {
             }
             let mut sgl = qp.take_vec();
             let inline_bytes = if inline {
-                let mut data = Vec::with_capacity(length as usize);
+                let mut data = qp.take_inline(length as usize);
                 for s in wr.sg_list {
                     if !s.append_direct(&mut data) && !self.append_from_mr(s, &mut data) {
                         qp.recycle(sgl);

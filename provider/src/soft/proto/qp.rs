@@ -267,6 +267,8 @@ pub(crate) struct Qp {
     pub(crate) timer: Option<Nanos>,
     /// Spare SGE vectors, recycled to keep posting allocation-free.
     pub(crate) spare: Vec<Vec<SgeRaw>>,
+    /// Spare buffers for inline data, likewise.
+    pub(crate) spare_inline: Vec<Vec<u8>>,
 }
 
 impl Qp {
@@ -286,6 +288,27 @@ impl Qp {
         if self.spare.len() < 64 {
             v.clear();
             self.spare.push(v);
+        }
+    }
+
+    /// An empty buffer for `len` bytes of inline data.
+    pub(crate) fn take_inline(&mut self, len: usize) -> Vec<u8> {
+        match self.spare_inline.pop() {
+            Some(mut b) => {
+                b.reserve(len);
+                b
+            }
+            None => Vec::with_capacity(len),
+        }
+    }
+
+    /// Keeps the inline buffer of a retired WQE for the next inline post.
+    pub(crate) fn recycle_inline(&mut self, b: Option<Vec<u8>>) {
+        if let Some(mut b) = b {
+            if self.spare_inline.len() < 16 {
+                b.clear();
+                self.spare_inline.push(b);
+            }
         }
     }
 }
@@ -398,6 +421,7 @@ impl Core {
             resp: RespState::default(),
             timer: None,
             spare: Vec::new(),
+            spare_inline: Vec::new(),
         });
         let id = self.qps.insert(qp);
         let qpn = id + QPN_BASE;

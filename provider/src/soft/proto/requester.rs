@@ -399,7 +399,7 @@ impl Core {
     /// with room for the rest of the packet; the caller appends the payload
     /// and passes it to [`Core::queue_packet`].
     pub(crate) fn new_packet(&mut self, h: &PacketRepr, payload_len: usize) -> Option<Vec<u8>> {
-        let mut data = Vec::with_capacity(h.packet_len(payload_len));
+        let mut data = self.take_buffer(h.packet_len(payload_len));
         data.resize(h.header_len(), 0);
         if h.emit_headers(payload_len, &mut data).is_err() {
             self.counters.tx_emit_errors += 1;

@@ -236,6 +236,7 @@ impl Packet {
     /// # Errors
     ///
     /// The [`WireError`] of the first check that fails.
+    #[inline]
     pub fn parse(buf: &[u8]) -> Result<ParsedPacket<'_>, WireError> {
         if buf.len() < MIN_PACKET_LEN {
             return Err(WireError::Truncated);

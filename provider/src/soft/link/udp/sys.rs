@@ -217,19 +217,34 @@ impl RxBufs {
     }
 }
 
+/// Datagrams the first `recvmmsg` of a poll asks for: a busy-polling
+/// ping-pong finds one or none, and the headers of a call are built (and
+/// zeroed) on the stack for every call, empty ones included. A full first
+/// batch is followed by a call for up to [`RX_BATCH`].
+pub(super) const RX_FIRST: usize = 4;
+
 /// Receives up to `max` (≤ [`RX_BATCH`]) datagrams without blocking.
 /// Returns how many arrived (0 when none is waiting).
 pub(super) fn recv_batch(fd: RawFd, rx: &mut RxBufs, max: usize) -> io::Result<usize> {
-    let max = max.clamp(1, RX_BATCH);
+    if max <= RX_FIRST {
+        recv_batch_n::<RX_FIRST>(fd, rx, max)
+    } else {
+        recv_batch_n::<RX_BATCH>(fd, rx, max)
+    }
+}
+
+/// [`recv_batch`] with headers for `N` datagrams.
+fn recv_batch_n<const N: usize>(fd: RawFd, rx: &mut RxBufs, max: usize) -> io::Result<usize> {
+    let max = max.clamp(1, N.min(RX_BATCH));
     let slot = rx.slot;
     let base = rx.data.as_mut_ptr();
     let mut iovs = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; RX_BATCH];
+    }; N];
     // SAFETY: an all-zero mmsghdr is valid (null pointers, zero lengths);
     // every field used is filled in below.
-    let mut hdrs: [libc::mmsghdr; RX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut hdrs: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
     for i in 0..max {
         // SAFETY: slot i lies inside `rx.data` (RX_BATCH * slot bytes).
         iovs[i].iov_base = unsafe { base.add(i * slot) }.cast();
@@ -315,7 +330,21 @@ pub(super) enum SendOutcome {
 
 /// Sends up to [`TX_BATCH`] messages with one `sendmmsg`.
 pub(super) fn send_batch(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
-    let msgs = &msgs[..msgs.len().min(TX_BATCH)];
+    // The per-message arrays live on the stack and are zeroed for every
+    // call: ~8 KiB for TX_BATCH messages, while a verb sends one or two.
+    if msgs.len() <= TX_SMALL {
+        send_batch_n::<TX_SMALL>(fd, datagrams, msgs)
+    } else {
+        send_batch_n::<TX_BATCH>(fd, datagrams, msgs)
+    }
+}
+
+/// Messages of a small send batch (see [`send_batch`]).
+const TX_SMALL: usize = 4;
+
+/// [`send_batch`] with room for `N` messages (sends the first `N`).
+fn send_batch_n<const N: usize>(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
+    let msgs = &msgs[..msgs.len().min(N)];
     let total_iovs: usize = msgs.iter().map(|m| m.count).sum();
     let mut iovs: Vec<libc::iovec> = Vec::with_capacity(total_iovs);
     for m in msgs {
@@ -326,11 +355,11 @@ pub(super) fn send_batch(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> Send
             });
         }
     }
-    let mut names = [SockAddr::empty(); TX_BATCH];
-    let mut name_lens = [0 as libc::socklen_t; TX_BATCH];
-    let mut cmsgs = [CmsgBuf([0; 32]); TX_BATCH];
+    let mut names = [SockAddr::empty(); N];
+    let mut name_lens = [0 as libc::socklen_t; N];
+    let mut cmsgs = [CmsgBuf([0; 32]); N];
     // SAFETY: an all-zero mmsghdr is valid; fields are filled below.
-    let mut hdrs: [libc::mmsghdr; TX_BATCH] = unsafe { std::mem::zeroed() };
+    let mut hdrs: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
     let mut iov_at = 0usize;
     for (i, m) in msgs.iter().enumerate() {
         let (sa, len) = SockAddr::from_std(m.dst);
