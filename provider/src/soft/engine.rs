@@ -387,8 +387,12 @@ impl DeviceShared {
         if out.capacity() == 0 && core.has_transmit() {
             *out = take_scratch();
         }
+        let before = out.len();
         while let Some(t) = core.poll_transmit() {
             out.push(t);
+        }
+        if out.len() - before > 1 {
+            acks::collapse(out, before);
         }
         while let Some(e) = core.poll_event() {
             events.push(e);

@@ -68,6 +68,38 @@ fn dest_qpn(t: &Transmit) -> [u8; 3] {
     [t.data[5], t.data[6], t.data[7]]
 }
 
+/// Drops from `txs[from..]` (what one engine turn produced) every plain ACK
+/// that a later plain ACK of the same QP supersedes: an ACK for PSN n
+/// acknowledges every earlier request (IBTA 9.7.5.1.3), and the ACKs of one
+/// turn leave together anyway. A responder that drained a ring of trains
+/// or a socket of messages in one turn then sends one ACK per QP instead
+/// of one per message. Everything else keeps its order.
+pub(crate) fn collapse(txs: &mut Vec<Transmit>, from: usize) {
+    let acks = txs[from..].iter().filter(|t| is_plain_ack(t)).count();
+    if acks < 2 {
+        return;
+    }
+    // Newest first: the first plain ACK met per (destination, QP) stays.
+    let mut seen: Vec<(IpAddr, [u8; 3])> = Vec::new();
+    let mut keep = vec![true; txs.len() - from];
+    for (i, t) in txs[from..].iter().enumerate().rev() {
+        if is_plain_ack(t) {
+            let key = (t.dst, dest_qpn(t));
+            if seen.contains(&key) {
+                keep[i] = false;
+            } else {
+                seen.push(key);
+            }
+        }
+    }
+    let mut i = 0;
+    txs.retain(|_| {
+        let k = i < from || keep[i - from];
+        i += 1;
+        k
+    });
+}
+
 impl HeldAcks {
     /// Whether nothing is held.
     pub(crate) fn is_empty(&self) -> bool {
@@ -197,5 +229,29 @@ mod tests {
         h.sort(&mut out, 10, false, false);
         assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [3]);
         assert_eq!(h.held.len(), 1, "QP 2's ACK is still held");
+    }
+
+    #[test]
+    fn a_turn_sends_only_the_newest_plain_ack_per_qp() {
+        // Tags: what each datagram is. 0x11 with syndrome 0 is a plain ACK,
+        // 0x11 with 0x60 a NAK, 0x04 a request.
+        let mut out = vec![
+            pkt(0x04, 9, 0, 0), // produced by an earlier turn: untouched
+            pkt(0x11, 9, 0, 0),
+            pkt(0x11, 1, 0, 1),
+            pkt(0x11, 2, 0, 2),
+            pkt(0x04, 1, 0, 3),
+            pkt(0x11, 1, 0x60, 4),
+            pkt(0x11, 1, 0, 5),
+            pkt(0x11, 2, 0, 6),
+            pkt(0x11, 3, 0, 7),
+        ];
+        collapse(&mut out, 2);
+        let tags: Vec<_> = out.iter().map(|t| (t.data[7], t.data[19])).collect();
+        assert_eq!(tags, [(9, 0), (9, 0), (1, 3), (1, 4), (1, 5), (2, 6), (3, 7)]);
+        // A single ACK, or ACKs of different QPs, stay.
+        let mut out = vec![pkt(0x11, 1, 0, 1), pkt(0x11, 2, 0, 2)];
+        collapse(&mut out, 0);
+        assert_eq!(out.len(), 2);
     }
 }
