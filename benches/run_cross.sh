@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Cross-process figures of the udp and shm links (two softverbs processes on
+# this host, one per core), each beside the raw floor of ../shared/anchors
+# measured in the same run, as a ratio:
+#   latency:   `softverbs pingpong -s 8` median half round trip
+#              / udp_pingpong (poll) or shm_pingpong median one way;
+#   bandwidth: `softverbs perf write_bw|send_bw` average
+#              / memcpy (shm; same size) or the 4 KiB GSO UDP stream (udp).
+# The receiving process runs on CPU 1 and the sender on CPU 0, as the
+# anchors pin themselves.
+#
+# usage: benches/run_cross.sh [anchors dir] [seconds per bandwidth run]
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+anchors="${1:-$root/../shared/anchors}"
+secs="${2:-3}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
+
+for p in memcpy_bw shm_pingpong udp_pingpong udp_stream; do
+    gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
+done
+(cd "$root" && cargo build --release -q)
+sv="$root/target/release/softverbs"
+port=18700
+
+echo "== floors"
+"$tmp/memcpy_bw" 5 200 1 | grep memcpy_best | tee "$tmp/memcpy.txt"
+"$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | tee "$tmp/shm.txt"
+"$tmp/udp_pingpong" 8 200000 poll 1 0 | tail -1 | tee "$tmp/udp.txt"
+"$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1 | tee "$tmp/stream.txt"
+
+# A key=value field of a line.
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
+memcpy_at() { grep "size=$1 " "$tmp/memcpy.txt" | field MiBps; }
+shm_ns="$(field p50_oneway_ns < "$tmp/shm.txt")"
+udp_ns="$(awk -v u="$(field p50_oneway_us < "$tmp/udp.txt")" 'BEGIN { print u * 1000 }')"
+stream_mibps="$(field rx_MiBps < "$tmp/stream.txt")"
+
+# Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0;
+# prints the client's output.
+pair() {
+    port=$((port + 1))
+    taskset -c 1 "$sv" "$@" -p "$port" >"$tmp/server.txt" 2>&1 &
+    local srv=$!
+    sleep 1
+    taskset -c 0 "$sv" "$@" -p "$port" 127.0.0.1 2>&1
+    wait "$srv" || true
+}
+
+echo
+printf '%-5s %-22s %12s %s\n' link test value ratio
+for link in udp shm; do
+    med="$(pair pingpong -s 8 -n 20000 --link "$link" | sed -n 's/.*median \([0-9.]*\).*/\1/p')"
+    floor=$([ "$link" = udp ] && echo "$udp_ns" || echo "$shm_ns")
+    printf '%-5s %-22s %9s us %s\n' "$link" "pingpong 8 B" "$med" \
+        "$(awk -v m="$med" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
+    for t in write_bw send_bw; do
+        for s in 65536 1048576; do
+            line="$(pair perf "$t" --no-embedded --link "$link" -s "$s" -D "$secs" -f 1 \
+                | awk 'NF == 5 && $1 ~ /^[0-9]+$/ { print; exit }')"
+            avg="$(echo "$line" | awk '{ print $4 }')"
+            if [ "$link" = shm ]; then
+                ref="$(memcpy_at "$s")" what="memcpy($s)"
+            else
+                ref="$stream_mibps" what="udp 4K GSO stream"
+            fi
+            printf '%-5s %-22s %9s MiB/s %s\n' "$link" "$t $s" "$avg" \
+                "$(awk -v a="$avg" -v r="$ref" -v w="$what" 'BEGIN { if (r > 0) printf "%.2f x %s", a / r, w }')"
+        done
+    done
+done
