@@ -1,6 +1,7 @@
 //! Trains on the shared-memory link: large RC SENDs and RDMA WRITEs from
 //! memfd-backed buffers go as one slot each, the receiver copying the
-//! payload once out of its mapping of the sender's buffer. Two devices of
+//! payload once out of its mapping of the sender's buffer (or, for other
+//! registered memory, with cross-memory attach). Two devices of
 //! one process, each on its own link, exactly as two processes would be.
 
 #[path = "udp_common/mod.rs"]
@@ -159,4 +160,101 @@ fn without_trains_large_messages_go_as_packets() {
     assert_eq!(stat(&la, "shm_tx_trains") + stat(&lb, "shm_rx_trains"), 0);
     // 256 + 256 + 125 packets at 4 KiB, and the first message.
     assert!(stat(&la, "shm_tx_datagrams") > 637, "{:?}", la.stats());
+}
+
+/// An RDMA WRITE and a SEND of 512 KiB each from caller-owned memory
+/// (`Pd::reg_mr_raw`, not shareable) between devices on two links: where
+/// each side verified with the probe that it may read the other's memory
+/// (always, for two links of one process, unless the system forbids
+/// `process_vm_readv` on ourselves), they go as trains the receiver copies
+/// with cross-memory attach, else as packets. Data, one completion each.
+#[test]
+fn raw_memory_goes_as_cma_trains() {
+    const LEN: u32 = 512 << 10;
+    let engine = EngineMode::Inline;
+    let ((da, la), (db, lb)) = (shm_device(engine, true), shm_device(engine, true));
+    let (a, b) = (side(&da, 1 << 20, 100), side(&db, 2 << 20, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    // Caller-owned source, kept alive (and not touched) until dereg.
+    let mut raw: Box<[u8]> = pattern(LEN + 100, 0x5a).into_boxed_slice();
+    // SAFETY: `raw` lives until the end of the test, after `raw_mr` is
+    // dropped (deregistered), and is not accessed while registered.
+    let region = unsafe { RawRegion::new(raw.as_mut_ptr(), raw.len()) };
+    let raw_mr = a.pd.reg_mr_raw(region, AccessFlags::LOCAL_WRITE).unwrap();
+    let src = pattern(LEN + 100, 0x5a);
+    let data = src[..LEN as usize].to_vec();
+
+    // The first message opens the channel (and goes as packets).
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
+    let sge = [a.mr.sge(0, 64).unwrap()];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(wait_one(&b.rcq, &[&a.scq]).status, WcStatus::Success);
+    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    let cma = la.train_caps(b.gid.to_ip()).process;
+    if !cma {
+        println!(
+            "CMA not available here (process_vm_readv probe failed): raw memory goes as packets; {:?}",
+            la.peers()
+        );
+    }
+
+    // RDMA WRITE of 512 KiB from offset 100 of the raw region.
+    let sge = [raw_mr.sge(100, LEN).unwrap()];
+    let remote = RemoteAddr {
+        addr: b.mr.addr() + 4096,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(2, SendOp::Write { remote }, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(4096, LEN as usize).unwrap(), src[100..].to_vec());
+    quiet(&a, &b);
+
+    // SEND of 512 KiB from the start of the raw region.
+    let sge = [b.mr.sge(1 << 20, LEN + 4096).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(3, &sge)]).unwrap();
+    let sge = [raw_mr.sge(0, LEN).unwrap()];
+    a.qp.post_send(&[SendWr::new(3, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (3, WcStatus::Success, LEN));
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (3, WcStatus::Success));
+    assert_eq!(b.mr.to_vec(1 << 20, LEN as usize).unwrap(), data);
+    quiet(&a, &b);
+
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    if cma {
+        assert_eq!(
+            stat(&la, "shm_tx_trains_cma"),
+            2,
+            "the link allows CMA trains but none went: the engine's TrainRoute must forward \
+             Link::train_caps; {:?}",
+            la.stats()
+        );
+        assert_eq!(stat(&lb, "shm_rx_trains_cma"), 2, "{:?}", lb.stats());
+        // Nothing exported: the pieces are process memory.
+        assert_eq!(stat(&la, "shm_tx_exports"), 0);
+        assert!(stat(&la, "shm_tx_datagrams") < 16, "{:?}", la.stats());
+    } else {
+        assert_eq!(stat(&la, "shm_tx_trains") + stat(&lb, "shm_rx_trains"), 0);
+        assert!(stat(&la, "shm_tx_datagrams") > 256, "{:?}", la.stats());
+    }
+    for l in [&la, &lb] {
+        assert_eq!(
+            stat(l, "shm_rx_bad_train") + stat(l, "shm_rx_bad_export") + stat(l, "shm_tx_train_dropped"),
+            0,
+            "{:?}",
+            l.stats()
+        );
+    }
+    drop(raw_mr);
+    drop(raw);
+    drop((a, b));
+    da.remove();
+    db.remove();
 }

@@ -89,6 +89,12 @@ impl TrainRoute for LinkRoute {
     fn trains_to(&self, dst: IpAddr) -> bool {
         self.0.upgrade().is_some_and(|l| l.trains_to(dst))
     }
+
+    fn train_caps(&self, dst: IpAddr) -> super::proto::train::TrainCaps {
+        self.0
+            .upgrade()
+            .map_or(super::proto::train::TrainCaps::NONE, |l| l.train_caps(dst))
+    }
 }
 
 thread_local! {

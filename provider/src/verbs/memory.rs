@@ -146,19 +146,34 @@ impl Drop for SharedMemory {
 
 /// A readable range of memory a device copies from without owning it:
 /// part of another device's buffer (a train's payload), in this process or
-/// mapped from another one. Only ever read through raw-pointer copies, so
-/// its contents may change concurrently (another process writing).
+/// mapped from another one ([`MappedPiece::new`]), or a range of another
+/// process's address space that the kernel copies from
+/// ([`MappedPiece::remote`], cross-memory attach). Only ever read through
+/// raw-pointer or kernel copies, so its contents may change concurrently
+/// (another process writing).
 #[derive(Debug, Clone, Copy)]
 pub struct MappedPiece<'a> {
-    ptr: *const u8,
+    at: PieceAt,
     len: usize,
     _life: std::marker::PhantomData<&'a [u8]>,
 }
 
+/// Where a [`MappedPiece`] is. Private, so that safe code cannot forge a
+/// local pointer.
+#[derive(Debug, Clone, Copy)]
+enum PieceAt {
+    /// Mapped in this process, readable per [`MappedPiece::new`].
+    Local(*const u8),
+    /// In the address space of process `pid`, read with
+    /// `process_vm_readv`.
+    Remote { pid: libc::pid_t, addr: u64 },
+}
+
 // SAFETY: a MappedPiece is an address range whose validity its creator
-// vouched for (MappedPiece::new); it carries no thread affinity.
+// vouched for (MappedPiece::new), or one the kernel checks on every copy
+// (MappedPiece::remote); it carries no thread affinity.
 unsafe impl Send for MappedPiece<'_> {}
-// SAFETY: as above; it is only read through raw-pointer copies.
+// SAFETY: as above; it is only read through raw-pointer or kernel copies.
 unsafe impl Sync for MappedPiece<'_> {}
 
 impl<'a> MappedPiece<'a> {
@@ -170,7 +185,26 @@ impl<'a> MappedPiece<'a> {
     /// overlap the destination of a copy: copies from pieces are memmoves.)
     pub unsafe fn new(ptr: *const u8, len: usize) -> MappedPiece<'a> {
         MappedPiece {
-            ptr,
+            at: PieceAt::Local(ptr),
+            len,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// A piece of `len` bytes at `addr` in the address space of process
+    /// `pid`, which a copy reads with `process_vm_readv` (one kernel copy
+    /// straight into the destination). Safe: the kernel checks the range
+    /// (an unmapped one fails the copy with `EFAULT`) and whether this
+    /// process may read that one at all (ptrace access mode); nothing of
+    /// this process is read. A copy from a remote piece that overlaps its
+    /// destination (`pid` is this process) is not a memmove: the
+    /// overlapping bytes may be garbled, never anything else.
+    pub fn remote(pid: u32, addr: u64, len: usize) -> MappedPiece<'static> {
+        MappedPiece {
+            at: PieceAt::Remote {
+                pid: pid as libc::pid_t,
+                addr,
+            },
             len,
             _life: std::marker::PhantomData,
         }
@@ -186,17 +220,91 @@ impl<'a> MappedPiece<'a> {
         self.len == 0
     }
 
+    /// Whether the piece is read from another process's address space.
+    pub fn is_remote(&self) -> bool {
+        matches!(self.at, PieceAt::Remote { .. })
+    }
+
+    /// Copies the piece into `dst` (of the piece's length).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the lengths differ; `EIO` if a remote piece could not
+    /// be read in full.
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(verr!(
+                MemoryAccess,
+                InvalidArgument,
+                "copy of {} bytes into {}",
+                self.len,
+                dst.len()
+            ));
+        }
+        match self.at {
+            // SAFETY: the source is readable per MappedPiece::new; `dst` is
+            // a distinct Rust buffer of the same length (a mapping another
+            // process writes is never a Rust buffer).
+            PieceAt::Local(ptr) => unsafe { std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr(), self.len) },
+            // SAFETY: `dst` is valid for writes of its length.
+            PieceAt::Remote { pid, addr } => unsafe { process_read(pid, addr, dst.as_mut_ptr(), self.len) }
+                .map_err(|e| verr!(MemoryAccess, Io, "cannot read {addr:#x} of process {pid}: {e}"))?,
+        }
+        Ok(())
+    }
+
     /// The `len` bytes at `offset` of the piece; `None` if out of bounds.
     pub fn sub(&self, offset: usize, len: usize) -> Option<MappedPiece<'a>> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Some(MappedPiece {
-                ptr: self.ptr.wrapping_add(offset),
+                at: match self.at {
+                    PieceAt::Local(ptr) => PieceAt::Local(ptr.wrapping_add(offset)),
+                    PieceAt::Remote { pid, addr } => PieceAt::Remote {
+                        pid,
+                        addr: addr.wrapping_add(offset as u64),
+                    },
+                },
                 len,
                 _life: std::marker::PhantomData,
             }),
             _ => None,
         }
     }
+}
+
+/// Copies `len` bytes at `addr` of process `pid` to `dst` with
+/// `process_vm_readv`; an error unless all of them were copied.
+///
+/// # Safety
+///
+/// `dst..dst+len` must be valid for writes (the kernel writes it as a
+/// device would: concurrent access by the program is a data race only on
+/// the bytes, as with DMA).
+unsafe fn process_read(pid: libc::pid_t, addr: u64, dst: *mut u8, len: usize) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        let local = libc::iovec {
+            iov_base: dst.wrapping_add(done).cast(),
+            iov_len: len - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr.wrapping_add(done as u64)) as usize as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: the local iovec is valid for writes (caller); the remote
+        // one is only an address in the other process, checked by the
+        // kernel. One iovec each, flags 0.
+        let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if n == 0 {
+            // A partial read stops at the first unreadable page.
+            return Err(std::io::Error::from_raw_os_error(libc::EFAULT));
+        }
+        done += n as usize;
+    }
+    Ok(())
 }
 
 // SAFETY: MrMemory is a heap buffer with no thread affinity; all access goes
@@ -466,12 +574,30 @@ impl MemorySource {
     ///
     /// # Errors
     ///
-    /// `EINVAL` if the range is outside the memory.
+    /// `EINVAL` if the range is outside the memory; for a remote piece
+    /// ([`MappedPiece::remote`]), `EIO` if the source could not be read
+    /// in full (unmapped there, the process gone, no permission): the
+    /// destination may then hold part of the piece.
     pub fn write_piece(&self, offset: usize, src: MappedPiece<'_>) -> Result<()> {
         check_range(offset, src.len, self.len())?;
-        // SAFETY: destination in bounds (checked), valid as in read_at; the
-        // source is readable per MappedPiece::new; `copy` allows overlap.
-        unsafe { std::ptr::copy(src.ptr, self.ptr().add(offset), src.len) };
+        match src.at {
+            // SAFETY: destination in bounds (checked), valid as in read_at;
+            // the source is readable per MappedPiece::new; `copy` allows
+            // overlap.
+            PieceAt::Local(ptr) => unsafe { std::ptr::copy(ptr, self.ptr().add(offset), src.len) },
+            PieceAt::Remote { pid, addr } => {
+                // SAFETY: destination in bounds (checked) and valid for
+                // writes as in write_at; the kernel checks the source.
+                unsafe { process_read(pid, addr, self.ptr().add(offset), src.len) }.map_err(|e| {
+                    verr!(
+                        MemoryAccess,
+                        Io,
+                        "cannot read {} bytes at {addr:#x} of process {pid}: {e}",
+                        src.len
+                    )
+                })?;
+            }
+        }
         Ok(())
     }
 
@@ -639,5 +765,39 @@ mod tests {
         // The mapping outlives the buffer while a packet holds it.
         drop(m);
         assert!(shm.piece(100, 3).is_some());
+    }
+
+    #[test]
+    fn remote_pieces_are_read_with_process_vm_readv() {
+        let src: Vec<u8> = (0..100_000u32).map(|k| (k % 241) as u8).collect();
+        let me = std::process::id();
+        let piece = MappedPiece::remote(me, src.as_ptr() as u64, src.len());
+        assert!(piece.is_remote() && piece.len() == src.len());
+        let dst = MemorySource::Owned(MrMemory::new(200_000).unwrap());
+        dst.write_piece(5, piece).unwrap();
+        dst.write_piece(150_000, piece.sub(1000, 10).unwrap()).unwrap();
+        let mut got = vec![0u8; src.len()];
+        dst.read_at(5, &mut got).unwrap();
+        assert_eq!(got, src);
+        let mut got = [0u8; 10];
+        piece.sub(1000, 10).unwrap().copy_to(&mut got).unwrap();
+        assert_eq!(&got[..], &src[1000..1010]);
+        dst.read_at(150_000, &mut got).unwrap();
+        assert_eq!(&got[..], &src[1000..1010]);
+        assert!(piece.sub(99_999, 2).is_none());
+        // Bounds of the destination are checked before any read.
+        assert!(dst.write_piece(150_000, piece).is_err());
+        // An unmapped source fails (page 1 is never mapped; the top of the
+        // address space is not user memory).
+        assert!(dst.write_piece(0, MappedPiece::remote(me, 4096, 64)).is_err());
+        assert!(dst
+            .write_piece(0, MappedPiece::remote(me, (1u64 << 47) - 16, 64))
+            .is_err());
+        // No such process.
+        assert!(dst
+            .write_piece(0, MappedPiece::remote(u32::MAX >> 1, src.as_ptr() as u64, 8))
+            .is_err());
+        let mut small = [0u8; 3];
+        assert!(piece.copy_to(&mut small).is_err());
     }
 }

@@ -121,6 +121,19 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// What memory a train to `dst` may carry now
+    /// ([`TrainCaps`](crate::soft::proto::train::TrainCaps)): shareable
+    /// buffers if [`Link::trains_to`] says yes (the default); a link whose
+    /// receiver verified it can read this process's memory adds process
+    /// memory, and must then deliver such trains only to that receiver.
+    fn train_caps(&self, dst: std::net::IpAddr) -> super::proto::train::TrainCaps {
+        if self.trains_to(dst) {
+            super::proto::train::TrainCaps::SHARED
+        } else {
+            super::proto::train::TrainCaps::NONE
+        }
+    }
+
     /// One line per known peer, for `devinfo` (how it is reached).
     fn peers(&self) -> Vec<String> {
         Vec::new()

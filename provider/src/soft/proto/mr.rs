@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::verbs::{AccessFlags, MemorySource, MwType};
 
 use super::qp::SgeRaw;
-use super::train::{TrainIn, TrainPiece};
+use super::train::{TrainCaps, TrainIn, TrainPiece};
 use super::{PdId, SplitMix};
 
 /// Why a key check failed; the caller turns it into the status of its side
@@ -154,16 +154,25 @@ impl Resolved {
         }
     }
 
-    /// Appends the range (`len` bytes) as train pieces to `out`; fails if
-    /// any of it is not in shareable memory.
-    pub(crate) fn shared_pieces(&self, len: usize, out: &mut Vec<TrainPiece>) -> Result<(), ()> {
+    /// Appends the range (`len` bytes) as train pieces to `out`: a
+    /// [`TrainPiece::Shared`] piece where the memory is shareable and
+    /// `caps` allows those, else a [`TrainPiece::Process`] range where
+    /// `caps` allows that; fails if some of it can be neither.
+    pub(crate) fn train_pieces(&self, len: usize, caps: TrainCaps, out: &mut Vec<TrainPiece>) -> Result<(), ()> {
         let mut push = |m: &MemorySource, offset: usize, n: usize| -> Result<(), ()> {
-            let mem = m.shared().ok_or(())?.clone();
-            out.push(TrainPiece {
-                mem,
-                offset: offset as u64,
-                len: u32::try_from(n).map_err(|_| ())?,
-            });
+            let len = u32::try_from(n).map_err(|_| ())?;
+            match m.shared() {
+                Some(mem) if caps.shared => out.push(TrainPiece::Shared {
+                    mem: mem.clone(),
+                    offset: offset as u64,
+                    len,
+                }),
+                _ if caps.process => out.push(TrainPiece::Process {
+                    addr: m.addr().checked_add(offset as u64).ok_or(())?,
+                    len,
+                }),
+                _ => return Err(()),
+            }
             Ok(())
         };
         match self {

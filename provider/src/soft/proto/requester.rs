@@ -12,7 +12,7 @@ use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
 
 use super::mr::KeyError;
 use super::qp::{Qp, WqeOp, WqeState};
-use super::train::{TrainOut, TrainPiece, TRAIN_MAX_PIECES, TRAIN_MIN_LEN};
+use super::train::{TrainOut, TrainPiece, TRAIN_MAX_PIECES, TRAIN_MIN_LEN, TRAIN_PROCESS_MIN_LEN};
 use super::{Core, Nanos, Transmit};
 
 /// Vendor error codes the soft provider reports in `vendor_err`.
@@ -318,8 +318,9 @@ impl Core {
 
     /// The train WQE `idx` can go as ([`super::train`]): an RC SEND or
     /// WRITE of several packets and at least [`TRAIN_MIN_LEN`] bytes, not
-    /// inline, whose every byte lies in shareable memory, towards a
-    /// destination the link carries trains to.
+    /// inline, whose every byte lies in memory the route to the
+    /// destination carries trains of ([`super::train::TrainCaps`]; process
+    /// memory only from [`TRAIN_PROCESS_MIN_LEN`] bytes on).
     fn train_for(&self, qp: &Qp, idx: usize) -> Option<TrainOut> {
         let w = &qp.sq[idx];
         let route = self.train_route.as_ref()?;
@@ -331,14 +332,18 @@ impl Core {
                 w.op,
                 WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
             )
-            || !route.0.trains_to(qp.attr.ah_attr.grh.dgid.to_ip())
         {
+            return None;
+        }
+        let mut caps = route.0.train_caps(qp.attr.ah_attr.grh.dgid.to_ip());
+        caps.process &= w.length >= TRAIN_PROCESS_MIN_LEN;
+        if !caps.any() {
             return None;
         }
         let mut pieces: Vec<TrainPiece> = Vec::new();
         self.mrs
             .for_each_piece(&w.sgl, qp.pd, 0, w.length as usize, AccessFlags::empty(), |r, _, n| {
-                r.shared_pieces(n, &mut pieces)?;
+                r.train_pieces(n, caps, &mut pieces)?;
                 if pieces.len() > TRAIN_MAX_PIECES {
                     return Err(());
                 }

@@ -28,13 +28,18 @@
 //! - [`KIND_DATAGRAM`]: a datagram (`ext` is 0).
 //! - [`KIND_TRAIN`]: a train's ONLY packet, then its [`TrainDesc`]: `npkts
 //!   u32, count u32`, then `count` pieces of `token u64, offset u64, len
-//!   u32` (20 bytes each), `1 <= count <=` [`TRAIN_MAX_PIECES`].
+//!   u32` (20 bytes each), `1 <= count <=` [`TRAIN_MAX_PIECES`]. Token
+//!   [`PROCESS_TOKEN`] (0) names the producer process's own address
+//!   space: `offset` is an address there.
 //! - [`KIND_FORGET`]: no datagram (`len` 0); the extension is a list of
 //!   buffer tokens (u64 each, at most [`FORGET_MAX`]) the producer no
 //!   longer refers to: the consumer unmaps them.
+//! - [`KIND_CAPS`]: no datagram (`len` 0); the extension is a capability
+//!   word (u32) the producer learnt after the rendezvous.
 //!
-//! Which buffer a token names, and how the consumer gets it, is the
-//! link's business (`shm.rs`, "Trains").
+//! Which buffer a token names, how the consumer gets it, and what the
+//! capabilities mean is the link's business (`shm/trains.rs`,
+//! `shm/hello.rs`).
 //!
 //! `head` and `tail` are free-running u64 counters on their own cache
 //! lines (and the sleep flag on a third): the producer fills slot
@@ -101,6 +106,11 @@ pub const KIND_DATAGRAM: u32 = 0;
 pub const KIND_TRAIN: u32 = 1;
 /// Slot kind: tokens the consumer may unmap.
 pub const KIND_FORGET: u32 = 2;
+/// Slot kind: a capability word (u32 LE extension, no datagram).
+pub const KIND_CAPS: u32 = 3;
+/// The token of a descriptor piece in the producer process's own address
+/// space (`offset` is the address), not in an exported buffer.
+pub const PROCESS_TOKEN: u64 = 0;
 /// Most tokens one forget slot carries.
 pub const FORGET_MAX: usize = MAX_PAYLOAD / 8;
 /// Bytes of one piece in a train descriptor.
@@ -269,7 +279,8 @@ fn ip_of(b: [u8; 16]) -> IpAddr {
 }
 
 /// One piece of a train descriptor: `len` bytes at `offset` of the
-/// buffer the producer calls `token`.
+/// buffer the producer calls `token`, or at address `offset` of the
+/// producer process if `token` is [`PROCESS_TOKEN`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DescPiece {
     /// The producer's name for the buffer (exported to the consumer
@@ -528,6 +539,8 @@ pub enum Slot {
     /// Tokens to forget: the caller's buffer holds them
     /// ([`decode_forget`]).
     Forget,
+    /// A capability word: the caller's buffer holds it (4 bytes).
+    Caps,
     /// An impossible length or an unknown kind: skipped.
     Bad,
 }
@@ -629,6 +642,7 @@ impl Consumer {
                 KIND_DATAGRAM => ext == 0,
                 KIND_TRAIN => true,
                 KIND_FORGET => len == 0,
+                KIND_CAPS => len == 0 && ext == 4,
                 _ => false,
             };
         if !sane {
@@ -672,6 +686,7 @@ impl Consumer {
         Ok(Some(match kind {
             KIND_DATAGRAM => Slot::Datagram(meta),
             KIND_TRAIN => Slot::Train(meta, len),
+            KIND_CAPS => Slot::Caps,
             _ => Slot::Forget,
         }))
     }

@@ -1,6 +1,6 @@
 //! System calls of the shared-memory link: memfd and seals, eventfd
-//! doorbells, descriptor passing (SCM_RIGHTS), peer credentials and
-//! hang-up detection.
+//! doorbells, descriptor passing (SCM_RIGHTS), peer credentials, pidfds
+//! and hang-up detection.
 
 use std::fs::File;
 use std::io;
@@ -190,4 +190,29 @@ pub(super) fn wait_readable(fd: RawFd, ms: i32) -> bool {
     };
     // SAFETY: one live pollfd.
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
+}
+
+/// A pidfd for process `pid` (Linux 5.3+): it becomes readable when the
+/// process exits, whether or not its pid is reused afterwards.
+pub(super) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: plain system call with integer arguments; the descriptor
+    // returned is new and owned here.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0 as libc::c_uint) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether the process of a pidfd is still running (its pidfd is not
+/// readable).
+pub(super) fn pid_alive(pidfd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no waiting.
+    unsafe { libc::poll(&mut p, 1, 0) == 0 }
 }

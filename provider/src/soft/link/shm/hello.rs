@@ -1,0 +1,297 @@
+//! Rendezvous (see the parent module): the hello a connector sends with
+//! the channel region and its doorbell, the acceptor's answer, the
+//! capability word both carry, and the cross-memory-attach probe.
+//!
+//! # Hello and answer
+//!
+//! [`MSG_LEN`] bytes: magic (`SVSHMHI3` or `SVSHMOK3`), the target GID
+//! (16 bytes), the GID count (1 byte) and up to 16 GIDs, then at
+//! [`OFF_CAPS`] the capability word (u32 LE) and at [`OFF_PROBE`] the probe
+//! (address u64 LE, value u64 LE). Capabilities:
+//!
+//! - [`CAP_TRAINS`]: this end sends and receives trains.
+//! - [`CAP_CMA`]: this end sends trains of its own process memory, and
+//!   the probe is the address and value of a word of its memory.
+//! - [`CAP_CMA_READ`]: this end read the peer's probe (below): the peer
+//!   may send it trains of the peer's process memory.
+//!
+//! # Probe (cross-memory attach)
+//!
+//! A train piece may be a range of the sender's address space, which the
+//! receiver copies with `process_vm_readv` straight into the destination
+//! (`shm/trains.rs`). Whether the receiver may do that depends on the
+//! kernel's ptrace access check (same uid and no privilege gained, not
+//! made non-dumpable, Yama `ptrace_scope`: 0 lets any same-uid process
+//! read, 1 only an ancestor or a process the target named with
+//! `PR_SET_PTRACER`, 2 only `CAP_SYS_PTRACE`, 3 nobody), which can differ
+//! between the two directions. So it is verified, never assumed: a side
+//! that receives a hello or answer with [`CAP_CMA`] opens a pidfd for the
+//! peer (the pid from `SO_PEERCRED`, not from the message) and reads the
+//! announced probe word from it; only if that read succeeds and shows the
+//! announced value does it accept process-memory pieces on this channel,
+//! and it says so: the acceptor in its answer ([`CAP_CMA_READ`]), the
+//! connector (which reads the acceptor's probe when the answer arrives) in
+//! a caps slot ([`ring::KIND_CAPS`](super::ring::KIND_CAPS)), the first
+//! slot it publishes. A side sends process-memory trains only after it got
+//! that word; until then its trains carry shareable buffers only, and
+//! other messages go as packets. We never loosen this process's ptrace
+//! protection ourselves (no `PR_SET_PTRACER`, no `PR_SET_DUMPABLE`): where
+//! the system forbids the read, the channel simply carries no
+//! process-memory trains that way (`shm_cma_probe_failed`).
+//!
+//! A lying peer gains nothing: its probe can only make us read its own
+//! memory, which the kernel enforces for every later read too.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::ring::{self, Region};
+use super::{
+    bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
+    CAP_TRAINS, HELLO, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE, UP,
+};
+use crate::soft::engine::process_now;
+use crate::soft::proto::Nanos;
+use crate::verbs::{Gid, MappedPiece};
+
+/// The word of this process's memory peers read to verify that they may
+/// read this process's memory; non-zero once set.
+static PROBE: AtomicU64 = AtomicU64::new(0);
+
+/// The address and value of this process's probe word.
+pub(super) fn probe() -> (u64, u64) {
+    let mut v = PROBE.load(Ordering::Relaxed);
+    if v == 0 {
+        let seed = process_now() ^ (u64::from(std::process::id()) << 32) ^ 0x5356_4d41_5052_4f42;
+        let new = seed | 1;
+        v = match PROBE.compare_exchange(0, new, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => new,
+            Err(old) => old,
+        };
+    }
+    (&PROBE as *const AtomicU64 as u64, v)
+}
+
+/// Whether this process can read the word at `addr` of process `pid` with
+/// cross-memory attach, and it holds `value`.
+pub(super) fn read_probe(pid: u32, addr: u64, value: u64) -> bool {
+    let mut b = [0u8; 8];
+    MappedPiece::remote(pid, addr, 8).copy_to(&mut b).is_ok() && u64::from_le_bytes(b) == value
+}
+
+/// The probe of a hello or answer (untrusted).
+fn parse_probe(m: &[u8; MSG_LEN]) -> (u64, u64) {
+    let at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap_or([0; 8]));
+    (at(OFF_PROBE), at(OFF_PROBE + 8))
+}
+
+impl ShmLink {
+    /// A hello or answer (`magic`) to `target` with capabilities `caps`
+    /// (and the probe if they include [`CAP_CMA`]).
+    pub(super) fn hello(&self, magic: &[u8; 8], target: Gid, caps: u32) -> [u8; MSG_LEN] {
+        let mut m = [0u8; MSG_LEN];
+        m[OFF_CAPS..OFF_CAPS + 4].copy_from_slice(&caps.to_le_bytes());
+        if caps & CAP_CMA != 0 {
+            let (addr, value) = probe();
+            m[OFF_PROBE..OFF_PROBE + 8].copy_from_slice(&addr.to_le_bytes());
+            m[OFF_PROBE + 8..OFF_PROBE + 16].copy_from_slice(&value.to_le_bytes());
+        }
+        m[..8].copy_from_slice(magic);
+        m[8..24].copy_from_slice(&target.0);
+        let n = self.gids.len().min(MAX_GIDS);
+        m[24] = n as u8;
+        for (i, g) in self.gids.iter().take(n).enumerate() {
+            m[25 + 16 * i..41 + 16 * i].copy_from_slice(&g.0);
+        }
+        m
+    }
+
+    /// The capabilities this end offers: trains (and process-memory
+    /// trains) if [`ShmLink::set_trains`] is on.
+    fn offer_caps(&self) -> u32 {
+        if self.offer_trains.load(Ordering::Relaxed) {
+            CAP_TRAINS | CAP_CMA
+        } else {
+            0
+        }
+    }
+
+    /// Whether this end may read process-memory pieces from the peer
+    /// `c` whose hello or answer is `m`: both ends do trains, the peer
+    /// offered them, and its probe reads back (see the module docs).
+    fn verify_cma(&self, c: &Channel, m: &[u8; MSG_LEN]) -> bool {
+        let caps = Self::parse_caps(m);
+        if !c.offered || caps & CAP_TRAINS == 0 || caps & CAP_CMA == 0 {
+            return false;
+        }
+        let (addr, value) = parse_probe(m);
+        let ok = c.pidfd.is_some() && read_probe(c.pid, addr, value);
+        if !ok {
+            bump(&self.stats.cma_probe_failed);
+        }
+        ok
+    }
+
+    /// The capabilities of a hello or answer.
+    pub(super) fn parse_caps(m: &[u8; MSG_LEN]) -> u32 {
+        u32::from_le_bytes(m[OFF_CAPS..OFF_CAPS + 4].try_into().unwrap_or([0; 4]))
+    }
+
+    /// Parses the GIDs of a hello or answer (untrusted input).
+    pub(super) fn parse_gids(m: &[u8; MSG_LEN]) -> Vec<IpAddr> {
+        let n = usize::from(m[24]).min(MAX_GIDS);
+        (0..n)
+            .map(|i| {
+                let mut g = [0u8; 16];
+                g.copy_from_slice(&m[25 + 16 * i..41 + 16 * i]);
+                Gid(g).to_ip()
+            })
+            .filter(|ip| !ip.is_unspecified())
+            .collect()
+    }
+
+    /// Connects to the device owning `gid` and sends the hello; the
+    /// channel is pending until the answer.
+    pub(super) fn connect_to(&self, gid: Gid) -> io::Result<Arc<Channel>> {
+        let addr = UnixAddr::from_abstract_name(rendezvous_name(gid).as_bytes())?;
+        let stream = UnixStream::connect_addr(&addr)?;
+        let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
+        if uid != sys::euid() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
+        }
+        let region = Region::create()?;
+        let caps = self.offer_caps();
+        let msg = self.hello(HELLO, gid, caps);
+        sys::send_fds(
+            stream.as_raw_fd(),
+            &msg,
+            &[region.file().as_raw_fd(), self.doorbell.as_raw_fd()],
+        )?;
+        stream.set_nonblocking(true)?;
+        Ok(Arc::new(Channel::new(
+            stream,
+            region,
+            true,
+            pid,
+            caps & CAP_TRAINS != 0,
+        )))
+    }
+
+    /// Accepts one connection: checks and maps the region, answers.
+    pub(super) fn accept_one(&self, stream: UnixStream) -> io::Result<Arc<Channel>> {
+        let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
+        if uid != sys::euid() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
+        }
+        let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
+        // The connector sends its hello right after connecting.
+        if !sys::wait_readable(stream.as_raw_fd(), 50) {
+            return Err(bad("no hello"));
+        }
+        let mut m = [0u8; MSG_LEN];
+        let (n, mut fds) = sys::recv_fds(stream.as_raw_fd(), &mut m, 2)?;
+        if n != MSG_LEN || &m[..8] != HELLO || fds.len() != 2 {
+            return Err(bad("malformed hello"));
+        }
+        let mut target = [0u8; 16];
+        target.copy_from_slice(&m[8..24]);
+        if !self.gids.contains(&Gid(target)) {
+            return Err(bad("hello for another device"));
+        }
+        let gids = Self::parse_gids(&m);
+        if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
+            return Err(bad("hello without usable GIDs"));
+        }
+        let doorbell = fds.pop().ok_or_else(|| bad("no doorbell"))?;
+        let file = std::fs::File::from(fds.pop().ok_or_else(|| bad("no region"))?);
+        let region = Region::open(file)?;
+        let mut caps = self.offer_caps();
+        let offer = caps & CAP_TRAINS != 0;
+        let c = Channel::new(stream, region, false, pid, offer);
+        if self.verify_cma(&c, &m) {
+            c.cma_rx.store(true, Ordering::Relaxed);
+            caps |= CAP_CMA_READ;
+        }
+        let answer = self.hello(ANSWER, Gid(target), caps);
+        sys::send_fds(c.stream.as_raw_fd(), &answer, &[self.doorbell.as_raw_fd()])?;
+        c.stream.set_nonblocking(true)?;
+        let c = Arc::new(c);
+        let trains = offer && Self::parse_caps(&m) & CAP_TRAINS != 0;
+        let _ = c.peer.set(Peer { gids, doorbell, trains });
+        c.state.store(UP, Ordering::Release);
+        // The connector may sleep: wake it to read the answer.
+        if let Some(p) = c.peer.get() {
+            sys::ring(p.doorbell.as_raw_fd());
+        }
+        Ok(c)
+    }
+
+    /// Maps the peer GIDs of an up channel to it (unless another up
+    /// channel serves them).
+    pub(super) fn route_peer(&self, c: &Arc<Channel>) {
+        let Some(peer) = c.peer.get() else { return };
+        let mut routes = self.routes_w();
+        for ip in &peer.gids {
+            let keep = matches!(routes.get(ip), Some(Route::Chan(o)) if o.state() == UP && !Arc::ptr_eq(o, c));
+            if !keep {
+                routes.insert(*ip, Route::Chan(c.clone()));
+            }
+        }
+    }
+
+    /// Checks a connector's channel for the answer.
+    pub(super) fn poll_answer(&self, c: &Arc<Channel>, now: Nanos) {
+        let mut m = [0u8; MSG_LEN];
+        match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
+            Ok((MSG_LEN, mut fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
+                let gids = Self::parse_gids(&m);
+                let Some(doorbell) = fds.pop() else { return };
+                if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
+                    bump(&self.stats.refused);
+                    c.kill();
+                    return;
+                }
+                let caps = Self::parse_caps(&m);
+                let trains = c.offered && caps & CAP_TRAINS != 0;
+                if trains && caps & CAP_CMA_READ != 0 {
+                    c.cma_tx.store(true, Ordering::Relaxed);
+                }
+                if self.verify_cma(c, &m) {
+                    c.cma_rx.store(true, Ordering::Relaxed);
+                    // The acceptor learns it from the first slot: the ring
+                    // is empty, nothing was published before.
+                    let mut ext = Vec::with_capacity(4);
+                    ext.extend_from_slice(&CAP_CMA_READ.to_le_bytes());
+                    let _ = lock(&c.tx)
+                        .prod
+                        .push_ext(&c.region, &NO_META, ring::KIND_CAPS, &[], &ext);
+                }
+                let _ = c.peer.set(Peer { gids, doorbell, trains });
+                c.state.store(UP, Ordering::Release);
+                self.up.fetch_add(1, Ordering::Relaxed);
+                self.route_peer(c);
+                // Datagrams held while pending (and the caps slot).
+                c.send(None, &self.stats);
+                c.kick(&self.stats);
+                if c.backlogged() {
+                    self.backlogged.store(true, Ordering::SeqCst);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if now.saturating_sub(c.since) > ANSWER_NS {
+                    bump(&self.stats.refused);
+                    c.kill();
+                }
+            }
+            _ => {
+                bump(&self.stats.refused);
+                c.kill();
+            }
+        }
+    }
+}

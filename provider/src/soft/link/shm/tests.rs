@@ -1,0 +1,629 @@
+//! Unit tests of the shared-memory link: two links in one process, each
+//! playing a device (and sometimes a hostile peer writing the rings).
+
+use std::net::Ipv4Addr;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use super::ring::{DescPiece, TrainDesc};
+use super::trains::map_export;
+use super::*;
+use crate::soft::link::udp::{UdpConfig, UdpPort};
+use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
+use crate::verbs::{MemorySource, MrMemory, SharedMemory};
+
+const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn link() -> Arc<ShmLink> {
+    loop {
+        let s = std::net::UdpSocket::bind((LO4, 0)).unwrap();
+        let port = s.local_addr().unwrap().port();
+        drop(s);
+        if !(0x8000..0xc000).contains(&port) {
+            continue;
+        }
+        let mut cfg = UdpConfig::new(LO4);
+        cfg.port = UdpPort::Fixed(port);
+        if let Ok(udp) = UdpLink::bind(&cfg) {
+            return ShmLink::new(udp, ShmMode::Only).unwrap();
+        }
+    }
+}
+
+fn ip(l: &ShmLink) -> IpAddr {
+    l.ips[0]
+}
+
+fn stat(l: &ShmLink, name: &str) -> u64 {
+    l.shm_stats()
+        .into_iter()
+        .find(|(k, _)| *k == name)
+        .map_or(0, |(_, v)| v)
+}
+
+/// What a receiver got: the datagram, and for a train its packet count
+/// and payload (copied out as an engine would).
+#[derive(Debug, PartialEq)]
+struct Got {
+    data: Vec<u8>,
+    train: Option<(u32, Vec<u8>)>,
+}
+
+fn pump(l: &ShmLink, got: &mut Vec<Got>) {
+    l.recv(64, &mut |d| {
+        let train = d.train.map(|t| {
+            let dst = MemorySource::Owned(MrMemory::new(t.len() as usize).unwrap());
+            let mut off = 0;
+            t.for_each_range(0, u64::from(t.len()), |p| {
+                dst.write_piece(off, p).map_err(|_| ())?;
+                off += p.len();
+                Ok(())
+            })
+            .unwrap();
+            let mut v = vec![0; t.len() as usize];
+            dst.read_at(0, &mut v).unwrap();
+            (t.npkts(), v)
+        });
+        got.push(Got {
+            data: d.data.to_vec(),
+            train,
+        });
+    });
+}
+
+/// Pumps both links until `b` got `n` datagrams (or 10 s passed).
+fn pump_until(a: &ShmLink, b: &ShmLink, n: usize) -> Vec<Got> {
+    pump_for(a, b, n, Duration::from_secs(10))
+}
+
+/// Pumps both links for a while, expecting `b` to get nothing.
+fn pump_nothing(a: &ShmLink, b: &ShmLink) -> Vec<Got> {
+    pump_for(a, b, 1, Duration::from_millis(100))
+}
+
+fn pump_for(a: &ShmLink, b: &ShmLink, n: usize, limit: Duration) -> Vec<Got> {
+    let mut got = Vec::new();
+    let mut other = Vec::new();
+    let start = Instant::now();
+    while got.len() < n && start.elapsed() < limit {
+        pump(b, &mut got);
+        pump(a, &mut other);
+        a.flush();
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    got
+}
+
+fn dgram(a: &ShmLink, b: &ShmLink, data: &[u8], train: Option<TrainOut>) -> Transmit {
+    Transmit {
+        src: ip(a),
+        dst: ip(b),
+        src_port: 0xc000,
+        dst_port: 4791,
+        data: data.to_vec(),
+        train: train.map(Box::new),
+    }
+}
+
+fn buffer(len: usize, seed: u8) -> (MrMemory, Arc<SharedMemory>) {
+    let m = MrMemory::new(len).unwrap();
+    let data: Vec<u8> = (0..len).map(|k| (k as u8).wrapping_mul(31) ^ seed).collect();
+    m.write(0, &data).unwrap();
+    let shared = m.shared().expect("memfd-backed").clone();
+    (m, shared)
+}
+
+fn content(mem: &SharedMemory, offset: u64, len: u32) -> Vec<u8> {
+    let p = mem.piece(offset, len as usize).unwrap();
+    let dst = MemorySource::Owned(MrMemory::new(len as usize).unwrap());
+    dst.write_piece(0, p).unwrap();
+    let mut v = vec![0; len as usize];
+    dst.read_at(0, &mut v).unwrap();
+    v
+}
+
+fn train(npkts: u32, pieces: &[(&Arc<SharedMemory>, u64, u32)]) -> TrainOut {
+    TrainOut {
+        npkts,
+        pieces: pieces
+            .iter()
+            .map(|(m, offset, len)| TrainPiece::Shared {
+                mem: Arc::clone(m),
+                offset: *offset,
+                len: *len,
+            })
+            .collect(),
+    }
+}
+
+/// Two links, `a` connected to `b` (it writes ring 0), trains offered
+/// as given.
+fn pair(offer_a: bool, offer_b: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
+    let (a, b) = (link(), link());
+    a.set_trains(offer_a);
+    b.set_trains(offer_b);
+    a.send(dgram(&a, &b, b"hello", None));
+    let got = pump_until(&a, &b, 1);
+    assert_eq!(got.len(), 1, "{:?} {:?}", a.shm_stats(), b.shm_stats());
+    assert!(a.is_shm_peer(b.gids[0]) && b.is_shm_peer(a.gids[0]));
+    (a, b)
+}
+
+fn channel(l: &ShmLink) -> Arc<Channel> {
+    l.chans_r()[0].clone()
+}
+
+#[test]
+fn trains_carry_the_senders_memory_in_order() {
+    let (a, b) = pair(true, true);
+    assert!(a.trains_to(ip(&b)) && b.trains_to(ip(&a)));
+    assert!(!a.trains_to("127.0.0.9".parse().unwrap()));
+    let ((_m1, s1), (_m2, s2)) = (buffer(128 << 10, 1), buffer(64 << 10, 2));
+    let t1 = train(18, &[(&s1, 1000, 70_000), (&s2, 5, 3000), (&s1, 0, 10)]);
+    let expect: Vec<u8> = [content(&s1, 1000, 70_000), content(&s2, 5, 3000), content(&s1, 0, 10)].concat();
+    // Datagrams and trains keep their order.
+    let mut txs = vec![
+        dgram(&a, &b, b"one", None),
+        dgram(&a, &b, b"ONLY", Some(t1)),
+        dgram(&a, &b, b"two", None),
+        dgram(&a, &b, b"ONLY2", Some(train(1, &[(&s1, 65536, 4096)]))),
+    ];
+    a.send_batch(&mut txs, &mut Vec::new());
+    let got = pump_until(&a, &b, 4);
+    assert_eq!(got.len(), 4, "{:?}", b.shm_stats());
+    assert_eq!(
+        got[0],
+        Got {
+            data: b"one".to_vec(),
+            train: None
+        }
+    );
+    assert_eq!(
+        got[1],
+        Got {
+            data: b"ONLY".to_vec(),
+            train: Some((18, expect))
+        }
+    );
+    assert_eq!(
+        got[2],
+        Got {
+            data: b"two".to_vec(),
+            train: None
+        }
+    );
+    assert_eq!(got[3].train, Some((1, content(&s1, 65536, 4096))));
+    // Each buffer went over once.
+    assert_eq!((stat(&a, "shm_tx_trains"), stat(&b, "shm_rx_trains")), (2, 2));
+    assert_eq!((stat(&a, "shm_tx_exports"), stat(&b, "shm_rx_maps")), (2, 2));
+    assert_eq!(stat(&b, "shm_rx_bad_train") + stat(&b, "shm_rx_bad_export"), 0);
+    assert!(
+        b.peer_lines()[0].contains(" trains exported 0 mapped 2"),
+        "{:?}",
+        b.peer_lines()
+    );
+    assert!(
+        a.peer_lines()[0].contains(" trains exported 2 mapped 0"),
+        "{:?}",
+        a.peer_lines()
+    );
+    // The other way too.
+    let (_m3, s3) = buffer(64 << 10, 3);
+    b.send(dgram(&b, &a, b"back", Some(train(16, &[(&s3, 0, 64 << 10)]))));
+    let got = pump_until(&b, &a, 1);
+    assert_eq!(got[0].train, Some((16, content(&s3, 0, 64 << 10))));
+    // Not offered any more: no trains, and one sent anyway is dropped.
+    a.set_trains(false);
+    assert!(!a.trains_to(ip(&b)));
+    // No channel to there (and never UDP).
+    let mut lost = dgram(&a, &b, b"x", Some(train(1, &[(&s1, 0, 1)])));
+    lost.dst = "127.0.0.9".parse().unwrap();
+    a.send(lost);
+    assert_eq!(stat(&a, "shm_tx_train_dropped"), 1);
+    assert_eq!(
+        a.udp
+            .stats()
+            .iter()
+            .find(|(k, _)| *k == "udp_tx_datagrams")
+            .map_or(0, |s| s.1),
+        0
+    );
+}
+
+#[test]
+fn trains_need_both_ends() {
+    for (offer_a, offer_b) in [(true, false), (false, true)] {
+        let (a, b) = pair(offer_a, offer_b);
+        assert!(!a.trains_to(ip(&b)) && !b.trains_to(ip(&a)));
+        let (_m, s) = buffer(64 << 10, 0);
+        a.send(dgram(&a, &b, b"ONLY", Some(train(2, &[(&s, 0, 8192)]))));
+        a.send(dgram(&a, &b, b"after", None));
+        let got = pump_until(&a, &b, 1);
+        assert_eq!(
+            got,
+            vec![Got {
+                data: b"after".to_vec(),
+                train: None
+            }]
+        );
+        assert_eq!(stat(&a, "shm_tx_train_dropped"), 1);
+        assert_eq!(stat(&a, "shm_tx_exports"), 0);
+    }
+}
+
+/// More buffers than a channel keeps exported: the least recently used
+/// are forgotten (and exported again when used again), freed ones are
+/// forgotten too, and the receiver never maps more than the sender
+/// keeps exported.
+#[test]
+fn exports_are_bounded_and_freed_buffers_forgotten() {
+    // A process has only so many shareable buffers (SHARE_MAX_LIVE):
+    // this channel keeps fewer exported.
+    const CAP: usize = 16;
+    let (a, b) = pair(true, true);
+    lock(&channel(&a).tx).exports.cap = CAP;
+    let bufs: Vec<_> = (0..CAP + 24).map(|i| buffer(64 << 10, i as u8)).collect();
+    let mut sent = 0;
+    for chunk in bufs.chunks(7) {
+        let mut txs: Vec<Transmit> = chunk
+            .iter()
+            .map(|(_, s)| dgram(&a, &b, b"T", Some(train(1, &[(s, 8, 100)]))))
+            .collect();
+        sent += txs.len();
+        a.send_batch(&mut txs, &mut Vec::new());
+        let got = pump_until(&a, &b, chunk.len());
+        assert_eq!(got.len(), chunk.len(), "{:?} {:?}", a.shm_stats(), b.shm_stats());
+        for (g, (_, s)) in got.iter().zip(chunk) {
+            assert_eq!(g.train, Some((1, content(s, 8, 100))));
+        }
+        assert!(lock(&channel(&b).rx).maps.len() <= CAP);
+        assert!(lock(&channel(&a).tx).exports.map.len() <= CAP);
+    }
+    assert_eq!(stat(&b, "shm_rx_trains"), sent as u64);
+    assert_eq!(stat(&a, "shm_tx_forgets"), 24);
+    // The first buffer was forgotten: used again, exported again.
+    a.send(dgram(&a, &b, b"T", Some(train(1, &[(&bufs[0].1, 0, 64)]))));
+    assert_eq!(pump_until(&a, &b, 1)[0].train, Some((1, content(&bufs[0].1, 0, 64))));
+    assert_eq!(stat(&a, "shm_tx_exports"), sent as u64 + 1);
+    assert_eq!(stat(&b, "shm_rx_bad_train"), 0);
+    // Freed buffers are forgotten by the next prune, and unmapped by
+    // the receiver when it reads the forget slot.
+    assert_eq!(stat(&a, "shm_tx_forgets"), 25);
+    let exported = lock(&channel(&a).tx).exports.map.len();
+    assert_eq!(exported, CAP);
+    drop(bufs);
+    channel(&a).prune_exports(&a.stats);
+    assert_eq!(stat(&a, "shm_tx_forgets"), 25 + exported as u64);
+    assert!(lock(&channel(&a).tx).exports.map.is_empty());
+    a.send(dgram(&a, &b, b"end", None));
+    pump_until(&a, &b, 1);
+    assert!(lock(&channel(&b).rx).maps.is_empty());
+}
+
+/// Plays a hostile sender: train slots whose descriptors name unknown
+/// buffers, reach outside them or are garbage are dropped and counted;
+/// the channel stays up and a good train still goes through.
+#[test]
+fn hostile_train_slots_are_dropped_and_counted() {
+    let (a, b) = pair(true, true);
+    let (_m, s) = buffer(64 << 10, 7);
+    a.send(dgram(&a, &b, b"ONLY", Some(train(1, &[(&s, 0, 16)]))));
+    assert!(pump_until(&a, &b, 1)[0].train.is_some());
+    // From here on the test writes a's ring itself (a must not send).
+    let ca = channel(&a);
+    let region = Region::open(ca.region.file().try_clone().unwrap()).unwrap();
+    let mut p = Producer::resume(&region, 0);
+    let meta = SlotMeta {
+        src: ip(&a),
+        dst: ip(&b),
+        src_port: 1,
+        dst_port: 4791,
+    };
+    let piece = |token: u64, offset: u64, len: u32| DescPiece { token, offset, len };
+    let desc = |pieces: Vec<DescPiece>| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+        for p in pieces {
+            v.extend_from_slice(&p.token.to_le_bytes());
+            v.extend_from_slice(&p.offset.to_le_bytes());
+            v.extend_from_slice(&p.len.to_le_bytes());
+        }
+        v
+    };
+    let len = s.len() as u64;
+    let tok = s.token();
+    let hostile: Vec<Vec<u8>> = vec![
+        desc(vec![piece(tok + 1000, 0, 16)]),                      // never exported
+        desc(vec![piece(tok, len - 8, 16)]),                       // past the end
+        desc(vec![piece(tok, u64::MAX - 4, 16)]),                  // wraps
+        desc(vec![piece(tok, 0, 16); ring::TRAIN_MAX_PIECES + 1]), // too many
+        desc(vec![]),                                              // none
+        desc(vec![piece(tok, 0, 1 << 31), piece(tok, 0, 1)]),      // too long
+        vec![0xff; 7],                                             // garbage
+    ];
+    for (i, d) in hostile.iter().enumerate() {
+        p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", d).unwrap();
+        let got = pump_nothing(&a, &b);
+        assert!(got.is_empty(), "{i}: {got:?}");
+        assert_eq!(stat(&b, "shm_rx_bad_train"), i as u64 + 1, "{i}");
+    }
+    // A forget slot that is not a list of tokens.
+    p.push_ext(&region, &NO_META, ring::KIND_FORGET, &[], &[1; 7]).unwrap();
+    // A train from a foreign address.
+    let foreign = SlotMeta {
+        src: "10.9.9.9".parse().unwrap(),
+        ..meta
+    };
+    p.push_ext(
+        &region,
+        &foreign,
+        ring::KIND_TRAIN,
+        b"ONLY",
+        &desc(vec![piece(tok, 0, 16)]),
+    )
+    .unwrap();
+    // And a good one, over the buffer mapped before.
+    p.push_ext(
+        &region,
+        &meta,
+        ring::KIND_TRAIN,
+        b"GOOD",
+        &desc(vec![piece(tok, len - 16, 16)]),
+    )
+    .unwrap();
+    let got = pump_until(&a, &b, 1);
+    assert_eq!(
+        got,
+        vec![Got {
+            data: b"GOOD".to_vec(),
+            train: Some((1, content(&s, len - 16, 16)))
+        }]
+    );
+    assert_eq!(stat(&b, "shm_rx_bad_train"), hostile.len() as u64 + 1);
+    assert_eq!(stat(&b, "shm_rx_bad_addr"), 1);
+    assert_eq!(stat(&b, "shm_rx_bad_export"), 0);
+    assert!(b.is_shm_peer(a.gids[0]));
+    let mut c = Counters::default();
+    b.merge_counters(&mut c);
+    assert!(c.rx_malformed >= hostile.len() as u64 + 2, "{c:?}");
+}
+
+/// A train slot on a channel where the receiver did not offer trains
+/// is dropped.
+#[test]
+fn train_slots_without_the_offer_are_dropped() {
+    let (a, b) = pair(true, false);
+    let region = Region::open(channel(&a).region.file().try_clone().unwrap()).unwrap();
+    let mut p = Producer::resume(&region, 0);
+    let meta = SlotMeta {
+        src: ip(&a),
+        dst: ip(&b),
+        src_port: 1,
+        dst_port: 4791,
+    };
+    let mut d = Vec::new();
+    TrainDesc {
+        npkts: 1,
+        pieces: vec![DescPiece {
+            token: 1,
+            offset: 0,
+            len: 1,
+        }],
+    }
+    .encode(&mut d)
+    .unwrap();
+    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &d).unwrap();
+    assert!(pump_nothing(&a, &b).is_empty());
+    assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
+}
+
+/// Buffers a hostile sender passes that could fault the receiver
+/// (not sealed, not a memfd, of another size) are refused, and the
+/// channel ends.
+#[test]
+fn unsafe_exports_are_refused() {
+    let sealed = |len: u64, seals: libc::c_int| {
+        let f = sys::memfd("test").unwrap();
+        f.set_len(len).unwrap();
+        // SAFETY: fcntl on a live descriptor with an integer argument.
+        assert!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) } >= 0);
+        OwnedFd::from(f)
+    };
+    let both = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    assert_eq!(map_export(sealed(8192, both), 8192).unwrap().len(), 8192);
+    assert!(map_export(sealed(8192, both), 4096).is_err());
+    assert!(map_export(sealed(8192, both), 1 << 20).is_err());
+    assert!(map_export(sealed(0, both), 0).is_err());
+    assert!(map_export(sealed(8192, libc::F_SEAL_GROW), 8192).is_err());
+    assert!(map_export(sealed(8192, libc::F_SEAL_SHRINK), 8192).is_err());
+    assert!(map_export(sealed(8192, 0), 8192).is_err());
+    let (sock, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+    assert!(map_export(OwnedFd::from(sock), 0).is_err());
+    let dev_zero = std::fs::File::open("/dev/zero").unwrap();
+    assert!(map_export(OwnedFd::from(dev_zero), 4096).is_err());
+    // A memfd of the right kind is mapped read-only and shows the
+    // sender's bytes, including what it writes later.
+    let f = sys::memfd("test").unwrap();
+    f.set_len(4096).unwrap();
+    f.write_all_at(b"abc", 100).unwrap();
+    sys::seal_size(&f).unwrap();
+    let map = map_export(OwnedFd::from(f.try_clone().unwrap()), 4096).unwrap();
+    f.write_all_at(b"xyz", 200).unwrap();
+    let mut v = [0u8; 3];
+    // SAFETY: in bounds of the 4096-byte mapping.
+    unsafe {
+        std::ptr::copy_nonoverlapping(map.as_ptr().add(100), v.as_mut_ptr(), 3);
+        assert_eq!(&v, b"abc");
+        std::ptr::copy_nonoverlapping(map.as_ptr().add(200), v.as_mut_ptr(), 3);
+    }
+    assert_eq!(&v, b"xyz");
+
+    // Over a channel: an unsealed memfd, then a train naming it.
+    let (a, b) = pair(true, true);
+    let ca = channel(&a);
+    let bad = sys::memfd("bad").unwrap();
+    bad.set_len(65536).unwrap();
+    let mut m = [0u8; EXPORT_LEN];
+    m[..8].copy_from_slice(EXPORT);
+    m[8..16].copy_from_slice(&77u64.to_le_bytes());
+    m[16..24].copy_from_slice(&65536u64.to_le_bytes());
+    sys::send_fds(ca.stream.as_raw_fd(), &m, &[bad.as_raw_fd()]).unwrap();
+    let region = Region::open(ca.region.file().try_clone().unwrap()).unwrap();
+    let mut p = Producer::resume(&region, 0);
+    let meta = SlotMeta {
+        src: ip(&a),
+        dst: ip(&b),
+        src_port: 1,
+        dst_port: 4791,
+    };
+    let mut d = Vec::new();
+    TrainDesc {
+        npkts: 1,
+        pieces: vec![DescPiece {
+            token: 77,
+            offset: 0,
+            len: 16,
+        }],
+    }
+    .encode(&mut d)
+    .unwrap();
+    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &d).unwrap();
+    assert!(pump_nothing(&a, &b).is_empty());
+    assert_eq!(stat(&b, "shm_rx_bad_export"), 1);
+    assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
+    assert!(!b.is_shm_peer(a.gids[0]));
+}
+
+/// Both ends verified with the probe that they can read each other (two
+/// links of one process: always permitted), and say so.
+#[test]
+fn the_cma_probe_is_verified_both_ways() {
+    let (a, b) = pair(true, true);
+    let (ca, cb) = (channel(&a), channel(&b));
+    // The acceptor learns from the connector's caps slot, read in the
+    // first receive turn (pair() already pumped it).
+    for c in [&ca, &cb] {
+        assert!(c.cma_rx.load(Ordering::Relaxed) && c.cma_tx.load(Ordering::Relaxed));
+    }
+    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::ALL);
+    assert_eq!(b.train_caps_to(ip(&a)), TrainCaps::ALL);
+    a.set_force_cma(true);
+    assert_eq!(
+        a.train_caps_to(ip(&b)),
+        TrainCaps {
+            shared: false,
+            process: true
+        }
+    );
+    assert!(a.peer_lines()[0].contains(" cma rx tx"), "{:?}", a.peer_lines());
+    assert_eq!(stat(&a, "shm_cma_probe_failed") + stat(&b, "shm_cma_probe_failed"), 0);
+    // The probe itself: right address and value only.
+    let (addr, value) = hello::probe();
+    let me = std::process::id();
+    assert!(hello::read_probe(me, addr, value));
+    assert!(!hello::read_probe(me, addr, value ^ 1));
+    assert!(!hello::read_probe(me, 8, value));
+    assert!(!hello::read_probe(me, u64::MAX - 3, value));
+    // Without trains, no CMA either.
+    let (a, b) = pair(true, false);
+    assert!(!channel(&a).cma_tx.load(Ordering::Relaxed) && !channel(&b).cma_rx.load(Ordering::Relaxed));
+    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::NONE);
+}
+
+/// Trains whose pieces are ranges of the sender's address space (token
+/// 0) are read with process_vm_readv; mixed with shareable buffers too.
+#[test]
+fn process_memory_trains_are_read_across() {
+    let (a, b) = pair(true, true);
+    let heap: Vec<u8> = (0..200_000u32).map(|k| (k % 253) as u8).collect();
+    let (_m, s) = buffer(64 << 10, 9);
+    let t = TrainOut {
+        npkts: 50,
+        pieces: vec![
+            TrainPiece::Process {
+                addr: heap.as_ptr() as u64 + 7,
+                len: 150_000,
+            },
+            TrainPiece::Shared {
+                mem: s.clone(),
+                offset: 100,
+                len: 1000,
+            },
+            TrainPiece::Process {
+                addr: heap.as_ptr() as u64,
+                len: 3,
+            },
+        ],
+    };
+    a.send(dgram(&a, &b, b"ONLY", Some(t)));
+    let got = pump_until(&a, &b, 1);
+    let expect = [heap[7..150_007].to_vec(), content(&s, 100, 1000), heap[..3].to_vec()].concat();
+    assert_eq!(got.len(), 1, "{:?}", b.shm_stats());
+    assert_eq!(got[0].train, Some((50, expect)));
+    assert_eq!((stat(&a, "shm_tx_trains_cma"), stat(&b, "shm_rx_trains_cma")), (1, 1));
+    assert_eq!(stat(&a, "shm_tx_exports"), 1);
+    // A receiver that did not verify the sender drops them; a sender the
+    // peer did not verify does not send them.
+    channel(&b).cma_rx.store(false, Ordering::Relaxed);
+    let t = TrainOut {
+        npkts: 1,
+        pieces: vec![TrainPiece::Process {
+            addr: heap.as_ptr() as u64,
+            len: 16,
+        }],
+    };
+    a.send(dgram(&a, &b, b"ONLY", Some(t.clone())));
+    assert!(pump_nothing(&a, &b).is_empty());
+    assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
+    channel(&a).cma_tx.store(false, Ordering::Relaxed);
+    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::SHARED);
+    a.send(dgram(&a, &b, b"ONLY", Some(t)));
+    assert_eq!(stat(&a, "shm_tx_train_dropped"), 1);
+    drop(heap);
+}
+
+/// Hostile process-memory pieces: a range that wraps is refused when the
+/// descriptor is parsed; one the sender does not have mapped reaches the
+/// engine, whose copy fails (the kernel checks it) without touching
+/// anything but the destination.
+#[test]
+fn hostile_process_pieces() {
+    let (a, b) = pair(true, true);
+    let region = Region::open(channel(&a).region.file().try_clone().unwrap()).unwrap();
+    let mut p = Producer::resume(&region, 0);
+    let meta = SlotMeta {
+        src: ip(&a),
+        dst: ip(&b),
+        src_port: 1,
+        dst_port: 4791,
+    };
+    let desc = |offset: u64, len: u32| {
+        let mut v = Vec::new();
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&ring::PROCESS_TOKEN.to_le_bytes());
+        v.extend_from_slice(&offset.to_le_bytes());
+        v.extend_from_slice(&len.to_le_bytes());
+        v
+    };
+    assert!(TrainDesc::decode(&desc(u64::MAX - 4, 16)).is_none());
+    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &desc(u64::MAX - 4, 16))
+        .unwrap();
+    assert!(pump_nothing(&a, &b).is_empty());
+    assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
+    // Address 4096 is never mapped (mmap_min_addr).
+    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &desc(4096, 64))
+        .unwrap();
+    let mut results = Vec::new();
+    let start = Instant::now();
+    while results.is_empty() && start.elapsed() < Duration::from_secs(10) {
+        b.recv(64, &mut |d| {
+            let t = d.train.expect("a train");
+            let dst = MemorySource::Owned(MrMemory::new(64).unwrap());
+            results.push(t.for_each_range(0, 64, |p| dst.write_piece(0, p).map_err(|_| ())));
+        });
+    }
+    assert_eq!(results, vec![Err(())]);
+    assert_eq!(stat(&b, "shm_rx_trains_cma"), 1);
+}
