@@ -40,10 +40,13 @@ udp_ns="$(awk -v u="$(field p50_oneway_us < "$tmp/udp.txt")" 'BEGIN { print u * 
 stream_mibps="$(field rx_MiBps < "$tmp/stream.txt")"
 
 # Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0;
-# prints the client's output.
+# prints the client's output. (`perf` servers say --server; a `pingpong`
+# without a host is the server.)
 pair() {
     port=$((port + 1))
-    taskset -c 1 "$sv" "$@" -p "$port" >"$tmp/server.txt" 2>&1 &
+    local as_server=()
+    [ "$1" = perf ] && as_server=(--server)
+    taskset -c 1 "$sv" "$@" "${as_server[@]}" -p "$port" >"$tmp/server.txt" 2>&1 &
     local srv=$!
     sleep 1
     taskset -c 0 "$sv" "$@" -p "$port" 127.0.0.1 2>&1
