@@ -306,6 +306,22 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(config(64))]
+
+    /// Large messages under every fault, with trains (odd seeds): a train
+    /// lost, duplicated, delayed or reordered behaves like the packets it
+    /// stands for.
+    #[test]
+    fn faulty_programs_with_trains_match_the_model(mut sc in scenario_strategy(Shape {
+        max_ops: 8, both_sides: true, large: true, faults: true, permanent_cut: false,
+    })) {
+        sc.seed |= 1;
+        let r = check(&sc)?;
+        prop_assert_eq!(r.failed, [None, None]);
+    }
+}
+
+proptest! {
     #![proptest_config(config(96))]
 
     /// A partition that never heals: each side's completions are successes,
