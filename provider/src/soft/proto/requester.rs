@@ -11,7 +11,7 @@ use crate::soft::wire::{
 use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
 
 use super::mr::KeyError;
-use super::qp::{Qp, WqeOp, WqeState};
+use super::qp::{Qp, SendWqe, WqeOp, WqeState};
 use super::train::{TrainOut, TrainPiece, TRAIN_MAX_PIECES, TRAIN_MIN_LEN, TRAIN_PROCESS_MIN_LEN};
 use super::{Core, Nanos, Transmit};
 
@@ -256,32 +256,12 @@ impl Core {
                     (false, true) => Position::Last,
                     (false, false) => Position::Middle,
                 };
-                let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
-                let kind = if is_write { OpKind::Write } else { OpKind::Send };
-                let imm = last && matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
-                let inv = last && w.op == WqeOp::SendInv;
-                h.bth.bth_opcode(transport, kind, position, imm, inv);
-                if is_write && first {
-                    h.reth = Some(RethRepr {
-                        va: w.remote.addr,
-                        rkey: w.remote.rkey,
-                        dma_len: w.length,
-                    });
-                }
-                if imm {
-                    h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
-                }
-                if inv {
-                    h.ieth = Some(IethRepr { rkey: w.imm });
-                }
+                message_headers(&mut h, w, transport, position);
                 if let Some(u) = w.ud {
                     h.deth = Some(DethRepr {
                         qkey: u.qkey,
                         src_qpn: Qpn::new(qp.qpn),
                     });
-                }
-                if last {
-                    h.bth.solicited = w.solicited && (!is_write || imm);
                 }
                 let pkt_index = offset / mtu;
                 h.bth.ack_req = transport == Transport::Rc && (last || (pkt_index + 1).is_multiple_of(ack_every));
@@ -356,29 +336,11 @@ impl Core {
     /// Queues WQE `idx` as one train: its ONLY packet, without payload.
     fn send_train(&mut self, qp: &mut Qp, idx: usize, train: TrainOut) {
         let w = &qp.sq[idx];
-        let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
-        let imm = matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
-        let inv = w.op == WqeOp::SendInv;
-        let kind = if is_write { OpKind::Write } else { OpKind::Send };
         let dest_qpn = qp.attr.dest_qp_num;
         let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), w.first_psn);
         bth.pkey = Pkey::DEFAULT;
         let mut h = PacketRepr::new(bth);
-        h.bth.bth_opcode(Transport::Rc, kind, Position::Only, imm, inv);
-        if is_write {
-            h.reth = Some(RethRepr {
-                va: w.remote.addr,
-                rkey: w.remote.rkey,
-                dma_len: w.length,
-            });
-        }
-        if imm {
-            h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
-        }
-        if inv {
-            h.ieth = Some(IethRepr { rkey: w.imm });
-        }
-        h.bth.solicited = w.solicited && (!is_write || imm);
+        message_headers(&mut h, w, Transport::Rc, Position::Only);
         h.bth.ack_req = true;
         let Some(data) = self.new_packet(&h, 0) else {
             self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
@@ -496,6 +458,36 @@ impl Core {
             }
             (status, vendor_err) => self.fail_wqe(qp, 0, status, vendor_err),
         }
+    }
+}
+
+/// Sets the opcode of a SEND or WRITE packet of `w` at `position` and the
+/// headers the position carries: the RETH on a write's first packet, the
+/// immediate data or the invalidated rkey and the solicited bit on the
+/// last.
+fn message_headers(h: &mut PacketRepr, w: &SendWqe, transport: Transport, position: Position) {
+    let first = matches!(position, Position::First | Position::Only);
+    let last = matches!(position, Position::Last | Position::Only);
+    let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
+    let kind = if is_write { OpKind::Write } else { OpKind::Send };
+    let imm = last && matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
+    let inv = last && w.op == WqeOp::SendInv;
+    h.bth.bth_opcode(transport, kind, position, imm, inv);
+    if is_write && first {
+        h.reth = Some(RethRepr {
+            va: w.remote.addr,
+            rkey: w.remote.rkey,
+            dma_len: w.length,
+        });
+    }
+    if imm {
+        h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
+    }
+    if inv {
+        h.ieth = Some(IethRepr { rkey: w.imm });
+    }
+    if last {
+        h.bth.solicited = w.solicited && (!is_write || imm);
     }
 }
 
