@@ -288,7 +288,13 @@ impl Core {
                         let status = match code {
                             NakCode::PsnSequenceError => {
                                 self.counters.seq_naks_received += 1;
-                                self.rewind(qp, psn);
+                                let at = (psn, qp.req.acked_psn);
+                                if qp.req.last_nak == Some(at) {
+                                    self.counters.seq_naks_duplicate += 1;
+                                } else {
+                                    qp.req.last_nak = Some(at);
+                                    self.rewind(qp, psn);
+                                }
                                 None
                             }
                             NakCode::InvalidRequest => Some(WcStatus::RemInvReqErr),

@@ -197,6 +197,11 @@ pub(crate) struct ReqState {
     pub(crate) retrans_at: Option<Nanos>,
     /// The last PSN acknowledged.
     pub(crate) acked_psn: Psn,
+    /// The PSN the last NAK-sequence-error rewound to, and `acked_psn`
+    /// then: the same NAK again before any progress is a copy (the
+    /// responder NAKs a gap once), and acting on it would put a second
+    /// go-back-N burst on the link behind the first.
+    pub(crate) last_nak: Option<(Psn, Psn)>,
 }
 
 /// A saved read or atomic for duplicate replay (responder side).

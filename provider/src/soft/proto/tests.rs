@@ -441,6 +441,22 @@ fn nak_sequence_error_goes_back_to_the_naked_psn() {
     let psns: Vec<_> = again.iter().map(|(h, _)| h.bth.psn.value()).collect();
     assert_eq!(psns, [SQ_PSN + 1, SQ_PSN + 2]);
     assert_eq!(again[0].0.bth.opcode, Opcode::RcSendMiddle);
+    // A copy of the same NAK (the network duplicated it) before any
+    // progress rewinds nothing: a second burst would only queue behind the
+    // first.
+    let nak = ack(n.qpn, SQ_PSN + 1, Syndrome::Nak(NakCode::PsnSequenceError));
+    n.inject(2, &nak, &[]);
+    assert!(n.sent().is_empty());
+    assert_eq!(n.core.counters().seq_naks_duplicate, 1);
+    // After progress, a NAK for a later PSN is a new loss and is acted on.
+    n.inject(3, &ack(n.qpn, SQ_PSN + 1, Syndrome::ACK), &[]);
+    n.inject(
+        4,
+        &ack(n.qpn, SQ_PSN + 2, Syndrome::Nak(NakCode::PsnSequenceError)),
+        &[],
+    );
+    let psns: Vec<_> = n.sent().iter().map(|(h, _)| h.bth.psn.value()).collect();
+    assert_eq!(psns, [SQ_PSN + 2]);
 }
 
 #[test]
