@@ -298,30 +298,21 @@ fn all_faults_together_still_deliver() {
     }
 }
 
-// ---- open questions ----------------------------------------------------
+// ---- found with trains, older than them ---------------------------------
 
-/// OPEN, not fixed: found by `faulty_programs_with_trains_match_the_model`
-/// when it drew messages of up to 1 MiB (it now draws up to 128 KiB). A
-/// 717 KB read, a 2 MB write and an atomic over links losing ~2 % (A to B)
-/// and ~9 % (B to A, with duplicates) of packets: the fetch-and-add ends in
-/// RETRY_EXC_ERR. It fails the same way with trains disabled (the seed is
-/// odd, so the simulator sends trains), so it is older than them.
-///
-/// Diagnosis (full trace): congestion collapse. The atomic sent at 86.8 ms
-/// arrives at 158.1 ms: the A-to-B link queue holds ~70 ms of packets. Each
-/// NAK (one per loss, every ~50 packets here) rewinds the requester, and
-/// since the window counts PSNs from the oldest unacknowledged one, a
-/// rewind lets it put up to `max_inflight_packets` (1024) more packets on
-/// the link while the copies sent before are still queued; the queue, the
-/// round trip and then the timeouts grow until eight timeouts pass without
-/// progress. The simulator's unbounded link queue exaggerates it, but a UDP
-/// link with large socket buffers behaves alike. Candidate fixes: count
-/// packets in flight by transmission (including those sent before a
-/// rewind), or pace go-back-N after a NAK. Replay: `cargo test --release -p
-/// softverbs-emulator --test sim_regressions -- --ignored large_messages`.
+/// completer `ack_up_to`: an ACK covering writes after a read whose
+/// responses were partly lost left those writes unfinished, so every
+/// re-read (one per lost response) resent them too. Found by the trains
+/// property when it drew 1 MiB messages, failing the same way with trains
+/// off: a 717 KB read, a 2 MB write and an atomic over links losing ~2 % and
+/// ~9 % of packets. The full trace showed the atomic sent at 86.8 ms
+/// arriving at 158.1 ms, queued behind ~40 resends of the 2 MB write, and
+/// then RETRY_EXC_ERR. The responder executes in order, so an ACK for PSN n
+/// means the sends and writes up to n arrived; they are now done, and a
+/// rewind re-asks only for the read (and later reads and atomics, which
+/// need their responses).
 #[test]
-#[ignore = "open question: large messages under heavy loss end in RETRY_EXC_ERR"]
-fn large_messages_under_heavy_loss_exhaust_retries() {
+fn large_writes_after_a_lossy_read_are_not_resent() {
     let sc = Scenario {
         seed: 18286315348265179599,
         program: Program {

@@ -209,10 +209,16 @@ impl Core {
                 // A plain ACK never carries a read's data or an atomic's
                 // result, also when a rewind already reset the WQE to
                 // Pending: acknowledging past it would lose its response
-                // (sim_regressions, seed 663).
+                // (sim_regressions, seed 663). The requester re-asks from
+                // the first such one; sends and writes after it that the
+                // ACK covers did arrive (the responder executes in order)
+                // and are done, so the rewind does not send them again (a
+                // resend per lost read response put a large write behind
+                // every re-read: sim_regressions, large_messages).
                 WqeState::Sent | WqeState::Pending if w.op.is_read_or_atomic() => {
-                    resend_from = Some(w.first_psn.wrapping_add(w.resp_pkts));
-                    break;
+                    if resend_from.is_none() {
+                        resend_from = Some(w.first_psn.wrapping_add(w.resp_pkts));
+                    }
                 }
                 WqeState::Pending | WqeState::Sent | WqeState::Done | WqeState::Failed(..) => {}
             }

@@ -351,6 +351,60 @@ fn reads_are_answered_in_mtu_packets_and_replayed_when_duplicated() {
 }
 
 #[test]
+fn a_lost_read_response_re_asks_for_the_read_only_not_the_writes_acked_after_it() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
+    n.post_send(0, 1, SendOp::Read { remote }, 0, 3000);
+    n.post_send(0, 2, SendOp::Write { remote }, 4096, 2000);
+    let first: Vec<_> = n
+        .sent()
+        .iter()
+        .map(|(h, _)| (h.bth.opcode, h.bth.psn.value()))
+        .collect();
+    assert_eq!(
+        first,
+        [
+            (Opcode::RcRdmaReadRequest, SQ_PSN),
+            (Opcode::RcRdmaWriteFirst, SQ_PSN + 3),
+            (Opcode::RcRdmaWriteLast, SQ_PSN + 4),
+        ]
+    );
+    // The first read response arrives, the second is lost, and the ACK of
+    // the write (which the responder executed after the read) arrives.
+    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
+    r.bth.opcode = Opcode::RcRdmaReadResponseFirst;
+    n.inject(1, &r, &[0x11; 1024]);
+    n.inject(2, &ack(n.qpn, SQ_PSN + 4, Syndrome::ACK), &[]);
+    // Only the read's missing part is asked for again.
+    let again = n.sent();
+    let ops: Vec<_> = again.iter().map(|(h, _)| h.bth.opcode).collect();
+    assert_eq!(ops, [Opcode::RcRdmaReadRequest], "the writes were acknowledged");
+    assert_eq!(
+        (again[0].0.bth.opcode, again[0].0.bth.psn.value()),
+        (Opcode::RcRdmaReadRequest, SQ_PSN + 1)
+    );
+    assert_eq!(again[0].0.reth.unwrap().dma_len, 3000 - 1024);
+    assert!(n.cqes().is_empty(), "completions stay in order behind the read");
+    let mut m = PacketRepr::new(BthRepr::new(
+        Opcode::RcRdmaReadResponseMiddle,
+        Qpn::new(n.qpn),
+        Psn::new(SQ_PSN + 1),
+    ));
+    n.inject(3, &m, &[0x22; 1024]);
+    m.bth.opcode = Opcode::RcRdmaReadResponseLast;
+    m.bth.psn = Psn::new(SQ_PSN + 2);
+    m.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK,
+        msn: 0,
+    });
+    n.inject(4, &m, &[0x33; 952]);
+    let wc = n.cqes();
+    let got: Vec<_> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert!(n.sent().is_empty(), "the write was never sent again");
+}
+
+#[test]
 fn a_duplicate_atomic_returns_the_saved_value_and_does_not_execute_twice() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     n.mem.store_u64(64, 40).unwrap();
