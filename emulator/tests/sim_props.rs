@@ -334,20 +334,6 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(32))]
-
-    /// Messages of up to 1 MiB under every fault (a lost read response must
-    /// not make the requester resend the large writes after it).
-    #[test]
-    fn faulty_programs_with_large_messages_match_the_model(sc in scenario_strategy(Shape {
-        max_ops: 8, both_sides: true, sizes: Sizes::Large, faults: true, permanent_cut: false,
-    })) {
-        let r = check(&sc)?;
-        prop_assert_eq!(r.failed, [None, None]);
-    }
-}
-
-proptest! {
     #![proptest_config(config(96))]
 
     /// A partition that never heals: each side's completions are successes,
