@@ -1,6 +1,7 @@
 //! Trains end to end on the in-process link: large RC WRITEs and SENDs
 //! from shareable buffers travel as one request each and are copied once
-//! (counted by both devices), land byte for byte, complete exactly once,
+//! (counted by both devices), as do the responses of large READs, land
+//! byte for byte, complete exactly once,
 //! survive an RNR retry, and interleave correctly with packet-by-packet
 //! messages on the same QP.
 
@@ -47,7 +48,7 @@ fn side(fabric: &Arc<InprocFabric>, name: &str, last: u8) -> Side {
             sq_sig_all: true,
         })
         .unwrap();
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mr = pd.alloc_mr(MR_LEN, access).unwrap();
     let gid = ctx.query_gid(1, 0).unwrap();
     Side {
@@ -65,7 +66,7 @@ fn connect(s: &Side, peer: &Side) {
     let mut a = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         ..QpAttr::default()
     };
     let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
@@ -259,4 +260,50 @@ fn trains_and_packets_interleave_in_order_on_one_qp() {
     // reached.
     assert_eq!(read(&b.mr, 0, 128 << 10), data[7 * 4096..7 * 4096 + (128 << 10)]);
     assert_eq!(counters(&a).0, 4);
+}
+
+#[test]
+fn large_read_responses_travel_as_one_train() {
+    let (a, b) = pair(4);
+    let data = pattern(MR_LEN, 31);
+    b.mr.write(0, &data).unwrap();
+    // A 1 MiB read into two local SGEs, then a 300 KiB read.
+    let s1 = [a.mr.sge(0, 512 << 10).unwrap(), a.mr.sge(1 << 20, 512 << 10).unwrap()];
+    let s2 = [a.mr.sge(1_600_000, 300 << 10).unwrap()];
+    let wrs = [
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote: b.mr.remote(4096),
+            },
+            &s1,
+        ),
+        SendWr::new(
+            2,
+            SendOp::Read {
+                remote: b.mr.remote(1_100_000),
+            },
+            &s2,
+        ),
+    ];
+    a.qp.post_send(&wrs).unwrap();
+    let wcs = collect(&a, &b, 2);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, WcOpcode::RdmaRead),
+            (2, WcStatus::Success, WcOpcode::RdmaRead)
+        ]
+    );
+    let mut first = read(&a.mr, 0, 512 << 10);
+    first.extend(read(&a.mr, 1 << 20, 512 << 10));
+    assert_eq!(first, data[4096..4096 + (1 << 20)]);
+    assert_eq!(
+        read(&a.mr, 1_600_000, 300 << 10),
+        data[1_100_000..1_100_000 + (300 << 10)]
+    );
+    // The responder sent two trains, the requester received them.
+    assert_eq!(counters(&b).0, 2);
+    assert_eq!(counters(&a).1, 2);
 }

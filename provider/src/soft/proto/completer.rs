@@ -8,6 +8,7 @@ use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcStatus, WorkComple
 
 use super::qp::{Qp, WqeOp, WqeState};
 use super::requester::vendor;
+use super::train::TrainIn;
 use super::{Core, Nanos};
 
 /// 4.096 µs · 2^timeout, the IBTA local ACK timeout (timeout 0 = infinite).
@@ -256,7 +257,15 @@ impl Core {
     }
 
     /// Handles a response packet (RC requester side).
-    pub(crate) fn handle_response(&mut self, qp: &mut Qp, now: Nanos, pkt: &ParsedPacket<'_>) {
+    /// `train`: the payload of a read response train (checked by the
+    /// caller: a READ_RESPONSE_ONLY standing for `train.npkts()` PSNs).
+    pub(crate) fn handle_response(
+        &mut self,
+        qp: &mut Qp,
+        now: Nanos,
+        pkt: &ParsedPacket<'_>,
+        train: Option<&TrainIn<'_>>,
+    ) {
         let psn = pkt.headers.bth.psn;
         // A response must be for a PSN we sent and have not seen acknowledged.
         let oldest = qp.req.acked_psn.next();
@@ -320,7 +329,7 @@ impl Core {
                     }
                 }
             }
-            OpKind::ReadResponse => self.handle_read_response(qp, pkt),
+            OpKind::ReadResponse => self.handle_read_response(qp, pkt, train),
             OpKind::AtomicAck => self.handle_atomic_ack(qp, pkt),
             _ => {}
         }
@@ -339,7 +348,7 @@ impl Core {
         })
     }
 
-    fn handle_read_response(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>) {
+    fn handle_read_response(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, train: Option<&TrainIn<'_>>) {
         let psn = pkt.headers.bth.psn;
         let Some(idx) = self.wqe_with_psn(qp, psn) else { return };
         let mtu = qp.mtu();
@@ -372,19 +381,29 @@ impl Core {
             let w = &qp.sq[idx];
             (w.resp_pkts * mtu, w.length, pkt.info.position.ends_message())
         };
-        let expect = (length - offset.min(length)).min(mtu) as usize;
+        // A train carries the rest of the read: every remaining packet.
+        let remaining = length - offset.min(length);
+        let (expect, got, pkts) = match train {
+            Some(t) => (remaining as usize, t.len() as usize, t.npkts()),
+            None => (remaining.min(mtu) as usize, pkt.payload.len(), 1),
+        };
         let last_expected = offset as u64 + expect as u64 >= u64::from(length);
-        if pkt.payload.len() != expect || ends != last_expected {
+        let pkts_ok = train.is_none_or(|_| qp.sq[idx].resp_pkts + pkts == qp.sq[idx].npkts);
+        if got != expect || ends != last_expected || !pkts_ok {
             // A response of the wrong size is a bad response (IBTA 9.9.3).
             self.fail_wqe(qp, idx, WcStatus::BadRespErr, vendor::NAK);
             return;
         }
-        if self.scatter_send_wqe(qp, idx, offset, pkt.payload).is_err() {
+        let placed = match train {
+            Some(t) => self.scatter_train_to_send_wqe(qp, idx, offset, t),
+            None => self.scatter_send_wqe(qp, idx, offset, pkt.payload),
+        };
+        if placed.is_err() {
             self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
             return;
         }
         let w = &mut qp.sq[idx];
-        w.resp_pkts += 1;
+        w.resp_pkts += pkts;
         // Every in-order response is progress: the retry budget and the
         // timer restart (as rxe does on each response). Resetting only at the
         // end let a long read lose its retries while it was still
@@ -435,6 +454,20 @@ impl Core {
         }
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.retrans_at = None;
+    }
+
+    /// Writes a read response train into WQE `idx`'s local scatter list
+    /// from `offset` on.
+    fn scatter_train_to_send_wqe(&self, qp: &Qp, idx: usize, offset: u32, t: &TrainIn<'_>) -> Result<(), ()> {
+        let sgl = &qp.sq[idx].sgl;
+        self.mrs.for_each_piece(
+            sgl,
+            qp.pd,
+            offset.into(),
+            t.len() as usize,
+            AccessFlags::LOCAL_WRITE,
+            |r, at, n| r.write_train(t, at as u64, n),
+        )
     }
 
     /// Writes `data` into WQE `idx`'s local scatter list at `offset`.

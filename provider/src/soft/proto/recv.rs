@@ -176,10 +176,14 @@ impl Core {
         if let Some(t) = d.train {
             // Only RC SEND/WRITE messages of more than one packet travel as
             // trains, as an ONLY packet standing for all of them.
-            let ok = request
+            let kind_ok = if request {
+                matches!(pkt.info.kind, OpKind::Send | OpKind::Write)
+            } else {
+                pkt.info.kind == OpKind::ReadResponse
+            };
+            let ok = kind_ok
                 && qp.qp_type == QpType::Rc
                 && pkt.info.position == Position::Only
-                && matches!(pkt.info.kind, OpKind::Send | OpKind::Write)
                 && pkt.payload.is_empty()
                 && t.npkts() > 1
                 && t.npkts() == packets_for(t.len(), qp.mtu());
@@ -188,11 +192,15 @@ impl Core {
                 return;
             }
             self.counters.rx_trains += 1;
-            self.handle_request(qp, pkt, d.src, d.dst, Some(&t));
+            if request {
+                self.handle_request(qp, pkt, d.src, d.dst, Some(&t));
+            } else {
+                self.handle_response(qp, now, pkt, Some(&t));
+            }
         } else if request {
             self.handle_request(qp, pkt, d.src, d.dst, None);
         } else if pkt.info.transport == Transport::Rc {
-            self.handle_response(qp, now, pkt);
+            self.handle_response(qp, now, pkt, None);
         }
     }
 }

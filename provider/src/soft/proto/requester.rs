@@ -303,7 +303,6 @@ impl Core {
     /// memory only from [`TRAIN_PROCESS_MIN_LEN`] bytes on).
     fn train_for(&self, qp: &Qp, idx: usize) -> Option<TrainOut> {
         let w = &qp.sq[idx];
-        let route = self.train_route.as_ref()?;
         if qp.qp_type != QpType::Rc
             || w.inline.is_some()
             || w.length < TRAIN_MIN_LEN
@@ -315,11 +314,7 @@ impl Core {
         {
             return None;
         }
-        let mut caps = route.0.train_caps(qp.attr.ah_attr.grh.dgid.to_ip());
-        caps.process &= w.length >= TRAIN_PROCESS_MIN_LEN;
-        if !caps.any() {
-            return None;
-        }
+        let caps = self.train_caps_to(qp, w.length)?;
         let mut pieces: Vec<TrainPiece> = Vec::new();
         self.mrs
             .for_each_piece(&w.sgl, qp.pd, 0, w.length as usize, AccessFlags::empty(), |r, _, n| {
@@ -331,6 +326,18 @@ impl Core {
             })
             .ok()?;
         Some(TrainOut { npkts: w.npkts, pieces })
+    }
+
+    /// What a train of `len` bytes to `qp`'s peer may carry now; `None`
+    /// if no train may go there.
+    pub(crate) fn train_caps_to(&self, qp: &Qp, len: u32) -> Option<super::train::TrainCaps> {
+        let route = self.train_route.as_ref()?;
+        if len < TRAIN_MIN_LEN {
+            return None;
+        }
+        let mut caps = route.0.train_caps(qp.attr.ah_attr.grh.dgid.to_ip());
+        caps.process &= len >= TRAIN_PROCESS_MIN_LEN;
+        caps.any().then_some(caps)
     }
 
     /// Queues WQE `idx` as one train: its ONLY packet, without payload.
@@ -391,7 +398,7 @@ impl Core {
 
     /// [`Core::queue_packet`], for a train too.
     #[allow(clippy::too_many_arguments)]
-    fn queue_packet_with(
+    pub(crate) fn queue_packet_with(
         &mut self,
         local_qpn: u32,
         remote_qpn: u32,

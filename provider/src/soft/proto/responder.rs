@@ -14,7 +14,7 @@ use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, W
 use super::mr::KeyError;
 use super::qp::{Qp, RdAtomicRes, RecvProgress, RecvWqe, WriteProgress};
 use super::requester::{pseudo_header, transport_of};
-use super::train::TrainIn;
+use super::train::{TrainIn, TrainOut, TRAIN_MAX_PIECES};
 use super::Core;
 
 /// How the responder answers a request.
@@ -413,6 +413,9 @@ impl Core {
     fn send_read_responses(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32) -> bool {
         let mtu = qp.mtu();
         let npkts = super::requester::packets_for(len, mtu);
+        if npkts > 1 && self.send_read_train(qp, psn, va, rkey, len, npkts) {
+            return true;
+        }
         for i in 0..npkts {
             let off = i * mtu;
             let n = (len - off.min(len)).min(mtu);
@@ -456,6 +459,42 @@ impl Core {
             self.counters.tx_responses += 1;
             self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, n as usize, data);
         }
+        true
+    }
+
+    /// Sends the responses of a read as one train (a READ_RESPONSE_ONLY
+    /// standing for `npkts` PSNs from `psn`) when the requester can read
+    /// this memory; `false` to send packets instead.
+    fn send_read_train(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32, npkts: u32) -> bool {
+        let Some(caps) = self.train_caps_to(qp, len) else {
+            return false;
+        };
+        let Ok(Some(r)) = self
+            .mrs
+            .check_remote(rkey, qp.pd, qp.qpn, va, u64::from(len), AccessFlags::REMOTE_READ)
+        else {
+            return false;
+        };
+        let mut pieces = Vec::new();
+        if r.train_pieces(len as usize, caps, &mut pieces).is_err() || pieces.len() > TRAIN_MAX_PIECES {
+            return false;
+        }
+        let opcode = Opcode::find(Transport::Rc, OpKind::ReadResponse, Position::Only, false, false)
+            .unwrap_or(Opcode::Unknown(0xff));
+        let mut h = PacketRepr::new(BthRepr::new(opcode, Qpn::new(qp.attr.dest_qp_num), psn));
+        h.aeth = Some(AethRepr {
+            syndrome: Syndrome::ACK,
+            msn: (qp.resp.msn + 1) & 0x00ff_ffff,
+        });
+        let Some(data) = self.new_packet(&h, 0) else {
+            return false;
+        };
+        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+        let sgid = qp.attr.ah_attr.grh.sgid_index;
+        self.counters.tx_responses += 1;
+        self.counters.tx_trains += 1;
+        let train = Box::new(TrainOut { npkts, pieces });
+        self.queue_packet_with(qp.qpn, qp.attr.dest_qp_num, sgid, dst, 0, data, Some(train));
         true
     }
 

@@ -975,3 +975,69 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
     }
 }
+
+#[test]
+fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
+    // Responder side: a 40,000-byte read of shareable memory (the node's
+    // 64 KiB MR) is answered by one READ_RESPONSE_ONLY train.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.core.set_train_route(Arc::new(Route(true)));
+    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
+    h.reth = Some(RethRepr {
+        va: n.mem.addr() + 100,
+        rkey: n.rkey,
+        dma_len: 40_000,
+    });
+    n.inject(0, &h, &[]);
+    let mut txs = Vec::new();
+    while let Some(t) = n.core.poll_transmit() {
+        txs.push(t);
+    }
+    assert_eq!(txs.len(), 1);
+    let t = txs[0].train.as_ref().expect("a train");
+    assert_eq!((t.npkts, t.len()), (40, 40_000));
+    let p = Packet::parse(&txs[0].data).unwrap();
+    assert_eq!(
+        (p.headers.bth.opcode, p.headers.bth.psn.value()),
+        (Opcode::RcRdmaReadResponseOnly, RQ_PSN)
+    );
+    assert!(p.headers.aeth.is_some());
+    // A duplicate request for the rest (from the 11th packet) is answered
+    // from saved state by a train of the remaining 30 packets.
+    let mut d = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN + 10);
+    d.reth = Some(RethRepr {
+        va: n.mem.addr() + 100 + 10_240,
+        rkey: n.rkey,
+        dma_len: 40_000 - 10_240,
+    });
+    n.inject(1, &d, &[]);
+    let t = n.core.poll_transmit().unwrap();
+    assert_eq!(t.train.as_ref().map(|t| t.npkts), Some(30));
+    assert_eq!(Packet::parse(&t.data).unwrap().headers.bth.psn.value(), RQ_PSN + 10);
+
+    // Requester side: the train completes the read once, with its data.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
+    n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
+    assert_eq!(n.sent().len(), 1);
+    let src = train_source(40_000, 5);
+    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
+    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
+    n.inject_train(1, &r, 40, &src, 40_000);
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 40_000));
+    let mut want = vec![0u8; 40_000];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(200, 40_000), want);
+    // The same train again is stale: nothing more completes.
+    n.inject_train(2, &r, 40, &src, 40_000);
+    assert!(n.cqes().is_empty());
+
+    // A train that does not cover the rest of the read is a bad response.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
+    n.sent();
+    n.inject_train(1, &r, 39, &src, 39_000);
+    let wc = n.cqes();
+    assert_eq!(wc[0].status, WcStatus::BadRespErr);
+}
