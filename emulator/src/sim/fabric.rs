@@ -766,7 +766,8 @@ impl Fabric {
 struct AllTrains;
 
 impl train::TrainRoute for AllTrains {
-    fn trains_to(&self, _dst: IpAddr) -> bool {
-        true
+    fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
+        // In-process delivery reads shareable buffers only.
+        train::TrainCaps::SHARED
     }
 }

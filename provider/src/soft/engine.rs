@@ -86,10 +86,6 @@ pub fn process_now() -> Nanos {
 struct LinkRoute(Weak<dyn Link>);
 
 impl TrainRoute for LinkRoute {
-    fn trains_to(&self, dst: IpAddr) -> bool {
-        self.0.upgrade().is_some_and(|l| l.trains_to(dst))
-    }
-
     fn train_caps(&self, dst: IpAddr) -> super::proto::train::TrainCaps {
         self.0
             .upgrade()

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock, RwLock, Weak};
 
 use super::Link;
 use crate::soft::engine::DeviceShared;
+use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::Transmit;
 
 /// A set of devices that reach each other by address, in one process.
@@ -67,9 +68,13 @@ impl InprocFabric {
 impl Link for InprocFabric {
     /// Every device of the fabric is in this process: trains reach any
     /// attached one.
-    fn trains_to(&self, dst: IpAddr) -> bool {
+    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
         let map = self.devices.read().expect("fabric map poisoned");
-        map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0)
+        if map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0) {
+            TrainCaps::SHARED
+        } else {
+            TrainCaps::NONE
+        }
     }
 
     fn route(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {

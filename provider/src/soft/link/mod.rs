@@ -112,26 +112,14 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         true
     }
 
-    /// Whether a train ([`crate::soft::proto::train`]) sent to `dst` now
-    /// would reach a receiver able to read the sender's shareable memory.
-    /// Links that say yes must carry a [`Transmit`] with a train to such a
-    /// receiver and hand it over as a [`Datagram`] with the train's payload,
-    /// or drop it (like a lost packet) if the route changed meanwhile.
-    fn trains_to(&self, _dst: std::net::IpAddr) -> bool {
-        false
-    }
-
-    /// What memory a train to `dst` may carry now
-    /// ([`TrainCaps`](crate::soft::proto::train::TrainCaps)): shareable
-    /// buffers if [`Link::trains_to`] says yes (the default); a link whose
-    /// receiver verified it can read this process's memory adds process
-    /// memory, and must then deliver such trains only to that receiver.
-    fn train_caps(&self, dst: std::net::IpAddr) -> super::proto::train::TrainCaps {
-        if self.trains_to(dst) {
-            super::proto::train::TrainCaps::SHARED
-        } else {
-            super::proto::train::TrainCaps::NONE
-        }
+    /// What memory a train ([`crate::soft::proto::train`]) sent to `dst`
+    /// now may carry ([`TrainCaps`](crate::soft::proto::train::TrainCaps);
+    /// none by default). A link that allows any must carry a [`Transmit`]
+    /// with such a train to a receiver able to read that memory and hand
+    /// it over as a [`Datagram`] with the train's payload, or drop it (like
+    /// a lost packet) if the route changed meanwhile.
+    fn train_caps(&self, _dst: std::net::IpAddr) -> super::proto::train::TrainCaps {
+        super::proto::train::TrainCaps::NONE
     }
 
     /// One line per known peer, for `devinfo` (how it is reached).

@@ -87,19 +87,9 @@ impl TrainCaps {
 /// Tells the requester where trains can go. Implemented for the link by
 /// the engine.
 pub trait TrainRoute: Send + Sync {
-    /// Whether a train sent to `dst` now would reach a receiver that can
-    /// read the sender's shareable memory.
-    fn trains_to(&self, dst: IpAddr) -> bool;
-
-    /// What memory a train sent to `dst` now may carry. The default: the
-    /// shareable buffers if [`TrainRoute::trains_to`] says yes.
-    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
-        if self.trains_to(dst) {
-            TrainCaps::SHARED
-        } else {
-            TrainCaps::NONE
-        }
-    }
+    /// What memory a train sent to `dst` now may carry
+    /// ([`TrainCaps::NONE`]: no train may go there).
+    fn train_caps(&self, dst: IpAddr) -> TrainCaps;
 }
 
 /// A piece of an outgoing train's payload.

@@ -156,8 +156,8 @@ fn channel(l: &ShmLink) -> Arc<Channel> {
 #[test]
 fn trains_carry_the_senders_memory_in_order() {
     let (a, b) = pair(true, true);
-    assert!(a.trains_to(ip(&b)) && b.trains_to(ip(&a)));
-    assert!(!a.trains_to("127.0.0.9".parse().unwrap()));
+    assert!(a.train_caps(ip(&b)).any() && b.train_caps(ip(&a)).any());
+    assert!(!a.train_caps("127.0.0.9".parse().unwrap()).any());
     let ((_m1, s1), (_m2, s2)) = (buffer(128 << 10, 1), buffer(64 << 10, 2));
     let t1 = train(18, &[(&s1, 1000, 70_000), (&s2, 5, 3000), (&s1, 0, 10)]);
     let expect: Vec<u8> = [content(&s1, 1000, 70_000), content(&s2, 5, 3000), content(&s1, 0, 10)].concat();
@@ -214,7 +214,7 @@ fn trains_carry_the_senders_memory_in_order() {
     assert_eq!(got[0].train, Some((16, content(&s3, 0, 64 << 10))));
     // Not offered any more: no trains, and one sent anyway is dropped.
     a.set_trains(false);
-    assert!(!a.trains_to(ip(&b)));
+    assert!(!a.train_caps(ip(&b)).any());
     // No channel to there (and never UDP).
     let mut lost = dgram(&a, &b, b"x", Some(train(1, &[(&s1, 0, 1)])));
     lost.dst = "127.0.0.9".parse().unwrap();
@@ -234,7 +234,7 @@ fn trains_carry_the_senders_memory_in_order() {
 fn trains_need_both_ends() {
     for (offer_a, offer_b) in [(true, false), (false, true)] {
         let (a, b) = pair(offer_a, offer_b);
-        assert!(!a.trains_to(ip(&b)) && !b.trains_to(ip(&a)));
+        assert!(!a.train_caps(ip(&b)).any() && !b.train_caps(ip(&a)).any());
         let (_m, s) = buffer(64 << 10, 0);
         a.send(dgram(&a, &b, b"ONLY", Some(train(2, &[(&s, 0, 8192)]))));
         a.send(dgram(&a, &b, b"after", None));
@@ -506,11 +506,11 @@ fn the_cma_probe_is_verified_both_ways() {
     for c in [&ca, &cb] {
         assert!(c.cma_rx.load(Ordering::Relaxed) && c.cma_tx.load(Ordering::Relaxed));
     }
-    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::ALL);
-    assert_eq!(b.train_caps_to(ip(&a)), TrainCaps::ALL);
+    assert_eq!(a.train_caps(ip(&b)), TrainCaps::ALL);
+    assert_eq!(b.train_caps(ip(&a)), TrainCaps::ALL);
     a.set_force_cma(true);
     assert_eq!(
-        a.train_caps_to(ip(&b)),
+        a.train_caps(ip(&b)),
         TrainCaps {
             shared: false,
             process: true
@@ -528,7 +528,7 @@ fn the_cma_probe_is_verified_both_ways() {
     // Without trains, no CMA either.
     let (a, b) = pair(true, false);
     assert!(!channel(&a).cma_tx.load(Ordering::Relaxed) && !channel(&b).cma_rx.load(Ordering::Relaxed));
-    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::NONE);
+    assert_eq!(a.train_caps(ip(&b)), TrainCaps::NONE);
 }
 
 /// Trains whose pieces are ranges of the sender's address space (token
@@ -577,7 +577,7 @@ fn process_memory_trains_are_read_across() {
     assert!(pump_nothing(&a, &b).is_empty());
     assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
     channel(&a).cma_tx.store(false, Ordering::Relaxed);
-    assert_eq!(a.train_caps_to(ip(&b)), TrainCaps::SHARED);
+    assert_eq!(a.train_caps(ip(&b)), TrainCaps::SHARED);
     a.send(dgram(&a, &b, b"ONLY", Some(t)));
     assert_eq!(stat(&a, "shm_tx_train_dropped"), 1);
     drop(heap);

@@ -1,0 +1,283 @@
+//! Scripted train tests (`super::super::train`): the responder's checks
+//! and placement, the requester's choice, READ response trains.
+
+use super::*;
+
+/// A train route that says yes (or no) to every destination.
+struct Route(bool);
+
+impl train::TrainRoute for Route {
+    fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
+        if self.0 {
+            train::TrainCaps::SHARED
+        } else {
+            train::TrainCaps::NONE
+        }
+    }
+}
+
+/// A shareable source buffer holding `len` bytes of a pattern.
+fn train_source(len: usize, seed: u8) -> MrMemory {
+    let m = MrMemory::new(len.max(crate::verbs::SHARE_MIN)).unwrap();
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    m.write(0, &bytes).unwrap();
+    assert!(m.shared().is_some(), "large buffers are shareable here");
+    m
+}
+
+impl Node {
+    /// Feeds a train from the peer: `h` is its ONLY packet, `src` holds
+    /// the payload.
+    fn inject_train(&mut self, now: Nanos, h: &PacketRepr, npkts: u32, src: &MrMemory, len: usize) {
+        let bytes = emit(h, &[]);
+        let pieces = [src.shared().unwrap().piece(0, len).unwrap()];
+        let t = train::TrainIn::new(npkts, &pieces).unwrap();
+        self.core.handle_datagram(
+            now,
+            Datagram {
+                src: REMOTE,
+                dst: LOCAL,
+                src_port: 0xc001,
+                dst_port: wire::ROCEV2_UDP_PORT,
+                data: &bytes,
+                train: Some(t),
+            },
+        );
+    }
+
+    fn read_mem(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem.read_at(off, &mut v).unwrap();
+        v
+    }
+}
+
+fn write_only(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
+    let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, psn);
+    h.reth = Some(RethRepr {
+        va: n.mem.addr() + va_off,
+        rkey: n.rkey,
+        dma_len: len,
+    });
+    h
+}
+
+#[test]
+fn a_write_train_lands_once_takes_its_psns_and_acks_its_last() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let src = train_source(20_000, 3);
+    n.inject_train(0, &write_only(&n, RQ_PSN, 100, 20_000), 20, &src, 20_000);
+    let mut want = vec![0u8; 20_000];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(100, 20_000), want);
+    let acks = n.sent();
+    assert_eq!(acks.len(), 1);
+    assert_eq!(
+        (acks[0].0.bth.psn.value(), aeth_of(&acks[0].0)),
+        (RQ_PSN + 19, Syndrome::ACK)
+    );
+    assert_eq!(n.core.counters().rx_trains, 1);
+    // The next message starts after the train's 20 PSNs.
+    n.post_recv(1, 30_000, 64);
+    n.inject(1, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN + 20), b"next");
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 4));
+    // The train again (a retransmission) is a duplicate: re-ACKed, not
+    // written again.
+    n.mem.write_at(100, &[0xee; 16]).unwrap();
+    n.sent();
+    n.inject_train(2, &write_only(&n, RQ_PSN, 100, 20_000), 20, &src, 20_000);
+    assert_eq!(n.read_mem(100, 16), [0xee; 16]);
+    assert_eq!(n.core.counters().rx_duplicates, 1);
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+}
+
+#[test]
+fn a_send_train_scatters_into_the_receive_buffer_and_completes_once() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let src = train_source(5000, 9);
+    // Two receive SGEs: 3000 bytes at 0, 4000 at 10_000.
+    let sgl = [n.sge(0, 3000), n.sge(10_000, 4000)];
+    n.core.post_recv(n.qpn, &[RecvWr::new(7, &sgl)]).unwrap();
+    let mut h = req(Opcode::RcSendOnlyWithImmediate, n.qpn, RQ_PSN);
+    h.immdt = Some(wire::ImmDtRepr::from_be_value(0x1234_5678));
+    n.inject_train(0, &h, 5, &src, 5000);
+    let wc = n.cqes();
+    assert_eq!(wc.len(), 1);
+    assert_eq!(
+        (wc[0].wr_id, wc[0].status, wc[0].byte_len, wc[0].opcode, wc[0].imm_data),
+        (7, WcStatus::Success, 5000, WcOpcode::Recv, 0x1234_5678)
+    );
+    let mut want = vec![0u8; 5000];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(0, 3000), want[..3000]);
+    assert_eq!(n.read_mem(10_000, 2000), want[3000..]);
+    assert_eq!(n.read_mem(12_000, 16), [0; 16], "nothing past the message");
+}
+
+#[test]
+fn malformed_trains_are_dropped_and_counted_without_touching_memory() {
+    let src = train_source(8192, 1);
+    // (transport, header, npkts, len): every one wrong in one way.
+    type Header = Box<dyn Fn(&Node) -> PacketRepr>;
+    let mut bad: Vec<(QpType, Header, u32, usize)> = Vec::new();
+    // npkts does not match the length at the MTU.
+    bad.push((QpType::Rc, Box::new(|n| write_only(n, RQ_PSN, 0, 8192)), 7, 8192));
+    // A train standing for one packet.
+    bad.push((QpType::Rc, Box::new(|n| write_only(n, RQ_PSN, 0, 1000)), 1, 1000));
+    // Not an ONLY packet.
+    bad.push((
+        QpType::Rc,
+        Box::new(|n| {
+            let mut h = write_only(n, RQ_PSN, 0, 8192);
+            h.bth.opcode = Opcode::RcRdmaWriteFirst;
+            h
+        }),
+        8,
+        8192,
+    ));
+    // A read request.
+    bad.push((
+        QpType::Rc,
+        Box::new(|n| {
+            let mut h = write_only(n, RQ_PSN, 0, 8192);
+            h.bth.opcode = Opcode::RcRdmaReadRequest;
+            h
+        }),
+        8,
+        8192,
+    ));
+    // UC.
+    bad.push((
+        QpType::Uc,
+        Box::new(|n| {
+            let mut h = write_only(n, RQ_PSN, 0, 8192);
+            h.bth.opcode = Opcode::UcRdmaWriteOnly;
+            h
+        }),
+        8,
+        8192,
+    ));
+    for (i, (qp_type, h, npkts, len)) in bad.iter().enumerate() {
+        let mut n = node(*qp_type, Mtu::Mtu1024);
+        let h = h(&n);
+        n.inject_train(0, &h, *npkts, &src, *len);
+        assert_eq!(n.core.counters().rx_bad_train, 1, "case {i}");
+        assert!(n.sent().is_empty(), "case {i}: no ACK or NAK");
+        assert_eq!(n.read_mem(0, 8192), vec![0u8; 8192], "case {i}: memory untouched");
+    }
+    // A train whose length differs from its RETH: an invalid request, as
+    // for packets, and nothing written.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.inject_train(0, &write_only(&n, RQ_PSN, 0, 8000), 8, &src, 8192);
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::Nak(NakCode::InvalidRequest));
+    assert_eq!(n.read_mem(0, 8192), vec![0u8; 8192]);
+}
+
+#[test]
+fn the_requester_sends_a_train_only_where_the_route_allows() {
+    for route in [true, false] {
+        let mut n = node(QpType::Rc, Mtu::Mtu1024);
+        n.core.set_train_route(Arc::new(Route(route)));
+        n.post_send(
+            0,
+            1,
+            SendOp::Write {
+                remote: RemoteAddr { addr: 0x1000, rkey: 9 },
+            },
+            0,
+            40_000,
+        );
+        let mut txs = Vec::new();
+        while let Some(t) = n.core.poll_transmit() {
+            txs.push(t);
+        }
+        if route {
+            assert_eq!(txs.len(), 1);
+            let t = txs[0].train.as_ref().expect("a train");
+            assert_eq!((t.npkts, t.len()), (40, 40_000));
+            let p = Packet::parse(&txs[0].data).unwrap();
+            assert_eq!(p.headers.bth.opcode, Opcode::RcRdmaWriteOnly);
+            assert_eq!(p.headers.reth.unwrap().dma_len, 40_000);
+            assert!(p.payload.is_empty());
+        } else {
+            assert_eq!(txs.len(), 40);
+            assert!(txs.iter().all(|t| t.train.is_none()));
+        }
+        // Either way the ACK of the last PSN completes the WR once.
+        n.inject(1, &ack(n.qpn, SQ_PSN + 39, Syndrome::ACK), &[]);
+        let wc = n.cqes();
+        assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
+        // Short messages never go as trains.
+        n.post_send(2, 2, SendOp::Send, 0, 8000);
+        assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
+    }
+}
+
+#[test]
+fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
+    // Responder side: a 40,000-byte read of shareable memory (the node's
+    // 64 KiB MR) is answered by one READ_RESPONSE_ONLY train.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.core.set_train_route(Arc::new(Route(true)));
+    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
+    h.reth = Some(RethRepr {
+        va: n.mem.addr() + 100,
+        rkey: n.rkey,
+        dma_len: 40_000,
+    });
+    n.inject(0, &h, &[]);
+    let mut txs = Vec::new();
+    while let Some(t) = n.core.poll_transmit() {
+        txs.push(t);
+    }
+    assert_eq!(txs.len(), 1);
+    let t = txs[0].train.as_ref().expect("a train");
+    assert_eq!((t.npkts, t.len()), (40, 40_000));
+    let p = Packet::parse(&txs[0].data).unwrap();
+    assert_eq!(
+        (p.headers.bth.opcode, p.headers.bth.psn.value()),
+        (Opcode::RcRdmaReadResponseOnly, RQ_PSN)
+    );
+    assert!(p.headers.aeth.is_some());
+    // A duplicate request for the rest (from the 11th packet) is answered
+    // from saved state by a train of the remaining 30 packets.
+    let mut d = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN + 10);
+    d.reth = Some(RethRepr {
+        va: n.mem.addr() + 100 + 10_240,
+        rkey: n.rkey,
+        dma_len: 40_000 - 10_240,
+    });
+    n.inject(1, &d, &[]);
+    let t = n.core.poll_transmit().unwrap();
+    assert_eq!(t.train.as_ref().map(|t| t.npkts), Some(30));
+    assert_eq!(Packet::parse(&t.data).unwrap().headers.bth.psn.value(), RQ_PSN + 10);
+
+    // Requester side: the train completes the read once, with its data.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
+    n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
+    assert_eq!(n.sent().len(), 1);
+    let src = train_source(40_000, 5);
+    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
+    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
+    n.inject_train(1, &r, 40, &src, 40_000);
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 40_000));
+    let mut want = vec![0u8; 40_000];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(200, 40_000), want);
+    // The same train again is stale: nothing more completes.
+    n.inject_train(2, &r, 40, &src, 40_000);
+    assert!(n.cqes().is_empty());
+
+    // A train that does not cover the rest of the read is a bad response.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
+    n.sent();
+    n.inject_train(1, &r, 39, &src, 39_000);
+    let wc = n.cqes();
+    assert_eq!(wc[0].status, WcStatus::BadRespErr);
+}
