@@ -37,13 +37,32 @@ pub mod traffic;
 mod virtual_netns;
 
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use softverbs::subsystem::{DeviceInfo, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem};
+use softverbs::subsystem::{DeviceInfo, Error, NamespaceId, NetnsMode, Op, RemovalReport, Result, Subsystem};
+use softverbs::verbs::ErrorKind;
 
 #[cfg(target_os = "linux")]
 pub use linux::LinuxNetns;
 pub use virtual_netns::VirtualNetns;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn err(kind: ErrorKind, detail: impl Into<String>) -> Error {
+    Error::new(Op::Driver, kind, detail)
+}
+
+/// The namespace a device bound to an interface in `ns` belongs to: that
+/// one in exclusive mode, the initial one in shared mode.
+fn device_namespace(sub: &Subsystem, ns: NamespaceId) -> NamespaceId {
+    if sub.mode() == NetnsMode::Shared {
+        NamespaceId::INIT
+    } else {
+        ns
+    }
+}
 
 /// The name by which drivers know the initial namespace.
 pub const INIT_NETNS: &str = "init";

@@ -2,26 +2,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use softverbs::soft::link::inproc::InprocFabric;
 use softverbs::soft::link::Link;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
-    soft_plugged, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode, Op, RemovalReport, Result,
-    Subsystem,
+    soft_plugged, DeviceFactory, DeviceInfo, HotplugDevice, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem,
 };
 use softverbs::verbs::{self, BackendKind, ErrorKind};
 
-use super::{NetnsDriver, INIT_NETNS};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn err(kind: ErrorKind, detail: impl Into<String>) -> Error {
-    Error::new(Op::Driver, kind, detail)
-}
+use super::{device_namespace, err, lock, NetnsDriver, INIT_NETNS};
 
 #[derive(Debug)]
 struct VLink {
@@ -210,11 +201,7 @@ impl NetnsDriver for VirtualNetns {
             }
             (l.addr, l.ns)
         };
-        let ns = if self.sub.mode() == NetnsMode::Shared {
-            NamespaceId::INIT
-        } else {
-            ns
-        };
+        let ns = device_namespace(&self.sub, ns);
         let factory = Arc::new(VirtualFactory {
             config: SoftDeviceConfig::new(name, addr),
             state: self.state.clone(),

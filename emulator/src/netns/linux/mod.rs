@@ -9,28 +9,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use softverbs::netns::{in_netns_file, named, NetnsId};
 use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::udp::UdpConfig;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
-    soft_plugged, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode, Op, RemovalReport, Result,
+    soft_plugged, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode, RemovalReport, Result,
     Subsystem,
 };
 use softverbs::verbs::{self, BackendKind, ErrorKind, Verb};
 
 use self::rtnl::{LinkInfo, Rtnl, IFNAME_MAX};
-use super::{NetnsDriver, INIT_NETNS};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn err(kind: ErrorKind, detail: impl Into<String>) -> Error {
-    Error::new(Op::Driver, kind, detail)
-}
+use super::{device_namespace, err, lock, NetnsDriver, INIT_NETNS};
 
 /// The kind of an I/O error (an errno where there is one).
 fn io_kind(e: &io::Error) -> ErrorKind {
@@ -738,11 +730,7 @@ impl NetnsDriver for LinuxNetns {
             }
             l.ns
         };
-        let ns = if self.sub.mode() == NetnsMode::Shared {
-            NamespaceId::INIT
-        } else {
-            ns
-        };
+        let ns = device_namespace(&self.sub, ns);
         let info = self.sub.add_device(self.factory(name, ifname), ns)?;
         if let Some(l) = lock(&self.state).links.get_mut(ifname) {
             l.device = Some(name.to_string());
