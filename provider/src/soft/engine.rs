@@ -251,6 +251,13 @@ impl DeviceShared {
         self.run_verb(false, f, |_| false, false)
     }
 
+    /// Like [`Self::with_core`], and sends every ACK held back for
+    /// coalescing: for verbs after which the application may stop calling
+    /// (destroying a QP), so that its peer's last sends still complete.
+    pub(crate) fn with_core_flushing<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
+        self.run_verb(false, f, |_| false, true)
+    }
+
     /// Polls a CQ (`f` returns how many completions it took): in inline
     /// mode this first reads the link, and when completions go to the
     /// application the ACKs produced meanwhile may be held back for

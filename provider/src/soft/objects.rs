@@ -833,7 +833,9 @@ impl QpOps for SoftQp {
         if self.destroyed.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.pd.ctx.dev.with_core(|c, _| c.destroy_qp(self.qpn))?;
+        // The ACKs this device holds back for coalescing (some may be the
+        // last this QP owes its peer) leave now.
+        self.pd.ctx.dev.with_core_flushing(|c, _| c.destroy_qp(self.qpn))?;
         self.destroyed.store(true, Ordering::Release);
         Ok(())
     }
