@@ -2,7 +2,10 @@
 # Cross-process figures of the udp and shm links (two softverbs processes on
 # this host, one per core), each beside the raw floor of ../shared/anchors
 # measured in the same run, as a ratio:
-#   latency:   `softverbs pingpong -s 8` median half round trip
+#   latency:   `softverbs pingpong -s 8` median half round trip (every
+#              send signaled and acknowledged, as ibv_rc_pingpong), and
+#              `softverbs perf send_lat -s 8` typical half round trip (a
+#              CQE every 100th send, as perftest's ib_send_lat)
 #              / udp_pingpong (poll) or shm_pingpong median one way;
 #   bandwidth: `softverbs perf write_bw|send_bw` average
 #              / memcpy (shm; same size) or the 4 KiB GSO UDP stream (udp).
@@ -60,6 +63,10 @@ for link in udp shm; do
     floor=$([ "$link" = udp ] && echo "$udp_ns" || echo "$shm_ns")
     printf '%-5s %-22s %9s us %s\n' "$link" "pingpong 8 B" "$med" \
         "$(awk -v m="$med" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
+    typ="$(pair perf send_lat --no-embedded --link "$link" -s 8 -n 50000 \
+        | awk 'NF >= 9 && $1 == 8 { print $5; exit }')"
+    printf '%-5s %-22s %9s us %s\n' "$link" "send_lat 8 B" "$typ" \
+        "$(awk -v m="$typ" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
     for t in write_bw send_bw; do
         for s in 65536 1048576; do
             line="$(pair perf "$t" --no-embedded --link "$link" -s "$s" -D "$secs" -f 1 \

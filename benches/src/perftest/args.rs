@@ -243,7 +243,8 @@ pub struct PerfArgs {
     /// Size of the rx queue (send tests) [default: 512]
     #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
     pub rx_depth: Option<u32>,
-    /// Generate a CQE only every N sends (bw tests) [default: 100]
+    /// Generate a CQE only every N sends (bw tests and send_lat, as
+    /// perftest) [default: 100]
     #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
     pub cq_mod: Option<u32>,
     /// Max size of message to be sent inline [default: 0 for bw; 220 for
@@ -546,10 +547,14 @@ impl Params {
                 )));
             }
         }
-        if !bw {
+        if bw {
+            cq_mod = cq_mod.min(tx_depth);
+        } else if verb != VerbKind::Send {
+            // perftest's write, read and atomic latency tests signal every
+            // WR; send_lat signals every cq_mod-th and the last, and waits
+            // for that completion before going on.
             cq_mod = 1;
         }
-        cq_mod = cq_mod.min(tx_depth);
         let inline_size = a.inline_size.unwrap_or(match (bw, verb) {
             (false, VerbKind::Write) => 220,
             (false, VerbKind::Send) if ud => 188,

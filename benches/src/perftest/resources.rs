@@ -261,6 +261,14 @@ impl Side {
             )
             .ctx("reg_mr")?;
         let recv_depth = if p.verb == VerbKind::Send { p.rx_depth } else { 1 };
+        // An unsignaled send keeps its slot until a later completion
+        // retires it, so send_lat's queue holds 2 * cq_mod of them (a
+        // hardware provider rounds perftest's tx depth of 1 up alike).
+        let send_depth = if p.verb == VerbKind::Send && p.cq_mod > 1 {
+            p.tx_depth.max(2 * p.cq_mod)
+        } else {
+            p.tx_depth
+        };
         let mut qp_list = Vec::with_capacity(n);
         for _ in 0..n {
             qp_list.push(
@@ -270,7 +278,7 @@ impl Side {
                     recv_cq: &rcq,
                     srq: None,
                     cap: QpCap {
-                        max_send_wr: p.tx_depth,
+                        max_send_wr: send_depth,
                         max_recv_wr: recv_depth,
                         max_send_sge: 1,
                         max_recv_sge: 1,

@@ -89,8 +89,8 @@ pub struct CoreConfig {
     pub gids: Vec<Gid>,
     /// Seed for key bytes and any other random choice.
     pub seed: u64,
-    /// Request an ACK at least every this many packets of a message
-    /// (besides the last one).
+    /// Request an ACK at least every this many packets, across messages
+    /// (see [`requester`]'s AckReq policy).
     pub ack_every: u32,
     /// Most unacknowledged request packets a QP keeps in flight.
     pub max_inflight_packets: u32,

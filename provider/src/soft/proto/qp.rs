@@ -202,6 +202,8 @@ pub(crate) struct ReqState {
     /// responder NAKs a gap once), and acting on it would put a second
     /// go-back-N burst on the link behind the first.
     pub(crate) last_nak: Option<(Psn, Psn)>,
+    /// Packets sent since the last one that asked for an ACK.
+    pub(crate) unasked_pkts: u32,
 }
 
 /// A saved read or atomic for duplicate replay (responder side).

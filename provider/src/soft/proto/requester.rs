@@ -51,6 +51,34 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
     0xc000 | (((a ^ b) ^ ((a ^ b) >> 14)) & 0x3fff) as u16
 }
 
+/// The AckReq policy of RC SEND and WRITE packets (reads and atomics always
+/// ask: their responses are the answer). The responder acknowledges only the
+/// packets that ask, and one ACK covers every packet before it (IBTA
+/// 9.7.5.1.2), so a packet asks only when somebody is waiting for the answer:
+/// - the last packet of a signaled WQE (its completion needs the ACK);
+/// - any packet once `ack_every` packets went without asking (the window
+///   and the responder's resources move on);
+/// - the last packet of a WQE that leaves the send queue half full or
+///   more, which frees slots for an application that signals rarely;
+/// - the last packet while the QP drains (SQD waits for every ACK).
+///
+/// Unsignaled messages behind which nothing asks are acknowledged by the
+/// next packet that does, or else after the local ACK timeout by the
+/// duplicate of the resent packet (duplicates are always answered), as with
+/// hardware that coalesces ACK requests. This takes the ACK off the critical
+/// path of a ping-pong that signals only every Nth send (perftest's
+/// `ib_send_lat`): one datagram per message instead of two.
+fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, ack_every: u32) -> bool {
+    qp.req.unasked_pkts = qp.req.unasked_pkts.saturating_add(pkts);
+    let ask = qp.req.unasked_pkts >= ack_every
+        || (last
+            && (qp.sq[idx].signaled || 2 * qp.sq.len() >= qp.cap.max_send_wr as usize || qp.state() == QpState::Sqd));
+    if ask {
+        qp.req.unasked_pkts = 0;
+    }
+    ask
+}
+
 impl Core {
     pub(crate) fn run_requester(&mut self, now: Nanos, qpn: u32) {
         if let Some(mut qp) = self.take_qp(qpn) {
@@ -263,8 +291,7 @@ impl Core {
                         src_qpn: Qpn::new(qp.qpn),
                     });
                 }
-                let pkt_index = offset / mtu;
-                h.bth.ack_req = transport == Transport::Rc && (last || (pkt_index + 1).is_multiple_of(ack_every));
+                h.bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, ack_every);
                 (n, last)
             }
         };
@@ -348,7 +375,8 @@ impl Core {
         bth.pkey = Pkey::DEFAULT;
         let mut h = PacketRepr::new(bth);
         message_headers(&mut h, w, Transport::Rc, Position::Only);
-        h.bth.ack_req = true;
+        let npkts = w.npkts;
+        h.bth.ack_req = asks_ack(qp, idx, npkts, true, self.cfg.ack_every);
         let Some(data) = self.new_packet(&h, 0) else {
             self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
             return;

@@ -767,4 +767,5 @@ fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
     n.core.dealloc_pd(PdId(0)).unwrap();
 }
 
+mod ack_req;
 mod trains;

@@ -1,0 +1,142 @@
+//! The requester's AckReq policy (`requester::asks_ack`) and the
+//! responder's side of it: only packets that ask are acknowledged, one ACK
+//! covers everything before it, and a duplicate is always answered.
+
+use super::*;
+
+impl Node {
+    fn post_unsignaled(&mut self, now: Nanos, wr_id: u64, off: u64, len: u32) {
+        let sgl = [self.sge(off, len)];
+        let wr = SendWr::new(wr_id, SendOp::Send, &sgl);
+        self.core.post_send(now, self.qpn, &[wr]).unwrap();
+    }
+}
+
+/// Runs the QP's timer (if any) and checks that nothing is resent: every
+/// request is acknowledged. (An armed timer may stay and fire early,
+/// finding nothing due.)
+fn assert_all_acknowledged(n: &mut Node) {
+    if let Some(t) = n.core.poll_timeout() {
+        n.core.handle_timeout(t + (4096u64 << 10));
+    }
+    assert!(n.sent().is_empty(), "nothing to retransmit");
+}
+
+/// What the requester sent: (PSN, AckReq) per packet.
+fn asks(pkts: &[(PacketRepr, Vec<u8>)]) -> Vec<(u32, bool)> {
+    pkts.iter().map(|(h, _)| (h.bth.psn.value(), h.bth.ack_req)).collect()
+}
+
+#[test]
+fn only_signaled_sends_ask_for_an_ack_and_one_ack_retires_the_unsignaled() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_unsignaled(0, 1, 0, 8);
+    n.post_unsignaled(0, 2, 0, 3000);
+    n.post_send(0, 3, SendOp::Send, 0, 8);
+    let pkts = n.sent();
+    assert_eq!(
+        asks(&pkts),
+        [
+            (SQ_PSN, false),
+            (SQ_PSN + 1, false),
+            (SQ_PSN + 2, false),
+            (SQ_PSN + 3, false),
+            (SQ_PSN + 4, true)
+        ]
+    );
+    // The ACK of the signaled send covers the unsignaled ones: one
+    // completion, and the send queue is empty again.
+    n.inject(1, &ack(n.qpn, SQ_PSN + 4, Syndrome::ACK), &[]);
+    let wc = n.cqes();
+    assert_eq!(
+        wc.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(3, WcStatus::Success)]
+    );
+    assert_all_acknowledged(&mut n);
+}
+
+#[test]
+fn a_long_run_of_unsignaled_packets_asks_every_ack_every_packets() {
+    let mut n = node(QpType::Rc, Mtu::Mtu256);
+    let every = n.core.cfg.ack_every;
+    // Messages of 16 packets: 3 * every packets in all.
+    for i in 0..3 * every / 16 {
+        n.post_unsignaled(0, u64::from(i), 0, 16 * 256 - 100);
+        let pkts = n.sent();
+        // Let the ACKs the requester asks for arrive (the send queue holds
+        // 32 WQEs; unacknowledged ones keep their slots).
+        if let Some((h, _)) = pkts.iter().rev().find(|(h, _)| h.bth.ack_req) {
+            n.inject(0, &ack(n.qpn, h.bth.psn.value(), Syndrome::ACK), &[]);
+        }
+        for (h, _) in &pkts {
+            let k = h.bth.psn.value() - SQ_PSN + 1;
+            // (The last packet of a WQE that leaves the send queue half full
+            // would ask too; with an ACK per ask, at most 4 are outstanding.)
+            assert_eq!(h.bth.ack_req, k.is_multiple_of(every), "packet {k}");
+        }
+    }
+    assert!(n.cqes().is_empty(), "unsignaled sends complete silently");
+}
+
+#[test]
+fn a_send_queue_half_full_of_unsignaled_sends_asks() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    // max_send_wr 32: the 16th outstanding WQE asks.
+    let mut asked = Vec::new();
+    for i in 0..20 {
+        n.post_unsignaled(0, i, 0, 8);
+        asked.extend(n.sent().iter().map(|(h, _)| h.bth.ack_req));
+    }
+    let first = asked.iter().position(|&a| a).expect("an ask");
+    assert_eq!(first, 15);
+    // An ACK for it frees the slots.
+    n.inject(0, &ack(n.qpn, SQ_PSN + 15, Syndrome::ACK), &[]);
+    for i in 20..30 {
+        n.post_unsignaled(0, i, 0, 8);
+    }
+    assert!(
+        n.sent().iter().all(|(h, _)| !h.bth.ack_req),
+        "4 + 10 outstanding: no ask"
+    );
+}
+
+#[test]
+fn a_trailing_unsignaled_send_is_acknowledged_by_its_resent_duplicate() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_unsignaled(0, 1, 0, 8);
+    let pkts = n.sent();
+    assert_eq!(asks(&pkts), [(SQ_PSN, false)]);
+    // Nothing asks: the peer keeps quiet, the ACK timer resends.
+    let now = n.core.poll_timeout().expect("the retransmission timer is armed");
+    n.core.handle_timeout(now);
+    assert_eq!(n.sent().len(), 1, "resent after the ACK timeout");
+    n.inject(now, &ack(n.qpn, SQ_PSN, Syndrome::ACK), &[]);
+    assert!(n.cqes().is_empty());
+    assert_all_acknowledged(&mut n);
+}
+
+#[test]
+fn the_responder_acknowledges_only_what_asks_and_every_duplicate() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    for i in 0..3 {
+        n.post_recv(i, 0, 64);
+    }
+    let mut h = req(Opcode::RcSendOnly, n.qpn, RQ_PSN);
+    h.bth.ack_req = false;
+    n.inject(0, &h, b"one");
+    assert!(n.sent().is_empty(), "no ACK unasked");
+    let mut h2 = req(Opcode::RcSendOnly, n.qpn, RQ_PSN + 1);
+    h2.bth.ack_req = true;
+    n.inject(0, &h2, b"two");
+    let acks = n.sent();
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].0.bth.psn.value(), RQ_PSN + 1, "one ACK covers both");
+    // A duplicate that did not ask is answered all the same: it is how a
+    // requester that heard nothing learns where the responder is.
+    n.inject(0, &h, b"one");
+    let acks = n.sent();
+    assert_eq!(acks.len(), 1);
+    assert_eq!(aeth_of(&acks[0].0), Syndrome::ACK);
+    assert_eq!(acks[0].0.bth.psn.value(), RQ_PSN + 1);
+    assert_eq!(n.cqes().len(), 2, "each message delivered once");
+}
