@@ -82,6 +82,62 @@ fn rdma_write_to_a_passive_target_with_a_progress_thread() {
     assert!(get("udp_tx_syscalls") < get("udp_tx_datagrams"), "batched: {stats:?}");
 }
 
+/// GRO follows the traffic: off while idle (polls probe with `recvfrom`),
+/// on once a stream arrives in batches, off again after a quiet spell; data
+/// is intact in every phase, whether a GSO run arrives split or whole.
+#[test]
+fn gro_switches_with_the_traffic_and_every_byte_arrives() {
+    let (da, db) = (device(LO4, EngineMode::Inline), device(LO4, EngineMode::Inline));
+    let len = 1 << 20;
+    let (a, b) = (side(&da, len, 3), side(&db, len, 33));
+    connect(&a, &b, Mtu::Mtu4096);
+    let stat = |d: &std::sync::Arc<softverbs::soft::SoftDevice>, n: &str| {
+        let s = d.shared().link_stats();
+        s.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap()
+    };
+    let write = |round: u64| {
+        let data: Vec<u8> = (0..len).map(|i| (i as u64 * 13 + round) as u8).collect();
+        a.mr.write(0, &data).unwrap();
+        let sge = [a.mr.sge(0, len as u32).unwrap()];
+        a.qp.post_send(
+            &[SendWr::new(round, SendOp::Write { remote: b.mr.remote(0) }, &sge).flags(SendFlags::SIGNALED)],
+        )
+        .unwrap();
+        // Polling B's CQ drives B (inline).
+        let wc = wait_one(&a.scq, &[&b.rcq]);
+        assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
+        assert!(
+            b.mr.to_vec(0, len).unwrap() == data,
+            "round {round}: written data differs"
+        );
+    };
+    write(0);
+    assert!(stat(&db, "udp_rx_gro_switches") >= 1, "a stream turns GRO on");
+    write(1);
+    // A quiet spell of polls turns it off again (an even count: off).
+    let mut wc = [WorkCompletion::default(); 1];
+    for _ in 0..20_000 {
+        let _ = b.rcq.poll(&mut wc[..0]);
+        if stat(&db, "udp_rx_gro_switches") % 2 == 0 {
+            break;
+        }
+    }
+    assert_eq!(stat(&db, "udp_rx_gro_switches") % 2, 0, "quiet: GRO off");
+    // Small messages now arrive through the probe, and a stream again.
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(9, &sge)]).unwrap();
+    let sge = [a.mr.sge(0, 8).unwrap()];
+    a.qp.post_send(&[SendWr::new(8, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 8));
+    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    write(2);
+    assert_eq!(stat(&db, "udp_rx_bad_icrc"), 0);
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+}
+
 #[test]
 fn rdma_read_ipv6() {
     let (da, db) = (

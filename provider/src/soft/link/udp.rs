@@ -65,13 +65,15 @@
 //!
 //! # Batching and offloads
 //!
-//! Receive uses `recvmmsg` (a first call for a few buffers, then up to
-//! [`RX_BATCH`] per call while they come full; a bounded budget per engine
-//! turn) with UDP GRO where the kernel has it: a run of
-//! equal-size datagrams of one flow (a GSO message from a peer on this
-//! host) arrives as one buffer and is split here, so the kernel handles
-//! one buffer instead of up to 64 datagrams. Send groups the engine's
-//! output into
+//! An idle link polls with `recvfrom` (the cheapest receive call); once
+//! data flows it uses `recvmmsg` (a first call for a few buffers, then up
+//! to [`RX_BATCH`] per call while they come full; a bounded budget per
+//! engine turn), and while a stream flows UDP GRO is on where the kernel
+//! has it: a run of equal-size datagrams of one flow (a GSO message from a
+//! peer on this host) arrives as one buffer and is split here, so the
+//! kernel handles one buffer instead of up to 64 datagrams (see `rx` for
+//! when GRO switches). A verb that sends one datagram uses `sendto`; the
+//! engine's larger output is grouped into
 //! `sendmmsg` calls; runs of equal-length datagrams to one destination (the
 //! middle packets of a multi-packet message) go as one UDP GSO message
 //! (`UDP_SEGMENT`) when the kernel supports it, with no copy: the segments
@@ -102,6 +104,7 @@
 //! ```
 
 pub mod addr;
+mod rx;
 mod sys;
 
 use std::collections::VecDeque;
@@ -114,7 +117,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::Link;
 use crate::soft::engine::DeviceShared;
 use crate::soft::proto::{Counters, Datagram, Transmit};
-use crate::soft::wire::{check_icrc, fill_icrc, IpPseudoHeader, UdpPorts, MIN_PACKET_LEN, ROCEV2_UDP_PORT};
+use crate::soft::wire::{fill_icrc, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
 
 pub use sys::RX_BATCH;
@@ -203,6 +206,7 @@ pub struct UdpStats {
     pub tx_errors: u64,
     pub tx_backlogged: u64,
     pub tx_backlog_drops: u64,
+    pub rx_gro_switches: u64,
 }
 
 impl UdpStats {
@@ -223,6 +227,7 @@ impl UdpStats {
             ("udp_tx_errors", self.tx_errors),
             ("udp_tx_backlogged", self.tx_backlogged),
             ("udp_tx_backlog_drops", self.tx_backlog_drops),
+            ("udp_rx_gro_switches", self.rx_gro_switches),
         ]
         .into_iter()
     }
@@ -244,6 +249,7 @@ struct AtomicStats {
     tx_errors: AtomicU64,
     tx_backlogged: AtomicU64,
     tx_backlog_drops: AtomicU64,
+    rx_gro_switches: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -352,8 +358,9 @@ impl UdpLink {
         }
         let gso_ok = cfg.gso != GsoMode::Off && socks.iter().all(|s| sys::gso_supported(s.sock.as_raw_fd()));
         // GRO: a run of equal-size datagrams (a GSO message from a peer on
-        // this host, or what the NIC coalesced) arrives in one buffer.
-        let gro = socks.iter().all(|s| sys::enable_gro(s.sock.as_raw_fd()));
+        // this host, or what the NIC coalesced) arrives in one buffer. It
+        // starts off and follows the traffic (`rx::GroPolicy`).
+        let gro = socks.iter().all(|s| sys::set_gro(s.sock.as_raw_fd(), false));
         Ok(Arc::new(UdpLink {
             socks,
             rx: Mutex::new(sys::RxBufs::new(gro)),
@@ -446,6 +453,7 @@ impl UdpLink {
             tx_errors: g(&s.tx_errors),
             tx_backlogged: g(&s.tx_backlogged),
             tx_backlog_drops: g(&s.tx_backlog_drops),
+            rx_gro_switches: g(&s.rx_gro_switches),
         }
     }
 
@@ -658,117 +666,6 @@ impl UdpLink {
                 return;
             }
         }
-    }
-
-    fn receive(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
-        if self.detached.load(Ordering::Relaxed) {
-            return 0;
-        }
-        let mut rx = lock(&self.rx);
-        let mut total = 0;
-        for s in &self.socks {
-            let fd = s.sock.as_raw_fd();
-            // A small first call (see `sys::RX_FIRST`), larger ones after
-            // a full one.
-            let mut ask = sys::RX_FIRST;
-            while total < budget {
-                bump(&self.stats.rx_syscalls, 1);
-                let ask_now = ask.min(budget - total);
-                ask = sys::RX_BATCH;
-                let n = match sys::recv_batch(fd, &mut rx, ask_now) {
-                    Ok(n) => n,
-                    Err(_) => {
-                        bump(&self.stats.rx_errors, 1);
-                        0
-                    }
-                };
-                if n == 0 {
-                    break;
-                }
-                total += n;
-                bump(&self.stats.rx_datagrams, n as u64);
-                for i in 0..n {
-                    self.deliver_one(s, &rx, i, f);
-                }
-                if n < ask_now {
-                    break;
-                }
-            }
-        }
-        total
-    }
-
-    /// Checks and hands over the datagram(s) of receive buffer `i`: one,
-    /// or with GRO a run of `segment`-byte datagrams (the last may be
-    /// shorter).
-    fn deliver_one(&self, s: &Sock, rx: &sys::RxBufs, i: usize, f: &mut dyn FnMut(Datagram<'_>)) {
-        let (data, from) = rx.get(i);
-        let Some(from) = from else {
-            bump(&self.stats.rx_errors, 1);
-            return;
-        };
-        if rx.truncated[i] {
-            bump(&self.stats.rx_oversized, 1);
-            return;
-        }
-        let seg = match rx.segment[i] {
-            0 => data.len().max(1),
-            n => n,
-        };
-        if rx.segment[i] != 0 {
-            // The kernel counted one datagram; count them all.
-            bump(
-                &self.stats.rx_datagrams,
-                data.len().div_ceil(seg).saturating_sub(1) as u64,
-            );
-        }
-        for d in data.chunks(seg) {
-            self.deliver_datagram(s, from, d, f);
-        }
-        if data.is_empty() {
-            self.deliver_datagram(s, from, data, f);
-        }
-    }
-
-    fn deliver_datagram(&self, s: &Sock, from: SocketAddr, data: &[u8], f: &mut dyn FnMut(Datagram<'_>)) {
-        if data.len() > sys::MAX_DATAGRAM {
-            bump(&self.stats.rx_oversized, 1);
-            return;
-        }
-        if data.len() < MIN_PACKET_LEN {
-            bump(&self.stats.rx_truncated, 1);
-            return;
-        }
-        let ip = match (from.ip(), s.local.ip()) {
-            (IpAddr::V4(a), IpAddr::V4(b)) => IpPseudoHeader::V4 {
-                src: a,
-                dst: b,
-                id: 0,
-                dont_fragment: true,
-            },
-            (IpAddr::V6(a), IpAddr::V6(b)) => IpPseudoHeader::V6 { src: a, dst: b },
-            _ => {
-                bump(&self.stats.rx_errors, 1);
-                return;
-            }
-        };
-        let ports = UdpPorts {
-            src: from.port(),
-            dst: s.local.port(),
-        };
-        if !check_icrc(&ip, ports, data) {
-            bump(&self.stats.rx_bad_icrc, 1);
-            return;
-        }
-        let src = addr::source_gid(from, s.local_v6).to_ip();
-        f(Datagram {
-            src,
-            dst: s.view,
-            src_port: from.port(),
-            dst_port: s.local.port(),
-            data,
-            train: None,
-        });
     }
 }
 
