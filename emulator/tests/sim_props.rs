@@ -334,6 +334,22 @@ proptest! {
 }
 
 proptest! {
+    #![proptest_config(config(64))]
+
+    /// Messages of up to 1 MiB under every fault: a lost read response must
+    /// not make the requester resend the large writes after it, and
+    /// go-back-N must not flood the link with copies of a long message
+    /// (sim_regressions, go_back_n_does_not_flood_the_link_with_copies).
+    #[test]
+    fn faulty_programs_with_large_messages_match_the_model(sc in scenario_strategy(Shape {
+        max_ops: 8, both_sides: true, sizes: Sizes::Large, faults: true, permanent_cut: false,
+    })) {
+        let r = check(&sc)?;
+        prop_assert_eq!(r.failed, [None, None]);
+    }
+}
+
+proptest! {
     #![proptest_config(config(96))]
 
     /// A partition that never heals: each side's completions are successes,

@@ -481,3 +481,380 @@ fn large_writes_after_a_lossy_read_are_not_resent() {
         panic!("{}", r.err().unwrap_or(v));
     }
 }
+
+// ---- go-back-N and the window -------------------------------------------
+
+/// One op of a recorded scenario: (side, kind, SGE lengths, signaled,
+/// fence, from_read), (recv_sges, recv_slack), (counter, operand, cas_hit),
+/// gap_ns.
+type RecordedOp = (
+    (Side, OpKind, &'static [u32], bool, bool, bool),
+    (u8, u16),
+    (u8, u64, bool),
+    u64,
+);
+
+fn recorded(ops: &[RecordedOp]) -> Vec<Op> {
+    ops.iter()
+        .map(
+            |&(
+                (side, kind, sges, signaled, fence, from_read),
+                (recv_sges, recv_slack),
+                (counter, operand, cas_hit),
+                gap_ns,
+            )| Op {
+                side,
+                kind,
+                sges: sges.to_vec(),
+                signaled,
+                fence,
+                from_read,
+                recv_sges,
+                recv_slack,
+                counter,
+                operand,
+                cas_hit,
+                gap_ns,
+            },
+        )
+        .collect()
+}
+
+/// requester window: congestion collapse of go-back-N. Found by
+/// `faulty_programs_with_large_messages_match_the_model` (1 MiB messages
+/// under faults, dropped from sim_props for it): B sends 811 KB (3,170
+/// packets at MTU 256) and then a fetch-and-add over a path that reorders
+/// 7 % of packets; the fetch-and-add ended in RETRY_EXC_ERR at 191 ms. The
+/// window counted PSNs, once per WQE (`next_psn` moves a message at a
+/// time), so a rewind into the long SEND resent all of its rest at once,
+/// and each NAK (one per reordered packet) put another such burst on the
+/// link behind the copies still queued there: the queue and the round trip
+/// grew until the atomic behind them ran out of retries. The window now
+/// counts packets by transmission: per packet, and after a rewind the copies
+/// sent before it count until an ACK for the resend proves them gone (or a
+/// timeout declares them lost), so the link holds at most a window of this
+/// QP's packets (proto tests `go_back`).
+#[test]
+fn go_back_n_does_not_flood_the_link_with_copies() {
+    let ops = recorded(&[
+        (
+            (Side::A, OpKind::SendImm, &[16], false, true, true),
+            (2, 39),
+            (1, 50, true),
+            584647,
+        ),
+        (
+            (Side::A, OpKind::Send, &[3, 54], true, false, false),
+            (1, 0),
+            (2, 299, false),
+            155005,
+        ),
+        (
+            (Side::B, OpKind::Send, &[811465], true, false, false),
+            (1, 0),
+            (3, 767, true),
+            272363,
+        ),
+        (
+            (Side::B, OpKind::FetchAdd, &[3531, 25, 8], true, false, false),
+            (1, 0),
+            (2, 366, true),
+            0,
+        ),
+        (
+            (Side::B, OpKind::WriteImm, &[178, 34, 1], true, false, false),
+            (2, 0),
+            (3, 526, true),
+            0,
+        ),
+        (
+            (Side::A, OpKind::WriteImm, &[46, 6], false, false, true),
+            (1, 0),
+            (0, 978, false),
+            38920,
+        ),
+    ]);
+    let sc = Scenario {
+        seed: 1565076209736856748,
+        program: Program {
+            ops,
+            prepost: 4294967295,
+            recv_interval_ns: 641189,
+            extra_recvs: 0,
+        },
+        qp: QpOptions {
+            qp_type: QpType::Rc,
+            path_mtu: Mtu::Mtu256,
+            timeout: 10,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 9,
+            max_rd_atomic: 15,
+            max_dest_rd_atomic: 16,
+            sq_depth: 1024,
+            rq_depth: 1024,
+            max_sge: 8,
+            cq_depth: 8192,
+            psn_a: 16777184,
+            psn_b: 15523123,
+        },
+        link_ab: LinkConfig {
+            latency_ns: 10092,
+            bandwidth_bps: 10000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.011600376276790234,
+                duplicate: 0.0158847488951663,
+                reorder: 0.008016988838463737,
+                reorder_ns: 69333,
+                corrupt: 0.0,
+                spike: 0.006224630450392861,
+                spike_ns: 2182472,
+            },
+        },
+        link_ba: LinkConfig {
+            latency_ns: 14425,
+            bandwidth_bps: 10000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.0,
+                duplicate: 0.0063197621936262206,
+                reorder: 0.07191397936252829,
+                reorder_ns: 18888,
+                corrupt: 0.0,
+                spike: 0.009959794049432695,
+                spike_ns: 5217589,
+            },
+        },
+        cuts: vec![
+            Cut {
+                start: 1344362,
+                duration: Some(4878226),
+            },
+            Cut {
+                start: 1280943,
+                duration: Some(2229919),
+            },
+        ],
+        max_steps: 3000000,
+    };
+    match sc.run() {
+        Ok(r) => assert_eq!(r.failed, [None, None]),
+        Err(v) => {
+            let (r, _) = sc.run_traced(Some(120));
+            panic!("{}", r.err().unwrap_or(v));
+        }
+    }
+}
+
+/// requester window (found while counting it by packet, never released):
+/// a 690 KB read (2,695 packets at MTU 256), resumed after lost responses
+/// with 1,027 of them placed, counted its answered PSNs as in flight because
+/// `acked_psn` moved only at the read's end: the window stayed shut, nothing
+/// was sent, no timer ran, and the read never completed. Answered PSNs are
+/// acknowledged now (`handle_read_response`).
+#[test]
+fn a_resumed_read_longer_than_the_window_is_not_held_back() {
+    let ops = recorded(&[
+        (
+            (Side::A, OpKind::SendImm, &[54, 11], true, false, true),
+            (1, 0),
+            (0, 350, true),
+            0,
+        ),
+        (
+            (Side::B, OpKind::Read, &[689813], false, false, false),
+            (2, 0),
+            (1, 917, true),
+            2896,
+        ),
+        (
+            (Side::B, OpKind::Send, &[143], false, true, true),
+            (3, 0),
+            (3, 7930906436255743810, false),
+            0,
+        ),
+    ]);
+    let sc = Scenario {
+        seed: 8779126112478591518,
+        program: Program {
+            ops,
+            prepost: 4294967295,
+            recv_interval_ns: 876509,
+            extra_recvs: 0,
+        },
+        qp: QpOptions {
+            qp_type: QpType::Rc,
+            path_mtu: Mtu::Mtu256,
+            timeout: 12,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 4,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+            sq_depth: 1024,
+            rq_depth: 1024,
+            max_sge: 8,
+            cq_depth: 8192,
+            psn_a: 16777181,
+            psn_b: 16777194,
+        },
+        link_ab: LinkConfig {
+            latency_ns: 9003,
+            bandwidth_bps: 100000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.0,
+                duplicate: 0.022393233414486284,
+                reorder: 0.05395252479091229,
+                reorder_ns: 38408,
+                corrupt: 0.013531437099378596,
+                spike: 0.0,
+                spike_ns: 15534908,
+            },
+        },
+        link_ba: LinkConfig {
+            latency_ns: 12250,
+            bandwidth_bps: 10000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.0025822053405219337,
+                duplicate: 0.0,
+                reorder: 0.005207408995924991,
+                reorder_ns: 43384,
+                corrupt: 0.010281499554552816,
+                spike: 0.003274025424314973,
+                spike_ns: 14953129,
+            },
+        },
+        cuts: vec![Cut {
+            start: 1813955,
+            duration: Some(5980474),
+        }],
+        max_steps: 3000000,
+    };
+    match sc.run() {
+        Ok(r) => assert_eq!(r.failed, [None, None]),
+        Err(v) => {
+            let (r, _) = sc.run_traced(Some(30));
+            panic!("{}", r.err().unwrap_or(v));
+        }
+    }
+}
+
+/// requester window (found while counting it by packet, never released):
+/// the ACK of a 972 KB send (a train) arrived, the compare-and-swap before
+/// it lacked its response, so `acked_psn` stopped before the atomic; the
+/// atomic's response retired both, but `acked_psn` stayed there and the
+/// window counted the retired send as in flight: the fetch-and-adds after
+/// it never went. The window starts at the first WQE not yet retired if
+/// that is further (`requester::window_start`).
+#[test]
+fn a_send_retired_behind_an_atomic_leaves_the_window() {
+    let ops = recorded(&[
+        (
+            (Side::B, OpKind::CompSwap, &[1548, 6931, 22714], false, false, true),
+            (2, 0),
+            (2, 414, false),
+            0,
+        ),
+        (
+            (Side::B, OpKind::Send, &[972355, 28, 1479], false, false, true),
+            (3, 0),
+            (1, 373, true),
+            0,
+        ),
+        (
+            (Side::B, OpKind::FetchAdd, &[45, 2222, 61], true, false, false),
+            (2, 0),
+            (2, 80, false),
+            48361,
+        ),
+        (
+            (Side::B, OpKind::FetchAdd, &[1487, 1352, 15], false, false, true),
+            (1, 32),
+            (3, 964, true),
+            0,
+        ),
+        (
+            (Side::A, OpKind::Read, &[16, 14], false, false, false),
+            (3, 0),
+            (3, 1844786894288887885, true),
+            45588,
+        ),
+        (
+            (Side::A, OpKind::Write, &[15, 34, 5], false, false, true),
+            (2, 0),
+            (1, 379, false),
+            8478,
+        ),
+        (
+            (Side::A, OpKind::FetchAdd, &[2129, 0, 33], false, false, false),
+            (2, 5),
+            (0, 681, false),
+            0,
+        ),
+    ]);
+    let sc = Scenario {
+        seed: 12948312039859624951,
+        program: Program {
+            ops,
+            prepost: 7,
+            recv_interval_ns: 778879,
+            extra_recvs: 1,
+        },
+        qp: QpOptions {
+            qp_type: QpType::Rc,
+            path_mtu: Mtu::Mtu256,
+            timeout: 11,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 5,
+            max_rd_atomic: 11,
+            max_dest_rd_atomic: 16,
+            sq_depth: 1024,
+            rq_depth: 1024,
+            max_sge: 8,
+            cq_depth: 8192,
+            psn_a: 16777184,
+            psn_b: 16777186,
+        },
+        link_ab: LinkConfig {
+            latency_ns: 4201,
+            bandwidth_bps: 10000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.0,
+                duplicate: 0.007812428096833682,
+                reorder: 0.0,
+                reorder_ns: 29508,
+                corrupt: 0.02378185637978272,
+                spike: 0.009321270981069517,
+                spike_ns: 15113712,
+            },
+        },
+        link_ba: LinkConfig {
+            latency_ns: 14017,
+            bandwidth_bps: 100000000000,
+            mtu: 4160,
+            faults: FaultModel {
+                loss: 0.03331895537051182,
+                duplicate: 0.010406790787850817,
+                reorder: 0.0,
+                reorder_ns: 66311,
+                corrupt: 0.0,
+                spike: 0.0,
+                spike_ns: 12592170,
+            },
+        },
+        cuts: vec![],
+        max_steps: 3000000,
+    };
+    match sc.run() {
+        Ok(r) => assert_eq!(r.failed, [None, None]),
+        Err(v) => {
+            let (r, _) = sc.run_traced(Some(30));
+            panic!("{}", r.err().unwrap_or(v));
+        }
+    }
+}

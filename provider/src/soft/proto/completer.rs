@@ -6,8 +6,8 @@
 use crate::soft::wire::{rnr_timer_ns, NakCode, OpKind, ParsedPacket, Position, Psn, Syndrome};
 use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcStatus, WorkCompletion};
 
-use super::qp::{Qp, WqeOp, WqeState};
-use super::requester::vendor;
+use super::qp::{GoBack, Qp, WqeOp, WqeState};
+use super::requester::{next_packet_psn, vendor, window_start};
 use super::train::TrainIn;
 use super::{Core, Nanos};
 
@@ -114,6 +114,9 @@ impl Core {
                 qp.req.retry_left -= 1;
                 let from = qp.req.acked_psn.next();
                 self.rewind(qp, from);
+                // A timeout declares every copy on the link lost: the
+                // resend has the whole window.
+                qp.req.go_back = None;
                 self.requester(qp, now);
             }
         }
@@ -146,6 +149,8 @@ impl Core {
             }
         }
         let Some((idx, pkt)) = target else { return };
+        // The copies sent so far stay on the link for a while (GoBack).
+        let sent_end = next_packet_psn(qp);
         // Go-back-N only goes back: a target at or after the packet the
         // requester sends next (a late NAK or RNR NAK after an earlier
         // rewind) would skip the WQEs in between, which then never complete
@@ -172,6 +177,15 @@ impl Core {
             _ => (pkt * mtu).min(w.length),
         };
         qp.req.next_psn = w.first_psn.wrapping_add(pkt);
+        let end = match qp.req.go_back {
+            // Copies of an earlier go-back-N not yet known gone.
+            Some(g) if !g.from.is_before(window_start(qp)) && g.end.is_after(sent_end) => g.end,
+            _ => sent_end,
+        };
+        qp.req.go_back = Some(GoBack {
+            from: next_packet_psn(qp),
+            end,
+        });
     }
 
     /// Marks send/write WQEs up to `psn` acknowledged. A read or atomic
@@ -334,6 +348,11 @@ impl Core {
             _ => {}
         }
         self.complete_done_prefix(qp);
+        if qp.req.go_back.is_some_and(|g| g.from.is_before(window_start(qp))) {
+            // The responder has the resent packet: the copies sent before
+            // it have left the link.
+            qp.req.go_back = None;
+        }
         // Transmits what the ACK opened up and re-arms the retransmission
         // timer (in ERR it only clears it).
         self.requester(qp, now);
@@ -411,13 +430,17 @@ impl Core {
         // fabric (sim_regressions, seed 23).
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.retrans_at = None;
+        // The PSNs answered are acknowledged (everything before the read
+        // is, see above): they leave the window, so a read longer than it
+        // does not hold the window shut once resumed, and a resumed read's
+        // first response proves a go-back-N's copies gone.
+        let answered = w.first_psn.wrapping_add(w.resp_pkts - 1);
+        if answered.is_after(qp.req.acked_psn) {
+            qp.req.acked_psn = answered;
+        }
         if ends {
             w.state = WqeState::Done;
             qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
-            let last = w.first_psn.wrapping_add(w.npkts - 1);
-            if last.is_after(qp.req.acked_psn) {
-                qp.req.acked_psn = last;
-            }
         }
     }
 

@@ -204,6 +204,31 @@ pub(crate) struct ReqState {
     pub(crate) last_nak: Option<(Psn, Psn)>,
     /// Packets sent since the last one that asked for an ACK.
     pub(crate) unasked_pkts: u32,
+    /// A go-back-N resend under way whose earlier copies may still be on
+    /// the link ([`GoBack`]).
+    pub(crate) go_back: Option<GoBack>,
+}
+
+/// Go-back-N in flight (DESIGN §3.7): the requester went back to `from`,
+/// and the copies of `from..end` it sent before may still be on the link
+/// (the responder drops them after its one NAK). The window
+/// (`max_inflight_packets`, `requester::window_room`) counts packets by
+/// transmission: those copies as well as the resends, so a rewind resends
+/// only what the acknowledgements freed instead of putting another
+/// window's worth of packets behind the copies. Counting PSNs from the
+/// oldest unacknowledged one let every NAK add up to a window to the link
+/// queue, until an atomic queued behind ran out of retries (congestion
+/// collapse; sim_regressions, go_back_n_does_not_flood_the_link_with_copies).
+/// The packet at `from`, which the responder waits for, always goes. The
+/// copies count until `from` is acknowledged (the ACK left the responder
+/// after the resent packet arrived, so the copies sent before it are gone
+/// from the link) or a retransmission timeout declares them lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GoBack {
+    /// The first PSN resent.
+    pub(crate) from: Psn,
+    /// The PSN after the furthest packet sent before going back.
+    pub(crate) end: Psn,
 }
 
 /// A saved read or atomic for duplicate replay (responder side).
@@ -525,6 +550,7 @@ impl Core {
         if mask.contains(QpAttrMask::SQ_PSN) {
             qp.req.next_psn = Psn::new(attr.sq_psn);
             qp.req.acked_psn = Psn::new(attr.sq_psn).wrapping_sub(1);
+            qp.req.go_back = None;
         }
         if mask.contains(QpAttrMask::RETRY_CNT) {
             qp.req.retry_left = attr.retry_cnt;

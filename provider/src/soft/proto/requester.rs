@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use crate::soft::wire::{
     AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, IpPseudoHeader, OpKind, Opcode, PacketRepr, Pkey, Position,
-    Qpn, RethRepr, Transport, UdpPorts,
+    Psn, Qpn, RethRepr, Transport, UdpPorts,
 };
 use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
 
@@ -60,7 +60,10 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 ///   and the responder's resources move on);
 /// - the last packet of a WQE that leaves the send queue half full or
 ///   more, which frees slots for an application that signals rarely;
-/// - the last packet while the QP drains (SQD waits for every ACK).
+/// - the last packet while the QP drains (SQD waits for every ACK);
+/// - the packet that fills the window (`closes`): nothing more goes until
+///   an ACK frees room, and after a go-back-N the room may be smaller than
+///   `ack_every` (see [`super::qp::GoBack`]).
 ///
 /// Unsignaled messages behind which nothing asks are acknowledged by the
 /// next packet that does, or else after the local ACK timeout by the
@@ -68,9 +71,10 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 /// hardware that coalesces ACK requests. This takes the ACK off the critical
 /// path of a ping-pong that signals only every Nth send (perftest's
 /// `ib_send_lat`): one datagram per message instead of two.
-fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, ack_every: u32) -> bool {
+fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, closes: bool, ack_every: u32) -> bool {
     qp.req.unasked_pkts = qp.req.unasked_pkts.saturating_add(pkts);
-    let ask = qp.req.unasked_pkts >= ack_every
+    let ask = closes
+        || qp.req.unasked_pkts >= ack_every
         || (last
             && (qp.sq[idx].signaled || 2 * qp.sq.len() >= qp.cap.max_send_wr as usize || qp.state() == QpState::Sqd));
     if ask {
@@ -133,7 +137,12 @@ impl Core {
                     break;
                 }
             }
-            if qp.qp_type == QpType::Rc && self.inflight_packets(qp) >= self.cfg.max_inflight_packets {
+            let room = if qp.qp_type == QpType::Rc {
+                self.window_room(qp)
+            } else {
+                u32::MAX
+            };
+            if room == 0 {
                 break;
             }
             if qp.sq[idx].npkts == 0 {
@@ -152,7 +161,7 @@ impl Core {
                     _ => packets_for(w.length, mtu),
                 };
             }
-            let done = self.send_one_packet(qp, idx);
+            let done = self.send_one_packet(qp, idx, room);
             if done {
                 let w = &mut qp.sq[idx];
                 w.state = WqeState::Sent;
@@ -175,14 +184,28 @@ impl Core {
         }
     }
 
-    /// Unacknowledged request packets in flight.
-    fn inflight_packets(&self, qp: &Qp) -> u32 {
-        match qp.sq.front() {
-            Some(w) if w.state != WqeState::Pending => {
-                qp.req.next_psn.wrapping_sub(w.first_psn.value()).value().min(1 << 23)
+    /// How many more packets (PSNs) the window lets an RC requester send:
+    /// `max_inflight_packets` less the packets in flight, counted by
+    /// transmission: from the oldest unacknowledged PSN to the next
+    /// packet's, and during a go-back-N ([`super::qp::GoBack`]) the copies
+    /// sent before it too. The resend of the packet the requester went back
+    /// to always goes: the responder waits for it, and its ACK proves the
+    /// copies before it gone.
+    fn window_room(&self, qp: &Qp) -> u32 {
+        let next = next_packet_psn(qp);
+        let oldest = window_start(qp);
+        let inflight = match qp.req.go_back {
+            None => oldest.distance(next),
+            Some(g) if g.from == next => {
+                let copies = oldest.distance(g.end).max(0) as u32;
+                return self.cfg.max_inflight_packets.saturating_sub(copies).max(1);
             }
-            _ => 0,
-        }
+            // The copies (oldest to end) and the resends (from to next).
+            Some(g) => oldest.distance(g.end).max(0) + g.from.distance(next).max(0),
+        };
+        // (An ACK may pass the next packet after a rewind: the copies it
+        // resends arrived after all; nothing is in flight then.)
+        self.cfg.max_inflight_packets.saturating_sub(inflight.max(0) as u32)
     }
 
     /// Checks every local SGE of WQE `idx` (keys, PD, bounds, and local
@@ -218,12 +241,12 @@ impl Core {
         self.complete_done_prefix(qp);
     }
 
-    /// Builds and queues the next packet of WQE `idx`; returns whether it
-    /// was the WQE's last.
-    fn send_one_packet(&mut self, qp: &mut Qp, idx: usize) -> bool {
+    /// Builds and queues the next packet of WQE `idx`, with `room` packets
+    /// left in the window; returns whether it was the WQE's last.
+    fn send_one_packet(&mut self, qp: &mut Qp, idx: usize, room: u32) -> bool {
         if qp.req.send_offset == 0 {
             if let Some(train) = self.train_for(qp, idx) {
-                self.send_train(qp, idx, train);
+                self.send_train(qp, idx, train, room);
                 return true;
             }
         }
@@ -291,7 +314,7 @@ impl Core {
                         src_qpn: Qpn::new(qp.qpn),
                     });
                 }
-                h.bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, ack_every);
+                h.bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, room <= 1, ack_every);
                 (n, last)
             }
         };
@@ -368,7 +391,7 @@ impl Core {
     }
 
     /// Queues WQE `idx` as one train: its ONLY packet, without payload.
-    fn send_train(&mut self, qp: &mut Qp, idx: usize, train: TrainOut) {
+    fn send_train(&mut self, qp: &mut Qp, idx: usize, train: TrainOut, room: u32) {
         let w = &qp.sq[idx];
         let dest_qpn = qp.attr.dest_qp_num;
         let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), w.first_psn);
@@ -376,7 +399,7 @@ impl Core {
         let mut h = PacketRepr::new(bth);
         message_headers(&mut h, w, Transport::Rc, Position::Only);
         let npkts = w.npkts;
-        h.bth.ack_req = asks_ack(qp, idx, npkts, true, self.cfg.ack_every);
+        h.bth.ack_req = asks_ack(qp, idx, npkts, true, room <= npkts, self.cfg.ack_every);
         let Some(data) = self.new_packet(&h, 0) else {
             self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
             return;
@@ -493,6 +516,47 @@ impl Core {
             }
             (status, vendor_err) => self.fail_wqe(qp, 0, status, vendor_err),
         }
+    }
+}
+
+/// The PSN of the next packet the requester sends: `next_psn` moves a
+/// whole WQE at a time, this a packet at a time (a read or atomic request
+/// stands for all its PSNs).
+pub(crate) fn next_packet_psn(qp: &Qp) -> Psn {
+    let next = qp.req.next_psn;
+    let at = match qp.sq.get(qp.req.send_next) {
+        Some(w) if w.npkts > 0 && w.state == WqeState::Pending => match w.op {
+            WqeOp::Read => w.first_psn.wrapping_add(w.resp_pkts),
+            WqeOp::CompSwap | WqeOp::FetchAdd => w.first_psn,
+            _ => w.first_psn.wrapping_add(qp.req.send_offset / qp.mtu()),
+        },
+        _ => return next,
+    };
+    if at.is_after(next) {
+        at
+    } else {
+        next
+    }
+}
+
+/// The oldest PSN not yet acknowledged (or answered): after `acked_psn`,
+/// which stops before a read or atomic whose response is missing, and at
+/// or after the first WQE not yet retired (an ACK may have finished the
+/// WQEs after such a read or atomic, and they retire with it).
+pub(crate) fn window_start(qp: &Qp) -> Psn {
+    let acked = qp.req.acked_psn.next();
+    let front = match qp.sq.front() {
+        Some(w) if w.npkts > 0 => match w.op {
+            WqeOp::Read => w.first_psn.wrapping_add(w.resp_pkts),
+            _ => w.first_psn,
+        },
+        // Nothing started: nothing in flight.
+        _ => qp.req.next_psn,
+    };
+    if front.is_after(acked) {
+        front
+    } else {
+        acked
     }
 }
 
