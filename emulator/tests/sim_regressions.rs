@@ -9,6 +9,23 @@ use softverbs::verbs::{Mtu, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, 
 use softverbs_emulator::sim::workload::{Cut, GenLimits, Op, OpKind, Program, Side};
 use softverbs_emulator::sim::{pair, FaultModel, FilterPacket, LinkConfig, NodeId, QpOptions, Scenario, Verdict};
 
+/// Runs `sc`; on a violation, replays it traced (the last `trace` events)
+/// and fails with the explanation. With `all_succeed`, also fails unless
+/// every operation on both sides succeeded.
+fn run_explained(sc: &Scenario, trace: usize, all_succeed: bool) {
+    match sc.run() {
+        Ok(r) => {
+            if all_succeed {
+                assert_eq!(r.failed, [None, None]);
+            }
+        }
+        Err(v) => {
+            let (r, _) = sc.run_traced(Some(trace));
+            panic!("{}", r.err().unwrap_or(v));
+        }
+    }
+}
+
 /// Runs `Scenario::random(seed, limits)` and fails with the violation.
 fn replay(seed: u64, limits: GenLimits, expect_ops: usize) {
     let sc = Scenario::random(seed, &limits);
@@ -19,10 +36,7 @@ fn replay(seed: u64, limits: GenLimits, expect_ops: usize) {
         expect_ops,
         "Scenario::random changed (seed {seed}); re-record the seeds"
     );
-    if let Err(v) = sc.run() {
-        let (r, _) = sc.run_traced(Some(120));
-        panic!("{}", r.err().unwrap_or(v));
-    }
+    run_explained(&sc, 120, false);
 }
 
 fn faulty() -> GenLimits {
@@ -476,10 +490,7 @@ fn large_writes_after_a_lossy_read_are_not_resent() {
         ],
         max_steps: 3000000,
     };
-    if let Err(v) = sc.run() {
-        let (r, _) = sc.run_traced(Some(120));
-        panic!("{}", r.err().unwrap_or(v));
-    }
+    run_explained(&sc, 120, false);
 }
 
 // ---- go-back-N and the window -------------------------------------------
@@ -638,13 +649,7 @@ fn go_back_n_does_not_flood_the_link_with_copies() {
         ],
         max_steps: 3000000,
     };
-    match sc.run() {
-        Ok(r) => assert_eq!(r.failed, [None, None]),
-        Err(v) => {
-            let (r, _) = sc.run_traced(Some(120));
-            panic!("{}", r.err().unwrap_or(v));
-        }
-    }
+    run_explained(&sc, 120, true);
 }
 
 /// requester window (found while counting it by packet, never released):
@@ -733,13 +738,7 @@ fn a_resumed_read_longer_than_the_window_is_not_held_back() {
         }],
         max_steps: 3000000,
     };
-    match sc.run() {
-        Ok(r) => assert_eq!(r.failed, [None, None]),
-        Err(v) => {
-            let (r, _) = sc.run_traced(Some(30));
-            panic!("{}", r.err().unwrap_or(v));
-        }
-    }
+    run_explained(&sc, 30, true);
 }
 
 /// requester window (found while counting it by packet, never released):
@@ -850,11 +849,5 @@ fn a_send_retired_behind_an_atomic_leaves_the_window() {
         cuts: vec![],
         max_steps: 3000000,
     };
-    match sc.run() {
-        Ok(r) => assert_eq!(r.failed, [None, None]),
-        Err(v) => {
-            let (r, _) = sc.run_traced(Some(30));
-            panic!("{}", r.err().unwrap_or(v));
-        }
-    }
+    run_explained(&sc, 30, true);
 }
