@@ -81,6 +81,10 @@ pub fn process_now() -> Nanos {
     quanta::Instant::now().duration_since(epoch).as_nanos() as Nanos
 }
 
+/// Batches [`DeviceShared::drive`] reads at most before it returns (the
+/// rest waits for the next call, as under any engine-turn budget).
+const DRIVE_TURNS: usize = 64;
+
 /// The requester's view of a device's link for trains (weak: the link
 /// owns the device's shared state, not the other way round).
 struct LinkRoute(Weak<dyn Link>);
@@ -277,6 +281,19 @@ impl DeviceShared {
         hold_acks: impl FnOnce(&R) -> bool,
         flush_acks: bool,
     ) -> R {
+        self.run_verb_counted(rx, f, hold_acks, flush_acks).0
+    }
+
+    /// [`Self::run_verb`], also returning how many datagrams it read from
+    /// the link.
+    fn run_verb_counted<R>(
+        self: &Arc<Self>,
+        rx: bool,
+        f: impl FnOnce(&mut Core, Nanos) -> R,
+        hold_acks: impl FnOnce(&R) -> bool,
+        flush_acks: bool,
+    ) -> (R, usize) {
+        let mut received = 0;
         // A spare Vec only once there is something to send (most verbs,
         // posting a receive or an empty poll, send nothing).
         let mut out = Vec::new();
@@ -292,7 +309,8 @@ impl DeviceShared {
             // retransmission timer expire.
             if self.network && !threaded && (rx || core.poll_timeout().is_some_and(|t| t <= now)) {
                 let c = &mut *core;
-                self.link
+                received = self
+                    .link
                     .recv(super::link::udp::RX_BATCH, &mut |d| c.handle_datagram(now, d));
             }
             Self::progress_locked(&mut core, &self.inbox, now);
@@ -340,13 +358,21 @@ impl DeviceShared {
                 }
             }
         }
-        r
+        (r, received)
     }
 
     /// Makes progress on this device (and any device its packets reach):
-    /// in inline mode reads the link, runs due timers and sends.
+    /// in inline mode reads the link, runs due timers and sends. It reads
+    /// until the link has nothing more (up to [`DRIVE_TURNS`] batches), so
+    /// that an edge-triggered poller (mio, `EPOLLET`), which reports a
+    /// readable socket once, may call it once per readiness event.
     pub fn drive(self: &Arc<Self>) {
-        self.run_verb(true, |_, _| (), |_| false, true);
+        for _ in 0..DRIVE_TURNS {
+            let ((), received) = self.run_verb_counted(true, |_, _| (), |_| false, true);
+            if received == 0 {
+                break;
+            }
+        }
     }
 
     /// The engine mode.
