@@ -246,9 +246,7 @@ impl Core {
             // A rewind moved next_psn back into these WQEs; they may now be
             // retired before the requester steps over them, and new WQEs must
             // not reuse their PSNs (sim_regressions, seed 0x929).
-            if end.is_after(qp.req.next_psn) {
-                qp.req.next_psn = end;
-            }
+            qp.req.next_psn = qp.req.next_psn.later(end);
         }
         // acked_psn means "every PSN up to here is done": it must not pass a
         // read or atomic whose response is missing, or that response (and
@@ -434,10 +432,7 @@ impl Core {
         // is, see above): they leave the window, so a read longer than it
         // does not hold the window shut once resumed, and a resumed read's
         // first response proves a go-back-N's copies gone.
-        let answered = w.first_psn.wrapping_add(w.resp_pkts - 1);
-        if answered.is_after(qp.req.acked_psn) {
-            qp.req.acked_psn = answered;
-        }
+        qp.req.acked_psn = qp.req.acked_psn.later(w.first_psn.wrapping_add(w.resp_pkts - 1));
         if ends {
             w.state = WqeState::Done;
             qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
@@ -472,9 +467,7 @@ impl Core {
         let w = &mut qp.sq[idx];
         w.state = WqeState::Done;
         qp.req.rd_atomic_inflight = qp.req.rd_atomic_inflight.saturating_sub(1);
-        if psn.is_after(qp.req.acked_psn) {
-            qp.req.acked_psn = psn;
-        }
+        qp.req.acked_psn = qp.req.acked_psn.later(psn);
         qp.req.retry_left = qp.attr.retry_cnt;
         qp.req.retrans_at = None;
     }
@@ -523,10 +516,7 @@ impl WindowEnd for Psn {
             .rev()
             .find(|w| w.npkts > 0)
             .map(|w| w.first_psn.wrapping_add(w.npkts));
-        match furthest {
-            Some(f) if f.is_after(self) => f,
-            _ => self,
-        }
+        furthest.map_or(self, |f| f.later(self))
     }
 }
 

@@ -110,10 +110,7 @@ impl Core {
                 // Already transmitted (e.g. after go-back-N finished it). New
                 // WQEs take their PSNs after it, never its own again.
                 if w.npkts > 0 {
-                    let end = w.first_psn.wrapping_add(w.npkts);
-                    if end.is_after(qp.req.next_psn) {
-                        qp.req.next_psn = end;
-                    }
+                    qp.req.next_psn = qp.req.next_psn.later(w.first_psn.wrapping_add(w.npkts));
                 }
                 qp.req.send_next += 1;
                 continue;
@@ -532,11 +529,7 @@ pub(crate) fn next_packet_psn(qp: &Qp) -> Psn {
         },
         _ => return next,
     };
-    if at.is_after(next) {
-        at
-    } else {
-        next
-    }
+    at.later(next)
 }
 
 /// The oldest PSN not yet acknowledged (or answered): after `acked_psn`,
@@ -553,11 +546,7 @@ pub(crate) fn window_start(qp: &Qp) -> Psn {
         // Nothing started: nothing in flight.
         _ => qp.req.next_psn,
     };
-    if front.is_after(acked) {
-        front
-    } else {
-        acked
-    }
+    front.later(acked)
 }
 
 /// Sets the opcode of a SEND or WRITE packet of `w` at `position` and the

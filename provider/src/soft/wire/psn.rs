@@ -86,6 +86,15 @@ impl Psn {
     pub const fn is_after(self, other: Psn) -> bool {
         self.distance(other) < 0
     }
+
+    /// The later of `self` and `other` in circular order.
+    pub const fn later(self, other: Psn) -> Psn {
+        if self.is_after(other) {
+            self
+        } else {
+            other
+        }
+    }
 }
 
 impl From<Psn> for u32 {
@@ -205,6 +214,15 @@ mod tests {
         assert_eq!(Psn::ZERO.wrapping_sub(1), Psn::MAX);
         assert_eq!(Psn::new(10).wrapping_add(u32::MAX), Psn::new(9));
         assert_eq!(Psn::new(5).wrapping_add(1 << 24), Psn::new(5));
+    }
+
+    #[test]
+    fn later_is_circular() {
+        let a = Psn::new(0xff_fffe);
+        let b = Psn::new(3);
+        assert_eq!(a.later(b), b);
+        assert_eq!(b.later(a), b);
+        assert_eq!(a.later(a), a);
     }
 
     #[test]

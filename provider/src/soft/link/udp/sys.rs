@@ -249,18 +249,24 @@ pub(super) fn recv_one(fd: RawFd, rx: &mut RxBufs) -> io::Result<usize> {
             &mut len,
         )
     };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        };
-    }
-    let n = n as usize;
+    let Some(n) = received(n as isize)? else { return Ok(0) };
     rx.lens[0] = n;
     rx.truncated[0] = n > rx.slot;
     rx.segment[0] = 0;
     Ok(1)
+}
+
+/// The result of a non-blocking receive call: `Ok(None)` when nothing was
+/// waiting (or a signal interrupted it), the count or length otherwise.
+fn received(n: isize) -> io::Result<Option<usize>> {
+    if n >= 0 {
+        return Ok(Some(n as usize));
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+        _ => Err(e),
+    }
 }
 
 /// Receives up to `max` (≤ [`RX_BATCH`]) datagrams without blocking.
@@ -308,14 +314,7 @@ fn recv_batch_n<const N: usize>(fd: RawFd, rx: &mut RxBufs, max: usize) -> io::R
             std::ptr::null_mut(),
         )
     };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
-            _ => Err(e),
-        };
-    }
-    let n = n as usize;
+    let Some(n) = received(n as isize)? else { return Ok(0) };
     for (i, h) in hdrs.iter().enumerate().take(n) {
         rx.lens[i] = h.msg_len as usize;
         rx.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
