@@ -153,6 +153,49 @@ fn channel(l: &ShmLink) -> Arc<Channel> {
     l.chans_r()[0].clone()
 }
 
+/// The test writing `a`'s ring towards `b` itself, as a hostile peer
+/// would (`a` must not send meanwhile).
+struct Forger {
+    region: Region,
+    p: Producer,
+    meta: SlotMeta,
+}
+
+impl Forger {
+    fn new(a: &ShmLink, b: &ShmLink) -> Forger {
+        let region = Region::open(channel(a).region.file().try_clone().unwrap()).unwrap();
+        let p = Producer::resume(&region, 0);
+        let meta = SlotMeta {
+            src: ip(a),
+            dst: ip(b),
+            src_port: 1,
+            dst_port: 4791,
+        };
+        Forger { region, p, meta }
+    }
+
+    /// Publishes a train slot: packet `data`, descriptor bytes `desc`.
+    fn train(&mut self, data: &[u8], desc: &[u8]) {
+        self.p
+            .push_ext(&self.region, &self.meta, ring::KIND_TRAIN, data, desc)
+            .unwrap();
+    }
+}
+
+/// The wire form of a descriptor of one packet over `pieces`, whether or
+/// not `TrainDesc::decode` would accept it.
+fn raw_desc(pieces: &[DescPiece]) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.extend_from_slice(&1u32.to_le_bytes());
+    v.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
+    for p in pieces {
+        v.extend_from_slice(&p.token.to_le_bytes());
+        v.extend_from_slice(&p.offset.to_le_bytes());
+        v.extend_from_slice(&p.len.to_le_bytes());
+    }
+    v
+}
+
 #[test]
 fn trains_carry_the_senders_memory_in_order() {
     let (a, b) = pair(true, true);
@@ -310,27 +353,9 @@ fn hostile_train_slots_are_dropped_and_counted() {
     a.send(dgram(&a, &b, b"ONLY", Some(train(1, &[(&s, 0, 16)]))));
     assert!(pump_until(&a, &b, 1)[0].train.is_some());
     // From here on the test writes a's ring itself (a must not send).
-    let ca = channel(&a);
-    let region = Region::open(ca.region.file().try_clone().unwrap()).unwrap();
-    let mut p = Producer::resume(&region, 0);
-    let meta = SlotMeta {
-        src: ip(&a),
-        dst: ip(&b),
-        src_port: 1,
-        dst_port: 4791,
-    };
+    let mut f = Forger::new(&a, &b);
     let piece = |token: u64, offset: u64, len: u32| DescPiece { token, offset, len };
-    let desc = |pieces: Vec<DescPiece>| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&1u32.to_le_bytes());
-        v.extend_from_slice(&(pieces.len() as u32).to_le_bytes());
-        for p in pieces {
-            v.extend_from_slice(&p.token.to_le_bytes());
-            v.extend_from_slice(&p.offset.to_le_bytes());
-            v.extend_from_slice(&p.len.to_le_bytes());
-        }
-        v
-    };
+    let desc = |pieces: Vec<DescPiece>| raw_desc(&pieces);
     let len = s.len() as u64;
     let tok = s.token();
     let hostile: Vec<Vec<u8>> = vec![
@@ -343,20 +368,21 @@ fn hostile_train_slots_are_dropped_and_counted() {
         vec![0xff; 7],                                             // garbage
     ];
     for (i, d) in hostile.iter().enumerate() {
-        p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", d).unwrap();
+        f.train(b"ONLY", d);
         let got = pump_nothing(&a, &b);
         assert!(got.is_empty(), "{i}: {got:?}");
         assert_eq!(stat(&b, "shm_rx_bad_train"), i as u64 + 1, "{i}");
     }
     // A forget slot that is not a list of tokens.
-    p.push_ext(&region, &NO_META, ring::KIND_FORGET, &[], &[1; 7]).unwrap();
+    f.p.push_ext(&f.region, &NO_META, ring::KIND_FORGET, &[], &[1; 7])
+        .unwrap();
     // A train from a foreign address.
     let foreign = SlotMeta {
         src: "10.9.9.9".parse().unwrap(),
-        ..meta
+        ..f.meta
     };
-    p.push_ext(
-        &region,
+    f.p.push_ext(
+        &f.region,
         &foreign,
         ring::KIND_TRAIN,
         b"ONLY",
@@ -364,14 +390,7 @@ fn hostile_train_slots_are_dropped_and_counted() {
     )
     .unwrap();
     // And a good one, over the buffer mapped before.
-    p.push_ext(
-        &region,
-        &meta,
-        ring::KIND_TRAIN,
-        b"GOOD",
-        &desc(vec![piece(tok, len - 16, 16)]),
-    )
-    .unwrap();
+    f.train(b"GOOD", &desc(vec![piece(tok, len - 16, 16)]));
     let got = pump_until(&a, &b, 1);
     assert_eq!(
         got,
@@ -394,26 +413,15 @@ fn hostile_train_slots_are_dropped_and_counted() {
 #[test]
 fn train_slots_without_the_offer_are_dropped() {
     let (a, b) = pair(true, false);
-    let region = Region::open(channel(&a).region.file().try_clone().unwrap()).unwrap();
-    let mut p = Producer::resume(&region, 0);
-    let meta = SlotMeta {
-        src: ip(&a),
-        dst: ip(&b),
-        src_port: 1,
-        dst_port: 4791,
-    };
-    let mut d = Vec::new();
-    TrainDesc {
-        npkts: 1,
-        pieces: vec![DescPiece {
+    let mut f = Forger::new(&a, &b);
+    f.train(
+        b"ONLY",
+        &raw_desc(&[DescPiece {
             token: 1,
             offset: 0,
             len: 1,
-        }],
-    }
-    .encode(&mut d)
-    .unwrap();
-    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &d).unwrap();
+        }]),
+    );
     assert!(pump_nothing(&a, &b).is_empty());
     assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
 }
@@ -469,26 +477,14 @@ fn unsafe_exports_are_refused() {
     m[8..16].copy_from_slice(&77u64.to_le_bytes());
     m[16..24].copy_from_slice(&65536u64.to_le_bytes());
     sys::send_fds(ca.stream.as_raw_fd(), &m, &[bad.as_raw_fd()]).unwrap();
-    let region = Region::open(ca.region.file().try_clone().unwrap()).unwrap();
-    let mut p = Producer::resume(&region, 0);
-    let meta = SlotMeta {
-        src: ip(&a),
-        dst: ip(&b),
-        src_port: 1,
-        dst_port: 4791,
-    };
-    let mut d = Vec::new();
-    TrainDesc {
-        npkts: 1,
-        pieces: vec![DescPiece {
+    Forger::new(&a, &b).train(
+        b"ONLY",
+        &raw_desc(&[DescPiece {
             token: 77,
             offset: 0,
             len: 16,
-        }],
-    }
-    .encode(&mut d)
-    .unwrap();
-    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &d).unwrap();
+        }]),
+    );
     assert!(pump_nothing(&a, &b).is_empty());
     assert_eq!(stat(&b, "shm_rx_bad_export"), 1);
     assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
@@ -590,31 +586,20 @@ fn process_memory_trains_are_read_across() {
 #[test]
 fn hostile_process_pieces() {
     let (a, b) = pair(true, true);
-    let region = Region::open(channel(&a).region.file().try_clone().unwrap()).unwrap();
-    let mut p = Producer::resume(&region, 0);
-    let meta = SlotMeta {
-        src: ip(&a),
-        dst: ip(&b),
-        src_port: 1,
-        dst_port: 4791,
-    };
+    let mut f = Forger::new(&a, &b);
     let desc = |offset: u64, len: u32| {
-        let mut v = Vec::new();
-        v.extend_from_slice(&1u32.to_le_bytes());
-        v.extend_from_slice(&1u32.to_le_bytes());
-        v.extend_from_slice(&ring::PROCESS_TOKEN.to_le_bytes());
-        v.extend_from_slice(&offset.to_le_bytes());
-        v.extend_from_slice(&len.to_le_bytes());
-        v
+        raw_desc(&[DescPiece {
+            token: ring::PROCESS_TOKEN,
+            offset,
+            len,
+        }])
     };
     assert!(TrainDesc::decode(&desc(u64::MAX - 4, 16)).is_none());
-    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &desc(u64::MAX - 4, 16))
-        .unwrap();
+    f.train(b"ONLY", &desc(u64::MAX - 4, 16));
     assert!(pump_nothing(&a, &b).is_empty());
     assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
     // Address 4096 is never mapped (mmap_min_addr).
-    p.push_ext(&region, &meta, ring::KIND_TRAIN, b"ONLY", &desc(4096, 64))
-        .unwrap();
+    f.train(b"ONLY", &desc(4096, 64));
     let mut results = Vec::new();
     let start = Instant::now();
     while results.is_empty() && start.elapsed() < Duration::from_secs(10) {
