@@ -45,6 +45,19 @@ fn pattern(len: u32, seed: u8) -> Vec<u8> {
 }
 
 /// Nothing more arrives on either CQ for a while.
+/// Posts a signaled RDMA WRITE of `sge` from `a` to offset `b_off` of
+/// `b`'s MR and waits for its successful completion.
+fn write_to(a: &Side, b: &Side, wr_id: u64, sge: &[Sge<'_>], b_off: u64) {
+    let remote = RemoteAddr {
+        addr: b.mr.addr() + b_off,
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(wr_id, SendOp::Write { remote }, sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (wr_id, WcStatus::Success));
+}
+
 fn quiet(a: &Side, b: &Side) {
     let more = collect(&a.scq, &[&b.rcq], Duration::from_millis(50));
     assert!(more.is_empty(), "{more:?}");
@@ -72,15 +85,7 @@ fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLin
     // RDMA WRITE of 1 MiB at offset 4096 of a, to offset 8192 of b.
     let data = pattern(MIB, 0x11);
     a.mr.write(4096, &data).unwrap();
-    let sge = [a.mr.sge(4096, MIB).unwrap()];
-    let remote = RemoteAddr {
-        addr: b.mr.addr() + 8192,
-        rkey: b.mr.rkey(),
-    };
-    a.qp.post_send(&[SendWr::new(2, SendOp::Write { remote }, &sge).flags(SendFlags::SIGNALED)])
-        .unwrap();
-    let s = wait_one(&a.scq, &[&b.rcq]);
-    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
+    write_to(&a, &b, 2, &[a.mr.sge(4096, MIB).unwrap()], 8192);
     assert_eq!(b.mr.to_vec(8192, MIB as usize).unwrap(), data);
     assert_eq!(b.mr.to_vec(8192 + MIB as usize, 16).unwrap(), vec![0; 16]);
     quiet(&a, &b);
@@ -201,15 +206,7 @@ fn raw_memory_goes_as_cma_trains() {
     }
 
     // RDMA WRITE of 512 KiB from offset 100 of the raw region.
-    let sge = [raw_mr.sge(100, LEN).unwrap()];
-    let remote = RemoteAddr {
-        addr: b.mr.addr() + 4096,
-        rkey: b.mr.rkey(),
-    };
-    a.qp.post_send(&[SendWr::new(2, SendOp::Write { remote }, &sge).flags(SendFlags::SIGNALED)])
-        .unwrap();
-    let s = wait_one(&a.scq, &[&b.rcq]);
-    assert_eq!((s.wr_id, s.status), (2, WcStatus::Success));
+    write_to(&a, &b, 2, &[raw_mr.sge(100, LEN).unwrap()], 4096);
     assert_eq!(b.mr.to_vec(4096, LEN as usize).unwrap(), src[100..].to_vec());
     quiet(&a, &b);
 
