@@ -181,7 +181,7 @@ impl Drop for DeviceShared {
         // ACKs still held for coalescing leave now.
         let mut held = self.held.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
         if !held.is_empty() {
-            self.link.send_batch(&mut held, &mut Vec::new());
+            self.link.send_batch(&mut held, &mut drop);
         }
     }
 }
@@ -339,8 +339,7 @@ impl DeviceShared {
                 }
             }
             if self.network && !out.is_empty() {
-                let mut reached = Vec::new();
-                self.link.send_batch(&mut out, &mut reached);
+                Self::send_recycling(&self.link, &mut core, &mut out);
             }
             if !threaded {
                 self.link.note_deadline(core.poll_timeout());
@@ -359,6 +358,12 @@ impl DeviceShared {
             }
         }
         (r, received)
+    }
+
+    /// Sends `out` on a network link, and gives the engine back the buffers
+    /// of what left, for the packets it builds next.
+    fn send_recycling(link: &Arc<dyn Link>, core: &mut Core, out: &mut Vec<Transmit>) {
+        link.send_batch(out, &mut |b| core.recycle_buffer(b));
     }
 
     /// Makes progress on this device (and any device its packets reach):

@@ -181,8 +181,7 @@ impl DeviceShared {
         self.progress.set_deadline(core.poll_timeout());
         let worked = n > 0 || pending || !out.is_empty() || !events.is_empty();
         if self.network {
-            let mut reached = Vec::new();
-            self.link.send_batch(&mut out, &mut reached);
+            Self::send_recycling(&self.link, &mut core, &mut out);
         }
         drop(core);
         self.dispatch_events(events);

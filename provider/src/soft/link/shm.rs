@@ -332,7 +332,7 @@ impl Channel {
 
     /// Pushes what it can of the backlog, then `t` (if any); the rest
     /// waits. Returns whether something was published.
-    fn send(&self, t: Option<Transmit>, stats: &Stats) -> bool {
+    fn send(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
         let mut tx = lock(&self.tx);
         let tx = &mut *tx;
         if self.state() != UP {
@@ -356,6 +356,8 @@ impl Channel {
                 Self::hold(tx, t, stats);
             } else if self.push(&mut tx.prod, &mut tx.exports, &t, stats).is_ok() {
                 published = true;
+                // Copied into the ring: the buffer is free again.
+                spent(t.data);
             } else if self.state() == UP {
                 Self::hold(tx, t, stats);
             }
@@ -731,7 +733,7 @@ impl ShmLink {
         }
         let mut left = false;
         for c in self.chans_r().iter() {
-            if c.state() == UP && c.send(None, &self.stats) {
+            if c.state() == UP && c.send(None, &self.stats, &mut drop) {
                 c.kick(&self.stats);
             }
             if c.state() != DEAD && c.backlogged() {
@@ -798,11 +800,11 @@ impl Channel {
 impl Link for ShmLink {
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
         let mut v = vec![tx];
-        self.send_batch(&mut v, &mut Vec::new());
+        self.send_batch(&mut v, &mut drop);
         None
     }
 
-    fn send_batch(&self, txs: &mut Vec<Transmit>, reached: &mut Vec<Arc<DeviceShared>>) {
+    fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         if self.detached.load(Ordering::Relaxed) {
             // What a device sends as it goes (the ACKs it held back) still
             // reaches peers on channels that are up; nothing else.
@@ -816,7 +818,7 @@ impl Link for ShmLink {
                         continue;
                     }
                 };
-                c.send(Some(t), &self.stats);
+                c.send(Some(t), &self.stats, spent);
                 c.kick(&self.stats);
             }
             return;
@@ -830,7 +832,7 @@ impl Link for ShmLink {
             match self.channel_for(t.dst) {
                 Some(c) => {
                     let up = c.state() == UP;
-                    c.send(Some(t), &self.stats);
+                    c.send(Some(t), &self.stats, spent);
                     if !up || c.backlogged() {
                         self.backlogged.store(true, Ordering::SeqCst);
                     }
@@ -855,7 +857,7 @@ impl Link for ShmLink {
             c.kick(&self.stats);
         }
         if !udp_out.is_empty() {
-            self.udp.send_batch(&mut udp_out, reached);
+            self.udp.send_batch(&mut udp_out, spent);
         }
     }
 

@@ -476,7 +476,7 @@ impl UdpLink {
     /// Resolves, re-checksums (ICRC for the real headers) and sends
     /// `txs`, in order; what the socket cannot take now goes to the
     /// backlog.
-    fn transmit(&self, txs: &mut Vec<Transmit>) {
+    fn transmit(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         let mut st = lock(&self.tx);
         if !st.backlog.is_empty() {
             // Keep order: new datagrams queue behind the backlog.
@@ -527,7 +527,10 @@ impl UdpLink {
                 .collect::<Vec<_>>();
             self.backlog_push(st, keep.into_iter());
         }
-        txs.clear();
+        // The kernel copied them: their buffers are free again.
+        for t in txs.drain(..) {
+            spent(t.data);
+        }
     }
 
     /// Sends `txs[from..]` along `st.route`; returns the index of the first
@@ -672,16 +675,16 @@ impl UdpLink {
 impl Link for UdpLink {
     fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
         let mut v = vec![tx];
-        self.transmit(&mut v);
+        self.transmit(&mut v, &mut drop);
         None
     }
 
-    fn send_batch(&self, txs: &mut Vec<Transmit>, _reached: &mut Vec<Arc<DeviceShared>>) {
+    fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         if self.detached.load(Ordering::Relaxed) {
             txs.clear();
             return;
         }
-        self.transmit(txs);
+        self.transmit(txs, spent);
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {

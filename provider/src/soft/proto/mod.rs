@@ -56,8 +56,10 @@ use qp::Qp;
 use slab::Slab;
 use srq::Srq;
 
-/// Most packet buffers [`Core::recycle_buffer`] keeps for reuse.
-pub const SPARE_BUFS: usize = 64;
+/// Most packet buffers [`Core::recycle_buffer`] keeps for reuse: one
+/// window of a network QP (an ACK that opens the window lets the requester
+/// build that many packets in one verb), ~2 MiB at a 4 KiB MTU.
+pub const SPARE_BUFS: usize = 512;
 
 /// Time in nanoseconds on the caller's monotonic scale.
 pub type Nanos = u64;

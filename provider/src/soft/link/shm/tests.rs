@@ -211,7 +211,7 @@ fn trains_carry_the_senders_memory_in_order() {
         dgram(&a, &b, b"two", None),
         dgram(&a, &b, b"ONLY2", Some(train(1, &[(&s1, 65536, 4096)]))),
     ];
-    a.send_batch(&mut txs, &mut Vec::new());
+    a.send_batch(&mut txs, &mut drop);
     let got = pump_until(&a, &b, 4);
     assert_eq!(got.len(), 4, "{:?}", b.shm_stats());
     assert_eq!(
@@ -313,7 +313,7 @@ fn exports_are_bounded_and_freed_buffers_forgotten() {
             .map(|(_, s)| dgram(&a, &b, b"T", Some(train(1, &[(s, 8, 100)]))))
             .collect();
         sent += txs.len();
-        a.send_batch(&mut txs, &mut Vec::new());
+        a.send_batch(&mut txs, &mut drop);
         let got = pump_until(&a, &b, chunk.len());
         assert_eq!(got.len(), chunk.len(), "{:?} {:?}", a.shm_stats(), b.shm_stats());
         for (g, (_, s)) in got.iter().zip(chunk) {
