@@ -797,7 +797,7 @@ impl QpOps for SoftQp {
 
     #[inline]
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        self.pd.ctx.dev.with_core(|c, _| c.post_recv(self.qpn, wrs))
+        self.pd.ctx.dev.with_core_local(|c| c.post_recv(self.qpn, wrs))
     }
 
     fn bind_mw(&self, mw: &Arc<dyn MwOps>, wr_id: u64, bind: &MwBindInfo<'_>, flags: SendFlags) -> Result<u32> {
@@ -864,7 +864,7 @@ impl SrqOps for SoftSrq {
     }
 
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        self.pd.ctx.dev.with_core(|c, _| c.post_srq_recv(self.id, wrs))
+        self.pd.ctx.dev.with_core_local(|c| c.post_srq_recv(self.id, wrs))
     }
 
     fn destroy(&self) -> Result<()> {

@@ -297,9 +297,13 @@ pub(crate) struct Qp {
     pub(crate) req: ReqState,
     pub(crate) resp: RespState,
     pub(crate) timer: Option<Nanos>,
-    /// Spare SGE vectors, recycled to keep posting allocation-free.
+    /// Spare SGE vectors, recycled to keep posting allocation-free: as
+    /// many as both queues can hold (an application that signals every
+    /// 100th send has 100 WQEs retire at once, and a smaller pool freed
+    /// most of them only to allocate them again).
     pub(crate) spare: Vec<Vec<SgeRaw>>,
-    /// Spare buffers for inline data, likewise.
+    /// Spare buffers for inline data, likewise (as many as the send queue
+    /// holds).
     pub(crate) spare_inline: Vec<Vec<u8>>,
 }
 
@@ -317,7 +321,7 @@ impl Qp {
     }
 
     pub(crate) fn recycle(&mut self, mut v: Vec<SgeRaw>) {
-        if self.spare.len() < 64 {
+        if self.spare.len() < (self.cap.max_send_wr + self.cap.max_recv_wr) as usize {
             v.clear();
             self.spare.push(v);
         }
@@ -337,7 +341,7 @@ impl Qp {
     /// Keeps the inline buffer of a retired WQE for the next inline post.
     pub(crate) fn recycle_inline(&mut self, b: Option<Vec<u8>>) {
         if let Some(mut b) = b {
-            if self.spare_inline.len() < 16 {
+            if self.spare_inline.len() < self.cap.max_send_wr as usize {
                 b.clear();
                 self.spare_inline.push(b);
             }
