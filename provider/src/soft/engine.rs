@@ -3,8 +3,8 @@
 //! between engines (DESIGN §2: drain input, transmit, arm the deadline).
 //!
 //! **Inline progress** (the default): there is no engine thread. Every verb
-//! that can make progress (posting, polling a CQ, waiting on a channel)
-//! drives the device, and an in-process link drives the receiving device
+//! that can make progress (posting a send, polling a CQ, waiting on a
+//! channel) drives the device (posting a receive only queues it), and an in-process link drives the receiving device
 //! from the sender's thread, so a two-device ping-pong in one thread
 //! completes inside `post_send`. No runnable thread is added beyond the
 //! application's own, which matters on small machines where a third
@@ -18,8 +18,8 @@
 //!
 //! # Engine modes, and when to use which
 //!
-//! [`EngineMode::Inline`] (the default) adds no thread. Posting runs the
-//! engine and sends what it produced; polling a CQ (and waiting on a
+//! [`EngineMode::Inline`] (the default) adds no thread. Posting a send runs
+//! the engine and sends what it produced; polling a CQ (and waiting on a
 //! completion channel or the async event queue) also reads the device's
 //! link, with a budget of [`udp::RX_BATCH`](super::link::udp::RX_BATCH)
 //! datagrams per poll (one `recvmmsg`). Use it when the application polls
