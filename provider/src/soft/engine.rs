@@ -74,17 +74,11 @@ pub use progress::EngineMode;
 /// Nanoseconds since the first soft device of the process started: the
 /// engines' common clock. TSC-based (quanta): the engine reads it on every
 /// verb, and `std::time::Instant` (a vDSO call) was 13 % of an in-process
-/// ping-pong profile. It reads a `quanta::Clock` of its own:
-/// `quanta::Instant::now` first looks for a thread's mock clock (a
-/// thread-local `RefCell`), which made it ~100 instructions a call.
+/// ping-pong profile.
 pub fn process_now() -> Nanos {
-    static CLOCK: std::sync::OnceLock<(quanta::Clock, quanta::Instant)> = std::sync::OnceLock::new();
-    let (clock, epoch) = CLOCK.get_or_init(|| {
-        let c = quanta::Clock::new();
-        let e = c.now();
-        (c, e)
-    });
-    clock.now().duration_since(*epoch).as_nanos() as Nanos
+    static EPOCH: std::sync::OnceLock<quanta::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(quanta::Instant::now);
+    quanta::Instant::now().duration_since(epoch).as_nanos() as Nanos
 }
 
 /// Batches [`DeviceShared::drive`] reads at most before it returns (the
