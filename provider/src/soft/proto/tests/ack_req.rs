@@ -140,3 +140,30 @@ fn the_responder_acknowledges_only_what_asks_and_every_duplicate() {
     assert_eq!(acks[0].0.bth.psn.value(), RQ_PSN + 1);
     assert_eq!(n.cqes().len(), 2, "each message delivered once");
 }
+
+/// WQEs that retire together give back every SGE vector and inline buffer
+/// for the next posts (with a CQE every 30th send, 30 retire at once; a
+/// pool smaller than the queue freed most of them only to allocate them
+/// again on the next posts).
+#[test]
+fn a_batch_of_retired_wqes_refills_the_pools_whole() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let sgl = [n.sge(0, 8)];
+    for i in 0..30u64 {
+        let flags = if i == 29 {
+            SendFlags::INLINE | SendFlags::SIGNALED
+        } else {
+            SendFlags::INLINE
+        };
+        let wr = SendWr::new(i, SendOp::Send, &sgl).flags(flags);
+        n.core.post_send(0, n.qpn, &[wr]).unwrap();
+    }
+    let last = n.sent().last().map(|(h, _)| h.bth.psn.value()).unwrap();
+    n.inject(1, &ack(n.qpn, last, Syndrome::ACK), &[]);
+    assert_eq!(n.cqes().len(), 1);
+    let qp = n.core.take_qp(n.qpn).unwrap();
+    let (vecs, inline) = (qp.spare.len(), qp.spare_inline.len());
+    n.core.put_qp(qp);
+    assert!(vecs >= 30, "{vecs} SGE vectors kept");
+    assert_eq!(inline, 30, "inline buffers kept");
+}
