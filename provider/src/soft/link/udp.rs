@@ -494,16 +494,7 @@ impl UdpLink {
             let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
                 let si = self.sock_for(t.src, dst)?;
                 let s = &self.socks[si];
-                let ip = match (s.local.ip(), dst.ip()) {
-                    (IpAddr::V4(a), IpAddr::V4(b)) => IpPseudoHeader::V4 {
-                        src: a,
-                        dst: b,
-                        id: 0,
-                        dont_fragment: true,
-                    },
-                    (IpAddr::V6(a), IpAddr::V6(b)) => IpPseudoHeader::V6 { src: a, dst: b },
-                    _ => return None,
-                };
+                let ip = IpPseudoHeader::between(s.local.ip(), dst.ip())?;
                 let ports = UdpPorts {
                     src: s.local.port(),
                     dst: dst.port(),

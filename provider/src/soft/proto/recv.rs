@@ -3,10 +3,10 @@
 //! and the counters of what was dropped. A malformed or hostile packet is
 //! dropped and counted, never a panic.
 
-use crate::soft::wire::{check_icrc, Direction, OpKind, Packet, Pkey, Position, Transport, UdpPorts};
+use crate::soft::wire::{check_icrc, Direction, IpPseudoHeader, OpKind, Packet, Pkey, Position, Transport, UdpPorts};
 use crate::verbs::{QpState, QpType};
 
-use super::requester::{packets_for, pseudo_header, transport_of};
+use super::requester::{packets_for, transport_of};
 use super::{Core, Datagram, Nanos};
 
 /// Per-device packet counters (shown by `softverbs devinfo`).
@@ -123,7 +123,7 @@ impl Core {
                 src: d.src_port,
                 dst: d.dst_port,
             };
-            let ok = pseudo_header(d.src, d.dst).is_some_and(|ip| check_icrc(&ip, ports, d.data));
+            let ok = IpPseudoHeader::between(d.src, d.dst).is_some_and(|ip| check_icrc(&ip, ports, d.data));
             if !ok {
                 self.counters.rx_bad_icrc += 1;
                 return;

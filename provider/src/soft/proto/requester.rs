@@ -468,7 +468,7 @@ impl Core {
             dst: self.cfg.udp_port,
         };
         if self.cfg.emit_icrc {
-            if let Some(ip) = pseudo_header(src, dst) {
+            if let Some(ip) = IpPseudoHeader::between(src, dst) {
                 let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut data);
             }
         }
@@ -576,21 +576,6 @@ fn message_headers(h: &mut PacketRepr, w: &SendWqe, transport: Transport, positi
     }
     if last {
         h.bth.solicited = w.solicited && (!is_write || imm);
-    }
-}
-
-/// The pseudo IP header both ends use for the ICRC (DF set, id 0: what an
-/// unconnected UDP socket with DF sends).
-pub(crate) fn pseudo_header(src: IpAddr, dst: IpAddr) -> Option<IpPseudoHeader> {
-    match (src, dst) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => Some(IpPseudoHeader::V4 {
-            src,
-            dst,
-            id: 0,
-            dont_fragment: true,
-        }),
-        (IpAddr::V6(src), IpAddr::V6(dst)) => Some(IpPseudoHeader::V6 { src, dst }),
-        _ => None,
     }
 }
 

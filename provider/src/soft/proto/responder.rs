@@ -6,14 +6,14 @@
 use std::net::IpAddr;
 
 use crate::soft::wire::{
-    grh_bytes, AethRepr, AtomicAckEthRepr, BthRepr, IpVariantFields, NakCode, OpKind, Opcode, PacketRepr, ParsedPacket,
-    Position, Psn, Qpn, Syndrome, Transport, GRH_LEN,
+    grh_bytes, AethRepr, AtomicAckEthRepr, BthRepr, IpPseudoHeader, IpVariantFields, NakCode, OpKind, Opcode,
+    PacketRepr, ParsedPacket, Position, Psn, Qpn, Syndrome, Transport, GRH_LEN,
 };
 use crate::verbs::{AccessFlags, EventType, QpState, QpType, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
 use super::mr::KeyError;
 use super::qp::{Qp, RdAtomicRes, RecvProgress, RecvWqe, WriteProgress};
-use super::requester::{pseudo_header, transport_of};
+use super::requester::transport_of;
 use super::train::{TrainIn, TrainOut, TRAIN_MAX_PIECES};
 use super::Core;
 
@@ -622,7 +622,7 @@ impl Core {
             qp.recycle(wqe.sgl);
             return;
         }
-        let grh = pseudo_header(src, dst).map(|ip| {
+        let grh = IpPseudoHeader::between(src, dst).map(|ip| {
             let roce_len =
                 pkt.headers.header_len() + pkt.payload.len() + crate::soft::wire::pad_len(pkt.payload.len()) + 4;
             grh_bytes(&ip, &IpVariantFields::default(), roce_len)

@@ -7,15 +7,14 @@ use std::sync::Arc;
 
 use crate::soft::device::SoftDevice;
 use crate::soft::wire::{
-    self, AethRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, Opcode, Packet, PacketRepr, Psn, Qpn, RethRepr,
-    Syndrome, UdpPorts,
+    self, AethRepr, AtomicEthRepr, BthRepr, DethRepr, IpPseudoHeader, NakCode, Opcode, Packet, PacketRepr, Psn, Qpn,
+    RethRepr, Syndrome, UdpPorts,
 };
 use crate::verbs::{
     AccessFlags, AhAttr, Gid, Guid, MemorySource, MrMemory, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
     RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use super::requester::pseudo_header;
 use super::*;
 
 const LOCAL: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 9, 0, 1));
@@ -179,7 +178,7 @@ impl Node {
         let mut out = Vec::new();
         while let Some(t) = self.core.poll_transmit() {
             assert_eq!((t.src, t.dst, t.dst_port), (LOCAL, REMOTE, wire::ROCEV2_UDP_PORT));
-            let ip = pseudo_header(t.src, t.dst).unwrap();
+            let ip = IpPseudoHeader::between(t.src, t.dst).unwrap();
             let ports = UdpPorts {
                 src: t.src_port,
                 dst: t.dst_port,
@@ -206,7 +205,7 @@ fn emit(h: &PacketRepr, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0; h.packet_len(payload.len())];
     h.emit(payload, &mut buf)
         .unwrap_or_else(|e| panic!("emit {:?}: {e:?}", h.bth.opcode));
-    let ip = pseudo_header(REMOTE, LOCAL).unwrap();
+    let ip = IpPseudoHeader::between(REMOTE, LOCAL).unwrap();
     let ports = UdpPorts {
         src: 0xc001,
         dst: wire::ROCEV2_UDP_PORT,

@@ -7,7 +7,7 @@
 //! packet length: IPv4 without options (20 bytes) or IPv6 without
 //! extension headers (40 bytes), protocol / next header UDP.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The RoCEv2 UDP destination port (IANA 4791).
 pub const ROCEV2_UDP_PORT: u16 = 4791;
@@ -54,6 +54,22 @@ pub enum IpPseudoHeader {
 }
 
 impl IpPseudoHeader {
+    /// The header both ends of a soft link assume for the ICRC between
+    /// `src` and `dst`: DF set and id 0 for IPv4 (what an unconnected UDP
+    /// socket with DF sends). `None` for mixed families.
+    pub fn between(src: IpAddr, dst: IpAddr) -> Option<IpPseudoHeader> {
+        match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Some(IpPseudoHeader::V4 {
+                src,
+                dst,
+                id: 0,
+                dont_fragment: true,
+            }),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Some(IpPseudoHeader::V6 { src, dst }),
+            _ => None,
+        }
+    }
+
     /// Length of the IP header: 20 for IPv4, 40 for IPv6.
     pub const fn header_len(&self) -> usize {
         match self {

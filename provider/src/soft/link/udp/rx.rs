@@ -15,7 +15,7 @@
 //! queued in the instant of the switch), its ICRC fails and it is dropped
 //! and counted like any damaged packet; the sender resends it.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
@@ -217,18 +217,9 @@ impl UdpLink {
             bump(&self.stats.rx_truncated, 1);
             return;
         }
-        let ip = match (from.ip(), s.local.ip()) {
-            (IpAddr::V4(a), IpAddr::V4(b)) => IpPseudoHeader::V4 {
-                src: a,
-                dst: b,
-                id: 0,
-                dont_fragment: true,
-            },
-            (IpAddr::V6(a), IpAddr::V6(b)) => IpPseudoHeader::V6 { src: a, dst: b },
-            _ => {
-                bump(&self.stats.rx_errors, 1);
-                return;
-            }
+        let Some(ip) = IpPseudoHeader::between(from.ip(), s.local.ip()) else {
+            bump(&self.stats.rx_errors, 1);
+            return;
         };
         let ports = UdpPorts {
             src: from.port(),
