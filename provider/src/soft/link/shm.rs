@@ -242,9 +242,16 @@ struct TxSide {
 struct RxSide {
     cons: Consumer,
     buf: Vec<u8>,
-    /// The peer's buffers mapped here, by the peer's token.
-    maps: HashMap<u64, MmapRaw>,
+    /// The peer's buffers mapped here, by the peer's token (a fast hash:
+    /// looked up for every train, and never more than [`RX_MAPS_MAX`]
+    /// entries, so a peer choosing colliding tokens gains nothing).
+    maps: TokenMaps,
+    /// The descriptor of the train being delivered (kept for its vector).
+    desc: ring::TrainDesc,
 }
+
+/// The receiver's table of the peer's mapped buffers.
+type TokenMaps = HashMap<u64, MmapRaw, super::iphash::IpHash>;
 
 #[derive(Debug)]
 struct Peer {
@@ -305,7 +312,11 @@ impl Channel {
             rx: Mutex::new(RxSide {
                 cons: Consumer::new(rx_ring),
                 buf: Vec::with_capacity(ring::MAX_PAYLOAD),
-                maps: HashMap::new(),
+                maps: HashMap::default(),
+                desc: ring::TrainDesc {
+                    npkts: 0,
+                    pieces: Vec::with_capacity(ring::TRAIN_MAX_PIECES),
+                },
             }),
             peer: OnceLock::new(),
             offered,
@@ -650,10 +661,19 @@ impl ShmLink {
     /// alive, retires dead channels, retries backlogs.
     fn slow_path(&self, now: Nanos) {
         self.last_slow.store(now, Ordering::Relaxed);
+        let chans: Vec<Arc<Channel>> = self.chans_r().clone();
+        let streams: Vec<RawFd> = chans.iter().map(|c| c.stream.as_raw_fd()).collect();
         let mut accepted = Vec::new();
+        let ready;
         {
+            // One `poll` tells which listeners have a connection waiting
+            // and which peers hung up: a busy receiver runs this path
+            // thousands of times a second, and an `accept` that finds
+            // nothing cost as much as the `poll`.
             let listeners = lock(&self.listeners);
-            for l in listeners.iter() {
+            let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
+            ready = sys::readiness(&fds, &streams);
+            for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
                 while let Ok((s, _)) = l.accept() {
                     match self.accept_one(s) {
                         Ok(c) => accepted.push(c),
@@ -668,17 +688,16 @@ impl ShmLink {
             self.chans.write().unwrap_or_else(|p| p.into_inner()).push(c.clone());
             self.route_peer(&c);
         }
-        let chans: Vec<Arc<Channel>> = self.chans_r().clone();
         let prune = now.saturating_sub(self.last_prune.load(Ordering::Relaxed)) >= PRUNE_NS;
         if prune {
             self.last_prune.store(now, Ordering::Relaxed);
         }
         let mut dead = false;
-        for c in &chans {
+        for (c, closed) in chans.iter().zip(&ready.closed) {
             match c.state() {
                 PENDING if c.connector => self.poll_answer(c, now),
                 UP if lock(&c.rx).cons.is_broken() => c.kill(),
-                UP if sys::peer_closed(c.stream.as_raw_fd()) => {
+                UP if *closed => {
                     // Everything the peer published before it closed is
                     // visible now: the next receive turn reads it, then
                     // ends the channel.

@@ -331,25 +331,43 @@ impl TrainDesc {
     /// of at most 2^31 bytes (a message). Whether the pieces lie in their
     /// buffers is for the caller to check against the mappings.
     pub fn decode(b: &[u8]) -> Option<TrainDesc> {
+        let mut d = TrainDesc {
+            npkts: 0,
+            pieces: Vec::new(),
+        };
+        d.decode_from(b).then_some(d)
+    }
+
+    /// [`TrainDesc::decode`] into `self`, reusing its piece vector (the
+    /// receive path parses one descriptor per train); returns whether the
+    /// descriptor is acceptable. On `false`, `self` holds garbage.
+    pub fn decode_from(&mut self, b: &[u8]) -> bool {
         let u32_at = |o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
         let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-        let npkts = u32_at(0)?;
-        let count = u32_at(4)? as usize;
-        if count == 0 || count > TRAIN_MAX_PIECES || b.len() != DESC_HDR + DESC_PIECE * count {
-            return None;
-        }
-        let pieces = (0..count)
-            .map(|i| {
-                let o = DESC_HDR + DESC_PIECE * i;
-                Some(DescPiece {
-                    token: u64_at(o)?,
-                    offset: u64_at(o + 8)?,
-                    len: u32_at(o + 16)?,
-                })
+        let piece = |i: usize| {
+            let o = DESC_HDR + DESC_PIECE * i;
+            Some(DescPiece {
+                token: u64_at(o)?,
+                offset: u64_at(o + 8)?,
+                len: u32_at(o + 16)?,
             })
-            .collect::<Option<Vec<_>>>()?;
-        let d = TrainDesc { npkts, pieces };
-        d.valid().then_some(d)
+        };
+        self.pieces.clear();
+        let (Some(npkts), Some(count)) = (u32_at(0), u32_at(4)) else {
+            return false;
+        };
+        let count = count as usize;
+        if count == 0 || count > TRAIN_MAX_PIECES || b.len() != DESC_HDR + DESC_PIECE * count {
+            return false;
+        }
+        self.npkts = npkts;
+        for i in 0..count {
+            match piece(i) {
+                Some(p) => self.pieces.push(p),
+                None => return false,
+            }
+        }
+        self.valid()
     }
 
     fn valid(&self) -> bool {
@@ -652,13 +670,15 @@ impl Consumer {
         let total = len + ext;
         let mut src = [0u8; 16];
         let mut dst = [0u8; 16];
+        // No zero fill: the copy below initializes all `total` bytes.
         buf.clear();
-        buf.resize(total, 0);
+        buf.reserve(total);
         // SAFETY: as above for the header; the payload read covers `total`
         // bytes from SLOT_HDR, at most SLOT_LEN in all (total <=
         // MAX_PAYLOAD checked above, on our private copies of the
-        // lengths), into `buf`, which has exactly `total` bytes and does
-        // not overlap the mapping.
+        // lengths), into `buf`, which has room for `total` bytes
+        // (reserved) and does not overlap the mapping; its length is set
+        // once they are written.
         let (src_port, dst_port) = unsafe {
             let sp = std::ptr::read_volatile(slot.add(4).cast::<u16>());
             let dp = std::ptr::read_volatile(slot.add(6).cast::<u16>());
@@ -672,6 +692,7 @@ impl Consumer {
             // sees: a peer writing the slot meanwhile garbles the copy,
             // never its bounds.
             std::ptr::copy_nonoverlapping(slot.add(SLOT_HDR), buf.as_mut_ptr(), total);
+            buf.set_len(total);
             (sp, dp)
         };
         if self.tail == self.head {

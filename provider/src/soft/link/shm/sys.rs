@@ -166,19 +166,51 @@ pub(super) fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Whether the peer of a stream socket closed it (or it failed), without
-/// consuming anything: `POLLRDHUP`, which the kernel reports even while
-/// data (descriptor messages) still waits in the socket, unlike a peek,
-/// which would see the data first.
-pub(super) fn peer_closed(sock: RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd: sock,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, no waiting.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+/// What one look at the slow path's descriptors found: which listeners
+/// have a connection waiting, which streams' peers closed or failed.
+pub(super) struct Readiness {
+    pub(super) pending: Vec<bool>,
+    pub(super) closed: Vec<bool>,
+}
+
+/// Polls listeners (for a waiting connection) and streams (for a peer
+/// that closed or failed) in one system call, without waiting: the slow
+/// path's look at the link's sockets, which used to cost an `accept` per
+/// listener and a `poll` per channel. A closed peer shows as
+/// `POLLRDHUP`, which the kernel reports even while data (descriptor
+/// messages) still waits in the socket, unlike a peek, which would see
+/// the data first; nothing is consumed.
+pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd]) -> Readiness {
+    let mut fds: Vec<libc::pollfd> = listeners
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .chain(streams.iter().map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLRDHUP,
+            revents: 0,
+        }))
+        .collect();
+    // SAFETY: `fds` is a live array of `fds.len()` pollfds; no waiting.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+    if n < 0 {
+        // EINTR or ENOMEM: report nothing; the next slow path looks again.
+        for p in &mut fds {
+            p.revents = 0;
+        }
+    }
+    let (l, s) = fds.split_at(listeners.len());
+    let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+    Readiness {
+        pending: l
+            .iter()
+            .map(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0)
+            .collect(),
+        closed: s.iter().map(|p| p.revents & hup != 0).collect(),
+    }
 }
 
 /// Waits up to `ms` milliseconds for `fd` to become readable.

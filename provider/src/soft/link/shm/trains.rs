@@ -98,7 +98,8 @@ use memmap2::{MmapOptions, MmapRaw};
 
 use super::ring::{self, DescPiece, Producer, SlotMeta, TrainDesc};
 use super::{
-    bump, sys, Channel, RxSide, ShmLink, Stats, EXPORT, EXPORT_LEN, EXPORT_MAX, MAP_MAX, NO_META, RX_MAPS_MAX,
+    bump, sys, Channel, RxSide, ShmLink, Stats, TokenMaps, EXPORT, EXPORT_LEN, EXPORT_MAX, MAP_MAX, NO_META,
+    RX_MAPS_MAX,
 };
 use crate::soft::proto::train::{TrainIn, TrainOut, TrainPiece};
 use crate::soft::proto::Datagram;
@@ -316,7 +317,7 @@ impl Channel {
     /// until the one for `want`, mapping each buffer; returns whether
     /// `want` is mapped now. The sender queues a buffer's message before
     /// it publishes the first slot using it, so it is there to read.
-    pub(super) fn import_until(&self, maps: &mut HashMap<u64, MmapRaw>, want: u64, stats: &Stats) -> bool {
+    pub(super) fn import_until(&self, maps: &mut TokenMaps, want: u64, stats: &Stats) -> bool {
         for _ in 0..EXPORT_MAX {
             let mut m = [0u8; EXPORT_LEN];
             let (n, fds) = match sys::recv_fds(self.stream.as_raw_fd(), &mut m, 1) {
@@ -372,9 +373,10 @@ impl ShmLink {
         len: usize,
         f: &mut dyn FnMut(Datagram<'_>),
     ) -> bool {
-        let Some(desc) = rx.buf.get(len..).and_then(TrainDesc::decode) else {
+        let RxSide { buf, maps, desc, .. } = rx;
+        if !buf.get(len..).is_some_and(|b| desc.decode_from(b)) {
             return false;
-        };
+        }
         let cma = desc.pieces.iter().any(|p| p.token == ring::PROCESS_TOKEN);
         // Process memory only where we verified we may read the peer, and
         // only while the process we verified is the one behind the pid.
@@ -384,22 +386,23 @@ impl ShmLink {
         }
         for p in &desc.pieces {
             if p.token != ring::PROCESS_TOKEN
-                && !rx.maps.contains_key(&p.token)
-                && !c.import_until(&mut rx.maps, p.token, &self.stats)
+                && !maps.contains_key(&p.token)
+                && !c.import_until(maps, p.token, &self.stats)
             {
                 return false;
             }
         }
-        let mut pieces: Vec<MappedPiece<'_>> = Vec::with_capacity(desc.pieces.len());
-        for p in &desc.pieces {
+        // On the stack: the receive path allocates nothing per train.
+        let mut pieces = [MappedPiece::remote(0, 0, 0); ring::TRAIN_MAX_PIECES];
+        for (slot, p) in pieces.iter_mut().zip(&desc.pieces) {
             if p.token == ring::PROCESS_TOKEN {
                 // The peer's own address space: the kernel checks every
                 // read against the peer's mappings (`TrainDesc::decode`
                 // already refused ranges that wrap).
-                pieces.push(MappedPiece::remote(c.pid, p.offset, p.len as usize));
+                *slot = MappedPiece::remote(c.pid, p.offset, p.len as usize);
                 continue;
             }
-            let Some(map) = rx.maps.get(&p.token) else { return false };
+            let Some(map) = maps.get(&p.token) else { return false };
             match p.offset.checked_add(u64::from(p.len)) {
                 Some(end) if end <= map.len() as u64 => {}
                 _ => return false,
@@ -412,9 +415,9 @@ impl ShmLink {
             // `map_export`), so reading it cannot fault. The mapping is
             // address space of its own, never registered with a device, so
             // it overlaps no memory the engine copies into.
-            pieces.push(unsafe { MappedPiece::new(map.as_ptr().add(p.offset as usize), p.len as usize) });
+            *slot = unsafe { MappedPiece::new(map.as_ptr().add(p.offset as usize), p.len as usize) };
         }
-        let Some(train) = TrainIn::new(desc.npkts, &pieces) else {
+        let Some(train) = TrainIn::new(desc.npkts, &pieces[..desc.pieces.len()]) else {
             return false;
         };
         bump(&self.stats.rx_trains);
@@ -426,7 +429,7 @@ impl ShmLink {
             dst: m.dst,
             src_port: m.src_port,
             dst_port: m.dst_port,
-            data: &rx.buf[..len],
+            data: &buf[..len],
             train: Some(train),
         });
         true
