@@ -201,6 +201,19 @@ impl Resolved {
     /// an application polling the last byte sees the rest.
     pub(crate) fn write_train(&self, t: &TrainIn<'_>, src_off: u64, len: usize) -> Result<(), ()> {
         const TAIL: usize = 64;
+        // The common case, one range of memory and one piece of train,
+        // without the general walk over segments and pieces.
+        if let (Resolved::One { memory, offset }, Some(p)) = (self, t.contiguous(src_off, len)) {
+            let head = len.saturating_sub(TAIL);
+            let piece = |at: usize, n: usize| p.sub(at, n).ok_or(());
+            if head > 0 {
+                memory.write_piece(*offset, piece(0, head)?).map_err(|_| ())?;
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+            }
+            return memory
+                .write_piece(offset + head, piece(head, len - head)?)
+                .map_err(|_| ());
+        }
         if len > TAIL {
             self.write_train_span(t, src_off, 0, len - TAIL)?;
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
@@ -212,31 +225,30 @@ impl Resolved {
 
     /// Copies `len` train bytes from `src_off` to the range's offset `at`.
     fn write_train_span(&self, t: &TrainIn<'_>, src_off: u64, at: usize, len: usize) -> Result<(), ()> {
+        // (memory, offset, length) per segment; a single range borrows its
+        // memory rather than cloning the Arc (two atomic operations per
+        // span on the path of every train).
         let one;
-        let segs: &[Segment] = match self {
+        let segs: &mut dyn Iterator<Item = (&MemorySource, usize, u64)> = match self {
             Resolved::One { memory, offset } => {
-                one = [Segment {
-                    memory: memory.clone(),
-                    offset: *offset,
-                    len: u64::MAX,
-                }];
-                &one
+                one = [(&**memory, *offset, u64::MAX)];
+                &mut one.iter().copied()
             }
-            Resolved::Many(segs) => segs,
+            Resolved::Many(segs) => &mut segs.iter().map(|s| (&*s.memory, s.offset, s.len)),
         };
         let (mut skip, mut src, mut left) = (at as u64, src_off, len as u64);
-        for s in segs {
+        for (memory, offset, seg_len) in segs {
             if left == 0 {
                 break;
             }
-            if skip >= s.len {
-                skip -= s.len;
+            if skip >= seg_len {
+                skip -= seg_len;
                 continue;
             }
-            let n = (s.len - skip).min(left);
-            let mut dst = s.offset + skip as usize;
+            let n = (seg_len - skip).min(left);
+            let mut dst = offset + skip as usize;
             t.for_each_range(src, n, |p| {
-                s.memory.write_piece(dst, p).map_err(|_| ())?;
+                memory.write_piece(dst, p).map_err(|_| ())?;
                 dst += p.len();
                 Ok(())
             })?;

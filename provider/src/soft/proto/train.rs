@@ -236,6 +236,19 @@ impl<'a> TrainIn<'a> {
         self.len == 0
     }
 
+    /// The payload bytes `offset..offset+len` if they lie in one piece.
+    pub(crate) fn contiguous(&self, offset: u64, len: usize) -> Option<MappedPiece<'a>> {
+        let mut skip = offset;
+        for p in self.pieces {
+            let plen = p.len() as u64;
+            if skip < plen {
+                return p.sub(usize::try_from(skip).ok()?, len);
+            }
+            skip -= plen;
+        }
+        None
+    }
+
     /// Calls `f(piece)` for the payload bytes `offset..offset+len`, in
     /// order, one call per contiguous range; stops at the first error.
     /// Errors if the payload is shorter than `offset + len`.

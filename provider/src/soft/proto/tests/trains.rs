@@ -31,8 +31,17 @@ impl Node {
     /// Feeds a train from the peer: `h` is its ONLY packet, `src` holds
     /// the payload.
     fn inject_train(&mut self, now: Nanos, h: &PacketRepr, npkts: u32, src: &MrMemory, len: usize) {
+        self.inject_train_of(now, h, npkts, &[(src, len)]);
+    }
+
+    /// Like `inject_train`, with the payload in several pieces: the first
+    /// `len` bytes of each source, in order.
+    fn inject_train_of(&mut self, now: Nanos, h: &PacketRepr, npkts: u32, srcs: &[(&MrMemory, usize)]) {
         let bytes = emit(h, &[]);
-        let pieces = [src.shared().unwrap().piece(0, len).unwrap()];
+        let pieces: Vec<_> = srcs
+            .iter()
+            .map(|(m, len)| m.shared().unwrap().piece(0, *len).unwrap())
+            .collect();
         let t = train::TrainIn::new(npkts, &pieces).unwrap();
         self.core.handle_datagram(
             now,
@@ -92,6 +101,33 @@ fn a_write_train_lands_once_takes_its_psns_and_acks_its_last() {
     assert_eq!(n.read_mem(100, 16), [0xee; 16]);
     assert_eq!(n.core.counters().rx_duplicates, 1);
     assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+}
+
+#[test]
+fn a_train_of_several_pieces_lands_whole_in_order() {
+    // Pieces of 3000, 100 and 6900 bytes: the WRITE's range and the SEND's
+    // receive buffers each take bytes from more than one piece, and the
+    // last 64 bytes (written last) straddle two.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let (a, b, c) = (train_source(3000, 1), train_source(100, 2), train_source(6900, 3));
+    let srcs = [(&a, 3000), (&b, 100), (&c, 6900)];
+    let mut want = Vec::new();
+    for (m, len) in srcs {
+        let mut v = vec![0u8; len];
+        m.read(0, &mut v).unwrap();
+        want.extend(v);
+    }
+    n.inject_train_of(0, &write_only(&n, RQ_PSN, 50, 10_000), 10, &srcs);
+    assert_eq!(n.read_mem(50, 10_000), want);
+    assert_eq!(n.core.counters().rx_trains, 1);
+    let srcs = [(&a, 3000), (&b, 100), (&c, 36)];
+    let sgl = [n.sge(20_000, 3050), n.sge(30_000, 4000)];
+    n.core.post_recv(n.qpn, &[RecvWr::new(9, &sgl)]).unwrap();
+    n.inject_train_of(1, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN + 10), 4, &srcs);
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 3136));
+    assert_eq!(n.read_mem(20_000, 3050), want[..3050]);
+    assert_eq!(n.read_mem(30_000, 86), want[3050..3136]);
 }
 
 #[test]
