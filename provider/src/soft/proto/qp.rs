@@ -204,6 +204,8 @@ pub(crate) struct ReqState {
     pub(crate) last_nak: Option<(Psn, Psn)>,
     /// Packets sent since the last one that asked for an ACK.
     pub(crate) unasked_pkts: u32,
+    /// WQEs whose last packet went without asking since the last ask.
+    pub(crate) unasked_wqes: u32,
     /// A go-back-N resend under way whose earlier copies may still be on
     /// the link ([`GoBack`]).
     pub(crate) go_back: Option<GoBack>,

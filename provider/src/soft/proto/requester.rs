@@ -59,7 +59,10 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 /// - any packet once `ack_every` packets went without asking (the window
 ///   and the responder's resources move on);
 /// - the last packet of a WQE that leaves the send queue half full or
-///   more, which frees slots for an application that signals rarely;
+///   more, which frees slots for an application that signals rarely, once
+///   an eighth of the queue went by without asking (an application that
+///   keeps its queue full would otherwise have every message acknowledged,
+///   an ACK to build, send, receive and process per message);
 /// - the last packet while the QP drains (SQD waits for every ACK);
 /// - the packet that fills the window (`closes`): nothing more goes until
 ///   an ACK frees room, and after a go-back-N the room may be smaller than
@@ -73,12 +76,17 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 /// `ib_send_lat`): one datagram per message instead of two.
 fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, closes: bool, ack_every: u32) -> bool {
     qp.req.unasked_pkts = qp.req.unasked_pkts.saturating_add(pkts);
+    if last {
+        qp.req.unasked_wqes = qp.req.unasked_wqes.saturating_add(1);
+    }
+    let max_wr = qp.cap.max_send_wr as usize;
+    let frees_slots = 2 * qp.sq.len() >= max_wr && 8 * qp.req.unasked_wqes as usize >= max_wr;
     let ask = closes
         || qp.req.unasked_pkts >= ack_every
-        || (last
-            && (qp.sq[idx].signaled || 2 * qp.sq.len() >= qp.cap.max_send_wr as usize || qp.state() == QpState::Sqd));
+        || (last && (qp.sq[idx].signaled || frees_slots || qp.state() == QpState::Sqd));
     if ask {
         qp.req.unasked_pkts = 0;
+        qp.req.unasked_wqes = 0;
     }
     ask
 }

@@ -101,6 +101,24 @@ fn a_send_queue_half_full_of_unsignaled_sends_asks() {
 }
 
 #[test]
+fn a_send_queue_kept_full_asks_once_per_eighth_of_it() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    // max_send_wr 32, nothing acknowledged: the 16th WQE asks (half full),
+    // then every 4th (an eighth of the queue), not every one.
+    let mut asked = Vec::new();
+    for i in 0..32 {
+        n.post_unsignaled(0, i, 0, 8);
+        asked.extend(n.sent().iter().map(|(h, _)| h.bth.ack_req));
+    }
+    let at: Vec<usize> = asked.iter().enumerate().filter(|(_, &a)| a).map(|(i, _)| i).collect();
+    assert_eq!(at, [15, 19, 23, 27, 31]);
+    // One ACK retires them all.
+    n.inject(0, &ack(n.qpn, SQ_PSN + 31, Syndrome::ACK), &[]);
+    assert!(n.cqes().is_empty(), "unsignaled sends complete silently");
+    assert_all_acknowledged(&mut n);
+}
+
+#[test]
 fn a_trailing_unsignaled_send_is_acknowledged_by_its_resent_duplicate() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     n.post_unsignaled(0, 1, 0, 8);
