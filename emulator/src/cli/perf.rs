@@ -31,6 +31,17 @@ pub use softverbs_benches::perftest::PerfArgs as Args;
 /// Usage errors (exit 2), missing devices or links (1), verbs failures and
 /// failed tests (3).
 pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
+    // With the `probes` feature: room for 4 Mi marks (32 MiB), and the
+    // stages of this process's messages on stderr at the end.
+    softverbs::soft::probe::start(1 << 22);
+    let r = run_tests(env, args, out);
+    if let Some(report) = softverbs::soft::probe::report() {
+        eprint!("{report}");
+    }
+    r
+}
+
+fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     perftest::run(args, env.global.backend(), out).map_err(|e| match e {
         PerfError::Usage(m) => {
             eprintln_safe(&format!("softverbs: perf {}: {m}", args.test));

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod link;
 mod notify;
 mod objects;
+pub mod probe;
 pub mod proto;
 pub mod wire;
 

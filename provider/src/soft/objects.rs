@@ -692,7 +692,11 @@ impl CqOps for SoftCq {
     #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         // Inline mode: polling is what reads a network link.
-        self.ctx.dev.poll_cq_with(|c, _| c.poll_cq(self.id, wc))
+        let r = self.ctx.dev.poll_cq_with(|c, _| c.poll_cq(self.id, wc));
+        if matches!(r, Ok(n) if n > 0) {
+            crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
+        }
+        r
     }
 
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
@@ -770,6 +774,7 @@ impl QpOps for SoftQp {
 
     #[inline]
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
         let r = self.pd.ctx.dev.with_core(|c, now| c.post_send(now, self.qpn, wrs));
         let posted = match &r {
             Ok(()) => wrs.len(),
@@ -797,6 +802,7 @@ impl QpOps for SoftQp {
 
     #[inline]
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
         self.pd.ctx.dev.with_core_local(|c| c.post_recv(self.qpn, wrs))
     }
 

@@ -519,6 +519,7 @@ impl Producer {
         }
         self.head += 1;
         region.index(self.ring, OFF_HEAD).store(self.head, Ordering::Release);
+        crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
         Ok(())
     }
 
@@ -654,6 +655,7 @@ impl Consumer {
             )
         };
         self.tail += 1;
+        crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
         // Checked on our private copies of the words, once.
         let sane = len + ext <= MAX_PAYLOAD
             && match kind {

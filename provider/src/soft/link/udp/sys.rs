@@ -250,6 +250,7 @@ pub(super) fn recv_one(fd: RawFd, rx: &mut RxBufs) -> io::Result<usize> {
         )
     };
     let Some(n) = received(n as isize)? else { return Ok(0) };
+    crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
     rx.lens[0] = n;
     rx.truncated[0] = n > rx.slot;
     rx.segment[0] = 0;
@@ -315,6 +316,7 @@ fn recv_batch_n<const N: usize>(fd: RawFd, rx: &mut RxBufs, max: usize) -> io::R
         )
     };
     let Some(n) = received(n as isize)? else { return Ok(0) };
+    crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
     for (i, h) in hdrs.iter().enumerate().take(n) {
         rx.lens[i] = h.msg_len as usize;
         rx.truncated[i] = h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
@@ -369,6 +371,13 @@ pub(super) enum SendOutcome {
 
 /// Sends up to [`TX_BATCH`] messages with one `sendmmsg`.
 pub(super) fn send_batch(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
+    crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
+    let r = send_batch_any(fd, datagrams, msgs);
+    crate::soft::probe::mark(crate::soft::probe::Point::TxSyscallDone);
+    r
+}
+
+fn send_batch_any(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
     if let [m] = msgs {
         if m.count == 1 {
             return send_one(fd, datagrams[m.first], m.dst);
