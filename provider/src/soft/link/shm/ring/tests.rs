@@ -1,0 +1,268 @@
+//! Tests of the rings: push and pop across the wrap, the sleep-flag
+//! handshake, train and forget slots, and hostile descriptors and slot
+//! headers.
+
+use super::*;
+
+fn meta() -> SlotMeta {
+    SlotMeta {
+        src: "fd73:7665:7262:4::1".parse().unwrap(),
+        dst: "127.0.0.1".parse().unwrap(),
+        src_port: 0xc001,
+        dst_port: 4791,
+    }
+}
+
+#[test]
+fn push_pop_wraps_and_fills() {
+    let r = Region::create().unwrap();
+    let r2 = Region::open(r.file().try_clone().unwrap()).unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    for round in 0..3u64 {
+        for i in 0..SLOTS {
+            let data = vec![(i + round) as u8; (i as usize * 7) % 300 + 1];
+            p.push(&r, &meta(), &data).unwrap();
+        }
+        assert_eq!(p.push(&r, &meta(), b"x"), Err(PushError::Full));
+        for i in 0..SLOTS {
+            let got = c.pop(&r2, &mut buf).unwrap().unwrap();
+            assert_eq!(got, Popped::Datagram(meta()));
+            assert_eq!(buf, vec![(i + round) as u8; (i as usize * 7) % 300 + 1]);
+        }
+        assert_eq!(c.pop(&r2, &mut buf), Ok(None));
+    }
+    assert_eq!(p.push(&r, &meta(), &vec![0; MAX_PAYLOAD + 1]), Err(PushError::TooLong));
+    p.push(&r, &meta(), &vec![9; MAX_PAYLOAD]).unwrap();
+    assert!(matches!(c.pop(&r2, &mut buf), Ok(Some(Popped::Datagram(_)))));
+    assert_eq!(buf.len(), MAX_PAYLOAD);
+}
+
+#[test]
+fn sleep_flag_handshake() {
+    let r = Region::create().unwrap();
+    let mut p = Producer::new(1);
+    let mut c = Consumer::new(1);
+    assert!(!p.consumer_sleeping(&r));
+    assert!(c.prepare_sleep(&r));
+    p.push(&r, &meta(), b"hello").unwrap();
+    assert!(p.consumer_sleeping(&r));
+    assert!(!c.prepare_sleep(&r));
+    c.wake(&r);
+    assert!(!p.consumer_sleeping(&r));
+}
+
+fn desc(n: usize) -> TrainDesc {
+    TrainDesc {
+        npkts: 3,
+        pieces: (0..n as u64)
+            .map(|i| DescPiece {
+                token: 0x1000 + i,
+                offset: i * 4096,
+                len: 1000 + i as u32,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn train_and_forget_slots_round_trip() {
+    let r = Region::create().unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    let packet = [7u8; 40];
+    for n in [1, 2, TRAIN_MAX_PIECES] {
+        let d = desc(n);
+        let mut ext = Vec::new();
+        d.encode(&mut ext).unwrap();
+        assert_eq!(ext.len(), d.encoded_len());
+        p.push_ext(&r, &meta(), KIND_TRAIN, &packet, &ext).unwrap();
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Train(meta(), 40))));
+        assert_eq!(&buf[..40], &packet);
+        assert_eq!(TrainDesc::decode(&buf[40..]), Some(d));
+    }
+    let mut ext = Vec::new();
+    encode_forget(&[1, 2, u64::MAX], &mut ext);
+    p.push_ext(&r, &meta(), KIND_FORGET, &[], &ext).unwrap();
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Forget)));
+    assert_eq!(decode_forget(&buf).unwrap().collect::<Vec<_>>(), vec![1, 2, u64::MAX]);
+    // A datagram reader skips what it does not know.
+    p.push_ext(&r, &meta(), KIND_TRAIN, &packet, &ext).unwrap();
+    assert_eq!(c.pop(&r, &mut buf), Ok(Some(Popped::BadLength)));
+    p.push(&r, &meta(), b"plain").unwrap();
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Datagram(meta()))));
+    assert_eq!(buf, b"plain");
+    // Lengths add up against the slot.
+    let big = vec![0; MAX_PAYLOAD - 10];
+    assert_eq!(
+        p.push_ext(&r, &meta(), KIND_TRAIN, &big, &[0; 11]),
+        Err(PushError::TooLong)
+    );
+    p.push_ext(&r, &meta(), KIND_TRAIN, &big, &[0; 10]).unwrap();
+    assert_eq!(
+        c.pop_slot(&r, &mut buf),
+        Ok(Some(Slot::Train(meta(), MAX_PAYLOAD - 10)))
+    );
+    assert_eq!(buf.len(), MAX_PAYLOAD);
+}
+
+#[test]
+fn room_counts_free_slots() {
+    let r = Region::create().unwrap();
+    let mut p = Producer::new(1);
+    let mut c = Consumer::new(1);
+    let mut buf = Vec::new();
+    assert_eq!(p.room(&r, 1), Ok(SLOTS));
+    for _ in 0..SLOTS - 1 {
+        p.push(&r, &meta(), b"x").unwrap();
+    }
+    assert_eq!(p.room(&r, 2), Ok(1));
+    p.push(&r, &meta(), b"x").unwrap();
+    assert_eq!(p.room(&r, 1), Ok(0));
+    c.pop_slot(&r, &mut buf).unwrap().unwrap();
+    // The consumer frees slots when it has read all it saw.
+    while c.pop_slot(&r, &mut buf).unwrap().is_some() {}
+    assert_eq!(p.room(&r, 1), Ok(SLOTS));
+    let mut q = Producer::resume(&r, 1);
+    assert_eq!(q.position(), (SLOTS, SLOTS));
+    q.push(&r, &meta(), b"y").unwrap();
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Datagram(meta()))));
+    assert_eq!(buf, b"y");
+}
+
+#[test]
+fn hostile_descriptors_are_refused() {
+    let ok = {
+        let mut v = Vec::new();
+        desc(2).encode(&mut v).unwrap();
+        v
+    };
+    assert!(TrainDesc::decode(&ok).is_some());
+    // Truncated, padded, empty.
+    assert!(TrainDesc::decode(&ok[..ok.len() - 1]).is_none());
+    assert!(TrainDesc::decode(&[ok.as_slice(), &[0]].concat()).is_none());
+    assert!(TrainDesc::decode(&[]).is_none());
+    // No packet.
+    let mut v = ok.clone();
+    v[..4].copy_from_slice(&0u32.to_le_bytes());
+    assert!(TrainDesc::decode(&v).is_none());
+    // Piece counts: none, too many (with the length to match), huge.
+    for count in [0u32, TRAIN_MAX_PIECES as u32 + 1, u32::MAX] {
+        let mut v = vec![0u8; DESC_HDR + DESC_PIECE * (count as usize).min(64)];
+        v[..4].copy_from_slice(&1u32.to_le_bytes());
+        v[4..8].copy_from_slice(&count.to_le_bytes());
+        assert!(TrainDesc::decode(&v).is_none(), "{count}");
+    }
+    // Lengths beyond a message, offsets that wrap.
+    let mut d = desc(TRAIN_MAX_PIECES);
+    for p in &mut d.pieces {
+        p.len = u32::MAX;
+    }
+    assert!(d.encode(&mut Vec::new()).is_none());
+    let mut v = ok.clone();
+    for i in 0..2 {
+        v[DESC_HDR + DESC_PIECE * i + 16..DESC_HDR + DESC_PIECE * i + 20].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    }
+    assert!(TrainDesc::decode(&v).is_some(), "exactly 2^31 bytes is a message");
+    v[DESC_HDR + 16] = 1;
+    assert!(TrainDesc::decode(&v).is_none(), "2^31 + 1 bytes is not");
+    let mut v = ok.clone();
+    v[DESC_HDR + 8..DESC_HDR + 16].copy_from_slice(&(u64::MAX - 10).to_le_bytes());
+    assert!(TrainDesc::decode(&v).is_none());
+    // Forget lists: whole tokens only, bounded.
+    assert!(decode_forget(&[0; 7]).is_none());
+    assert!(decode_forget(&vec![0; 8 * (FORGET_MAX + 1)]).is_none());
+    assert_eq!(decode_forget(&[]).unwrap().count(), 0);
+}
+
+/// Random bytes as descriptors, some with a plausible header: never a
+/// panic, and whatever is accepted is within the limits and encodes
+/// back to the same bytes.
+#[test]
+fn random_descriptors_never_panic() {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut accepted = 0;
+    for i in 0..20_000 {
+        let count = rnd() % (TRAIN_MAX_PIECES as u64 + 3);
+        let len = if i % 2 == 0 {
+            DESC_HDR + DESC_PIECE * count as usize
+        } else {
+            (rnd() % (DESC_MAX as u64 + 64)) as usize
+        };
+        let mut v: Vec<u8> = (0..len).map(|_| rnd() as u8).collect();
+        if v.len() >= 8 && i % 4 < 2 {
+            v[4..8].copy_from_slice(&(count as u32).to_le_bytes());
+            // Small lengths and offsets now and then.
+            for k in 0..count as usize {
+                let o = DESC_HDR + DESC_PIECE * k;
+                if o + 20 <= v.len() && rnd() % 2 == 0 {
+                    v[o + 8..o + 16].copy_from_slice(&(rnd() % (1 << 20)).to_le_bytes());
+                    v[o + 16..o + 20].copy_from_slice(&((rnd() % (1 << 20)) as u32).to_le_bytes());
+                }
+            }
+        }
+        if let Some(d) = TrainDesc::decode(&v) {
+            accepted += 1;
+            assert!(d.npkts > 0 && !d.pieces.is_empty() && d.pieces.len() <= TRAIN_MAX_PIECES);
+            assert!(d.pieces.iter().map(|p| u64::from(p.len)).sum::<u64>() <= 1 << 31);
+            let mut back = Vec::new();
+            d.encode(&mut back).unwrap();
+            assert_eq!(back, v);
+        }
+        let _ = decode_forget(&v).map(|t| t.count());
+    }
+    assert!(accepted > 100, "{accepted}");
+}
+
+/// A peer scribbling kind and length words: the consumer never hands
+/// out more than a slot holds, nor a train whose packet is longer than
+/// what it copied.
+#[test]
+fn hostile_slot_headers_stay_in_the_slot() {
+    use std::os::unix::fs::FileExt;
+    let r = Region::create().unwrap();
+    let peer = r.file().try_clone().unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    let (mut trains, mut bad) = (0, 0);
+    for i in 0..4 * SLOTS {
+        let slot = slot_offset(0, i);
+        let pick = |v: u64| match v % 4 {
+            0 => 0,
+            1 => (v >> 8) % 64,
+            2 => (v >> 8) % (MAX_PAYLOAD as u64 + 2),
+            _ => v >> 32,
+        } as u32;
+        let (len, kind, ext) = (pick(rnd()), (rnd() % 5) as u32, pick(rnd()));
+        peer.write_all_at(&len.to_ne_bytes(), slot).unwrap();
+        peer.write_all_at(&kind.to_ne_bytes(), slot + 40).unwrap();
+        peer.write_all_at(&ext.to_ne_bytes(), slot + 44).unwrap();
+        peer.write_all_at(&(i + 1).to_ne_bytes(), head_offset(0)).unwrap();
+        match c.pop_slot(&r, &mut buf) {
+            Ok(Some(Slot::Train(_, n))) => {
+                trains += 1;
+                assert!(n <= buf.len() && buf.len() <= MAX_PAYLOAD);
+                let _ = TrainDesc::decode(&buf[n..]);
+            }
+            Ok(Some(Slot::Datagram(_))) | Ok(Some(Slot::Forget)) => assert!(buf.len() <= MAX_PAYLOAD),
+            Ok(Some(Slot::Bad)) => bad += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(trains > 0 && bad > 0, "{trains} {bad}");
+}
