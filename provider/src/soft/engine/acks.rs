@@ -112,7 +112,8 @@ impl HeldAcks {
     /// order:
     /// held ACKs first if a response that is not a plain ACK follows,
     /// then the rest, then held ACKs that have waited [`ACK_HOLD_NS`]
-    /// (all of them with `flush_all`).
+    /// (all of them with `flush_all`). With nothing held and `hold_new`
+    /// false it leaves `out` as it is, and the engine skips the call then.
     pub(crate) fn sort(&mut self, out: &mut Vec<Transmit>, now: Nanos, hold_new: bool, flush_all: bool) {
         // In place: this runs for every verb that sends, and a second
         // vector per call was an allocation per message.
@@ -218,6 +219,24 @@ mod tests {
         h.sort(&mut out, 10, true, false);
         assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [1, 2, 3]);
         assert!(h.is_empty());
+    }
+
+    #[test]
+    fn with_nothing_held_and_nothing_to_hold_sorting_changes_nothing() {
+        // What the engine relies on to skip the call (and the lock).
+        let mut h = HeldAcks::default();
+        let mut out = vec![
+            pkt(0x04, 1, 0, 1),
+            pkt(0x11, 1, 0x1f, 2),
+            pkt(0x11, 1, 0x60, 3),
+            pkt(0x10, 2, 0, 4),
+            pkt(0x11, 2, 0x1f, 5),
+        ];
+        for flush_all in [false, true] {
+            h.sort(&mut out, ACK_HOLD_NS * 3, false, flush_all);
+            assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+            assert!(h.is_empty());
+        }
     }
 
     #[test]
