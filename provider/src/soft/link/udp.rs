@@ -572,12 +572,11 @@ impl UdpLink {
                 i = j.max(i + 1);
                 continue;
             }
-            let datagrams: Vec<&[u8]> = txs.iter().map(|t| t.data.as_slice()).collect();
             let fd = self.socks[si].sock.as_raw_fd();
             let mut done = 0;
             while done < st.msgs.len() {
                 bump(&self.stats.tx_syscalls, 1);
-                match sys::send_batch(fd, &datagrams, &st.msgs[done..]) {
+                match sys::send_batch(fd, txs, &st.msgs[done..]) {
                     sys::SendOutcome::Sent(n) => {
                         for m in &st.msgs[done..done + n] {
                             bump(&self.stats.tx_datagrams, m.count as u64);

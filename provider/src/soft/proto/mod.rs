@@ -140,6 +140,13 @@ pub struct Transmit {
     pub train: Option<Box<train::TrainOut>>,
 }
 
+/// Its UDP payload (links hand `Transmit`s to the kernel as they are).
+impl AsRef<[u8]> for Transmit {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
 /// A received datagram.
 #[derive(Debug, Clone, Copy)]
 pub struct Datagram<'a> {

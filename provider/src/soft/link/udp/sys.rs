@@ -370,25 +370,25 @@ pub(super) enum SendOutcome {
 }
 
 /// Sends up to [`TX_BATCH`] messages with one `sendmmsg`.
-pub(super) fn send_batch(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
+pub(super) fn send_batch<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxMsg]) -> SendOutcome {
     crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
     let r = send_batch_any(fd, datagrams, msgs);
     crate::soft::probe::mark(crate::soft::probe::Point::TxSyscallDone);
     r
 }
 
-fn send_batch_any(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
+fn send_batch_any<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxMsg]) -> SendOutcome {
     if let [m] = msgs {
         if m.count == 1 {
-            return send_one(fd, datagrams[m.first], m.dst);
+            return send_one(fd, datagrams[m.first].as_ref(), m.dst);
         }
     }
     // The per-message arrays live on the stack and are zeroed for every
     // call: ~8 KiB for TX_BATCH messages, while a verb sends one or two.
     if msgs.len() <= TX_SMALL {
-        send_batch_n::<TX_SMALL>(fd, datagrams, msgs)
+        send_batch_n::<TX_SMALL, D>(fd, datagrams, msgs)
     } else {
-        send_batch_n::<TX_BATCH>(fd, datagrams, msgs)
+        send_batch_n::<TX_BATCH, D>(fd, datagrams, msgs)
     }
 }
 
@@ -419,12 +419,12 @@ fn send_one(fd: RawFd, data: &[u8], dst: SocketAddr) -> SendOutcome {
 const TX_SMALL: usize = 4;
 
 /// [`send_batch`] with room for `N` messages (sends the first `N`).
-fn send_batch_n<const N: usize>(fd: RawFd, datagrams: &[&[u8]], msgs: &[TxMsg]) -> SendOutcome {
+fn send_batch_n<const N: usize, D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxMsg]) -> SendOutcome {
     let msgs = &msgs[..msgs.len().min(N)];
     let total_iovs: usize = msgs.iter().map(|m| m.count).sum();
     let mut iovs: Vec<libc::iovec> = Vec::with_capacity(total_iovs);
     for m in msgs {
-        for d in &datagrams[m.first..m.first + m.count] {
+        for d in datagrams[m.first..m.first + m.count].iter().map(AsRef::as_ref) {
             iovs.push(libc::iovec {
                 iov_base: d.as_ptr() as *mut libc::c_void,
                 iov_len: d.len(),
