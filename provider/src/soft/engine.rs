@@ -397,7 +397,7 @@ impl DeviceShared {
 
     /// Makes progress on this device (and any device its packets reach):
     /// in inline mode reads the link, runs due timers and sends. It reads
-    /// until the link has nothing more (up to [`DRIVE_TURNS`] batches), so
+    /// until the link has nothing more (up to `DRIVE_TURNS` (64) batches), so
     /// that an edge-triggered poller (mio, `EPOLLET`), which reports a
     /// readable socket once, may call it once per readiness event.
     pub fn drive(self: &Arc<Self>) {

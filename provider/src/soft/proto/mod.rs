@@ -16,7 +16,7 @@
 //! `poll_event`, then re-arm the timer from `poll_timeout`. This is what
 //! lets the simulated fabric replay any run from its seed (DESIGN §2).
 //!
-//! Files follow the directions of traffic, as rxe does: [`qp`] (objects,
+//! Files follow the directions of traffic, as rxe does: `qp` (objects,
 //! state changes, flushing), `post` (posting), `requester` (WQEs → request packets),
 //! `responder` (request packets → memory, receive completions, responses),
 //! `completer` (responses → send completions, retransmission) and `recv`
@@ -92,7 +92,7 @@ pub struct CoreConfig {
     /// Seed for key bytes and any other random choice.
     pub seed: u64,
     /// Request an ACK at least every this many packets, across messages
-    /// (see [`requester`]'s AckReq policy).
+    /// (see `requester`'s AckReq policy).
     pub ack_every: u32,
     /// Most unacknowledged request packets a QP keeps in flight.
     pub max_inflight_packets: u32,
