@@ -3,7 +3,7 @@
 //! micro-benchmarks of the soft provider's hot paths.
 //!
 //! The `softverbs perf <test>` subcommand of the CLI is a thin wrapper over
-//! [`perftest::run`], so the tool, the tests and the criterion benches share
+//! [`perftest::run`](fn@perftest::run), so the tool, the tests and the criterion benches share
 //! one implementation.
 //!
 //! # Examples

@@ -16,7 +16,7 @@
 //! - [`report`]: the banner, the tables and the JSON file;
 //! - [`exchange`]: the TCP exchange of QPN/PSN/GID/rkey/address between a
 //!   `--server` and a `--client`, in perftest's key-message format;
-//! - [`run`]: what `softverbs perf` does with all of it.
+//! - [`run`](mod@run): what `softverbs perf` does with all of it.
 
 pub mod args;
 pub mod bw;

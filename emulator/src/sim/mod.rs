@@ -19,7 +19,7 @@
 //! - [`workload`]: random verbs programs ([`Scenario`]) run against a
 //!   reference model that checks memory, completions, atomics and
 //!   placement-before-completion.
-//! - [`bench`]: goodput and completion latency in virtual time under loss.
+//! - [`bench`](mod@bench): goodput and completion latency in virtual time under loss.
 //!
 //! # Examples
 //!
