@@ -390,21 +390,6 @@ impl MrTable {
         if len == 0 {
             return Ok(None);
         }
-        Self::resolve(self.local_entry(key, pd, need)?, addr, len).map(Some)
-    }
-
-    /// [`MrTable::check`] for callers that only need to know, without
-    /// resolving: no reference to the memory is taken (two atomic
-    /// operations per check on the path of every message).
-    pub(crate) fn validate(&self, key: u32, pd: PdId, addr: u64, len: u64, need: AccessFlags) -> Result<(), KeyError> {
-        if len == 0 {
-            return Ok(());
-        }
-        Self::covers(self.local_entry(key, pd, need)?, addr, len)
-    }
-
-    /// The MR `key` names, if `pd` may use it locally with rights `need`.
-    fn local_entry(&self, key: u32, pd: PdId, need: AccessFlags) -> Result<&MrEntry, KeyError> {
         let e = self.get(key).ok_or(KeyError::BadKey)?;
         if e.is_window() {
             return Err(KeyError::BadKey);
@@ -415,7 +400,7 @@ impl MrTable {
         if !e.access.contains(need) {
             return Err(KeyError::Access);
         }
-        Ok(e)
+        Self::resolve(e, addr, len).map(Some)
     }
 
     /// Checks a remote access under `rkey` by `qpn` (of PD `pd`): MRs,
@@ -432,37 +417,6 @@ impl MrTable {
         if len == 0 {
             return Ok(None);
         }
-        Self::resolve(self.remote_entry(rkey, pd, qpn, addr, len, need)?, addr, len).map(Some)
-    }
-
-    /// [`MrTable::check_remote`] without resolving (see
-    /// [`MrTable::validate`]).
-    pub(crate) fn validate_remote(
-        &self,
-        rkey: u32,
-        pd: PdId,
-        qpn: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<(), KeyError> {
-        if len == 0 {
-            return Ok(());
-        }
-        Self::covers(self.remote_entry(rkey, pd, qpn, addr, len, need)?, addr, len)
-    }
-
-    /// The MR a remote access under `rkey` reaches (through the window
-    /// `rkey` names, if it does), once the window's own checks passed.
-    fn remote_entry(
-        &self,
-        rkey: u32,
-        pd: PdId,
-        qpn: u32,
-        addr: u64,
-        len: u64,
-        need: AccessFlags,
-    ) -> Result<&MrEntry, KeyError> {
         let e = self.get(rkey).ok_or(KeyError::BadKey)?;
         if e.pd != pd {
             return Err(KeyError::WrongPd);
@@ -480,25 +434,10 @@ impl MrTable {
                 if addr < e.iova || end > e.iova + e.len {
                     return Err(KeyError::Bounds);
                 }
-                self.get(b.mr_key).ok_or(KeyError::BadKey)
+                let mr = self.get(b.mr_key).ok_or(KeyError::BadKey)?;
+                Self::resolve(mr, addr, len).map(Some)
             }
-            _ => Ok(e),
-        }
-    }
-
-    /// Whether [`MrTable::resolve`] would accept `len` (> 0) bytes at
-    /// `addr` of `e`, without resolving them (fast-registration MRs, the
-    /// rare case, are resolved).
-    fn covers(e: &MrEntry, addr: u64, len: u64) -> Result<(), KeyError> {
-        match &e.backing {
-            Backing::Plain(_) => {
-                let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
-                if addr < e.iova || end > e.iova.saturating_add(e.len) || usize::try_from(addr - e.iova).is_err() {
-                    return Err(KeyError::Bounds);
-                }
-                Ok(())
-            }
-            _ => Self::resolve(e, addr, len).map(|_| ()),
+            _ => Self::resolve(e, addr, len).map(Some),
         }
     }
 
@@ -636,108 +575,6 @@ mod tests {
             KeyError::Bounds
         );
         assert!(t.check(0, PdId(9), 0, 0, AccessFlags::REMOTE_WRITE).unwrap().is_none());
-    }
-
-    #[test]
-    fn validating_agrees_with_checking_for_every_kind_of_key() {
-        let mut t = MrTable::default();
-        let mut rng = SplitMix::new(3);
-        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
-        let mem = Arc::new(MemorySource::Owned(MrMemory::new(8192).unwrap()));
-        let base = mem.addr();
-        let plain = t
-            .insert(
-                &mut rng,
-                PdId(1),
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
-                base,
-                8192,
-                Backing::Plain(mem.clone()),
-            )
-            .unwrap();
-        let fast = |valid, len| Backing::FastReg {
-            max_pages: 2,
-            valid,
-            mapping: Some(Mapping {
-                segments: vec![Segment {
-                    memory: mem.clone(),
-                    offset: 0,
-                    len,
-                }],
-            }),
-        };
-        let fr = t
-            .insert(&mut rng, PdId(1), all, 0x10000, 8192, fast(true, 8192))
-            .unwrap();
-        // A mapping shorter than the MR: resolving past it fails.
-        let short = t
-            .insert(&mut rng, PdId(1), all, 0x20000, 8192, fast(true, 4096))
-            .unwrap();
-        let free = t
-            .insert(&mut rng, PdId(1), all, 0x30000, 8192, fast(false, 8192))
-            .unwrap();
-        let window = |binding| Backing::Window {
-            mw_type: MwType::Type2,
-            binding,
-        };
-        let bound = Some(Binding {
-            mr_key: plain,
-            qpn: Some(7),
-        });
-        let mw = t
-            .insert(
-                &mut rng,
-                PdId(1),
-                AccessFlags::REMOTE_READ,
-                base + 100,
-                1000,
-                window(bound),
-            )
-            .unwrap();
-        let unbound = t
-            .insert(&mut rng, PdId(1), AccessFlags::REMOTE_READ, base, 8192, window(None))
-            .unwrap();
-        let keys = [plain, fr, short, free, mw, unbound, plain ^ 1];
-        let starts = [
-            base,
-            base + 99,
-            base + 100,
-            base + 8191,
-            0x10000,
-            0x20000 + 4000,
-            0x30000,
-            u64::MAX - 3,
-        ];
-        let needs = [
-            AccessFlags::empty(),
-            AccessFlags::LOCAL_WRITE,
-            AccessFlags::REMOTE_READ,
-            AccessFlags::REMOTE_WRITE,
-        ];
-        let mut cases = 0;
-        for key in keys {
-            for addr in starts {
-                for len in [0, 1, 100, 1000, 4096, 8192] {
-                    for need in needs {
-                        for pd in [PdId(1), PdId(2)] {
-                            let want = t.check(key, pd, addr, len, need).map(|_| ());
-                            assert_eq!(
-                                t.validate(key, pd, addr, len, need),
-                                want,
-                                "{key:#x} {addr:#x}+{len} {need:?}"
-                            );
-                            for qpn in [7, 8] {
-                                let want = t.check_remote(key, pd, qpn, addr, len, need).map(|_| ());
-                                let got = t.validate_remote(key, pd, qpn, addr, len, need);
-                                assert_eq!(got, want, "{key:#x} {addr:#x}+{len} {need:?} qp {qpn}");
-                                cases += 1;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        assert_eq!(cases, 7 * 8 * 6 * 4 * 2 * 2);
     }
 
     #[test]

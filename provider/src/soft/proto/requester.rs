@@ -226,7 +226,7 @@ impl Core {
             AccessFlags::empty()
         };
         for s in &w.sgl {
-            match self.mrs.validate(s.lkey, qp.pd, s.addr, u64::from(s.len), need) {
+            match self.mrs.check(s.lkey, qp.pd, s.addr, u64::from(s.len), need) {
                 Ok(_) => {}
                 Err(KeyError::Access) if need.contains(AccessFlags::LOCAL_WRITE) => return Err(WcStatus::LocProtErr),
                 Err(_) => return Err(WcStatus::LocProtErr),

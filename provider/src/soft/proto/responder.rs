@@ -270,7 +270,7 @@ impl Core {
                 return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
             }
             // The whole range is checked up front (IBTA 9.7.5.1.3).
-            if let Err(e) = self.mrs.validate_remote(
+            if let Err(e) = self.mrs.check_remote(
                 reth.rkey,
                 qp.pd,
                 qp.qpn,
@@ -377,7 +377,7 @@ impl Core {
         if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) && reth.dma_len > 0 {
             return Outcome::Fatal(NakCode::RemoteAccessError, EventType::QpAccessErr);
         }
-        if let Err(e) = self.mrs.validate_remote(
+        if let Err(e) = self.mrs.check_remote(
             reth.rkey,
             qp.pd,
             qp.qpn,
@@ -660,7 +660,7 @@ impl Core {
     fn recv_sgl_ok(&self, qp: &Qp, wqe: &RecvWqe) -> bool {
         wqe.sgl.iter().all(|s| {
             self.mrs
-                .validate(s.lkey, qp.pd, s.addr, u64::from(s.len), AccessFlags::LOCAL_WRITE)
+                .check(s.lkey, qp.pd, s.addr, u64::from(s.len), AccessFlags::LOCAL_WRITE)
                 .is_ok()
         })
     }
