@@ -160,10 +160,6 @@ pub struct DeviceShared {
     /// Inline mode on a network link: plain ACKs held back for coalescing
     /// (see `acks`). Locked only under the engine lock.
     held: Mutex<acks::HeldAcks>,
-    /// Whether `held` holds anything (updated under its lock): while it
-    /// does not and no verb holds new ACKs, sorting is a no-op, skipped
-    /// with the lock (~140 instructions per message otherwise).
-    holding: AtomicBool,
     /// Whether inline polls may hold ACKs back (see [`acks`]); off by
     /// default: an application that stops calling verbs would strand them
     /// and its peer's last sends would end in RETRY_EXC_ERR.
@@ -205,7 +201,6 @@ impl DeviceShared {
             link_fds,
             progress: progress::Progress::new(),
             held: Mutex::new(acks::HeldAcks::default()),
-            holding: AtomicBool::new(false),
             coalesce_acks: AtomicBool::new(false),
         });
         dev.link.attach(&dev);
@@ -352,12 +347,8 @@ impl DeviceShared {
             } else {
                 Self::drain_locked(&mut core, &mut out, &mut events);
                 if self.network && !threaded {
-                    let hold_new = hold_acks(&r);
-                    if hold_new || self.holding.load(Ordering::Relaxed) {
-                        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                        held.sort(&mut out, now, hold_new, flush_acks);
-                        self.holding.store(!held.is_empty(), Ordering::Relaxed);
-                    }
+                    let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                    held.sort(&mut out, now, hold_acks(&r), flush_acks);
                 }
             }
             if threaded {

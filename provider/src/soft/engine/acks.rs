@@ -102,7 +102,8 @@ pub(crate) fn collapse(txs: &mut Vec<Transmit>, from: usize) {
 
 impl HeldAcks {
     /// Whether nothing is held.
-    pub(crate) fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
@@ -113,8 +114,13 @@ impl HeldAcks {
     /// held ACKs first if a response that is not a plain ACK follows,
     /// then the rest, then held ACKs that have waited [`ACK_HOLD_NS`]
     /// (all of them with `flush_all`). With nothing held and `hold_new`
-    /// false it leaves `out` as it is, and the engine skips the call then.
+    /// false it leaves `out` as it is, at once (the common case: ACK
+    /// coalescing off, where walking `out` cost ~140 instructions per
+    /// message).
     pub(crate) fn sort(&mut self, out: &mut Vec<Transmit>, now: Nanos, hold_new: bool, flush_all: bool) {
+        if !hold_new && self.held.is_empty() {
+            return;
+        }
         // In place: this runs for every verb that sends, and a second
         // vector per call was an allocation per message.
         let mut responses = false;
