@@ -4,11 +4,12 @@
 //!
 //! **Inline progress** (the default): there is no engine thread. Every verb
 //! that can make progress (posting a send, polling a CQ, waiting on a
-//! channel) drives the device (posting a receive only queues it), and an in-process link drives the receiving device
-//! from the sender's thread, so a two-device ping-pong in one thread
-//! completes inside `post_send`. No runnable thread is added beyond the
-//! application's own, which matters on small machines where a third
-//! busy-polling thread collapses a ping-pong pair.
+//! channel) drives the device (posting a receive only queues it), and an
+//! in-process link drives the receiving device from the sender's thread,
+//! so a two-device ping-pong in one thread completes inside `post_send`.
+//! No runnable thread is added beyond the application's own, which matters
+//! on small machines where a third busy-polling thread collapses a
+//! ping-pong pair.
 //!
 //! Locks: each device has one engine lock; the driver never holds two at
 //! once (datagrams are delivered into inboxes after the lock is released),
@@ -252,7 +253,7 @@ impl DeviceShared {
 
     /// Runs `f` on the engine, then drives every device the work reached.
     pub(crate) fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
-        self.run_verb(false, f, |_| false, false)
+        self.run_verb(false, f, |_| false, false).0
     }
 
     /// Runs a verb that only changes the engine's local state and sends
@@ -281,7 +282,7 @@ impl DeviceShared {
     /// coalescing: for verbs after which the application may stop calling
     /// (destroying a QP), so that its peer's last sends still complete.
     pub(crate) fn with_core_flushing<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
-        self.run_verb(false, f, |_| false, true)
+        self.run_verb(false, f, |_| false, true).0
     }
 
     /// Polls a CQ (`f` returns how many completions it took): in inline
@@ -294,21 +295,13 @@ impl DeviceShared {
     ) -> crate::verbs::Result<usize> {
         let coalesce = self.coalesce_acks.load(Ordering::Relaxed);
         self.run_verb(true, f, |r| coalesce && matches!(r, Ok(n) if *n > 0), false)
+            .0
     }
 
+    /// Runs verb `f` on the engine (in inline mode reading the link first
+    /// if `rx`), sends what it produced and drives the devices it reached;
+    /// returns `f`'s result and how many datagrams it read from the link.
     fn run_verb<R>(
-        self: &Arc<Self>,
-        rx: bool,
-        f: impl FnOnce(&mut Core, Nanos) -> R,
-        hold_acks: impl FnOnce(&R) -> bool,
-        flush_acks: bool,
-    ) -> R {
-        self.run_verb_counted(rx, f, hold_acks, flush_acks).0
-    }
-
-    /// [`Self::run_verb`], also returning how many datagrams it read from
-    /// the link.
-    fn run_verb_counted<R>(
         self: &Arc<Self>,
         rx: bool,
         f: impl FnOnce(&mut Core, Nanos) -> R,
@@ -393,7 +386,7 @@ impl DeviceShared {
     /// readable socket once, may call it once per readiness event.
     pub fn drive(self: &Arc<Self>) {
         for _ in 0..DRIVE_TURNS {
-            let ((), received) = self.run_verb_counted(true, |_, _| (), |_| false, true);
+            let ((), received) = self.run_verb(true, |_, _| (), |_| false, true);
             if received == 0 {
                 break;
             }

@@ -372,24 +372,16 @@ pub(super) enum SendOutcome {
 /// Sends up to [`TX_BATCH`] messages with one `sendmmsg`.
 pub(super) fn send_batch<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxMsg]) -> SendOutcome {
     crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
-    let r = send_batch_any(fd, datagrams, msgs);
+    // The per-message arrays of a batch live on the stack and are zeroed
+    // for every call: ~8 KiB for TX_BATCH messages, while a verb sends one
+    // or two.
+    let r = match msgs {
+        [m] if m.count == 1 => send_one(fd, datagrams[m.first].as_ref(), m.dst),
+        _ if msgs.len() <= TX_SMALL => send_batch_n::<TX_SMALL, D>(fd, datagrams, msgs),
+        _ => send_batch_n::<TX_BATCH, D>(fd, datagrams, msgs),
+    };
     crate::soft::probe::mark(crate::soft::probe::Point::TxSyscallDone);
     r
-}
-
-fn send_batch_any<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxMsg]) -> SendOutcome {
-    if let [m] = msgs {
-        if m.count == 1 {
-            return send_one(fd, datagrams[m.first].as_ref(), m.dst);
-        }
-    }
-    // The per-message arrays live on the stack and are zeroed for every
-    // call: ~8 KiB for TX_BATCH messages, while a verb sends one or two.
-    if msgs.len() <= TX_SMALL {
-        send_batch_n::<TX_SMALL, D>(fd, datagrams, msgs)
-    } else {
-        send_batch_n::<TX_BATCH, D>(fd, datagrams, msgs)
-    }
 }
 
 /// One datagram with `sendto`, which copies in no message header (the
