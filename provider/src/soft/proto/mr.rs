@@ -201,19 +201,6 @@ impl Resolved {
     /// an application polling the last byte sees the rest.
     pub(crate) fn write_train(&self, t: &TrainIn<'_>, src_off: u64, len: usize) -> Result<(), ()> {
         const TAIL: usize = 64;
-        // The common case, one range of memory and one piece of train,
-        // without the general walk over segments and pieces.
-        if let (Resolved::One { memory, offset }, Some(p)) = (self, t.contiguous(src_off, len)) {
-            let head = len.saturating_sub(TAIL);
-            let piece = |at: usize, n: usize| p.sub(at, n).ok_or(());
-            if head > 0 {
-                memory.write_piece(*offset, piece(0, head)?).map_err(|_| ())?;
-                std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-            }
-            return memory
-                .write_piece(offset + head, piece(head, len - head)?)
-                .map_err(|_| ());
-        }
         if len > TAIL {
             self.write_train_span(t, src_off, 0, len - TAIL)?;
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
@@ -225,9 +212,14 @@ impl Resolved {
 
     /// Copies `len` train bytes from `src_off` to the range's offset `at`.
     fn write_train_span(&self, t: &TrainIn<'_>, src_off: u64, at: usize, len: usize) -> Result<(), ()> {
+        // The common case, one range of memory and bytes in one piece of
+        // the train (every train the shm link builds from one buffer): one
+        // copy, without the walk below.
+        if let (Resolved::One { memory, offset }, Some(p)) = (self, t.contiguous(src_off, len)) {
+            return memory.write_piece(offset + at, p).map_err(|_| ());
+        }
         // (memory, offset, length) per segment; a single range borrows its
-        // memory rather than cloning the Arc (two atomic operations per
-        // span on the path of every train).
+        // memory rather than cloning the Arc.
         let one;
         let segs: &mut dyn Iterator<Item = (&MemorySource, usize, u64)> = match self {
             Resolved::One { memory, offset } => {
