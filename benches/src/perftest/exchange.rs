@@ -47,6 +47,14 @@ fn failed(msg: impl Into<String>) -> PerfError {
     PerfError::Failed(msg.into())
 }
 
+/// A listener on `port` of every address: the IPv6 wildcard (which also
+/// takes IPv4 clients), or the IPv4 one on a host without IPv6.
+fn listener(port: u16) -> Result<TcpListener, PerfError> {
+    TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .map_err(|e| failed(format!("listening on TCP port {port}: {e}")))
+}
+
 /// A TCP connection to the other end.
 #[derive(Debug)]
 pub struct PeerLink {
@@ -55,15 +63,13 @@ pub struct PeerLink {
 }
 
 impl PeerLink {
-    /// Waits on `port` (all addresses) for one client.
+    /// Waits on `port` (every address, IPv6 and IPv4) for one client.
     ///
     /// # Errors
     ///
     /// Binding or accepting fails.
     pub fn listen(port: u16) -> Result<PeerLink, PerfError> {
-        let l =
-            TcpListener::bind(("0.0.0.0", port)).map_err(|e| failed(format!("listening on TCP port {port}: {e}")))?;
-        Self::accept(&l)
+        Self::accept(&listener(port)?)
     }
 
     /// Accepts one client on `l`.
@@ -121,7 +127,8 @@ impl PeerLink {
     ///
     /// The socket has no local address.
     pub fn local_ip(&self) -> Result<std::net::IpAddr, PerfError> {
-        Ok(self.reader.get_ref().local_addr()?.ip())
+        // An IPv4 client of the dual-stack listener shows as ::ffff:a.b.c.d.
+        Ok(self.reader.get_ref().local_addr()?.ip().to_canonical())
     }
 
     /// Sends one line.
@@ -307,5 +314,27 @@ mod tests {
         assert_eq!(parse_done(&done_line(Some(&r)), 8).unwrap(), Some(r));
         assert_eq!(parse_done(&done_line(None), 8).unwrap(), None);
         assert!(parse_done("SYNC 8", 8).is_err());
+    }
+
+    /// The server reaches IPv4 and IPv6 clients alike, and the address its
+    /// device binds is the one the client used (IPv4 as such, not mapped).
+    #[test]
+    fn the_server_takes_ipv4_and_ipv6_clients() {
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let v6 = l.local_addr().unwrap().is_ipv6();
+        let mut hosts = vec!["127.0.0.1"];
+        if v6 {
+            hosts.push("::1");
+        } else {
+            println!("skip: no IPv6 on this host; the IPv4 client only");
+        }
+        for host in hosts {
+            let client = std::thread::spawn(move || PeerLink::connect(host, port).map(|c| c.local_ip().unwrap()));
+            let server = PeerLink::accept(&l).unwrap();
+            let want: std::net::IpAddr = host.parse().unwrap();
+            assert_eq!(server.local_ip().unwrap(), want);
+            assert_eq!(client.join().unwrap().unwrap(), want);
+        }
     }
 }
