@@ -243,7 +243,7 @@ fn trains_and_packets_interleave_in_order_on_one_qp() {
     // send's completion comes after every write landed.
     let mut wrs_sges = Vec::new();
     for i in 0..8u64 {
-        let len = if i % 2 == 0 { 8 << 10 } else { 128 << 10 };
+        let len = if i % 2 == 0 { 1 << 10 } else { 128 << 10 };
         wrs_sges.push((i, [a.mr.sge(i * 4096, len).unwrap()]));
     }
     let wrs: Vec<SendWr<'_>> = wrs_sges

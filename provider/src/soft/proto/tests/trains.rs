@@ -246,8 +246,12 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
         n.inject(1, &ack(n.qpn, SQ_PSN + 39, Syndrome::ACK), &[]);
         let wc = n.cqes();
         assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
-        // Short messages never go as trains.
-        n.post_send(2, 2, SendOp::Send, 0, 8000);
+        // Short messages never go as trains: below the threshold (two
+        // packets at this MTU), nor one packet at any length.
+        n.post_send(2, 2, SendOp::Send, 0, crate::soft::proto::train::TRAIN_MIN_LEN - 1);
+        assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
+        assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
+        n.post_send(3, 3, SendOp::Send, 0, 1024);
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
     }
 }
