@@ -12,6 +12,9 @@
 # The receiving process runs on CPU 1 and the sender on CPU 0, as the
 # anchors pin themselves.
 #
+# Last, send_lat over IPv6 loopback (::1), and the kernel floor by socket
+# mode (benches/kernel/udp_modes.c) for context.
+#
 # usage: benches/run_cross.sh [anchors dir] [seconds per bandwidth run]
 set -euo pipefail
 
@@ -25,6 +28,7 @@ trap 'rm -rf "$tmp"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 for p in memcpy_bw shm_pingpong udp_pingpong udp_stream; do
     gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
 done
+gcc -O2 -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
 (cd "$root" && cargo build --release -q)
 sv="$root/target/release/softverbs"
 port=18700
@@ -34,6 +38,9 @@ echo "== floors"
 "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | tee "$tmp/shm.txt"
 "$tmp/udp_pingpong" 8 200000 poll 1 0 | tail -1 | tee "$tmp/udp.txt"
 "$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1 | tee "$tmp/stream.txt"
+# Context for the UDP latency ratio: the kernel's part by socket mode (a
+# RoCEv2 sender over IPv4 must use unconnected sockets; see udp_modes.c).
+"$tmp/udp_modes" 100000
 
 # A key=value field of a line.
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
@@ -42,9 +49,10 @@ shm_ns="$(field p50_oneway_ns < "$tmp/shm.txt")"
 udp_ns="$(awk -v u="$(field p50_oneway_us < "$tmp/udp.txt")" 'BEGIN { print u * 1000 }')"
 stream_mibps="$(field rx_MiBps < "$tmp/stream.txt")"
 
-# Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0;
-# prints the client's output. (`perf` servers say --server; a `pingpong`
-# without a host is the server.)
+# Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0 (of
+# $host, 127.0.0.1 unless set); prints the client's output. (`perf` servers
+# say --server; a `pingpong` without a host is the server.)
+host=127.0.0.1
 pair() {
     port=$((port + 1))
     local as_server=()
@@ -52,7 +60,7 @@ pair() {
     taskset -c 1 "$sv" "$@" "${as_server[@]}" -p "$port" >"$tmp/server.txt" 2>&1 &
     local srv=$!
     sleep 1
-    taskset -c 0 "$sv" "$@" -p "$port" 127.0.0.1 2>&1
+    taskset -c 0 "$sv" "$@" -p "$port" "$host" 2>&1
     wait "$srv" || true
 }
 
@@ -82,3 +90,15 @@ for link in udp shm; do
         done
     done
 done
+
+# The UDP link over IPv6 (::1), against the same IPv4 floor, where this host
+# has IPv6 loopback.
+if ip -6 addr show dev lo 2>/dev/null | grep -q '::1'; then
+    host=::1
+    typ="$(pair perf send_lat --no-embedded --link udp -s 8 -n 50000 \
+        | awk 'NF >= 9 && $1 == 8 { print $5; exit }')"
+    printf '%-5s %-22s %9s us %s\n' udp6 "send_lat 8 B" "$typ" \
+        "$(awk -v m="$typ" -v f="$udp_ns" 'BEGIN { printf "%.2f x raw IPv4 (%.3f us)", m * 1000 / f, f / 1000 }')"
+else
+    echo "udp6  skipped: no IPv6 loopback on this host"
+fi
