@@ -210,6 +210,26 @@ fn large_writes_and_sends_travel_as_trains_and_land_exactly() {
     assert_eq!(counters(&b), (0, 3));
 }
 
+/// Buffers far smaller than the shareable-file threshold come from shared
+/// slabs, so their messages of a few packets travel as trains too.
+#[test]
+fn small_buffers_carry_trains_too() {
+    let (a, b) = pair(5);
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let src = a._pd.alloc_mr(16 << 10, access).unwrap();
+    let dst = b._pd.alloc_mr(16 << 10, access).unwrap();
+    let data = pattern(16 << 10, 3);
+    src.write(0, &data).unwrap();
+    let s = [src.sge(100, 8 << 10).unwrap()];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Write { remote: dst.remote(50) }, &s)])
+        .unwrap();
+    let wcs = collect(&a, &b, 1);
+    assert_eq!((wcs.len(), wcs[0].status), (1, WcStatus::Success));
+    assert_eq!(read(&dst, 50, 8 << 10), data[100..100 + (8 << 10)]);
+    assert_eq!(read(&dst, 0, 50), vec![0; 50], "nothing before the target");
+    assert_eq!((counters(&a).0, counters(&b).1), (1, 1));
+}
+
 #[test]
 fn a_send_train_without_a_receive_is_retried_after_the_rnr_nak() {
     let (a, b) = pair(2);

@@ -9,139 +9,34 @@
 //! copies through raw pointers, like a DMA engine's.
 
 use std::alloc::{self, Layout};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::error::{verr, Result};
 
+mod shared;
+pub(crate) use shared::SharedFile;
+pub use shared::{SharedMemory, SHARE_MAX_LIVE, SHARE_MIN, SLAB_LEN};
+
 /// Alignment of buffers the library allocates: a page, as NICs prefer and
 /// fast registration needs.
 pub const PAGE_SIZE: usize = 4096;
-
-/// Buffers at least this long are allocated in shareable memory (see
-/// [`MrMemory::shared`]); smaller ones on the heap.
-pub const SHARE_MIN: usize = 64 * 1024;
-
-/// Most shareable buffers alive at once in a process: each holds a file
-/// descriptor, and an application registering thousands of large buffers
-/// must not run out of descriptors for its sockets. Past it, buffers go on
-/// the heap (and large messages from them packet by packet).
-pub const SHARE_MAX_LIVE: usize = 256;
-
-static SHARED_LIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A zero-initialised, page-aligned buffer owned by the library, suitable
 /// for registration. It is freed only when the last backend object that
 /// registered it is gone, so a device can never touch freed memory.
 ///
-/// Buffers of [`SHARE_MIN`] bytes or more live in a sealed memfd mapping
-/// ([`SharedMemory`]) where the system allows it, so that a soft device in
-/// another process of this host can map them and copy a message once
-/// (the shared-memory link's trains); smaller ones live on the heap.
+/// Buffers live in sealed memfd mappings ([`SharedMemory`]: a file of
+/// their own from [`SHARE_MIN`] bytes on, a range of a shared slab below)
+/// where the system allows it, so that a soft device in another process of
+/// this host can map them and copy a message once (the shared-memory
+/// link's trains); on the heap otherwise.
 #[derive(Debug)]
 pub struct MrMemory {
     ptr: NonNull<u8>,
     len: usize,
     shared: Option<Arc<SharedMemory>>,
-}
-
-/// A sealed memfd of fixed size, mapped shared: what [`MrMemory`] uses for
-/// large buffers. The size seals (no shrink, no grow) let another process
-/// map it without risking SIGBUS; the mapping is unmapped when the last
-/// `Arc` goes, so a packet referring to it keeps it alive.
-#[derive(Debug)]
-pub struct SharedMemory {
-    fd: OwnedFd,
-    map: memmap2::MmapRaw,
-    token: u64,
-}
-
-impl SharedMemory {
-    /// A new zeroed shared buffer of `len` (> 0) bytes.
-    fn create(len: usize) -> std::io::Result<SharedMemory> {
-        static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
-        if SHARED_LIVE.fetch_add(1, Ordering::Relaxed) >= SHARE_MAX_LIVE {
-            SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
-            return Err(std::io::Error::other("too many shareable buffers"));
-        }
-        let r = Self::create_file(len, NEXT_TOKEN.fetch_add(1, Ordering::Relaxed));
-        if r.is_err() {
-            SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
-        }
-        r
-    }
-
-    fn create_file(len: usize, token: u64) -> std::io::Result<SharedMemory> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: a valid NUL-terminated name; the descriptor returned is
-        // new and owned by the OwnedFd.
-        let raw = unsafe { libc::memfd_create(c"softverbs-mr".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `raw` was just created and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let file = std::fs::File::from(fd);
-        file.set_len(len as u64)?;
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a live descriptor with an integer argument.
-        if unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_ADD_SEALS, seals) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let map = memmap2::MmapOptions::new().len(len).map_raw(&file)?;
-        Ok(SharedMemory {
-            fd: OwnedFd::from(file),
-            map,
-            token,
-        })
-    }
-
-    /// The memfd (to pass to a peer).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// A number unique to this buffer in this process, never reused.
-    pub fn token(&self) -> u64 {
-        self.token
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Whether the buffer is empty (never: empty buffers are not shared).
-    pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
-    }
-
-    /// Start of the mapping in this process.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
-    }
-
-    /// `len` bytes at `offset`, as a piece another device of this process
-    /// may copy from; `None` if out of bounds.
-    pub fn piece(&self, offset: u64, len: usize) -> Option<MappedPiece<'_>> {
-        let end = offset.checked_add(len as u64)?;
-        if end > self.len() as u64 {
-            return None;
-        }
-        // SAFETY: in bounds (checked) of the mapping, which lives as long
-        // as `self` is borrowed. It may overlap the destination of a copy
-        // (an application writing a buffer onto itself in one process):
-        // `MemorySource::write_piece` copies with memmove semantics.
-        Some(unsafe { MappedPiece::new(self.as_ptr().add(offset as usize), len) })
-    }
-}
-
-impl Drop for SharedMemory {
-    fn drop(&mut self) {
-        SHARED_LIVE.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// A readable range of memory a device copies from without owning it:
@@ -328,17 +223,16 @@ impl MrMemory {
                 shared: None,
             });
         }
-        if len >= SHARE_MIN {
-            // Shareable when the system allows (memfd, sealing, mmap); the
-            // heap otherwise: sharing is an optimisation, not a contract.
-            if let Ok(shm) = SharedMemory::create(len) {
-                if let Some(ptr) = NonNull::new(shm.as_ptr()) {
-                    return Ok(MrMemory {
-                        ptr,
-                        len,
-                        shared: Some(Arc::new(shm)),
-                    });
-                }
+        // Shareable when the system allows (memfd, sealing, mmap, and the
+        // file budget); the heap otherwise: sharing is an optimisation, not
+        // a contract.
+        if let Ok(shm) = SharedMemory::create(len) {
+            if let Some(ptr) = NonNull::new(shm.as_ptr()) {
+                return Ok(MrMemory {
+                    ptr,
+                    len,
+                    shared: Some(Arc::new(shm)),
+                });
             }
         }
         let layout = Layout::from_size_align(len, PAGE_SIZE)
@@ -349,8 +243,8 @@ impl MrMemory {
         Ok(MrMemory { ptr, len, shared: None })
     }
 
-    /// The shareable memory behind the buffer, if it has one (buffers of
-    /// [`SHARE_MIN`] bytes or more, where memfds work).
+    /// The shareable memory behind the buffer, if it has one (where memfds
+    /// work and [`SHARE_MAX_LIVE`] allows).
     pub fn shared(&self) -> Option<&Arc<SharedMemory>> {
         self.shared.as_ref()
     }
@@ -743,11 +637,10 @@ mod tests {
     }
 
     #[test]
-    fn large_buffers_are_sealed_shareable_memfds_and_small_ones_are_not() {
-        assert!(MrMemory::new(SHARE_MIN - 1).unwrap().shared().is_none());
+    fn buffers_are_sealed_shareable_memfds() {
         let m = MrMemory::new(SHARE_MIN).unwrap();
         let shm = m.shared().expect("memfds work here").clone();
-        assert_eq!((shm.as_ptr() as u64, shm.len()), (m.addr(), SHARE_MIN));
+        assert_eq!((shm.as_ptr() as u64, shm.len(), shm.offset()), (m.addr(), SHARE_MIN, 0));
         // SAFETY: fcntl on a live descriptor, no argument.
         let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&shm.fd()), libc::F_GET_SEALS) };
         let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
@@ -765,6 +658,35 @@ mod tests {
         // The mapping outlives the buffer while a packet holds it.
         drop(m);
         assert!(shm.piece(100, 3).is_some());
+    }
+
+    /// Small buffers are page-aligned ranges of shared slabs: many of them
+    /// take few files, and each starts zeroed even where it reuses the
+    /// range of a freed one.
+    #[test]
+    fn small_buffers_share_slabs_and_start_zeroed() {
+        let small = MrMemory::new(100).unwrap();
+        let shm = small.shared().expect("memfds work here");
+        assert_eq!((shm.len(), shm.offset() % PAGE_SIZE as u64), (PAGE_SIZE, 0));
+        assert_eq!(shm.file().len(), SLAB_LEN);
+        assert_eq!(shm.as_ptr() as u64, small.addr());
+        for round in 0..2 {
+            let bufs: Vec<MrMemory> = (0..100).map(|_| MrMemory::new(8 << 10).unwrap()).collect();
+            let mut files: Vec<u64> = bufs.iter().map(|b| b.shared().unwrap().token()).collect();
+            files.sort_unstable();
+            files.dedup();
+            // 800 KiB in 4 MiB slabs (other tests allocate meanwhile).
+            assert!(files.len() <= 4, "{} files for 100 small buffers", files.len());
+            for b in &bufs {
+                let mut v = vec![0xffu8; 8 << 10];
+                b.read(0, &mut v).unwrap();
+                assert!(
+                    v.iter().all(|&x| x == 0),
+                    "round {round}: a reused range was not zeroed"
+                );
+                b.write(0, &[0xa5; 8 << 10]).unwrap();
+            }
+        }
     }
 
     #[test]

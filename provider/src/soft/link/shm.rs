@@ -65,16 +65,17 @@
 //!
 //! A train ([`crate::soft::proto::train`]) is a multi-packet message sent
 //! as its ONLY packet, with the payload left in the sender's
-//! [`SharedMemory`](crate::verbs::SharedMemory) buffers (sealed memfds); the receiver maps those
-//! buffers and its engine copies the message once. Both ends announce
+//! [`SharedMemory`](crate::verbs::SharedMemory) buffers (sealed memfds:
+//! a file per large buffer, shared slabs for small ones); the receiver maps
+//! those files and its engine copies the message once. Both ends announce
 //! trains in the capability word of the hello and the answer; a channel
 //! carries them only if both did ([`ShmLink::set_trains`] turns the offer
 //! off), and [`Link::train_caps`] allows them only for a destination routed to
 //! such a channel while it is up.
 //!
-//! Other registered memory (heap buffers under
-//! [`SHARE_MIN`](crate::verbs::SHARE_MIN), caller-owned ranges, buffers
-//! past the shareable limit) goes in trains too where the receiver
+//! Other registered memory (caller-owned ranges, buffers past the
+//! shareable limit [`SHARE_MAX_LIVE`](crate::verbs::SHARE_MAX_LIVE) or
+//! where memfds fail) goes in trains too where the receiver
 //! verified at the rendezvous that it may read this process's memory
 //! (`shm/hello.rs`, "Probe"): such a piece is a range of the sender's
 //! address space that the receiver's engine copies with

@@ -2,10 +2,13 @@
 //! passing the sender's buffers to the receiver, the receiver's mapping
 //! table, and handing a received train to the engine.
 //!
-//! *Export.* The first time a train uses a buffer on a channel, the sender
-//! passes the buffer's memfd over the channel's unix socket (SCM_RIGHTS)
-//! in a 32-byte message: `SVSHMFD1`, the buffer's token (unique in the
-//! sending process, never reused) and its length, then publishes the slot.
+//! *Export.* The first time a train uses a buffer's file (its own memfd,
+//! or the slab it was carved from: [`crate::verbs::SharedMemory`]) on a
+//! channel, the sender passes the memfd over the channel's unix socket
+//! (SCM_RIGHTS) in a 32-byte message: `SVSHMFD1`, the file's token (unique
+//! in the sending process, never reused) and its length, then publishes
+//! the slot. Descriptor offsets are offsets in the file. Below, "buffer"
+//! means such a file.
 //! The message is thus queued in the receiver's socket before the
 //! receiver can see the slot, and reading it never blocks. A full socket
 //! leaves the train in the channel's backlog, in order. The slot ([`ring`],
@@ -103,7 +106,8 @@ use super::{
 };
 use crate::soft::proto::train::{TrainIn, TrainOut, TrainPiece};
 use crate::soft::proto::Datagram;
-use crate::verbs::{MappedPiece, SharedMemory};
+use crate::verbs::memory::SharedFile;
+use crate::verbs::MappedPiece;
 
 /// The buffers a channel's sender has passed to the peer, by token.
 #[derive(Debug)]
@@ -127,8 +131,9 @@ impl Default for Exports {
 
 #[derive(Debug)]
 pub(super) struct Export {
-    /// Gone when the buffer is freed: then the peer may unmap it.
-    mem: Weak<SharedMemory>,
+    /// Gone when the file is freed (every buffer in it): then the peer
+    /// may unmap it.
+    mem: Weak<SharedFile>,
     /// `seq` of the last train that used it.
     last: u64,
 }
@@ -192,7 +197,8 @@ impl Channel {
                 .map(|p| match p {
                     TrainPiece::Shared { mem, offset, len } => DescPiece {
                         token: mem.token(),
-                        offset: *offset,
+                        // Offsets in the descriptor are in the file.
+                        offset: mem.offset().saturating_add(*offset),
                         len: *len,
                     },
                     TrainPiece::Process { addr, len } => DescPiece {
@@ -210,12 +216,13 @@ impl Channel {
         }
         exports.seq += 1;
         let seq = exports.seq;
-        let mut new: Vec<&Arc<SharedMemory>> = Vec::new();
+        let mut new: Vec<&Arc<SharedFile>> = Vec::new();
         for p in &train.pieces {
             let TrainPiece::Shared { mem, .. } = p else { continue };
-            match exports.map.get_mut(&mem.token()) {
+            let file = mem.file();
+            match exports.map.get_mut(&file.token()) {
                 Some(e) => e.last = seq,
-                None if !new.iter().any(|m| Arc::ptr_eq(m, mem)) => new.push(mem),
+                None if !new.iter().any(|f| Arc::ptr_eq(f, file)) => new.push(file),
                 None => {}
             }
         }
@@ -282,7 +289,7 @@ impl Channel {
     }
 
     /// Sends `mem`'s memfd to the peer.
-    pub(super) fn export(&self, mem: &SharedMemory) -> io::Result<()> {
+    pub(super) fn export(&self, mem: &SharedFile) -> io::Result<()> {
         let mut m = [0u8; EXPORT_LEN];
         m[..8].copy_from_slice(EXPORT);
         m[8..16].copy_from_slice(&mem.token().to_le_bytes());
