@@ -31,7 +31,7 @@
 //! ends. With more than [`EXPORT_MAX`] buffers in use in turn, trains
 //! keep working but re-export buffers (a system call and an mmap each);
 //! a process has at most [`SHARE_MAX_LIVE`](crate::verbs::memory::SHARE_MAX_LIVE)
-//! shareable buffers alive, so this takes freed and reallocated ones.
+//! shareable files alive, so this takes freed and reallocated ones.
 //!
 //! *Trust.* The receiver parses the descriptor from its private copy of
 //! the slot: the piece count is capped, the lengths must add up to a
