@@ -74,7 +74,7 @@
 //! such a channel while it is up.
 //!
 //! Other registered memory (caller-owned ranges, buffers past the
-//! shareable limit [`SHARE_MAX_LIVE`](crate::verbs::SHARE_MAX_LIVE) or
+//! shareable limit [`SHARE_MAX_LIVE`](crate::verbs::memory::SHARE_MAX_LIVE) or
 //! where memfds fail) goes in trains too where the receiver
 //! verified at the rendezvous that it may read this process's memory
 //! (`shm/hello.rs`, "Probe"): such a piece is a range of the sender's
