@@ -38,6 +38,9 @@ pub const SHARE_MAX_LIVE: usize = 256;
 /// [`SHARE_MIN`]. Only what buffers touch is ever backed by memory.
 pub const SLAB_LEN: usize = 4 << 20;
 
+// Every buffer below SHARE_MIN fits in a slab.
+const _: () = assert!(SHARE_MIN <= SLAB_LEN && SLAB_LEN % PAGE_SIZE == 0);
+
 static FILES_LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// A sealed memfd, mapped shared in this process. What a peer maps.
