@@ -39,7 +39,7 @@ pub const SHARE_MAX_LIVE: usize = 256;
 pub const SLAB_LEN: usize = 4 << 20;
 
 // Every buffer below SHARE_MIN fits in a slab.
-const _: () = assert!(SHARE_MIN <= SLAB_LEN && SLAB_LEN % PAGE_SIZE == 0);
+const _: () = assert!(SHARE_MIN <= SLAB_LEN && SLAB_LEN.is_multiple_of(PAGE_SIZE));
 
 static FILES_LIVE: AtomicUsize = AtomicUsize::new(0);
 
