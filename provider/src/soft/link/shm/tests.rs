@@ -273,6 +273,35 @@ fn trains_carry_the_senders_memory_in_order() {
     );
 }
 
+/// Small buffers are ranges of a slab: the slab goes over once for all of
+/// them, and descriptor offsets are offsets in it.
+#[test]
+fn small_buffers_travel_from_their_slab() {
+    let (a, b) = pair(true, true);
+    let bufs: Vec<_> = (0..3).map(|i| buffer((8 << 10) + 100 * i, 20 + i as u8)).collect();
+    assert!(
+        bufs.iter().any(|(_, s)| s.offset() > 0),
+        "small buffers share slabs (not at offset 0 of a file of their own)"
+    );
+    let mut files: Vec<u64> = bufs.iter().map(|(_, s)| s.token()).collect();
+    files.sort_unstable();
+    files.dedup();
+    let mut txs: Vec<Transmit> = bufs
+        .iter()
+        .map(|(_, s)| dgram(&a, &b, b"T", Some(train(2, &[(s, 7, 5000), (s, 0, 3)]))))
+        .collect();
+    a.send_batch(&mut txs, &mut drop);
+    let got = pump_until(&a, &b, bufs.len());
+    assert_eq!(got.len(), bufs.len(), "{:?}", b.shm_stats());
+    for (g, (_, s)) in got.iter().zip(&bufs) {
+        assert_eq!(g.train, Some((2, [content(s, 7, 5000), content(s, 0, 3)].concat())));
+    }
+    assert_eq!(stat(&a, "shm_tx_exports"), files.len() as u64);
+    // A piece past its buffer is refused by the sender's own bounds: the
+    // buffer is a page-rounded range, not the whole slab.
+    assert!(bufs[0].1.piece(bufs[0].1.len() as u64 - 1, 2).is_none());
+}
+
 #[test]
 fn trains_need_both_ends() {
     for (offer_a, offer_b) in [(true, false), (false, true)] {
