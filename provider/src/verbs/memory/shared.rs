@@ -143,7 +143,6 @@ pub struct SharedMemory {
     file: Arc<SharedFile>,
     offset: usize,
     len: usize,
-    slab: bool,
 }
 
 impl SharedMemory {
@@ -154,7 +153,6 @@ impl SharedMemory {
                 file: Arc::new(SharedFile::create(len)?),
                 offset: 0,
                 len,
-                slab: false,
             });
         }
         slabs::alloc(len.div_ceil(PAGE_SIZE) * PAGE_SIZE)
@@ -215,7 +213,9 @@ impl SharedMemory {
 
 impl Drop for SharedMemory {
     fn drop(&mut self) {
-        if self.slab {
+        // A file of its own is exactly as long as its buffer; a slab is
+        // longer than any buffer carved from it (SHARE_MIN <= SLAB_LEN).
+        if self.len < self.file.len() {
             slabs::free(&self.file, self.offset, self.len);
         }
     }
@@ -288,12 +288,7 @@ mod slabs {
                 (file, at)
             }
         };
-        Ok(SharedMemory {
-            file,
-            offset,
-            len,
-            slab: true,
-        })
+        Ok(SharedMemory { file, offset, len })
     }
 
     /// Zeroes and returns a buffer's range to its slab.

@@ -133,7 +133,7 @@ impl Default for Exports {
 pub(super) struct Export {
     /// Gone when the file is freed (every buffer in it): then the peer
     /// may unmap it.
-    mem: Weak<SharedFile>,
+    file: Weak<SharedFile>,
     /// `seq` of the last train that used it.
     last: u64,
 }
@@ -159,7 +159,7 @@ impl Exports {
         let out: Vec<u64> = self
             .map
             .iter()
-            .filter(|(_, e)| e.mem.strong_count() == 0)
+            .filter(|(_, e)| e.file.strong_count() == 0)
             .map(|(t, _)| *t)
             .collect();
         for t in &out {
@@ -249,14 +249,14 @@ impl Channel {
                     stats.tx_forgets.fetch_add(forget.len() as u64, Ordering::Relaxed);
                 }
             }
-            for mem in new {
-                match self.export(mem) {
+            for file in new {
+                match self.export(file) {
                     Ok(()) => {
                         bump(&stats.tx_exports);
                         exports.map.insert(
-                            mem.token(),
+                            file.token(),
                             Export {
-                                mem: Arc::downgrade(mem),
+                                file: Arc::downgrade(file),
                                 last: seq,
                             },
                         );
@@ -288,13 +288,13 @@ impl Channel {
         }
     }
 
-    /// Sends `mem`'s memfd to the peer.
-    pub(super) fn export(&self, mem: &SharedFile) -> io::Result<()> {
+    /// Sends `file`'s memfd to the peer.
+    pub(super) fn export(&self, file: &SharedFile) -> io::Result<()> {
         let mut m = [0u8; EXPORT_LEN];
         m[..8].copy_from_slice(EXPORT);
-        m[8..16].copy_from_slice(&mem.token().to_le_bytes());
-        m[16..24].copy_from_slice(&(mem.len() as u64).to_le_bytes());
-        sys::send_fds(self.stream.as_raw_fd(), &m, &[mem.fd().as_raw_fd()])
+        m[8..16].copy_from_slice(&file.token().to_le_bytes());
+        m[16..24].copy_from_slice(&(file.len() as u64).to_le_bytes());
+        sys::send_fds(self.stream.as_raw_fd(), &m, &[file.fd().as_raw_fd()])
     }
 
     /// Tells the peer to forget the exported buffers that were freed
