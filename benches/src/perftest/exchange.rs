@@ -51,7 +51,11 @@ fn failed(msg: impl Into<String>) -> PerfError {
 /// takes IPv4 clients), or the IPv4 one on a host without IPv6.
 fn listener(port: u16) -> Result<TcpListener, PerfError> {
     TcpListener::bind(("::", port))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .or_else(|e| match e.kind() {
+            // Taken: say so, rather than listen on IPv4 alone.
+            std::io::ErrorKind::AddrInUse => Err(e),
+            _ => TcpListener::bind(("0.0.0.0", port)),
+        })
         .map_err(|e| failed(format!("listening on TCP port {port}: {e}")))
 }
 
