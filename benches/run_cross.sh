@@ -28,7 +28,7 @@ trap 'rm -rf "$tmp"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 for p in memcpy_bw shm_pingpong udp_pingpong udp_stream; do
     gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
 done
-gcc -O2 -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
+gcc -O2 -I "$anchors" -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
 (cd "$root" && cargo build --release -q)
 sv="$root/target/release/softverbs"
 port=18700

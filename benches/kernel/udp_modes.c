@@ -9,41 +9,19 @@
  * Output, one line per mode (one-way = RTT / 2):
  *   udp_mode family=4|6 socket=connected|unconnected size=24 p50_oneway_us=..
  */
-#define _GNU_SOURCE
+/* now_ns, pin_cpu and pctl from the anchors' common.h (built with
+ * -I ../shared/anchors, as run_cross.sh does). */
+#include "common.h"
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sched.h>
 #include <signal.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 /* The datagram of an 8-byte RC SEND ONLY: BTH 12 + payload 8 + ICRC 4. */
 enum { SIZE = 24 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void pin(int cpu) {
-    cpu_set_t s;
-    CPU_ZERO(&s);
-    CPU_SET(cpu, &s);
-    sched_setaffinity(0, sizeof(s), &s);
-}
-
-static int cmp(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 struct end {
     int fd;
@@ -105,14 +83,14 @@ static double run(int v6, int conn, long iters, int cpu_p, int cpu_c) {
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        pin(cpu_c);
+        pin_cpu(cpu_c);
         for (long i = 0; i < warm + iters; i++) {
             ssize_t r = rx(&b, conn, buf, sizeof(buf), deadline);
             tx(&b, &a, conn, buf, (size_t)r);
         }
         _exit(0);
     }
-    pin(cpu_p);
+    pin_cpu(cpu_p);
     uint64_t *rtt = malloc(sizeof(uint64_t) * (size_t)iters);
     for (long i = 0; i < warm + iters; i++) {
         uint64_t t0 = now_ns();
@@ -123,8 +101,7 @@ static double run(int v6, int conn, long iters, int cpu_p, int cpu_c) {
     waitpid(pid, NULL, 0);
     close(a.fd);
     close(b.fd);
-    qsort(rtt, (size_t)iters, sizeof(uint64_t), cmp);
-    double p50 = (double)rtt[iters / 2] / 2000.0;
+    double p50 = (double)pctl(rtt, (size_t)iters, 0.5) / 2000.0;
     free(rtt);
     return p50;
 }
