@@ -17,6 +17,12 @@
 //! given back with `FALLOC_FL_PUNCH_HOLE`, or written with zeros where that
 //! fails) before it is handed out again; a slab with nothing allocated is
 //! released unless it is the last one.
+//!
+//! After `fork`, parent and child share these mappings (they are shared
+//! memory, where a heap buffer would be copied): what either writes into
+//! an inherited buffer the other sees. Slabs belong to the process that
+//! made them: a child carves its buffers from slabs of its own, and a
+//! buffer it drops stays the parent's (not zeroed, not handed out again).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -49,6 +55,8 @@ pub(crate) struct SharedFile {
     fd: OwnedFd,
     map: memmap2::MmapRaw,
     token: u64,
+    /// The process that made the file (a forked child inherits it).
+    pid: u32,
 }
 
 impl SharedFile {
@@ -88,6 +96,7 @@ impl SharedFile {
             fd: OwnedFd::from(file),
             map,
             token,
+            pid: std::process::id(),
         })
     }
 
@@ -270,6 +279,10 @@ mod slabs {
     /// [`SLAB_LEN`]) from the first slab with room, or from a new slab.
     pub(super) fn alloc(len: usize) -> std::io::Result<SharedMemory> {
         let mut slabs = SLABS.lock().unwrap_or_else(|p| p.into_inner());
+        // In a forked child, the slabs inherited are the parent's: their
+        // free ranges may be the parent's buffers by now.
+        let me = std::process::id();
+        slabs.retain(|s| s.file.pid == me);
         let found = slabs
             .iter_mut()
             .find_map(|s| s.take(len).map(|at| (s.file.clone(), at)));
@@ -291,8 +304,12 @@ mod slabs {
         Ok(SharedMemory { file, offset, len })
     }
 
-    /// Zeroes and returns a buffer's range to its slab.
+    /// Zeroes and returns a buffer's range to its slab; leaves it alone in
+    /// a forked child (the range is the parent's).
     pub(super) fn free(file: &Arc<SharedFile>, offset: usize, len: usize) {
+        if file.pid != std::process::id() {
+            return;
+        }
         file.zero(offset, len);
         let mut slabs = SLABS.lock().unwrap_or_else(|p| p.into_inner());
         let Some(i) = slabs.iter().position(|s| Arc::ptr_eq(&s.file, file)) else {
