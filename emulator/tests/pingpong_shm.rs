@@ -34,6 +34,19 @@ fn send_recv_over_shared_memory() {
     assert!(s.contains("shm_channels_accepted: 1"), "{s}");
 }
 
+/// With two sends in flight at most (`-t 2`), the server waits for send
+/// completions after most of its replies (the client holds its ACKs back
+/// to coalesce them), and the client's next message completes on the
+/// server during that wait. The ping-pong used to reap and drop that
+/// receive completion there, then wait for it again: both sides hung
+/// (one run in five with the default depth of 32 on a fast host).
+#[test]
+fn a_receive_completing_during_a_send_queue_wait_is_counted() {
+    let (s, c) = pair("shm", &["-s", "8", "-n", "300", "--warmup", "10", "-t", "2"]);
+    check_send_report(&s, 300);
+    check_send_report(&c, 300);
+}
+
 #[test]
 fn multi_packet_sends_with_sleeping_progress_threads() {
     let (s, c) = pair(

@@ -82,7 +82,7 @@ pub struct Args {
     /// What to measure
     #[arg(long, value_enum, default_value_t = Op::Send)]
     pub op: Op,
-    /// RDMA WRITEs in flight (--op write)
+    /// Signaled sends (--op send) or RDMA WRITEs (--op write) in flight
     #[arg(short = 't', long = "tx-depth", default_value_t = 32)]
     pub tx_depth: u32,
     /// Local address of the UDP device [default: the address of the TCP
@@ -405,6 +405,14 @@ struct Resources {
 
 const RECV_WRID: u64 = 1 << 62;
 
+/// What a ping-pong side waits for: its signaled sends not completed yet,
+/// and the peer's messages received but not yet answered or counted.
+#[derive(Debug, Default)]
+struct Outstanding {
+    sends: u32,
+    recvs: u32,
+}
+
 impl Resources {
     fn new(device: &Device, args: &Args, _mtu: Mtu) -> Result<Resources, CliError> {
         let ctx = device.open().map_err(verbs_fail("opening the device"))?;
@@ -626,13 +634,31 @@ impl Resources {
             .map_err(|e| fail(format!("ibv_post_send: {}", e.error)))
     }
 
+    /// Waits for completions and counts them into `q`; every receive that
+    /// completed is posted again.
+    fn reap(&self, q: &mut Outstanding, wc: &mut [WorkCompletion], size: u32) -> Result<(), CliError> {
+        for w in self.next_completions(wc)? {
+            if w.wr_id == RECV_WRID {
+                q.recvs += 1;
+                self.post_recv(size)?;
+            } else {
+                q.sends = q.sends.saturating_sub(1);
+            }
+        }
+        Ok(())
+    }
+
     fn pingpong(&self, args: &Args, client: bool, out: &mut dyn Write) -> Result<(), CliError> {
         let inline = args.size <= 64;
         let total = args.warmup + args.iters;
         let mut wc = [WorkCompletion::default(); 16];
         let mut rtts = Vec::with_capacity(args.iters as usize);
         let mut start = Instant::now();
-        let mut sends_out = 0u32;
+        // Completions are counted wherever they turn up: a receive that
+        // completes while this side waits for send completions (its send
+        // queue full of unacknowledged sends) is the peer's next message,
+        // and waiting for it again later would wait forever.
+        let mut q = Outstanding::default();
         for i in 0..total {
             if i == args.warmup {
                 start = Instant::now();
@@ -640,45 +666,30 @@ impl Resources {
             let t0 = Instant::now();
             if client {
                 self.post_send(args.size, inline)?;
-                sends_out += 1;
+                q.sends += 1;
             }
             // Wait for the peer's message.
-            let mut got = false;
-            while !got {
-                for w in self.next_completions(&mut wc)? {
-                    if w.wr_id == RECV_WRID {
-                        got = true;
-                        self.post_recv(args.size)?;
-                    } else {
-                        sends_out -= 1;
-                    }
-                }
+            while q.recvs == 0 {
+                self.reap(&mut q, &mut wc, args.size)?;
             }
+            q.recvs -= 1;
             if client {
                 if i >= args.warmup {
                     rtts.push(t0.elapsed());
                 }
             } else {
                 self.post_send(args.size, inline)?;
-                sends_out += 1;
+                q.sends += 1;
             }
             // Keep the send queue from filling with unreaped completions.
-            while sends_out >= args.tx_depth.max(2) {
-                for w in self.next_completions(&mut wc)? {
-                    if w.wr_id != RECV_WRID {
-                        sends_out -= 1;
-                    }
-                }
+            while q.sends >= args.tx_depth.max(2) {
+                self.reap(&mut q, &mut wc, args.size)?;
             }
         }
         let secs = start.elapsed().as_secs_f64();
         // Reap the last send completions so the peer's ACKs are in.
-        while sends_out > 0 {
-            for w in self.next_completions(&mut wc)? {
-                if w.wr_id != RECV_WRID {
-                    sends_out -= 1;
-                }
-            }
+        while q.sends > 0 {
+            self.reap(&mut q, &mut wc, args.size)?;
         }
         let bytes = u64::from(args.size) * u64::from(args.iters) * 2;
         writeln!(
