@@ -6,7 +6,10 @@
 #              send signaled and acknowledged, as ibv_rc_pingpong), and
 #              `softverbs perf send_lat -s 8` typical half round trip (a
 #              CQE every 100th send, as perftest's ib_send_lat)
-#              / udp_pingpong (poll) or shm_pingpong median one way;
+#              / udp_pingpong (poll) or shm_pingpong median one way, run
+#              again just before each row: these shared machines change
+#              speed within minutes, the kernel's UDP path most, so a
+#              floor from the start of the run can be off by 25 %;
 #   bandwidth: `softverbs perf write_bw|send_bw` average
 #              / memcpy (shm; same size) or the 4 KiB GSO UDP stream (udp).
 # The receiving process runs on CPU 1 and the sender on CPU 0, as the
@@ -35,8 +38,8 @@ port=18700
 
 echo "== floors"
 "$tmp/memcpy_bw" 5 200 1 | grep memcpy_best | tee "$tmp/memcpy.txt"
-"$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | tee "$tmp/shm.txt"
-"$tmp/udp_pingpong" 8 200000 poll 1 0 | tail -1 | tee "$tmp/udp.txt"
+"$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1
+"$tmp/udp_pingpong" 8 200000 poll 1 0 | tail -1
 "$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1 | tee "$tmp/stream.txt"
 # Context for the UDP latency ratio: the kernel's part by socket mode (a
 # RoCEv2 sender over IPv4 must use unconnected sockets; see udp_modes.c).
@@ -44,9 +47,15 @@ echo "== floors"
 
 # A key=value field of a line.
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
+# The latency floor of a link in ns, measured now (one floor per row).
+floor_ns() {
+    if [ "$1" = udp ]; then
+        "$tmp/udp_pingpong" 8 100000 poll 1 0 | tail -1 | field p50_oneway_us | awk '{ print $1 * 1000 }'
+    else
+        "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | field p50_oneway_ns
+    fi
+}
 memcpy_at() { grep "size=$1 " "$tmp/memcpy.txt" | field MiBps; }
-shm_ns="$(field p50_oneway_ns < "$tmp/shm.txt")"
-udp_ns="$(awk -v u="$(field p50_oneway_us < "$tmp/udp.txt")" 'BEGIN { print u * 1000 }')"
 stream_mibps="$(field rx_MiBps < "$tmp/stream.txt")"
 
 # Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0 (of
@@ -67,10 +76,11 @@ pair() {
 echo
 printf '%-5s %-22s %12s %s\n' link test value ratio
 for link in udp shm; do
+    floor="$(floor_ns "$link")"
     med="$(pair pingpong -s 8 -n 20000 --link "$link" | sed -n 's/.*median \([0-9.]*\).*/\1/p')"
-    floor=$([ "$link" = udp ] && echo "$udp_ns" || echo "$shm_ns")
     printf '%-5s %-22s %9s us %s\n' "$link" "pingpong 8 B" "$med" \
         "$(awk -v m="$med" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
+    floor="$(floor_ns "$link")"
     typ="$(pair perf send_lat --no-embedded --link "$link" -s 8 -n 50000 \
         | awk 'NF >= 9 && $1 == 8 { print $5; exit }')"
     printf '%-5s %-22s %9s us %s\n' "$link" "send_lat 8 B" "$typ" \
@@ -95,6 +105,7 @@ done
 # has IPv6 loopback.
 if ip -6 addr show dev lo 2>/dev/null | grep -q '::1'; then
     host=::1
+    udp_ns="$(floor_ns udp)"
     typ="$(pair perf send_lat --no-embedded --link udp -s 8 -n 50000 \
         | awk 'NF >= 9 && $1 == 8 { print $5; exit }')"
     printf '%-5s %-22s %9s us %s\n' udp6 "send_lat 8 B" "$typ" \
