@@ -567,6 +567,13 @@ impl Params {
         if a.events && a.duration.is_some() {
             return Err(usage("-e (events) cannot be combined with -D"));
         }
+        if a.events && a.test == PerfTest::WriteLat {
+            // The answer is the peer's WRITE into memory: no completion to
+            // sleep for.
+            return Err(usage(
+                "-e (events) is not for write_lat: its answers raise no completion",
+            ));
+        }
         let out_json = a.out_json_file.clone().or_else(|| a.out_json.clone());
         let duration = a.duration;
         if let Some(d) = duration {
@@ -770,6 +777,7 @@ mod tests {
             &["write_bw", "-n", "3"],
             &["write_bw", "-m", "1000"],
             &["write_lat", "-b"],
+            &["write_lat", "-e"],
             &["write_bw", "-s", "0"],
             &["write_bw", "-l", "3", "-n", "100"],
         ] {

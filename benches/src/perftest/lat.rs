@@ -245,6 +245,14 @@ impl<'a> LatAgent<'a> {
         if self.ccnt >= self.scnt {
             return Ok(0);
         }
+        self.reap_sends()
+    }
+
+    /// Polls the send CQ once (or waits on its channel with `-e`) and
+    /// counts what it found. Also called with no send outstanding: an
+    /// inline soft device reads its link only inside verbs, and a side
+    /// waiting for the peer's WRITE in its memory calls no other verb.
+    fn reap_sends(&mut self) -> Result<usize, PerfError> {
         let side = self.side;
         let n = if self.p.events {
             side.poll_or_wait(&side.scq, &mut self.wc, EVENT_WAIT_MS)?
@@ -260,7 +268,16 @@ impl<'a> LatAgent<'a> {
 
     fn try_receive(&mut self) -> Result<bool, PerfError> {
         match self.p.verb {
-            VerbKind::Write => Ok(self.marker()? == (self.rcnt + 1) as u8),
+            VerbKind::Write => {
+                let want = (self.rcnt + 1) as u8;
+                if self.marker()? == want {
+                    return Ok(true);
+                }
+                // Nothing yet: let an inline device take the WRITE in (see
+                // `reap_sends`; write_lat runs without -e), then look again.
+                self.reap_sends()?;
+                Ok(self.marker()? == want)
+            }
             VerbKind::Send => {
                 let side = self.side;
                 let mut wc = [WorkCompletion::default()];

@@ -700,6 +700,41 @@ mod tests {
         assert_eq!(rows(&text).len(), 1, "{text}");
     }
 
+    /// write_lat between two inline UDP devices, each driven only by its
+    /// own thread's verbs: a side waiting for the peer's WRITE in memory
+    /// must still call into its device, or the WRITE is never read off the
+    /// socket (before: the sender's first WRITE ended with RETRY_EXC_ERR).
+    #[test]
+    fn write_lat_between_inline_udp_devices() {
+        let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let a = udp_device("perf_test_wl_a", lo, false).unwrap();
+        let b = udp_device("perf_test_wl_b", lo, false).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port().to_string();
+        let args = ["write_lat", "-n", "200", "-s", "8", "-p", &port];
+        let mut sp = params(&args);
+        sp.mode = Mode::Server;
+        let mut cp = params(&args);
+        cp.mode = Mode::Client("127.0.0.1".into());
+        let server = std::thread::spawn(move || {
+            let link = PeerLink::accept(&l).unwrap();
+            let mut out = Vec::new();
+            run_networked(&sp, &b, link, true, &mut out).map(|_| String::from_utf8(out).unwrap())
+        });
+        let link = PeerLink::connect("127.0.0.1", port.parse().unwrap()).unwrap();
+        let mut out = Vec::new();
+        let client = run_networked(&cp, &a, link, false, &mut out);
+        let ctext = String::from_utf8(out).unwrap();
+        let stext = server.join().unwrap();
+        client.unwrap_or_else(|e| panic!("client: {e}\n{ctext}"));
+        let stext = stext.unwrap_or_else(|e| panic!("server: {e}"));
+        for text in [&ctext, &stext] {
+            let r = rows(text);
+            assert_eq!(r.len(), 1, "{text}");
+            assert_eq!(r[0][1], 200.0, "{text}");
+        }
+    }
+
     #[test]
     fn tcp_exchange_between_two_threads() {
         // The soft provider has no network link yet, so both ends use the
