@@ -542,7 +542,11 @@ fn networked_size(
         } else {
             None
         };
-        let mut passive = (!send_active && !recv_active).then(|| Passive {
+        // A side that receives nothing through its CQs (the target of
+        // WRITEs, READs and atomics) keeps polling until the peer's
+        // operations are complete, or an inline device stops taking them
+        // in: also a bidirectional sender whose own part is done first.
+        let mut passive = (!recv_active && (!send_active || p.duplex)).then(|| Passive {
             side,
             until: st.peer_flag.clone(),
         });
@@ -700,18 +704,16 @@ mod tests {
         assert_eq!(rows(&text).len(), 1, "{text}");
     }
 
-    /// write_lat between two inline UDP devices, each driven only by its
-    /// own thread's verbs: a side waiting for the peer's WRITE in memory
-    /// must still call into its device, or the WRITE is never read off the
-    /// socket (before: the sender's first WRITE ended with RETRY_EXC_ERR).
-    #[test]
-    fn write_lat_between_inline_udp_devices() {
+    /// Runs `args` between two inline UDP devices, each driven only by its
+    /// own thread's verbs (as between two processes); returns both reports.
+    fn between_inline_udp_devices(args: &[&str], names: (&str, &str)) -> (String, String) {
         let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-        let a = udp_device("perf_test_wl_a", lo, false).unwrap();
-        let b = udp_device("perf_test_wl_b", lo, false).unwrap();
+        let a = udp_device(names.0, lo, false).unwrap();
+        let b = udp_device(names.1, lo, false).unwrap();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port().to_string();
-        let args = ["write_lat", "-n", "200", "-s", "8", "-p", &port];
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["-p", &port]);
         let mut sp = params(&args);
         sp.mode = Mode::Server;
         let mut cp = params(&args);
@@ -726,12 +728,36 @@ mod tests {
         let client = run_networked(&cp, &a, link, false, &mut out);
         let ctext = String::from_utf8(out).unwrap();
         let stext = server.join().unwrap();
-        client.unwrap_or_else(|e| panic!("client: {e}\n{ctext}"));
-        let stext = stext.unwrap_or_else(|e| panic!("server: {e}"));
-        for text in [&ctext, &stext] {
+        client.unwrap_or_else(|e| panic!("{args:?} client: {e}\n{ctext}"));
+        let stext = stext.unwrap_or_else(|e| panic!("{args:?} server: {e}"));
+        (ctext, stext)
+    }
+
+    /// A side waiting for the peer's WRITE in its memory must still call
+    /// into its device, or the WRITE is never read off the socket (before:
+    /// the sender's first WRITE ended with RETRY_EXC_ERR).
+    #[test]
+    fn write_lat_between_inline_udp_devices() {
+        let (c, s) = between_inline_udp_devices(&["write_lat", "-n", "200", "-s", "8"], ("pwl_a", "pwl_b"));
+        for text in [&c, &s] {
             let r = rows(text);
             assert_eq!(r.len(), 1, "{text}");
             assert_eq!(r[0][1], 200.0, "{text}");
+        }
+    }
+
+    /// A bidirectional WRITE test: the side whose WRITEs complete first
+    /// keeps polling until the peer's are complete too (before: it stopped,
+    /// and the peer's last WRITEs ended with RETRY_EXC_ERR, in two runs of
+    /// three here; which side finishes first is timing, hence three runs).
+    #[test]
+    fn bidirectional_write_bw_between_inline_udp_devices() {
+        for _ in 0..3 {
+            let (c, s) =
+                between_inline_udp_devices(&["write_bw", "-b", "-n", "2000", "-s", "65536"], ("pwb_a", "pwb_b"));
+            for text in [&c, &s] {
+                assert_eq!(rows(text).len(), 1, "{text}");
+            }
         }
     }
 
