@@ -704,12 +704,10 @@ mod tests {
         assert_eq!(rows(&text).len(), 1, "{text}");
     }
 
-    /// Runs `args` between two inline UDP devices, each driven only by its
-    /// own thread's verbs (as between two processes); returns both reports.
-    fn between_inline_udp_devices(args: &[&str], names: (&str, &str)) -> (String, String) {
-        let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-        let a = udp_device(names.0, lo, false).unwrap();
-        let b = udp_device(names.1, lo, false).unwrap();
+    /// Runs `args` as a server on device `b` (its own thread) and a client
+    /// on device `a`, the addresses exchanged over TCP as between two
+    /// processes; returns the client's and the server's reports.
+    fn networked_pair(args: &[&str], a: &Device, b: &Device) -> (String, String) {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port().to_string();
         let mut args = args.to_vec();
@@ -718,6 +716,7 @@ mod tests {
         sp.mode = Mode::Server;
         let mut cp = params(&args);
         cp.mode = Mode::Client("127.0.0.1".into());
+        let b = b.clone();
         let server = std::thread::spawn(move || {
             let link = PeerLink::accept(&l).unwrap();
             let mut out = Vec::new();
@@ -725,12 +724,21 @@ mod tests {
         });
         let link = PeerLink::connect("127.0.0.1", port.parse().unwrap()).unwrap();
         let mut out = Vec::new();
-        let client = run_networked(&cp, &a, link, false, &mut out);
+        let client = run_networked(&cp, a, link, false, &mut out);
         let ctext = String::from_utf8(out).unwrap();
         let stext = server.join().unwrap();
         client.unwrap_or_else(|e| panic!("{args:?} client: {e}\n{ctext}"));
         let stext = stext.unwrap_or_else(|e| panic!("{args:?} server: {e}"));
         (ctext, stext)
+    }
+
+    /// [`networked_pair`] between two inline UDP devices, each driven only
+    /// by its own thread's verbs (as between two processes).
+    fn between_inline_udp_devices(args: &[&str], names: (&str, &str)) -> (String, String) {
+        let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let a = udp_device(names.0, lo, false).unwrap();
+        let b = udp_device(names.1, lo, false).unwrap();
+        networked_pair(args, &a, &b)
     }
 
     /// A side waiting for the peer's WRITE in its memory must still call
@@ -763,34 +771,15 @@ mod tests {
 
     #[test]
     fn tcp_exchange_between_two_threads() {
-        // The soft provider has no network link yet, so both ends use the
-        // in-process devices of this process, each from its own thread, and
-        // only the address exchange goes over TCP.
+        // Both ends use the in-process devices of this process, each from
+        // its own thread; only the address exchange goes over TCP.
         let (a, b) = devices();
         for test in [
             &["send_bw", "-n", "40", "-s", "256"][..],
             &["write_lat", "-n", "20"],
             &["read_bw", "-n", "20", "-b"],
         ] {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let port = l.local_addr().unwrap().port().to_string();
-            let mut sargs = test.to_vec();
-            sargs.extend_from_slice(&["-p", &port]);
-            let mut sp = params(&sargs);
-            sp.mode = Mode::Server;
-            let mut cp = params(&sargs);
-            cp.mode = Mode::Client("127.0.0.1".into());
-            let b = b.clone();
-            let server = std::thread::spawn(move || {
-                let link = PeerLink::accept(&l).unwrap();
-                let mut out = Vec::new();
-                run_networked(&sp, &b, link, true, &mut out).map(|_| String::from_utf8(out).unwrap())
-            });
-            let link = PeerLink::connect("127.0.0.1", port.parse().unwrap()).unwrap();
-            let mut out = Vec::new();
-            run_networked(&cp, &a, link, false, &mut out).unwrap();
-            let ctext = String::from_utf8(out).unwrap();
-            let stext = server.join().unwrap().unwrap();
+            let (ctext, stext) = networked_pair(test, &a, &b);
             assert_eq!(rows(&ctext).len(), 1, "{test:?} client:\n{ctext}");
             assert!(stext.contains("Data ex. method : Ethernet"), "{stext}");
             if test[0] == "send_bw" || test[0] == "write_lat" || test.contains(&"-b") {
