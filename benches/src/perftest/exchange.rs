@@ -30,8 +30,9 @@ pub const GREETING: &str = "SOFTVERBS-PERF 1";
 pub fn signature(p: &Params) -> String {
     let sizes: Vec<String> = p.sizes.iter().map(u64::to_string).collect();
     format!(
-        "test={} conn={} qps={} duplex={} sizes={} iters={} duration={} post_list={} atomic={}",
+        "test={} link={} conn={} qps={} duplex={} sizes={} iters={} duration={} post_list={} atomic={}",
         p.test,
+        p.link.name(),
         p.connection.name(),
         p.qps,
         u8::from(p.duplex),
@@ -318,6 +319,34 @@ mod tests {
         assert_eq!(parse_done(&done_line(Some(&r)), 8).unwrap(), Some(r));
         assert_eq!(parse_done(&done_line(None), 8).unwrap(), None);
         assert!(parse_done("SYNC 8", 8).is_err());
+    }
+
+    /// Ends on different links could never reach each other (a
+    /// shared-memory-only device sends nothing by UDP): the greeting says
+    /// so at once, instead of a failed first send half a second later.
+    #[test]
+    fn ends_on_different_links_are_refused_at_the_greeting() {
+        use clap::Parser;
+        #[derive(Debug, Parser)]
+        struct C {
+            #[command(flatten)]
+            perf: super::super::args::PerfArgs,
+        }
+        let params = |link: &str| {
+            let c = C::try_parse_from(["perf", "send_lat", "--link", link, "--server"]).unwrap();
+            Params::from_args(&c.perf, softverbs::verbs::BackendKind::Soft).unwrap()
+        };
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let client = std::thread::spawn(move || {
+            let mut c = PeerLink::connect("127.0.0.1", port).unwrap();
+            c.hello_client(&params("shm")).map_err(|e| e.to_string())
+        });
+        let mut server = PeerLink::accept(&l).unwrap();
+        let s = server.hello_server(&params("udp")).unwrap_err().to_string();
+        assert!(s.contains("link=shm") && s.contains("link=udp"), "{s}");
+        let c = client.join().unwrap().unwrap_err();
+        assert!(c.contains("the server refused") && c.contains("link=udp"), "{c}");
     }
 
     /// The server reaches IPv4 and IPv6 clients alike, and the address its
