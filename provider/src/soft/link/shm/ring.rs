@@ -212,7 +212,13 @@ impl Region {
     }
 
     fn map(file: File) -> io::Result<Region> {
-        let map = MmapOptions::new().len(REGION_LEN).map_raw(file.as_raw_fd())?;
+        // Prefaulted: otherwise the first lap of each ring takes a page
+        // fault per slot on both sides (~5 µs per message for the first
+        // 512 messages each way); this costs ~1 ms once per channel.
+        let map = MmapOptions::new()
+            .len(REGION_LEN)
+            .populate()
+            .map_raw(file.as_raw_fd())?;
         Ok(Region { map, file })
     }
 
