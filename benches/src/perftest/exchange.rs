@@ -326,16 +326,8 @@ mod tests {
     /// so at once, instead of a failed first send half a second later.
     #[test]
     fn ends_on_different_links_are_refused_at_the_greeting() {
-        use clap::Parser;
-        #[derive(Debug, Parser)]
-        struct C {
-            #[command(flatten)]
-            perf: super::super::args::PerfArgs,
-        }
-        let params = |link: &str| {
-            let c = C::try_parse_from(["perf", "send_lat", "--link", link, "--server"]).unwrap();
-            Params::from_args(&c.perf, softverbs::verbs::BackendKind::Soft).unwrap()
-        };
+        let params =
+            |link: &str| super::super::args::testing::params(&["send_lat", "--link", link, "--server"]).unwrap();
         let l = listener(0).unwrap();
         let port = l.local_addr().unwrap().port();
         let client = std::thread::spawn(move || {

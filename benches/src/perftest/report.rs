@@ -322,20 +322,10 @@ pub fn json(b: &BannerInfo<'_>, rows: &[Row]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perftest::args::PerfArgs;
-    use clap::Parser;
-    use softverbs::verbs::{BackendKind, Gid};
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        perf: PerfArgs,
-    }
+    use softverbs::verbs::Gid;
 
     fn params(args: &[&str]) -> Params {
-        let mut v = vec!["perf"];
-        v.extend_from_slice(args);
-        Params::from_args(&Cli::try_parse_from(v).unwrap().perf, BackendKind::Soft).unwrap()
+        crate::perftest::args::testing::params(args).unwrap()
     }
 
     fn info(p: &Params) -> BannerInfo<'_> {

@@ -615,19 +615,9 @@ fn finish_size(st: &mut NetState<'_>, mine: Option<&BwResult>, size: u64) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perftest::args::PerfArgs;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        perf: PerfArgs,
-    }
 
     fn params(args: &[&str]) -> Params {
-        let mut v = vec!["perf"];
-        v.extend_from_slice(args);
-        Params::from_args(&Cli::try_parse_from(v).unwrap().perf, verbs::BackendKind::Soft).unwrap()
+        crate::perftest::args::testing::params(args).unwrap()
     }
 
     fn devices() -> (Device, Device) {
