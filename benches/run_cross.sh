@@ -37,9 +37,8 @@ sv="$root/target/release/softverbs"
 port=18700
 
 echo "== floors"
+# (The latency floors are measured per row, below.)
 "$tmp/memcpy_bw" 5 200 1 | grep memcpy_best | tee "$tmp/memcpy.txt"
-"$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1
-"$tmp/udp_pingpong" 8 200000 poll 1 0 | tail -1
 "$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1 | tee "$tmp/stream.txt"
 # Context for the UDP latency ratio: the kernel's part by socket mode (a
 # RoCEv2 sender over IPv4 must use unconnected sockets; see udp_modes.c).
