@@ -273,6 +273,36 @@ fn trains_carry_the_senders_memory_in_order() {
     );
 }
 
+/// A receive turn stops after the train that reaches
+/// `TURN_TRAIN_BYTES` of payload, however large its datagram budget, so
+/// that the ACKs of what it copied leave before it copies more.
+#[test]
+fn a_receive_turn_copies_a_bounded_amount() {
+    let (a, b) = pair(true, true);
+    let len = 128u32 << 10;
+    let (_m, s) = buffer(len as usize, 9);
+    let per_turn = super::receive::TURN_TRAIN_BYTES.div_ceil(u64::from(len)) as usize;
+    let total = 2 * per_turn + 1;
+    let mut txs: Vec<Transmit> = (0..total)
+        .map(|_| dgram(&a, &b, b"T", Some(train(32, &[(&s, 0, len)]))))
+        .collect();
+    a.send_batch(&mut txs, &mut drop);
+    let mut turns = Vec::new();
+    let start = Instant::now();
+    while turns.iter().sum::<usize>() < total && start.elapsed() < Duration::from_secs(10) {
+        let mut got = Vec::new();
+        pump(&b, &mut got);
+        if !got.is_empty() {
+            assert!(got.iter().all(|g| g.train == Some((32, content(&s, 0, len)))));
+            turns.push(got.len());
+        }
+        a.flush();
+    }
+    assert_eq!(turns.iter().sum::<usize>(), total, "{:?}", b.shm_stats());
+    assert!(turns.iter().all(|&n| n <= per_turn), "trains per turn: {turns:?}");
+    assert_eq!(turns[0], per_turn, "trains per turn: {turns:?}");
+}
+
 /// Small buffers are ranges of a slab: the slab goes over once for all of
 /// them, and descriptor offsets are offsets in it.
 #[test]
