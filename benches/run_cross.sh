@@ -11,7 +11,9 @@
 #              speed within minutes, the kernel's UDP path most, so a
 #              floor from the start of the run can be off by 25 %;
 #   bandwidth: `softverbs perf write_bw|send_bw` average
-#              / memcpy (shm; same size) or the 4 KiB GSO UDP stream (udp).
+#              / memcpy (shm; same size) or the 4 KiB GSO UDP stream (udp),
+#              the mean of the floors measured just before and just
+#              after the row (both printed).
 # The receiving process runs on CPU 1 and the sender on CPU 0, as the
 # anchors pin themselves.
 #
@@ -37,9 +39,10 @@ sv="$root/target/release/softverbs"
 port=18700
 
 echo "== floors"
-# (The latency floors are measured per row, below.)
-"$tmp/memcpy_bw" 5 200 1 | grep memcpy_best | tee "$tmp/memcpy.txt"
-"$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1 | tee "$tmp/stream.txt"
+# (Every ratio's floor is measured around its row, below; these are for
+# context.)
+"$tmp/memcpy_bw" 5 200 1 | grep memcpy_best
+"$tmp/udp_stream" 4096 2 32 16777216 1 0 poll gso | tail -1
 # Context for the UDP latency ratio: the kernel's part by socket mode (a
 # RoCEv2 sender over IPv4 must use unconnected sockets; see udp_modes.c).
 "$tmp/udp_modes" 100000
@@ -54,8 +57,18 @@ floor_ns() {
         "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | field p50_oneway_ns
     fi
 }
-memcpy_at() { grep "size=$1 " "$tmp/memcpy.txt" | field MiBps; }
-stream_mibps="$(field rx_MiBps < "$tmp/stream.txt")"
+# The bandwidth floor of a link in MiB/s, measured now: memcpy of that
+# size (best of 3 trials) for shm, the 4 KiB GSO stream for udp. Taken
+# before and after each row, as the copy speed itself changes with the
+# host's phase (memcpy of 1 MiB measured 26,100 or 35,200 MiB/s within
+# minutes, alone on the machine).
+floor_bw() {
+    if [ "$1" = udp ]; then
+        "$tmp/udp_stream" 4096 1 32 16777216 1 0 poll gso | tail -1 | field rx_MiBps
+    else
+        "$tmp/memcpy_bw" 3 200 1 | grep "memcpy_best size=$2 " | field MiBps
+    fi
+}
 
 # Runs `softverbs ARGS` as a server on CPU 1 and as a client on CPU 0 (of
 # $host, 127.0.0.1 unless set); prints the client's output. (`perf` servers
@@ -86,13 +99,16 @@ for link in udp shm; do
         "$(awk -v m="$typ" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
     for t in write_bw send_bw; do
         for s in 65536 1048576; do
+            before="$(floor_bw "$link" "$s")"
             line="$(pair perf "$t" --no-embedded --link "$link" -s "$s" -D "$secs" -f 1 \
                 | awk 'NF == 5 && $1 ~ /^[0-9]+$/ { print; exit }')"
+            after="$(floor_bw "$link" "$s")"
             avg="$(echo "$line" | awk '{ print $4 }')"
+            ref="$(awk -v a="$before" -v b="$after" 'BEGIN { print (a + b) / 2 }')"
             if [ "$link" = shm ]; then
-                ref="$(memcpy_at "$s")" what="memcpy($s)"
+                what="memcpy($s) ($before, $after)"
             else
-                ref="$stream_mibps" what="udp 4K GSO stream"
+                what="udp 4K GSO stream ($before, $after)"
             fi
             printf '%-5s %-22s %9s MiB/s %s\n' "$link" "$t $s" "$avg" \
                 "$(awk -v a="$avg" -v r="$ref" -v w="$what" 'BEGIN { if (r > 0) printf "%.2f x %s", a / r, w }')"
