@@ -140,10 +140,14 @@ impl ShmLink {
                         bump(&self.stats.rx_bad_addr);
                         continue;
                     }
-                    if !peer.trains || !self.deliver_train(c, rx, &m, len, f) {
-                        bump(&self.stats.rx_bad_train);
+                    let delivered = if peer.trains {
+                        self.deliver_train(c, rx, &m, len, f)
                     } else {
-                        *train_bytes += rx.desc.pieces.iter().map(|p| u64::from(p.len)).sum::<u64>();
+                        None
+                    };
+                    match delivered {
+                        Some(bytes) => *train_bytes += u64::from(bytes),
+                        None => bump(&self.stats.rx_bad_train),
                     }
                 }
                 Ok(Some(Slot::Datagram(m))) => {

@@ -745,9 +745,6 @@ impl Consumer {
     }
 }
 
-#[cfg(test)]
-mod tests;
-
 /// Asks the CPU to start loading the first two cache lines of a slot that
 /// is known to be published (header and a train's descriptor): the
 /// consumer reads it after handling the slot before, so a reader busy
@@ -767,3 +764,6 @@ fn prefetch_slot(slot: *const u8) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = slot;
 }
+
+#[cfg(test)]
+mod tests;

@@ -369,9 +369,10 @@ impl Channel {
 
 impl ShmLink {
     /// Hands the train in `rx.buf` (ONLY packet of `len` bytes, then the
-    /// descriptor) to `f` with its payload in the peer's mapped buffers;
-    /// `false` if the descriptor is invalid, names a buffer the peer did
-    /// not pass, or reaches outside one.
+    /// descriptor) to `f` with its payload in the peer's mapped buffers,
+    /// and returns the payload's length; `None` if the descriptor is
+    /// invalid, names a buffer the peer did not pass, or reaches outside
+    /// one.
     pub(super) fn deliver_train(
         &self,
         c: &Channel,
@@ -379,24 +380,24 @@ impl ShmLink {
         m: &SlotMeta,
         len: usize,
         f: &mut dyn FnMut(Datagram<'_>),
-    ) -> bool {
+    ) -> Option<u32> {
         let RxSide { buf, maps, desc, .. } = rx;
         if !buf.get(len..).is_some_and(|b| desc.decode_from(b)) {
-            return false;
+            return None;
         }
         let cma = desc.pieces.iter().any(|p| p.token == ring::PROCESS_TOKEN);
         // Process memory only where we verified we may read the peer, and
         // only while the process we verified is the one behind the pid.
         if cma && !(c.cma_rx.load(Ordering::Relaxed) && c.pidfd.as_ref().is_some_and(|p| sys::pid_alive(p.as_raw_fd())))
         {
-            return false;
+            return None;
         }
         for p in &desc.pieces {
             if p.token != ring::PROCESS_TOKEN
                 && !maps.contains_key(&p.token)
                 && !c.import_until(maps, p.token, &self.stats)
             {
-                return false;
+                return None;
             }
         }
         // On the stack: the receive path allocates nothing per train.
@@ -409,10 +410,10 @@ impl ShmLink {
                 *slot = MappedPiece::remote(c.pid, p.offset, p.len as usize);
                 continue;
             }
-            let Some(map) = maps.get(&p.token) else { return false };
+            let map = maps.get(&p.token)?;
             match p.offset.checked_add(u64::from(p.len)) {
                 Some(end) if end <= map.len() as u64 => {}
-                _ => return false,
+                _ => return None,
             }
             // SAFETY: `offset..offset + len` lies inside the mapping
             // (checked just above), which stays mapped while `rx` is
@@ -424,9 +425,8 @@ impl ShmLink {
             // it overlaps no memory the engine copies into.
             *slot = unsafe { MappedPiece::new(map.as_ptr().add(p.offset as usize), p.len as usize) };
         }
-        let Some(train) = TrainIn::new(desc.npkts, &pieces[..desc.pieces.len()]) else {
-            return false;
-        };
+        let train = TrainIn::new(desc.npkts, &pieces[..desc.pieces.len()])?;
+        let bytes = train.len();
         bump(&self.stats.rx_trains);
         if cma {
             bump(&self.stats.rx_trains_cma);
@@ -439,7 +439,7 @@ impl ShmLink {
             data: &buf[..len],
             train: Some(train),
         });
-        true
+        Some(bytes)
     }
 }
 
