@@ -705,8 +705,6 @@ impl Consumer {
         };
         if self.tail == self.head {
             self.publish_tail(region);
-        } else {
-            prefetch_slot(region.slot_ptr(self.ring, self.tail));
         }
         let meta = SlotMeta {
             src: ip_of(src),
@@ -743,26 +741,6 @@ impl Consumer {
             region.sleep_flag(self.ring).store(0, Ordering::Relaxed);
         }
     }
-}
-
-/// Asks the CPU to start loading the first two cache lines of a slot that
-/// is known to be published (header and a train's descriptor): the
-/// consumer reads it after handling the slot before, so a reader busy
-/// copying a train does not then wait for the line from the writer's core.
-#[inline]
-fn prefetch_slot(slot: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // SAFETY: SSE is part of x86_64; a prefetch is a hint that never
-        // faults and reads nothing into the program, whatever the address.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(slot.cast());
-            _mm_prefetch::<_MM_HINT_T0>(slot.wrapping_add(64).cast());
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = slot;
 }
 
 #[cfg(test)]
