@@ -59,10 +59,11 @@ impl ShmLink {
                 if (st != UP && st != CLOSING) || n >= budget || train_bytes >= TURN_TRAIN_BYTES {
                     continue;
                 }
-                let left = budget - n;
-                let got = self.read_channel(c, left, &mut train_bytes, f);
+                let (got, drained) = self.read_channel(c, budget - n, &mut train_bytes, f);
                 n += got;
-                if st == CLOSING && got < left && train_bytes < TURN_TRAIN_BYTES {
+                // A closing channel ends once everything the peer
+                // published before it closed has been read.
+                if st == CLOSING && drained {
                     c.kill();
                 }
             }
@@ -84,21 +85,23 @@ impl ShmLink {
     }
 
     /// Reads up to `budget` slots of `c`, and trains until `train_bytes`
-    /// (of this turn, across channels) reaches [`TURN_TRAIN_BYTES`].
+    /// (of this turn, across channels) reaches [`TURN_TRAIN_BYTES`];
+    /// returns how many slots it read and whether it found the ring empty.
     fn read_channel(
         &self,
         c: &Channel,
         budget: usize,
         train_bytes: &mut u64,
         f: &mut dyn FnMut(Datagram<'_>),
-    ) -> usize {
-        let Some(peer) = c.peer.get() else { return 0 };
+    ) -> (usize, bool) {
+        // No peer yet: nothing to read, as from an empty ring.
+        let Some(peer) = c.peer.get() else { return (0, true) };
         let mut rx = lock(&c.rx);
         let rx = &mut *rx;
         let mut n = 0;
         while n < budget && *train_bytes < TURN_TRAIN_BYTES {
             match rx.cons.pop_slot(&c.region, &mut rx.buf) {
-                Ok(None) => break,
+                Ok(None) => return (n, true),
                 Err(()) => {
                     bump(&self.stats.rx_bad_index);
                     c.kill();
@@ -168,6 +171,6 @@ impl ShmLink {
                 }
             }
         }
-        n
+        (n, false)
     }
 }

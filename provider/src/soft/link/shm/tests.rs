@@ -303,6 +303,40 @@ fn a_receive_turn_copies_a_bounded_amount() {
     assert_eq!(turns[0], per_turn, "trains per turn: {turns:?}");
 }
 
+/// A peer that published more trains than one turn takes, then went away:
+/// every train is still read, over several turns, before the channel ends
+/// (a turn stopped by the byte bound has not drained the ring).
+#[test]
+fn a_closing_channel_is_drained_across_bounded_turns() {
+    let (a, b) = pair(true, true);
+    let len = 128u32 << 10;
+    let (_m, s) = buffer(len as usize, 11);
+    let total = 3 * super::receive::TURN_TRAIN_BYTES.div_ceil(u64::from(len)) as usize;
+    let mut txs: Vec<Transmit> = (0..total)
+        .map(|_| dgram(&a, &b, b"T", Some(train(32, &[(&s, 0, len)]))))
+        .collect();
+    a.send_batch(&mut txs, &mut drop);
+    drop(a);
+    // Let `b` see the close before it reads anything: the channel is
+    // closing, with the whole backlog of trains still in its ring.
+    let start = Instant::now();
+    while channel(&b).state() != CLOSING && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+        b.slow_path(process_now());
+    }
+    assert_eq!(channel(&b).state(), CLOSING, "{:?}", b.peer_lines());
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while (got.len() < total || !b.chans_r().is_empty()) && start.elapsed() < Duration::from_secs(10) {
+        pump(&b, &mut got);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(got.len(), total, "{:?}", b.shm_stats());
+    assert!(got.iter().all(|g| g.train == Some((32, content(&s, 0, len)))));
+    assert_eq!(stat(&b, "shm_peers_lost"), 1, "{:?}", b.shm_stats());
+    assert!(b.chans_r().is_empty(), "the channel ended: {:?}", b.peer_lines());
+}
+
 /// Small buffers are ranges of a slab: the slab goes over once for all of
 /// them, and descriptor offsets are offsets in it.
 #[test]
