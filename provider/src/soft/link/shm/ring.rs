@@ -612,6 +612,20 @@ impl Consumer {
         }
         if self.head == self.tail {
             let head = region.index(self.ring, OFF_HEAD).load(Ordering::Acquire);
+            // Reads the next slot's header and first payload lines along
+            // with the index, discarding what they hold: when the index
+            // shows the slot published, both lines are already on their
+            // way (one cross-core transfer instead of two, one after the
+            // other).
+            let slot = region.slot_ptr(self.ring, self.tail);
+            // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
+            // (index modulo SLOTS); both reads are aligned u32 loads in its
+            // first two cache lines. A peer writing them concurrently can
+            // only change the discarded values.
+            unsafe {
+                std::ptr::read_volatile(slot.cast::<u32>());
+                std::ptr::read_volatile(slot.add(SLOT_HDR).cast::<u32>());
+            }
             let n = head.wrapping_sub(self.tail);
             if n > SLOTS {
                 self.broken = true;
