@@ -17,6 +17,9 @@
 # The receiving process runs on CPU 1 and the sender on CPU 0, as the
 # anchors pin themselves.
 #
+# For shm, also the link's ring alone (benches/src/bin/ring_pingpong.rs:
+# two threads, 24-byte datagrams, no engine) against the same floor.
+#
 # Last, send_lat over IPv6 loopback (::1), and the kernel floor by socket
 # mode (benches/kernel/udp_modes.c) for context.
 #
@@ -34,7 +37,7 @@ for p in memcpy_bw shm_pingpong udp_pingpong udp_stream; do
     gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
 done
 gcc -O2 -I "$anchors" -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
-(cd "$root" && cargo build --release -q)
+(cd "$root" && cargo build --release -q && cargo build --release -q -p softverbs-benches --bin ring_pingpong)
 sv="$root/target/release/softverbs"
 port=18700
 
@@ -97,6 +100,13 @@ for link in udp shm; do
         | awk 'NF >= 9 && $1 == 8 { print $5; exit }')"
     printf '%-5s %-22s %9s us %s\n' "$link" "send_lat 8 B" "$typ" \
         "$(awk -v m="$typ" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m * 1000 / f, f / 1000 }')"
+    if [ "$link" = shm ]; then
+        # The ring alone (two threads, no engine), against the same floor.
+        floor="$(floor_ns shm)"
+        ring="$("$root/target/release/ring_pingpong" 1000000 | field p50_oneway_ns)"
+        printf '%-5s %-22s %9s us %s\n' shm "ring alone 24 B" "$(awk -v r="$ring" 'BEGIN { printf "%.3f", r / 1000 }')" \
+            "$(awk -v m="$ring" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m / f, f / 1000 }')"
+    fi
     for t in write_bw send_bw; do
         for s in 65536 1048576; do
             before="$(floor_bw "$link" "$s")"

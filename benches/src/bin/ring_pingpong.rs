@@ -1,0 +1,105 @@
+//! The shared-memory link's ring alone: a ping-pong of 24-byte datagrams
+//! (the size of an 8-byte RC SEND ONLY) through one region's two rings,
+//! between two threads busy-polling as the link's reader does (a PAUSE
+//! after an empty look). Compare its one-way time with the anchors'
+//! `shm_pingpong` (a flag): the difference is what the ring's protocol
+//! costs, before any engine work.
+//!
+//! usage: `ring_pingpong [iterations=1000000]`. The echoing thread runs on
+//! CPU 1 and the timing one on CPU 0, as the anchors pin themselves.
+//! Output: `ring_pingpong size=24 iters=N p50_oneway_ns=.. p99_oneway_ns=..
+//! avg_oneway_ns=..`. Each timed round trip includes one clock read, as
+//! the anchor's do (`Instant::now`, ~20 ns on this project's VMs); the
+//! average (whole run over its round trips) includes two.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use softverbs::soft::link::shm::ring::{Consumer, Producer, Region, Slot, SlotMeta};
+
+const SIZE: usize = 24;
+
+/// Pushes one datagram, retrying while the ring is full.
+fn push(p: &mut Producer, region: &Region, meta: &SlotMeta, data: &[u8]) {
+    while p.push(region, meta, data).is_err() {
+        std::hint::spin_loop();
+    }
+}
+
+/// Busy-polls until a datagram arrives.
+fn pop(c: &mut Consumer, region: &Region, buf: &mut Vec<u8>) {
+    loop {
+        match c.pop_slot(region, buf) {
+            Ok(Some(Slot::Datagram(_))) => return,
+            Ok(Some(_)) => panic!("unexpected slot kind"),
+            Ok(None) => std::hint::spin_loop(),
+            Err(()) => panic!("ring broken"),
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu` (best effort: unpinned threads that
+/// share a CPU measure the scheduler instead).
+fn pin(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // inside it (cpu < CPU_SETSIZE); sched_setaffinity reads
+    // size_of::<cpu_set_t>() bytes of it.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if !ok {
+        eprintln!("ring_pingpong: could not pin to CPU {cpu}; figures may include scheduling");
+    }
+}
+
+fn main() {
+    let iters: usize = std::env::args()
+        .nth(1)
+        .map_or(1_000_000, |a| a.parse().expect("iterations: a number"));
+    let region = Arc::new(Region::create().expect("creating the shared region"));
+    let meta = SlotMeta {
+        src: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        src_port: 4791,
+        dst_port: 4791,
+    };
+    let warmup = iters / 10;
+    let echo = {
+        let region = Arc::clone(&region);
+        std::thread::spawn(move || {
+            pin(1);
+            let (mut rx, mut tx) = (Consumer::new(0), Producer::new(1));
+            let mut buf = Vec::with_capacity(SIZE);
+            for _ in 0..warmup + iters {
+                pop(&mut rx, &region, &mut buf);
+                push(&mut tx, &region, &meta, &buf);
+            }
+        })
+    };
+    pin(0);
+    let (mut tx, mut rx) = (Producer::new(0), Consumer::new(1));
+    let data = [0x5au8; SIZE];
+    let mut buf = Vec::with_capacity(SIZE);
+    let mut rtts = Vec::with_capacity(iters);
+    let start = Instant::now();
+    for i in 0..warmup + iters {
+        let t = Instant::now();
+        push(&mut tx, &region, &meta, &data);
+        pop(&mut rx, &region, &mut buf);
+        if i >= warmup {
+            rtts.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    let total = start.elapsed().as_nanos() as f64;
+    echo.join().expect("echo thread");
+    rtts.sort_unstable();
+    let p50 = rtts[rtts.len() / 2] as f64 / 2.0;
+    let avg = total / (warmup + iters) as f64 / 2.0;
+    let p99 = rtts[(rtts.len() - 1) * 99 / 100] as f64 / 2.0;
+    println!(
+        "ring_pingpong size={SIZE} iters={iters} p50_oneway_ns={p50:.1} p99_oneway_ns={p99:.1} avg_oneway_ns={avg:.1}"
+    );
+}
