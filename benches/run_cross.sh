@@ -103,7 +103,7 @@ for link in udp shm; do
     if [ "$link" = shm ]; then
         # The ring alone (two threads, no engine), against the same floor.
         floor="$(floor_ns shm)"
-        ring="$("$root/target/release/ring_pingpong" 1000000 | field p50_oneway_ns)"
+        ring="$(taskset -c 0,1 "$root/target/release/ring_pingpong" 1000000 | field p50_oneway_ns)"
         printf '%-5s %-22s %9s us %s\n' shm "ring alone 24 B" "$(awk -v r="$ring" 'BEGIN { printf "%.3f", r / 1000 }')" \
             "$(awk -v m="$ring" -v f="$floor" 'BEGIN { printf "%.2f x raw (%.3f us)", m / f, f / 1000 }')"
     fi

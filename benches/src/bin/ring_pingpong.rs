@@ -5,8 +5,9 @@
 //! `shm_pingpong` (a flag): the difference is what the ring's protocol
 //! costs, before any engine work.
 //!
-//! usage: `ring_pingpong [iterations=1000000]`. The echoing thread runs on
-//! CPU 1 and the timing one on CPU 0, as the anchors pin themselves.
+//! usage: `ring_pingpong [iterations=1000000]`, on a host with two idle
+//! CPUs for its two busy threads (`run_cross.sh` runs it under
+//! `taskset -c 0,1`; pinning each thread measured the same here).
 //! Output: `ring_pingpong size=24 iters=N p50_oneway_ns=.. p99_oneway_ns=..
 //! avg_oneway_ns=..`. Each timed round trip includes one clock read, as
 //! the anchor's do (`Instant::now`, ~20 ns on this project's VMs); the
@@ -39,22 +40,6 @@ fn pop(c: &mut Consumer, region: &Region, buf: &mut Vec<u8>) {
     }
 }
 
-/// Pins the calling thread to `cpu` (best effort: unpinned threads that
-/// share a CPU measure the scheduler instead).
-fn pin(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // inside it (cpu < CPU_SETSIZE); sched_setaffinity reads
-    // size_of::<cpu_set_t>() bytes of it.
-    let ok = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    };
-    if !ok {
-        eprintln!("ring_pingpong: could not pin to CPU {cpu}; figures may include scheduling");
-    }
-}
-
 fn main() {
     let iters: usize = std::env::args()
         .nth(1)
@@ -70,7 +55,6 @@ fn main() {
     let echo = {
         let region = Arc::clone(&region);
         std::thread::spawn(move || {
-            pin(1);
             let (mut rx, mut tx) = (Consumer::new(0), Producer::new(1));
             let mut buf = Vec::with_capacity(SIZE);
             for _ in 0..warmup + iters {
@@ -79,7 +63,6 @@ fn main() {
             }
         })
     };
-    pin(0);
     let (mut tx, mut rx) = (Producer::new(0), Consumer::new(1));
     let data = [0x5au8; SIZE];
     let mut buf = Vec::with_capacity(SIZE);

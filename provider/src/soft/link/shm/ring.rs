@@ -614,9 +614,10 @@ impl Consumer {
             let head = region.index(self.ring, OFF_HEAD).load(Ordering::Acquire);
             // Reads the next slot's header and first payload lines along
             // with the index, discarding what they hold: when the index
-            // shows the slot published, both lines are already on their
-            // way (one cross-core transfer instead of two, one after the
-            // other).
+            // shows the slot published, the slot's lines are already on
+            // their way instead of being fetched after it (measured: the
+            // ring alone 110 -> 100 ns one way; the producer now takes
+            // them back from a sharer, which is not free).
             let slot = region.slot_ptr(self.ring, self.tail);
             // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
             // (index modulo SLOTS); both reads are aligned u32 loads in its
