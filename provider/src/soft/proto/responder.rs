@@ -175,13 +175,27 @@ impl Core {
     }
 
     fn recv_send(&mut self, qp: &mut Qp, pkt: &ParsedPacket<'_>, train: Option<&TrainIn<'_>>) -> Outcome {
+        // The payload is already in the receive buffer (an ONLY packet
+        // placed while its buffer was validated).
+        let mut placed_already = false;
         if pkt.info.position.starts_message() {
             let Some(wqe) = self.next_recv(qp) else {
                 return Outcome::Rnr;
             };
             // Validate the whole receive buffer once (DESIGN §3.4: a bad
             // lkey in the receive WQE is LOC_PROT_ERR here, REM_OP_ERR there).
-            if !self.recv_sgl_ok(qp, &wqe) {
+            // A message of one packet that fits is placed in the same pass:
+            // nothing can change the MRs in between, and each SGE is
+            // resolved once instead of twice.
+            let only = pkt.info.position.ends_message() && train.is_none();
+            let fits = (pkt.payload.len() as u64) <= wqe.length;
+            let ok = if only && fits {
+                placed_already = true;
+                self.check_and_place(qp, &wqe, pkt.payload).is_ok()
+            } else {
+                self.recv_sgl_ok(qp, &wqe)
+            };
+            if !ok {
                 self.complete_recv(qp, &wqe, WcStatus::LocProtErr, 0, None, WcFlags::empty(), 0, false);
                 qp.recycle(wqe.sgl);
                 return Outcome::Fatal(NakCode::RemoteOperationalError, EventType::QpAccessErr);
@@ -203,6 +217,7 @@ impl Core {
             return Outcome::Fatal(NakCode::InvalidRequest, EventType::QpReqErr);
         }
         let placed = match train {
+            _ if placed_already => Ok(()),
             Some(t) => self.scatter_train(qp, &prog.wqe, t),
             None => self.scatter_recv(qp, &prog.wqe, prog.offset, pkt.payload),
         };
@@ -663,6 +678,31 @@ impl Core {
                 .check(s.lkey, qp.pd, s.addr, u64::from(s.len), AccessFlags::LOCAL_WRITE)
                 .is_ok()
         })
+    }
+
+    /// [`Self::recv_sgl_ok`] and [`Self::scatter_recv`] of `data` at
+    /// offset 0 in one pass over the SGEs (`data` no longer than the
+    /// buffer): every SGE is checked whole, and the payload is written
+    /// into the ranges the checks resolved. On an error nothing may have
+    /// been written past a bad SGE, as with the two passes.
+    fn check_and_place(&self, qp: &Qp, wqe: &RecvWqe, data: &[u8]) -> Result<(), ()> {
+        let mut done = 0;
+        for s in &wqe.sgl {
+            let r = self
+                .mrs
+                .check(s.lkey, qp.pd, s.addr, u64::from(s.len), AccessFlags::LOCAL_WRITE)
+                .map_err(|_| ())?;
+            let n = (s.len as usize).min(data.len() - done);
+            if let Some(r) = r.filter(|_| n > 0) {
+                r.write(&data[done..done + n])?;
+            }
+            done += n;
+        }
+        if done == data.len() {
+            Ok(())
+        } else {
+            Err(())
+        }
     }
 
     fn scatter_recv(&self, qp: &Qp, wqe: &RecvWqe, offset: u64, data: &[u8]) -> Result<(), ()> {

@@ -284,6 +284,38 @@ fn responder_rnr_naks_without_a_receive_then_accepts_and_reacks_duplicates() {
 }
 
 #[test]
+fn a_send_only_is_placed_across_receive_sges() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let sgl = [n.sge(0, 4), n.sge(100, 12)];
+    n.core.post_recv(n.qpn, &[RecvWr::new(5, &sgl)]).unwrap();
+    n.inject(0, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN), b"0123456789");
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+    let wc = n.cqes();
+    assert_eq!((wc[0].wr_id, wc[0].status, wc[0].byte_len), (5, WcStatus::Success, 10));
+    let (mut a, mut b) = ([0u8; 4], [0u8; 7]);
+    n.mem.read_at(0, &mut a).unwrap();
+    n.mem.read_at(100, &mut b).unwrap();
+    assert_eq!(
+        (&a, &b[..6], b[6]),
+        (b"0123", &b"456789"[..], 0),
+        "nothing past the payload"
+    );
+}
+
+#[test]
+fn a_bad_receive_sge_past_the_payload_still_fails_the_receive() {
+    // The whole receive buffer is validated (DESIGN §3.4), also the SGEs
+    // a short message does not reach.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let sgl = [n.sge(0, 16), Sge::checked(n.mem.addr() + 64, 16, n.lkey ^ 0x80)];
+    n.core.post_recv(n.qpn, &[RecvWr::new(6, &sgl)]).unwrap();
+    n.inject(0, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN), b"short");
+    let wc = n.cqes();
+    assert_eq!((wc[0].wr_id, wc[0].status), (6, WcStatus::LocProtErr));
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::Nak(NakCode::RemoteOperationalError));
+}
+
+#[test]
 fn a_psn_gap_is_naked_once_with_the_expected_psn() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     n.post_recv(1, 0, 64);
