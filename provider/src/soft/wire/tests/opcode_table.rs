@@ -102,6 +102,35 @@ fn find_inverts_the_table() {
     assert_eq!(nothing, None);
     let no_uc_invalidate = Opcode::find(Transport::Uc, OpKind::Send, Position::Only, false, true);
     assert_eq!(no_uc_invalidate, None);
+    // Exactly the table's combinations exist: no two opcodes share one,
+    // and nothing else finds an opcode.
+    let kinds = [
+        OpKind::Send,
+        OpKind::Write,
+        OpKind::ReadRequest,
+        OpKind::ReadResponse,
+        OpKind::Ack,
+        OpKind::AtomicAck,
+        OpKind::CompareSwap,
+        OpKind::FetchAdd,
+    ];
+    let positions = [Position::First, Position::Middle, Position::Last, Position::Only];
+    let mut found = 0;
+    for t in [Transport::Rc, Transport::Uc, Transport::Ud] {
+        for k in kinds {
+            for p in positions {
+                for (imm, inv) in [(false, false), (true, false), (false, true), (true, true)] {
+                    if let Some(op) = Opcode::find(t, k, p, imm, inv) {
+                        let i = op.info().unwrap();
+                        assert_eq!((i.transport, i.kind, i.position), (t, k, p), "{op:?}");
+                        assert_eq!((i.headers.immdt, i.headers.ieth), (imm, inv), "{op:?}");
+                        found += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(found, Opcode::ALL.len());
 }
 
 #[test]
