@@ -345,8 +345,19 @@ impl Channel {
     /// Pushes what it can of the backlog, then `t` (if any); the rest
     /// waits. Returns whether something was published.
     fn send(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
+        self.send_noting_backlog(t, stats, spent).0
+    }
+
+    /// [`Channel::send`], also returning whether datagrams wait in the
+    /// backlog afterwards (under the same lock: one lock per datagram).
+    fn send_noting_backlog(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> (bool, bool) {
         let mut tx = lock(&self.tx);
         let tx = &mut *tx;
+        let published = self.send_locked(tx, t, stats, spent);
+        (published, !tx.backlog.is_empty())
+    }
+
+    fn send_locked(&self, tx: &mut TxSide, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
         if self.state() != UP {
             if let Some(t) = t {
                 Self::hold(tx, t, stats);
@@ -423,7 +434,9 @@ impl Channel {
     /// Rings the peer's doorbell if it sleeps.
     fn kick(&self, stats: &Stats) {
         let Some(peer) = self.peer.get() else { return };
-        let sleeping = lock(&self.tx).prod.consumer_sleeping(&self.region);
+        // The ring this end writes (the connector writes ring 0).
+        let tx_ring = usize::from(!self.connector);
+        let sleeping = Producer::consumer_of_sleeping(&self.region, tx_ring);
         if sleeping {
             bump(&stats.doorbells);
             sys::ring(peer.doorbell.as_raw_fd());
@@ -852,8 +865,8 @@ impl Link for ShmLink {
             match self.channel_for(t.dst) {
                 Some(c) => {
                     let up = c.state() == UP;
-                    c.send(Some(t), &self.stats, spent);
-                    if !up || c.backlogged() {
+                    let (_, backlogged) = c.send_noting_backlog(Some(t), &self.stats, spent);
+                    if !up || backlogged {
                         self.backlogged.store(true, Ordering::SeqCst);
                     }
                     let seen = |k: &Arc<Channel>| Arc::ptr_eq(k, &c);

@@ -538,8 +538,15 @@ impl Producer {
     /// (then the caller rings its doorbell). Pairs with
     /// [`Consumer::prepare_sleep`] (store flag, fence, load head).
     pub fn consumer_sleeping(&self, region: &Region) -> bool {
+        Producer::consumer_of_sleeping(region, self.ring)
+    }
+
+    /// [`Producer::consumer_sleeping`] for ring `ring`, without the
+    /// producer (it reads no producer state, so its caller needs no lock
+    /// on it).
+    pub fn consumer_of_sleeping(region: &Region, ring: usize) -> bool {
         fence(Ordering::SeqCst);
-        region.sleep_flag(self.ring).load(Ordering::Relaxed) != 0
+        region.sleep_flag(ring & 1).load(Ordering::Relaxed) != 0
     }
 }
 
