@@ -232,6 +232,9 @@ pub struct Core {
     /// Packet buffers handed back by the driver ([`Core::recycle_buffer`]),
     /// reused for the next packets so that a packet costs no allocation.
     spare_bufs: Vec<Vec<u8>>,
+    /// A transmit list for the driver to move datagrams through, kept
+    /// here with its capacity between verbs ([`Core::take_tx_list`]).
+    spare_tx_list: Vec<Transmit>,
     events: VecDeque<CoreEvent>,
     /// (deadline, qpn) of every QP with an armed timer.
     timers: BTreeSet<(Nanos, u32)>,
@@ -269,6 +272,7 @@ impl Core {
             qps: Slab::default(),
             tx: VecDeque::new(),
             spare_bufs: Vec::new(),
+            spare_tx_list: Vec::new(),
             events: VecDeque::new(),
             timers: BTreeSet::new(),
             counters: Counters::default(),
@@ -399,6 +403,23 @@ impl Core {
     pub fn recycle_buffer(&mut self, buf: Vec<u8>) {
         if self.spare_bufs.len() < SPARE_BUFS && buf.capacity() > 0 {
             self.spare_bufs.push(buf);
+        }
+    }
+
+    /// An empty list for the driver to move datagrams through: the one it
+    /// last gave back with [`Core::give_tx_list`] (under the engine lock,
+    /// so no thread-local pool), or a new one.
+    #[inline]
+    pub(crate) fn take_tx_list(&mut self) -> Vec<Transmit> {
+        std::mem::take(&mut self.spare_tx_list)
+    }
+
+    /// Keeps an emptied transmit list for [`Core::take_tx_list`].
+    #[inline]
+    pub(crate) fn give_tx_list(&mut self, mut v: Vec<Transmit>) {
+        if self.spare_tx_list.capacity() == 0 {
+            v.clear();
+            self.spare_tx_list = v;
         }
     }
 
