@@ -449,7 +449,13 @@ impl DeviceShared {
 
     fn drain_locked(core: &mut Core, out: &mut Vec<Transmit>, events: &mut Vec<CoreEvent>) {
         if out.capacity() == 0 && core.has_transmit() {
+            // The list a network verb gave back to this engine; else one
+            // from this thread's pool, where in-process deliveries leave
+            // theirs (the lists travel with the datagrams between devices).
             *out = core.take_tx_list();
+            if out.capacity() == 0 {
+                *out = take_scratch();
+            }
         }
         let before = out.len();
         while let Some(t) = core.poll_transmit() {
