@@ -232,6 +232,14 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What [`Channel::send`] did.
+struct Sent {
+    /// Something was published in the ring.
+    published: bool,
+    /// Datagrams wait in the backlog.
+    backlogged: bool,
+}
+
 #[derive(Debug)]
 struct TxSide {
     prod: Producer,
@@ -297,7 +305,7 @@ struct Channel {
 
 impl Channel {
     fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool) -> Channel {
-        let (tx_ring, rx_ring) = if connector { (0, 1) } else { (1, 0) };
+        let (tx_ring, rx_ring) = Channel::rings(connector);
         Channel {
             stream,
             region,
@@ -343,18 +351,16 @@ impl Channel {
     }
 
     /// Pushes what it can of the backlog, then `t` (if any); the rest
-    /// waits. Returns whether something was published.
-    fn send(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
-        self.send_noting_backlog(t, stats, spent).0
-    }
-
-    /// [`Channel::send`], also returning whether datagrams wait in the
-    /// backlog afterwards (under the same lock: one lock per datagram).
-    fn send_noting_backlog(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> (bool, bool) {
+    /// waits. Says whether something was published and whether datagrams
+    /// still wait (read under the same lock: one lock per datagram).
+    fn send(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> Sent {
         let mut tx = lock(&self.tx);
         let tx = &mut *tx;
         let published = self.send_locked(tx, t, stats, spent);
-        (published, !tx.backlog.is_empty())
+        Sent {
+            published,
+            backlogged: !tx.backlog.is_empty(),
+        }
     }
 
     fn send_locked(&self, tx: &mut TxSide, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
@@ -386,6 +392,15 @@ impl Channel {
             }
         }
         published
+    }
+
+    /// The rings an end writes and reads: the connector writes ring 0.
+    const fn rings(connector: bool) -> (usize, usize) {
+        if connector {
+            (0, 1)
+        } else {
+            (1, 0)
+        }
     }
 
     fn hold(tx: &mut TxSide, t: Transmit, stats: &Stats) {
@@ -434,17 +449,11 @@ impl Channel {
     /// Rings the peer's doorbell if it sleeps.
     fn kick(&self, stats: &Stats) {
         let Some(peer) = self.peer.get() else { return };
-        // The ring this end writes (the connector writes ring 0).
-        let tx_ring = usize::from(!self.connector);
-        let sleeping = Producer::consumer_of_sleeping(&self.region, tx_ring);
+        let sleeping = Producer::consumer_of_sleeping(&self.region, Channel::rings(self.connector).0);
         if sleeping {
             bump(&stats.doorbells);
             sys::ring(peer.doorbell.as_raw_fd());
         }
-    }
-
-    fn backlogged(&self) -> bool {
-        !lock(&self.tx).backlog.is_empty()
     }
 }
 
@@ -766,12 +775,15 @@ impl ShmLink {
         }
         let mut left = false;
         for c in self.chans_r().iter() {
-            if c.state() == UP && c.send(None, &self.stats, &mut drop) {
+            if c.state() == DEAD {
+                continue;
+            }
+            // (A channel not up yet only reports its backlog.)
+            let sent = c.send(None, &self.stats, &mut drop);
+            if sent.published {
                 c.kick(&self.stats);
             }
-            if c.state() != DEAD && c.backlogged() {
-                left = true;
-            }
+            left |= sent.backlogged;
         }
         if left {
             self.backlogged.store(true, Ordering::SeqCst);
@@ -865,8 +877,8 @@ impl Link for ShmLink {
             match self.channel_for(t.dst) {
                 Some(c) => {
                     let up = c.state() == UP;
-                    let (_, backlogged) = c.send_noting_backlog(Some(t), &self.stats, spent);
-                    if !up || backlogged {
+                    let sent = c.send(Some(t), &self.stats, spent);
+                    if !up || sent.backlogged {
                         self.backlogged.store(true, Ordering::SeqCst);
                     }
                     let seen = |k: &Arc<Channel>| Arc::ptr_eq(k, &c);

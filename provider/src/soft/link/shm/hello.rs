@@ -276,9 +276,9 @@ impl ShmLink {
                 self.up.fetch_add(1, Ordering::Relaxed);
                 self.route_peer(c);
                 // Datagrams held while pending (and the caps slot).
-                c.send(None, &self.stats, &mut drop);
+                let sent = c.send(None, &self.stats, &mut drop);
                 c.kick(&self.stats);
-                if c.backlogged() {
+                if sent.backlogged {
                     self.backlogged.store(true, Ordering::SeqCst);
                 }
             }
