@@ -449,7 +449,7 @@ impl Channel {
     /// Rings the peer's doorbell if it sleeps.
     fn kick(&self, stats: &Stats) {
         let Some(peer) = self.peer.get() else { return };
-        let sleeping = Producer::consumer_of_sleeping(&self.region, Channel::rings(self.connector).0);
+        let sleeping = Producer::consumer_sleeping(&self.region, Channel::rings(self.connector).0);
         if sleeping {
             bump(&stats.doorbells);
             sys::ring(peer.doorbell.as_raw_fd());

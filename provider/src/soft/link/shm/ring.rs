@@ -534,19 +534,13 @@ impl Producer {
         (self.head, self.tail)
     }
 
-    /// After publishing: whether the consumer said it is going to sleep
-    /// (then the caller rings its doorbell). Pairs with
-    /// [`Consumer::prepare_sleep`] (store flag, fence, load head).
-    pub fn consumer_sleeping(&self, region: &Region) -> bool {
-        Producer::consumer_of_sleeping(region, self.ring)
-    }
-
-    /// [`Producer::consumer_sleeping`] for ring `ring`, without the
-    /// producer (it reads no producer state, so its caller needs no lock
-    /// on it).
-    pub fn consumer_of_sleeping(region: &Region, ring: usize) -> bool {
+    /// After publishing in ring `ring`: whether its consumer said it is
+    /// going to sleep (then the caller rings its doorbell). Pairs with
+    /// [`Consumer::prepare_sleep`] (store flag, fence, load head). Reads
+    /// no producer state, so its caller needs no lock on the producer.
+    pub fn consumer_sleeping(region: &Region, ring: usize) -> bool {
         fence(Ordering::SeqCst);
-        region.sleep_flag(ring & 1).load(Ordering::Relaxed) != 0
+        region.sleep_flag(ring).load(Ordering::Relaxed) != 0
     }
 }
 

@@ -44,13 +44,13 @@ fn sleep_flag_handshake() {
     let r = Region::create().unwrap();
     let mut p = Producer::new(1);
     let mut c = Consumer::new(1);
-    assert!(!p.consumer_sleeping(&r));
+    assert!(!Producer::consumer_sleeping(&r, 1));
     assert!(c.prepare_sleep(&r));
     p.push(&r, &meta(), b"hello").unwrap();
-    assert!(p.consumer_sleeping(&r));
+    assert!(Producer::consumer_sleeping(&r, 1));
     assert!(!c.prepare_sleep(&r));
     c.wake(&r);
-    assert!(!p.consumer_sleeping(&r));
+    assert!(!Producer::consumer_sleeping(&r, 1));
 }
 
 fn desc(n: usize) -> TrainDesc {
