@@ -327,3 +327,57 @@ fn sent_buffers_come_back(gso: GsoMode) {
     assert_eq!(st.tx_datagrams, 3);
     assert_eq!(st.tx_gso_messages > 0, a.gso_active(), "{gso:?}: {st:?}");
 }
+
+/// `send_one` (a verb's single datagram) is one `sendto`: the datagram
+/// arrives with a valid ICRC (the receiving link drops it otherwise), its
+/// buffer comes back for reuse, and a destination no socket can reach is
+/// counted, not sent.
+#[test]
+fn send_one_is_one_system_call() {
+    use softverbs::soft::link::Link;
+    use softverbs::soft::proto::Transmit;
+    let bind = || {
+        let mut cfg = UdpConfig::new(LO4);
+        cfg.port = UdpPort::Fixed(free_private_port(LO4));
+        UdpLink::bind(&cfg).expect("bind")
+    };
+    let (a, b) = (bind(), bind());
+    let (src, dst) = (a.gids()[0].to_ip(), b.gids()[0].to_ip());
+    let mut data = vec![0u8; 12 + 8 + 4];
+    data[0] = 0x04; // RC SEND_ONLY
+    data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
+    data[12..20].copy_from_slice(b"8 bytes!");
+    let t = Transmit {
+        src,
+        dst,
+        src_port: 0xc000,
+        dst_port: 0,
+        data,
+        train: None,
+    };
+    let sent = t.data.as_ptr();
+    let mut spent = Vec::new();
+    a.send_one(t, &mut |buf| spent.push(buf));
+    assert_eq!(spent.iter().map(|b| b.as_ptr()).collect::<Vec<_>>(), [sent]);
+    let st = a.stats();
+    assert_eq!((st.tx_datagrams, st.tx_syscalls), (1, 1), "{st:?}");
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while got.is_empty() && std::time::Instant::now() < deadline {
+        b.recv(64, &mut |d| got.push(d.data[12..20].to_vec()));
+    }
+    assert_eq!(got, [b"8 bytes!".to_vec()]);
+    assert_eq!(b.stats().rx_bad_icrc, 0);
+    // An IPv6 destination: this IPv4-only link has no socket for it.
+    let t = Transmit {
+        src,
+        dst: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        src_port: 0xc000,
+        dst_port: 0,
+        data: vec![0u8; 24],
+        train: None,
+    };
+    a.send_one(t, &mut |buf| spent.push(buf));
+    let st = a.stats();
+    assert_eq!((st.tx_unroutable, st.tx_datagrams, spent.len()), (1, 1, 1), "{st:?}");
+}

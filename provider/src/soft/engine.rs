@@ -121,7 +121,7 @@ thread_local! {
 }
 
 /// An empty `Vec<Transmit>`, with capacity if this thread has a spare one.
-fn take_scratch() -> Vec<Transmit> {
+pub(super) fn take_scratch() -> Vec<Transmit> {
     SCRATCH
         .try_with(|s| s.borrow_mut().pop())
         .ok()
@@ -130,7 +130,7 @@ fn take_scratch() -> Vec<Transmit> {
 }
 
 /// Gives an emptied `Vec<Transmit>` back for reuse.
-fn put_scratch(mut v: Vec<Transmit>) {
+pub(super) fn put_scratch(mut v: Vec<Transmit>) {
     if v.capacity() == 0 {
         return;
     }
@@ -172,6 +172,8 @@ pub struct DeviceShared {
     /// default: an application that stops calling verbs would strand them
     /// and its peer's last sends would end in RETRY_EXC_ERR.
     coalesce_acks: AtomicBool,
+    /// Set once coalescing was ever turned on: ACKs may be held since.
+    coalescing_used: AtomicBool,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -210,6 +212,7 @@ impl DeviceShared {
             progress: progress::Progress::new(),
             held: Mutex::new(acks::HeldAcks::default()),
             coalesce_acks: AtomicBool::new(false),
+            coalescing_used: AtomicBool::new(false),
         });
         dev.link.attach(&dev);
         dev
@@ -219,6 +222,9 @@ impl DeviceShared {
     /// gain on network links for applications that keep calling verbs, such
     /// as ping-pong loops; see the `acks` module for the hazard).
     pub fn set_ack_coalescing(&self, on: bool) {
+        if on {
+            self.coalescing_used.store(true, Ordering::Relaxed);
+        }
         self.coalesce_acks.store(on, Ordering::Relaxed);
     }
 
@@ -337,6 +343,17 @@ impl DeviceShared {
             }
             Self::progress_locked(&mut core, &self.inbox, now);
             let r = f(&mut core, now);
+            if !threaded && self.network && core.at_most_one_transmit() && self.no_held_acks() {
+                // At most one datagram and no event (nearly every verb of
+                // a ping-pong): straight to the link, without the transmit
+                // list, the ACK sorting and the event dispatch that a verb
+                // producing more needs. (Network links have no timers of
+                // other devices to run: see `drive_due`.)
+                if let Some(t) = core.poll_transmit() {
+                    self.link.send_one(t, &mut |b| core.recycle_buffer(b));
+                }
+                return (r, received);
+            }
             if threaded && core.has_transmit() && self.progress.awake.load(Ordering::SeqCst) {
                 // The progress thread is spinning: it sends on its next
                 // turn, and this thread makes no system call.
@@ -372,16 +389,29 @@ impl DeviceShared {
         };
         self.dispatch_events(events);
         self.send_all(out, now);
-        if !threaded {
-            // Timers of other devices on this link that nobody drives.
-            let due = self.link.take_due(now);
-            if !due.is_empty() {
-                for dev in due {
-                    dev.drive();
-                }
-            }
+        if !threaded && !self.network {
+            self.drive_due(now);
         }
         (r, received)
+    }
+
+    /// Drives the other devices of this link whose timers are due and that
+    /// nobody drives (inline mode on the in-process link: the devices of a
+    /// network link each run their own timers in their own verbs, and its
+    /// `take_due` finds none).
+    fn drive_due(&self, now: Nanos) {
+        let due = self.link.take_due(now);
+        if !due.is_empty() {
+            for dev in due {
+                dev.drive();
+            }
+        }
+    }
+
+    /// Whether no ACK is or can be held for coalescing (then the ACK
+    /// sorting of a verb's output has nothing to do).
+    fn no_held_acks(&self) -> bool {
+        !self.coalescing_used.load(Ordering::Relaxed)
     }
 
     /// Sends `out` on a network link, and gives the engine back the buffers

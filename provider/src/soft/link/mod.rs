@@ -53,6 +53,16 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         }
     }
 
+    /// Sends one datagram: [`Link::send_batch`] with a list of one (most
+    /// verbs of a ping-pong send one packet), which a link may do without
+    /// the list.
+    fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        let mut txs = super::engine::take_scratch();
+        txs.push(t);
+        self.send_batch(&mut txs, spent);
+        super::engine::put_scratch(txs);
+    }
+
     /// Hands up to about `budget` received datagrams to `f`, without
     /// blocking; returns how many were read. Only network links receive
     /// (an in-process link delivers into inboxes instead).
@@ -101,7 +111,9 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     fn note_deadline(&self, _deadline: Option<super::proto::Nanos>) {}
 
     /// The attached devices whose timers are due at `now` (process time),
-    /// for the caller to drive. Cheap when none is due.
+    /// for the caller to drive. Cheap when none is due. The engine asks
+    /// only links without [`Link::poll_fds`] (in-process): on a network
+    /// link every device runs its timers in its own verbs or thread.
     fn take_due(&self, _now: super::proto::Nanos) -> Vec<Arc<DeviceShared>> {
         Vec::new()
     }

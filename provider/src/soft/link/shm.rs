@@ -89,6 +89,7 @@
 mod hello;
 mod receive;
 pub mod ring;
+mod send;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -850,60 +851,11 @@ impl Link for ShmLink {
     }
 
     fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
-        if self.detached.load(Ordering::Relaxed) {
-            // What a device sends as it goes (the ACKs it held back) still
-            // reaches peers on channels that are up; nothing else.
-            for t in txs.drain(..) {
-                let c = match self.routes.read().unwrap_or_else(|p| p.into_inner()).get(&t.dst) {
-                    Some(Route::Chan(c)) if c.state() == UP => c.clone(),
-                    _ => {
-                        if t.train.is_some() {
-                            bump(&self.stats.tx_train_dropped);
-                        }
-                        continue;
-                    }
-                };
-                c.send(Some(t), &self.stats, spent);
-                c.kick(&self.stats);
-            }
-            return;
-        }
-        let mut udp_out: Vec<Transmit> = Vec::new();
-        // Channels to kick once at the end; the first one without a heap
-        // allocation (a batch nearly always goes to one peer).
-        let mut kicked_first: Option<Arc<Channel>> = None;
-        let mut kicked: Vec<Arc<Channel>> = Vec::new();
-        for t in txs.drain(..) {
-            match self.channel_for(t.dst) {
-                Some(c) => {
-                    let up = c.state() == UP;
-                    let sent = c.send(Some(t), &self.stats, spent);
-                    if !up || sent.backlogged {
-                        self.backlogged.store(true, Ordering::SeqCst);
-                    }
-                    let seen = |k: &Arc<Channel>| Arc::ptr_eq(k, &c);
-                    if up && !kicked_first.as_ref().is_some_and(seen) && !kicked.iter().any(seen) {
-                        if kicked_first.is_none() {
-                            kicked_first = Some(c);
-                        } else {
-                            kicked.push(c);
-                        }
-                    }
-                }
-                // A train never goes by UDP: the receiver could not read
-                // its payload. Dropped like a lost packet; the requester's
-                // retransmission sends the message again.
-                None if t.train.is_some() => bump(&self.stats.tx_train_dropped),
-                None if self.mode == ShmMode::Only => bump(&self.stats.tx_no_channel),
-                None => udp_out.push(t),
-            }
-        }
-        for c in kicked_first.into_iter().chain(kicked) {
-            c.kick(&self.stats);
-        }
-        if !udp_out.is_empty() {
-            self.udp.send_batch(&mut udp_out, spent);
-        }
+        self.send_list(txs, spent);
+    }
+
+    fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        self.send_single(t, spent);
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {

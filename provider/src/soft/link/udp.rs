@@ -490,22 +490,7 @@ impl UdpLink {
         let st = &mut *st;
         st.route.clear();
         for t in txs.iter_mut() {
-            let dgid = Gid::from_ip(t.dst);
-            let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
-                let si = self.sock_for(t.src, dst)?;
-                let s = &self.socks[si];
-                let ip = IpPseudoHeader::between(s.local.ip(), dst.ip())?;
-                let ports = UdpPorts {
-                    src: s.local.port(),
-                    dst: dst.port(),
-                };
-                fill_icrc(&ip, ports, &mut t.data).ok()?;
-                Some((si, dst, self.gso_towards(dst, addr::is_private(dgid))))
-            });
-            if route.is_none() {
-                bump(&self.stats.tx_unroutable, 1);
-            }
-            st.route.push(route);
+            st.route.push(self.route_of(t, local_v6));
         }
         let sent = self.send_routed(st, txs, 0);
         if sent < txs.len() {
@@ -522,6 +507,71 @@ impl UdpLink {
         for t in txs.drain(..) {
             spent(t.data);
         }
+    }
+
+    /// Where `t` goes (its socket, destination, and whether GSO may carry
+    /// it there), with its ICRC filled in against the real addresses and
+    /// ports; `None`, counted, if it cannot go anywhere.
+    fn route_of(&self, t: &mut Transmit, local_v6: Option<Ipv6Addr>) -> Option<(usize, SocketAddr, bool)> {
+        let dgid = Gid::from_ip(t.dst);
+        let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
+            let si = self.sock_for(t.src, dst)?;
+            let s = &self.socks[si];
+            let ip = IpPseudoHeader::between(s.local.ip(), dst.ip())?;
+            let ports = UdpPorts {
+                src: s.local.port(),
+                dst: dst.port(),
+            };
+            fill_icrc(&ip, ports, &mut t.data).ok()?;
+            Some((si, dst, self.gso_towards(dst, addr::is_private(dgid))))
+        });
+        if route.is_none() {
+            bump(&self.stats.tx_unroutable, 1);
+        }
+        route
+    }
+
+    /// [`Link::send_one`]: one `sendto`, without the batch's lists.
+    fn transmit_one(&self, mut t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        let mut st = lock(&self.tx);
+        if !st.backlog.is_empty() {
+            // Behind the backlog, in order: the batch path.
+            drop(st);
+            let mut txs = vec![t];
+            self.transmit(&mut txs, spent);
+            return;
+        }
+        let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
+        let Some((si, dst, _)) = self.route_of(&mut t, local_v6) else {
+            return;
+        };
+        let fd = self.socks[si].sock.as_raw_fd();
+        loop {
+            bump(&self.stats.tx_syscalls, 1);
+            match sys::send_single(fd, &t.data, dst) {
+                sys::SendOutcome::Sent(_) => {
+                    bump(&self.stats.tx_datagrams, 1);
+                    bump(&self.stats.tx_messages, 1);
+                    break;
+                }
+                sys::SendOutcome::Failed(e) => match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        self.backlog_push(&mut st, std::iter::once(t));
+                        return;
+                    }
+                    Some(libc::EINTR) => {}
+                    _ => {
+                        // Unreachable network, message too long: lost (RC
+                        // retransmits), as in the batch path.
+                        bump(&self.stats.tx_errors, 1);
+                        break;
+                    }
+                },
+            }
+        }
+        drop(st);
+        // The kernel copied it: the buffer is free again.
+        spent(t.data);
     }
 
     /// Sends `txs[from..]` along `st.route`; returns the index of the first
@@ -675,6 +725,13 @@ impl Link for UdpLink {
             return;
         }
         self.transmit(txs, spent);
+    }
+
+    fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        if self.detached.load(Ordering::Relaxed) {
+            return;
+        }
+        self.transmit_one(t, spent);
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {

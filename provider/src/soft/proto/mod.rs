@@ -441,6 +441,13 @@ impl Core {
         !self.tx.is_empty()
     }
 
+    /// Whether at most one datagram and no event wait: what nearly every
+    /// verb of a ping-pong leaves, which the driver may hand to its link as
+    /// it is.
+    pub(crate) fn at_most_one_transmit(&self) -> bool {
+        self.tx.len() <= 1 && self.events.is_empty()
+    }
+
     /// Next event for the driver.
     pub fn poll_event(&mut self) -> Option<CoreEvent> {
         self.events.pop_front()

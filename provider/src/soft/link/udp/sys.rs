@@ -384,6 +384,15 @@ pub(super) fn send_batch<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxM
     r
 }
 
+/// One datagram with `sendto` (the batch of one of [`send_batch`], without
+/// the batch).
+pub(super) fn send_single(fd: RawFd, data: &[u8], dst: SocketAddr) -> SendOutcome {
+    crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
+    let r = send_one(fd, data, dst);
+    crate::soft::probe::mark(crate::soft::probe::Point::TxSyscallDone);
+    r
+}
+
 /// One datagram with `sendto`, which copies in no message header (the
 /// common case of a ping-pong: a verb sends one packet).
 fn send_one(fd: RawFd, data: &[u8], dst: SocketAddr) -> SendOutcome {

@@ -1,0 +1,117 @@
+//! The send path of the shared-memory link: each datagram to the channel
+//! of its destination (or to UDP when no channel serves it), then one
+//! doorbell check per channel written.
+
+use super::*;
+
+/// Where [`ShmLink::route_one`] put a datagram.
+enum Routed {
+    /// Into this channel's ring or backlog; the channel is up and its
+    /// reader may need waking.
+    Kick(Arc<Channel>),
+    /// No channel serves the destination: the datagram goes by UDP.
+    Udp(Transmit),
+    /// Handled (held for a channel not up yet, or dropped and counted).
+    Done,
+}
+
+impl ShmLink {
+    /// [`Link::send_batch`]: every datagram in order; each channel written
+    /// is kicked once at the end, and the UDP ones leave in one batch.
+    pub(super) fn send_list(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
+        if self.detached.load(Ordering::Relaxed) {
+            for t in txs.drain(..) {
+                self.send_detached(t, spent);
+            }
+            return;
+        }
+        let mut udp_out: Vec<Transmit> = Vec::new();
+        // Channels to kick once at the end; the first one without a heap
+        // allocation (a batch nearly always goes to one peer).
+        let mut kicked_first: Option<Arc<Channel>> = None;
+        let mut kicked: Vec<Arc<Channel>> = Vec::new();
+        for t in txs.drain(..) {
+            match self.route_one(t, spent) {
+                Routed::Kick(c) => {
+                    let seen = |k: &Arc<Channel>| Arc::ptr_eq(k, &c);
+                    if !kicked_first.as_ref().is_some_and(seen) && !kicked.iter().any(seen) {
+                        if kicked_first.is_none() {
+                            kicked_first = Some(c);
+                        } else {
+                            kicked.push(c);
+                        }
+                    }
+                }
+                Routed::Udp(t) => udp_out.push(t),
+                Routed::Done => {}
+            }
+        }
+        for c in kicked_first.into_iter().chain(kicked) {
+            c.kick(&self.stats);
+        }
+        if !udp_out.is_empty() {
+            self.udp.send_batch(&mut udp_out, spent);
+        }
+    }
+
+    /// [`Link::send_one`]: the same as a list of one, without the list.
+    pub(super) fn send_single(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        if self.detached.load(Ordering::Relaxed) {
+            self.send_detached(t, spent);
+            return;
+        }
+        match self.route_one(t, spent) {
+            Routed::Kick(c) => c.kick(&self.stats),
+            Routed::Udp(t) => self.udp.send_one(t, spent),
+            Routed::Done => {}
+        }
+    }
+
+    /// After the device detached: what it sends as it goes (the ACKs it
+    /// held back) still reaches peers on channels that are up; nothing
+    /// else.
+    fn send_detached(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
+        let c = match self.routes.read().unwrap_or_else(|p| p.into_inner()).get(&t.dst) {
+            Some(Route::Chan(c)) if c.state() == UP => c.clone(),
+            _ => {
+                if t.train.is_some() {
+                    bump(&self.stats.tx_train_dropped);
+                }
+                return;
+            }
+        };
+        c.send(Some(t), &self.stats, spent);
+        c.kick(&self.stats);
+    }
+
+    /// Puts `t` into its channel's ring (or backlog), or says it goes by
+    /// UDP.
+    fn route_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) -> Routed {
+        match self.channel_for(t.dst) {
+            Some(c) => {
+                let up = c.state() == UP;
+                let sent = c.send(Some(t), &self.stats, spent);
+                if !up || sent.backlogged {
+                    self.backlogged.store(true, Ordering::SeqCst);
+                }
+                if up {
+                    Routed::Kick(c)
+                } else {
+                    Routed::Done
+                }
+            }
+            // A train never goes by UDP: the receiver could not read its
+            // payload. Dropped like a lost packet; the requester's
+            // retransmission sends the message again.
+            None if t.train.is_some() => {
+                bump(&self.stats.tx_train_dropped);
+                Routed::Done
+            }
+            None if self.mode == ShmMode::Only => {
+                bump(&self.stats.tx_no_channel);
+                Routed::Done
+            }
+            None => Routed::Udp(t),
+        }
+    }
+}
