@@ -117,7 +117,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::Link;
 use crate::soft::engine::DeviceShared;
 use crate::soft::proto::{Counters, Datagram, Transmit};
-use crate::soft::wire::{fill_icrc, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
+use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
 
 pub use sys::RX_BATCH;
@@ -276,6 +276,8 @@ struct Sock {
 #[derive(Debug)]
 struct TxState {
     backlog: VecDeque<Transmit>,
+    /// The ICRC state of the last flow sent to.
+    icrc: IcrcPrefix,
     /// Per datagram of the batch being sent: (socket, destination).
     route: Vec<Option<(usize, SocketAddr, bool)>>,
     msgs: Vec<sys::TxMsg>,
@@ -366,6 +368,7 @@ impl UdpLink {
             rx: Mutex::new(sys::RxBufs::new(gro)),
             tx: Mutex::new(TxState {
                 backlog: VecDeque::new(),
+                icrc: IcrcPrefix::default(),
                 route: Vec::new(),
                 msgs: Vec::new(),
             }),
@@ -490,7 +493,8 @@ impl UdpLink {
         let st = &mut *st;
         st.route.clear();
         for t in txs.iter_mut() {
-            st.route.push(self.route_of(t, local_v6));
+            let route = self.route_of(t, local_v6, &mut st.icrc);
+            st.route.push(route);
         }
         let sent = self.send_routed(st, txs, 0);
         if sent < txs.len() {
@@ -512,7 +516,12 @@ impl UdpLink {
     /// Where `t` goes (its socket, destination, and whether GSO may carry
     /// it there), with its ICRC filled in against the real addresses and
     /// ports; `None`, counted, if it cannot go anywhere.
-    fn route_of(&self, t: &mut Transmit, local_v6: Option<Ipv6Addr>) -> Option<(usize, SocketAddr, bool)> {
+    fn route_of(
+        &self,
+        t: &mut Transmit,
+        local_v6: Option<Ipv6Addr>,
+        icrc: &mut IcrcPrefix,
+    ) -> Option<(usize, SocketAddr, bool)> {
         let dgid = Gid::from_ip(t.dst);
         let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
             let si = self.sock_for(t.src, dst)?;
@@ -522,7 +531,7 @@ impl UdpLink {
                 src: s.local.port(),
                 dst: dst.port(),
             };
-            fill_icrc(&ip, ports, &mut t.data).ok()?;
+            icrc.fill(&ip, ports, &mut t.data).ok()?;
             Some((si, dst, self.gso_towards(dst, addr::is_private(dgid))))
         });
         if route.is_none() {
@@ -542,7 +551,7 @@ impl UdpLink {
             return;
         }
         let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
-        let Some((si, dst, _)) = self.route_of(&mut t, local_v6) else {
+        let Some((si, dst, _)) = self.route_of(&mut t, local_v6, &mut st.icrc) else {
             return;
         };
         let fd = self.socks[si].sock.as_raw_fd();

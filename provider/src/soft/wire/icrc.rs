@@ -32,6 +32,10 @@ const IPV4_CHECKSUM: core::ops::Range<usize> = 10..12;
 const IPV6_VERSION_NIBBLE: u8 = 0xf0;
 const IPV6_HOP_LIMIT: usize = 7;
 
+/// Packets up to this long (BTH through pad) are hashed from one masked
+/// copy on the stack (a ping-pong's small messages).
+const SMALL_PACKET: usize = 64;
+
 /// Variant fields all ones, as the ICRC sees them.
 const MASKED: IpVariantFields = IpVariantFields {
     traffic_class: 0xff,
@@ -43,56 +47,123 @@ const MASKED: IpVariantFields = IpVariantFields {
 /// payload minus its last four bytes) sent with the given IP and UDP
 /// headers. Never panics, whatever the length of the input.
 pub fn compute_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &[u8]) -> u32 {
-    let roce_len = packet_without_icrc.len().saturating_add(ICRC_LEN);
-    // The masked prefix (LRH stand-in, IP, UDP, BTH: at most 8+40+8+12
-    // bytes) is assembled once and fed to the CRC in one update: many tiny
-    // updates cost more than the bytes they hash.
-    let mut prefix = [0u8; 8 + 40 + 8 + Bth::LEN];
-    let mut n = 0;
-    let mut put = |bytes: &[u8], n: &mut usize| {
-        if let Some(dst) = prefix.get_mut(*n..*n + bytes.len()) {
-            dst.copy_from_slice(bytes);
-            *n += bytes.len();
+    IcrcPrefix::default().compute(ip, ports, packet_without_icrc)
+}
+
+/// The part of an ICRC that depends only on the IP and UDP headers (the
+/// LRH stand-in and the masked IP and UDP headers: 36 of the 56 bytes an
+/// 8-byte IPv4 message hashes), kept for the next packet of the same flow
+/// and length. A link keeps one per direction: in a ping-pong every packet
+/// it sends (or receives) has the same addresses, ports and length, and the
+/// ICRC then hashes only the BTH and what follows.
+#[derive(Debug, Clone, Default)]
+pub struct IcrcPrefix {
+    /// The flow and RoCE length the state is for.
+    key: Option<(IpPseudoHeader, UdpPorts, usize)>,
+    /// The CRC state after the LRH stand-in and the IP and UDP headers.
+    state: crc32fast::Hasher,
+}
+
+impl IcrcPrefix {
+    /// [`compute_icrc`], starting from the kept prefix state when the flow
+    /// and length are those of the last call. The result is the same.
+    pub fn compute(&mut self, ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &[u8]) -> u32 {
+        let roce_len = packet_without_icrc.len().saturating_add(ICRC_LEN);
+        let key = (*ip, ports, roce_len);
+        if self.key != Some(key) {
+            self.state = Self::headers_state(ip, ports, roce_len);
+            self.key = Some(key);
         }
-    };
-    put(&LRH_STAND_IN, &mut n);
-    match *ip {
-        IpPseudoHeader::V4 {
-            src,
-            dst,
-            id,
-            dont_fragment,
-        } => {
-            let mut header = ipv4_header(src, dst, id, dont_fragment, &MASKED, roce_len);
-            header[IPV4_TOS] = 0xff;
-            header[IPV4_TTL] = 0xff;
-            header[IPV4_CHECKSUM].fill(0xff);
-            put(&header, &mut n);
+        let mut hasher = self.state.clone();
+        // A small packet is hashed from one masked copy: each update of a
+        // few bytes costs more than the bytes it hashes.
+        let mut small = [0u8; SMALL_PACKET];
+        if let Some(copy) = small.get_mut(..packet_without_icrc.len()) {
+            copy.copy_from_slice(packet_without_icrc);
+            if let Some(variant) = copy.get_mut(BTH_VARIANT_BYTE) {
+                *variant = 0xff;
+            }
+            hasher.update(copy);
+            return hasher.finalize();
         }
-        IpPseudoHeader::V6 { src, dst } => {
-            let mut header = ipv6_header(src, dst, &MASKED, roce_len);
-            header[0] |= !IPV6_VERSION_NIBBLE;
-            header[1..4].fill(0xff);
-            header[IPV6_HOP_LIMIT] = 0xff;
-            put(&header, &mut n);
-        }
+        let (bth, rest) = packet_without_icrc.split_at(Bth::LEN);
+        let mut masked = [0u8; Bth::LEN];
+        masked.copy_from_slice(bth);
+        masked[BTH_VARIANT_BYTE] = 0xff;
+        hasher.update(&masked);
+        hasher.update(rest);
+        hasher.finalize()
     }
-    put(&udp_header(ports, roce_len, 0xffff), &mut n);
-    let bth_len = packet_without_icrc.len().min(Bth::LEN);
-    let (bth, rest) = packet_without_icrc
-        .split_at_checked(bth_len)
-        .unwrap_or((packet_without_icrc, &[]));
-    let bth_at = n;
-    put(bth, &mut n);
-    if bth_len > BTH_VARIANT_BYTE {
-        if let Some(variant) = prefix.get_mut(bth_at + BTH_VARIANT_BYTE) {
-            *variant = 0xff;
+
+    /// [`fill_icrc`] through [`IcrcPrefix::compute`].
+    ///
+    /// # Errors
+    ///
+    /// As [`fill_icrc`].
+    pub fn fill(&mut self, ip: &IpPseudoHeader, ports: UdpPorts, packet: &mut [u8]) -> Result<(), WireError> {
+        if packet.len() < MIN_PACKET_LEN {
+            return Err(WireError::Truncated);
         }
+        let body_len = packet.len() - ICRC_LEN;
+        let (body, icrc) = packet.split_at_mut_checked(body_len).ok_or(WireError::Truncated)?;
+        icrc.copy_from_slice(&self.compute(ip, ports, body).to_le_bytes());
+        Ok(())
     }
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(prefix.get(..n).unwrap_or(&[]));
-    hasher.update(rest);
-    hasher.finalize()
+
+    /// [`check_icrc`] through [`IcrcPrefix::compute`].
+    pub fn check(&mut self, ip: &IpPseudoHeader, ports: UdpPorts, packet: &[u8]) -> bool {
+        if packet.len() < MIN_PACKET_LEN {
+            return false;
+        }
+        let Some((body, icrc)) = packet.split_at_checked(packet.len() - ICRC_LEN) else {
+            return false;
+        };
+        let Ok(received) = <[u8; ICRC_LEN]>::try_from(icrc) else {
+            return false;
+        };
+        self.compute(ip, ports, body) == u32::from_le_bytes(received)
+    }
+
+    /// The CRC state after the LRH stand-in and the masked IP and UDP
+    /// headers of a RoCE packet of `roce_len` bytes (BTH through ICRC).
+    fn headers_state(ip: &IpPseudoHeader, ports: UdpPorts, roce_len: usize) -> crc32fast::Hasher {
+        // Assembled once and fed to the CRC in one update: many tiny
+        // updates cost more than the bytes they hash.
+        let mut prefix = [0u8; 8 + 40 + 8];
+        let mut n = 0;
+        let mut put = |bytes: &[u8], n: &mut usize| {
+            if let Some(dst) = prefix.get_mut(*n..*n + bytes.len()) {
+                dst.copy_from_slice(bytes);
+                *n += bytes.len();
+            }
+        };
+        put(&LRH_STAND_IN, &mut n);
+        match *ip {
+            IpPseudoHeader::V4 {
+                src,
+                dst,
+                id,
+                dont_fragment,
+            } => {
+                let mut header = ipv4_header(src, dst, id, dont_fragment, &MASKED, roce_len);
+                header[IPV4_TOS] = 0xff;
+                header[IPV4_TTL] = 0xff;
+                header[IPV4_CHECKSUM].fill(0xff);
+                put(&header, &mut n);
+            }
+            IpPseudoHeader::V6 { src, dst } => {
+                let mut header = ipv6_header(src, dst, &MASKED, roce_len);
+                header[0] |= !IPV6_VERSION_NIBBLE;
+                header[1..4].fill(0xff);
+                header[IPV6_HOP_LIMIT] = 0xff;
+                put(&header, &mut n);
+            }
+        }
+        put(&udp_header(ports, roce_len, 0xffff), &mut n);
+        let mut hasher = crc32fast::Hasher::new();
+        hasher.update(prefix.get(..n).unwrap_or(&[]));
+        hasher
+    }
 }
 
 /// Computes the ICRC of `packet` (BTH through ICRC) and writes it,

@@ -79,7 +79,7 @@ pub use ext::{
     AtomicAckEth, AtomicAckEthRepr, AtomicEth, AtomicEthRepr, Deth, DethRepr, Ieth, IethRepr, ImmDt, ImmDtRepr, Reth,
     RethRepr,
 };
-pub use icrc::{check_icrc, compute_icrc, fill_icrc};
+pub use icrc::{check_icrc, compute_icrc, fill_icrc, IcrcPrefix};
 pub use ip::{
     grh_bytes, IpPseudoHeader, IpVariantFields, UdpPorts, GRH_LEN, IPV4_HEADER_LEN, IPV6_HEADER_LEN, ROCEV2_UDP_PORT,
     UDP_HEADER_LEN,

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use super::{addr, bump, lock, sys, Sock, UdpLink};
 use crate::soft::proto::Datagram;
-use crate::soft::wire::{check_icrc, IpPseudoHeader, UdpPorts, MIN_PACKET_LEN};
+use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, MIN_PACKET_LEN};
 
 /// A call that finds this many datagrams is a stream: GRO goes on.
 const GRO_ON_AT: usize = 8;
@@ -108,6 +108,9 @@ impl UdpLink {
             return 0;
         }
         let mut rx = lock(&self.rx);
+        // Out of the buffers for the call, so that it can be updated
+        // while a received datagram borrows them.
+        let mut icrc = rx.icrc.take().unwrap_or_default();
         let mut total = 0;
         // An idle poll of sockets without GRO probes with the cheapest
         // call; a probe that finds a datagram ends the call (the next one
@@ -122,7 +125,7 @@ impl UdpLink {
                     Ok(1) => {
                         total += 1;
                         bump(&self.stats.rx_datagrams, 1);
-                        self.deliver_one(s, &rx, 0, f);
+                        self.deliver_one(s, &rx, 0, &mut icrc, f);
                     }
                     Ok(_) => {}
                     Err(_) => bump(&self.stats.rx_errors, 1),
@@ -149,13 +152,14 @@ impl UdpLink {
                 total += n;
                 bump(&self.stats.rx_datagrams, n as u64);
                 for i in 0..n {
-                    self.deliver_one(s, &rx, i, f);
+                    self.deliver_one(s, &rx, i, &mut icrc, f);
                 }
                 if n < ask_now {
                     break;
                 }
             }
         }
+        rx.icrc = Some(icrc);
         if let Some(on) = rx.policy.after_call(total) {
             self.switch_gro(on, &mut rx.policy);
         }
@@ -179,7 +183,14 @@ impl UdpLink {
     /// Checks and hands over the datagram(s) of receive buffer `i`: one,
     /// or with GRO a run of `segment`-byte datagrams (the last may be
     /// shorter).
-    fn deliver_one(&self, s: &Sock, rx: &sys::RxBufs, i: usize, f: &mut dyn FnMut(Datagram<'_>)) {
+    fn deliver_one(
+        &self,
+        s: &Sock,
+        rx: &sys::RxBufs,
+        i: usize,
+        icrc: &mut IcrcPrefix,
+        f: &mut dyn FnMut(Datagram<'_>),
+    ) {
         let (data, from) = rx.get(i);
         let Some(from) = from else {
             bump(&self.stats.rx_errors, 1);
@@ -201,14 +212,21 @@ impl UdpLink {
             );
         }
         for d in data.chunks(seg) {
-            self.deliver_datagram(s, from, d, f);
+            self.deliver_datagram(s, from, d, icrc, f);
         }
         if data.is_empty() {
-            self.deliver_datagram(s, from, data, f);
+            self.deliver_datagram(s, from, data, icrc, f);
         }
     }
 
-    fn deliver_datagram(&self, s: &Sock, from: SocketAddr, data: &[u8], f: &mut dyn FnMut(Datagram<'_>)) {
+    fn deliver_datagram(
+        &self,
+        s: &Sock,
+        from: SocketAddr,
+        data: &[u8],
+        icrc: &mut IcrcPrefix,
+        f: &mut dyn FnMut(Datagram<'_>),
+    ) {
         if data.len() > sys::MAX_DATAGRAM {
             bump(&self.stats.rx_oversized, 1);
             return;
@@ -225,7 +243,7 @@ impl UdpLink {
             src: from.port(),
             dst: s.local.port(),
         };
-        if !check_icrc(&ip, ports, data) {
+        if !icrc.check(&ip, ports, data) {
             bump(&self.stats.rx_bad_icrc, 1);
             return;
         }
