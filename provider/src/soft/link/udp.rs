@@ -273,11 +273,33 @@ struct Sock {
     local_v6: Option<Ipv6Addr>,
 }
 
+/// Where datagrams from one engine address to one destination go: the
+/// socket, the endpoint, GSO, and the headers their ICRC covers.
+#[derive(Debug, Clone, Copy)]
+struct Resolved {
+    src: IpAddr,
+    dst: IpAddr,
+    sock: usize,
+    to: SocketAddr,
+    gso: bool,
+    ip: IpPseudoHeader,
+    ports: UdpPorts,
+}
+
+/// The send side's memory of its last destination: a ping-pong sends every
+/// packet the same way, and resolving a GID to a socket and endpoint cost
+/// about as much as the ICRC of a small packet.
+#[derive(Debug, Default)]
+struct TxFlow {
+    last: Option<Resolved>,
+    icrc: IcrcPrefix,
+}
+
 #[derive(Debug)]
 struct TxState {
     backlog: VecDeque<Transmit>,
-    /// The ICRC state of the last flow sent to.
-    icrc: IcrcPrefix,
+    /// The last destination resolved and the ICRC state of its flow.
+    flow: TxFlow,
     /// Per datagram of the batch being sent: (socket, destination).
     route: Vec<Option<(usize, SocketAddr, bool)>>,
     msgs: Vec<sys::TxMsg>,
@@ -368,7 +390,7 @@ impl UdpLink {
             rx: Mutex::new(sys::RxBufs::new(gro)),
             tx: Mutex::new(TxState {
                 backlog: VecDeque::new(),
-                icrc: IcrcPrefix::default(),
+                flow: TxFlow::default(),
                 route: Vec::new(),
                 msgs: Vec::new(),
             }),
@@ -493,7 +515,7 @@ impl UdpLink {
         let st = &mut *st;
         st.route.clear();
         for t in txs.iter_mut() {
-            let route = self.route_of(t, local_v6, &mut st.icrc);
+            let route = self.route_of(t, local_v6, &mut st.flow);
             st.route.push(route);
         }
         let sent = self.send_routed(st, txs, 0);
@@ -520,24 +542,42 @@ impl UdpLink {
         &self,
         t: &mut Transmit,
         local_v6: Option<Ipv6Addr>,
-        icrc: &mut IcrcPrefix,
+        flow: &mut TxFlow,
     ) -> Option<(usize, SocketAddr, bool)> {
-        let dgid = Gid::from_ip(t.dst);
-        let route = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
-            let si = self.sock_for(t.src, dst)?;
-            let s = &self.socks[si];
-            let ip = IpPseudoHeader::between(s.local.ip(), dst.ip())?;
-            let ports = UdpPorts {
-                src: s.local.port(),
-                dst: dst.port(),
-            };
-            icrc.fill(&ip, ports, &mut t.data).ok()?;
-            Some((si, dst, self.gso_towards(dst, addr::is_private(dgid))))
+        let r = match flow.last {
+            Some(r) if r.src == t.src && r.dst == t.dst => Some(r),
+            _ => self.resolve(t.src, t.dst, local_v6),
+        };
+        let route = r.and_then(|r| {
+            flow.last = Some(r);
+            flow.icrc.fill(&r.ip, r.ports, &mut t.data).ok()?;
+            Some((r.sock, r.to, r.gso))
         });
         if route.is_none() {
             bump(&self.stats.tx_unroutable, 1);
         }
         route
+    }
+
+    /// The socket, endpoint, GSO choice and ICRC headers for datagrams
+    /// from engine address `src` to `dst`; `None` if no socket reaches it.
+    fn resolve(&self, src: IpAddr, dst: IpAddr, local_v6: Option<Ipv6Addr>) -> Option<Resolved> {
+        let dgid = Gid::from_ip(dst);
+        let to = addr::endpoint_of(dgid, local_v6)?;
+        let sock = self.sock_for(src, to)?;
+        let s = &self.socks[sock];
+        Some(Resolved {
+            src,
+            dst,
+            sock,
+            to,
+            gso: self.gso_towards(to, addr::is_private(dgid)),
+            ip: IpPseudoHeader::between(s.local.ip(), to.ip())?,
+            ports: UdpPorts {
+                src: s.local.port(),
+                dst: to.port(),
+            },
+        })
     }
 
     /// [`Link::send_one`]: one `sendto`, without the batch's lists.
@@ -551,7 +591,7 @@ impl UdpLink {
             return;
         }
         let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
-        let Some((si, dst, _)) = self.route_of(&mut t, local_v6, &mut st.icrc) else {
+        let Some((si, dst, _)) = self.route_of(&mut t, local_v6, &mut st.flow) else {
             return;
         };
         let fd = self.socks[si].sock.as_raw_fd();
@@ -698,15 +738,8 @@ impl UdpLink {
             let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
             st.route.clear();
             for t in &batch {
-                let dgid = Gid::from_ip(t.dst);
-                // The ICRC was rewritten when the datagram was first routed.
-                let r = addr::endpoint_of(dgid, local_v6).and_then(|dst| {
-                    Some((
-                        self.sock_for(t.src, dst)?,
-                        dst,
-                        self.gso_towards(dst, addr::is_private(dgid)),
-                    ))
-                });
+                // The ICRC was filled in when the datagram was first routed.
+                let r = self.resolve(t.src, t.dst, local_v6).map(|r| (r.sock, r.to, r.gso));
                 st.route.push(r);
             }
             let sent = self.send_routed(st, &batch, 0);
