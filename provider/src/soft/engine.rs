@@ -172,8 +172,9 @@ pub struct DeviceShared {
     /// default: an application that stops calling verbs would strand them
     /// and its peer's last sends would end in RETRY_EXC_ERR.
     coalesce_acks: AtomicBool,
-    /// Set once coalescing was ever turned on: ACKs may be held since.
-    coalescing_used: AtomicBool,
+    /// Whether `held` holds nothing (read and written under the engine
+    /// lock, like `held`; lets a verb skip locking it).
+    held_none: AtomicBool,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -212,7 +213,7 @@ impl DeviceShared {
             progress: progress::Progress::new(),
             held: Mutex::new(acks::HeldAcks::default()),
             coalesce_acks: AtomicBool::new(false),
-            coalescing_used: AtomicBool::new(false),
+            held_none: AtomicBool::new(true),
         });
         dev.link.attach(&dev);
         dev
@@ -222,9 +223,6 @@ impl DeviceShared {
     /// gain on network links for applications that keep calling verbs, such
     /// as ping-pong loops; see the `acks` module for the hazard).
     pub fn set_ack_coalescing(&self, on: bool) {
-        if on {
-            self.coalescing_used.store(true, Ordering::Relaxed);
-        }
         self.coalesce_acks.store(on, Ordering::Relaxed);
     }
 
@@ -343,12 +341,19 @@ impl DeviceShared {
             }
             Self::progress_locked(&mut core, &self.inbox, now);
             let r = f(&mut core, now);
-            if !threaded && self.network && core.at_most_one_transmit() && self.no_held_acks() {
+            let hold = hold_acks(&r);
+            if !threaded
+                && self.network
+                && core.at_most_one_transmit()
+                && self.held_none.load(Ordering::Relaxed)
+                && !(hold && core.peek_transmit().is_some_and(acks::is_plain_ack))
+            {
                 // At most one datagram and no event (nearly every verb of
-                // a ping-pong): straight to the link, without the transmit
-                // list, the ACK sorting and the event dispatch that a verb
-                // producing more needs. (Network links have no timers of
-                // other devices to run: see `drive_due`.)
+                // a ping-pong), and no ACK held or to hold: straight to the
+                // link, without the transmit list, the ACK sorting (which
+                // would leave it as it is) and the event dispatch that a
+                // verb producing more needs. (Network links have no timers
+                // of other devices to run: see `drive_due`.)
                 if let Some(t) = core.poll_transmit() {
                     self.link.send_one(t, &mut |b| core.recycle_buffer(b));
                 }
@@ -365,7 +370,8 @@ impl DeviceShared {
                 Self::drain_locked(&mut core, &mut out, &mut events);
                 if self.network && !threaded {
                     let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                    held.sort(&mut out, now, hold_acks(&r), flush_acks);
+                    held.sort(&mut out, now, hold, flush_acks);
+                    self.held_none.store(held.is_empty(), Ordering::Relaxed);
                 }
             }
             if threaded {
@@ -406,12 +412,6 @@ impl DeviceShared {
                 dev.drive();
             }
         }
-    }
-
-    /// Whether no ACK is or can be held for coalescing (then the ACK
-    /// sorting of a verb's output has nothing to do).
-    fn no_held_acks(&self) -> bool {
-        !self.coalescing_used.load(Ordering::Relaxed)
     }
 
     /// Sends `out` on a network link, and gives the engine back the buffers

@@ -52,7 +52,7 @@ pub(crate) struct HeldAcks {
 }
 
 /// An RC Acknowledge whose syndrome is ACK (not RNR NAK or NAK).
-fn is_plain_ack(t: &Transmit) -> bool {
+pub(crate) fn is_plain_ack(t: &Transmit) -> bool {
     t.data.len() > AETH_SYNDROME && t.data[0] == OPCODE_RC_ACK && t.data[AETH_SYNDROME] >> 5 == 0
 }
 
@@ -102,8 +102,7 @@ pub(crate) fn collapse(txs: &mut Vec<Transmit>, from: usize) {
 
 impl HeldAcks {
     /// Whether nothing is held.
-    #[cfg(test)]
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
@@ -243,6 +242,27 @@ mod tests {
             assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
             assert!(h.is_empty());
         }
+    }
+
+    #[test]
+    fn with_nothing_held_a_lone_datagram_that_is_no_plain_ack_stays() {
+        // The engine sends a verb's lone datagram without sorting when
+        // nothing is held and it is not a plain ACK to hold: a request, a
+        // NAK, a read response each stay, and nothing gets held.
+        for (opcode, syndrome) in [(0x04, 0), (0x11, 0x60), (0x10, 0)] {
+            let mut h = HeldAcks::default();
+            let mut out = vec![pkt(opcode, 1, syndrome, 7)];
+            h.sort(&mut out, ACK_HOLD_NS * 3, true, false);
+            assert_eq!(out.iter().map(|t| t.data[19]).collect::<Vec<_>>(), [7]);
+            assert!(h.is_empty());
+            assert!(!is_plain_ack(&out[0]));
+        }
+        // While a plain ACK is one to hold.
+        let mut h = HeldAcks::default();
+        let mut out = vec![pkt(0x11, 1, 0x1f, 8)];
+        assert!(is_plain_ack(&out[0]));
+        h.sort(&mut out, 0, true, false);
+        assert!(out.is_empty() && !h.is_empty());
     }
 
     #[test]

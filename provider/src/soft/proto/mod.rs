@@ -441,6 +441,11 @@ impl Core {
         !self.tx.is_empty()
     }
 
+    /// The next datagram to send, left in place.
+    pub(crate) fn peek_transmit(&self) -> Option<&Transmit> {
+        self.tx.front()
+    }
+
     /// Whether at most one datagram and no event wait: what nearly every
     /// verb of a ping-pong leaves, which the driver may hand to its link as
     /// it is.
