@@ -278,39 +278,42 @@ fn sent_buffers_come_back_for_reuse() {
     sent_buffers_come_back(GsoMode::Off);
 }
 
+/// A UDP link on 127.0.0.1 at a private port.
+fn bind_lo4(gso: GsoMode) -> std::sync::Arc<UdpLink> {
+    let mut cfg = UdpConfig::new(LO4);
+    cfg.port = UdpPort::Fixed(free_private_port(LO4));
+    cfg.gso = gso;
+    UdpLink::bind(&cfg).expect("bind")
+}
+
+/// An RC SEND_ONLY datagram from `src` to `dst`: a BTH, `payload`, and
+/// room for the ICRC (which the link fills in).
+fn send_only(src: IpAddr, dst: IpAddr, payload: &[u8]) -> softverbs::soft::proto::Transmit {
+    let mut data = vec![0u8; 12 + payload.len() + 4];
+    data[0] = 0x04; // RC SEND_ONLY
+    data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
+    data[12..12 + payload.len()].copy_from_slice(payload);
+    softverbs::soft::proto::Transmit {
+        src,
+        dst,
+        src_port: 0xc000,
+        dst_port: 0,
+        data,
+        train: None,
+    }
+}
+
 fn sent_buffers_come_back(gso: GsoMode) {
     use softverbs::soft::link::Link;
     use softverbs::soft::proto::Transmit;
-    let bind = || {
-        let mut cfg = UdpConfig::new(LO4);
-        cfg.port = UdpPort::Fixed(free_private_port(LO4));
-        cfg.gso = gso;
-        UdpLink::bind(&cfg).expect("bind")
-    };
-    let (a, b) = (bind(), bind());
+    let (a, b) = (bind_lo4(gso), bind_lo4(gso));
     if gso == GsoMode::Off {
         assert!(!a.gso_active());
     } else if !a.gso_active() {
         eprintln!("skip: this kernel has no UDP GSO; the GSO case ran as plain sendmmsg");
     }
     let (src, dst) = (a.gids()[0].to_ip(), b.gids()[0].to_ip());
-    // A BTH, some payload and room for the ICRC, which the link fills in.
-    let mut txs: Vec<Transmit> = (0..3u8)
-        .map(|i| {
-            let mut data = vec![0u8; 12 + 100 + 4];
-            data[0] = 0x04; // RC SEND_ONLY
-            data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
-            data[12..112].fill(i);
-            Transmit {
-                src,
-                dst,
-                src_port: 0xc000,
-                dst_port: 0,
-                data,
-                train: None,
-            }
-        })
-        .collect();
+    let mut txs: Vec<Transmit> = (0..3u8).map(|i| send_only(src, dst, &[i; 100])).collect();
     let sent: Vec<*const u8> = txs.iter().map(|t| t.data.as_ptr()).collect();
     let mut spent = Vec::new();
     a.send_batch(&mut txs, &mut |buf| spent.push(buf));
@@ -335,26 +338,9 @@ fn sent_buffers_come_back(gso: GsoMode) {
 #[test]
 fn send_one_is_one_system_call() {
     use softverbs::soft::link::Link;
-    use softverbs::soft::proto::Transmit;
-    let bind = || {
-        let mut cfg = UdpConfig::new(LO4);
-        cfg.port = UdpPort::Fixed(free_private_port(LO4));
-        UdpLink::bind(&cfg).expect("bind")
-    };
-    let (a, b) = (bind(), bind());
+    let (a, b) = (bind_lo4(GsoMode::Auto), bind_lo4(GsoMode::Auto));
     let (src, dst) = (a.gids()[0].to_ip(), b.gids()[0].to_ip());
-    let mut data = vec![0u8; 12 + 8 + 4];
-    data[0] = 0x04; // RC SEND_ONLY
-    data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
-    data[12..20].copy_from_slice(b"8 bytes!");
-    let t = Transmit {
-        src,
-        dst,
-        src_port: 0xc000,
-        dst_port: 0,
-        data,
-        train: None,
-    };
+    let t = send_only(src, dst, b"8 bytes!");
     let sent = t.data.as_ptr();
     let mut spent = Vec::new();
     a.send_one(t, &mut |buf| spent.push(buf));
@@ -369,15 +355,10 @@ fn send_one_is_one_system_call() {
     assert_eq!(got, [b"8 bytes!".to_vec()]);
     assert_eq!(b.stats().rx_bad_icrc, 0);
     // An IPv6 destination: this IPv4-only link has no socket for it.
-    let t = Transmit {
-        src,
-        dst: IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
-        src_port: 0xc000,
-        dst_port: 0,
-        data: vec![0u8; 24],
-        train: None,
-    };
-    a.send_one(t, &mut |buf| spent.push(buf));
+    a.send_one(
+        send_only(src, IpAddr::V6(std::net::Ipv6Addr::LOCALHOST), &[0; 8]),
+        &mut |buf| spent.push(buf),
+    );
     let st = a.stats();
     assert_eq!((st.tx_unroutable, st.tx_datagrams, spent.len()), (1, 1, 1), "{st:?}");
 }
@@ -388,13 +369,11 @@ fn send_one_is_one_system_call() {
 #[test]
 fn alternating_destinations_reach_their_peers() {
     use softverbs::soft::link::Link;
-    use softverbs::soft::proto::Transmit;
-    let bind = || {
-        let mut cfg = UdpConfig::new(LO4);
-        cfg.port = UdpPort::Fixed(free_private_port(LO4));
-        UdpLink::bind(&cfg).expect("bind")
-    };
-    let (a, b, c) = (bind(), bind(), bind());
+    let (a, b, c) = (
+        bind_lo4(GsoMode::Auto),
+        bind_lo4(GsoMode::Auto),
+        bind_lo4(GsoMode::Auto),
+    );
     let src = a.gids()[0].to_ip();
     let to = [
         b.gids()[0].to_ip(),
@@ -403,18 +382,7 @@ fn alternating_destinations_reach_their_peers() {
         c.gids()[0].to_ip(),
     ];
     for (i, dst) in to.into_iter().enumerate() {
-        let mut data = vec![0u8; 12 + 4 + 4];
-        data[0] = 0x04; // RC SEND_ONLY
-        data[12] = i as u8;
-        let t = Transmit {
-            src,
-            dst,
-            src_port: 0xc000,
-            dst_port: 0,
-            data,
-            train: None,
-        };
-        a.send_one(t, &mut drop);
+        a.send_one(send_only(src, dst, &[i as u8, 0, 0, 0]), &mut drop);
     }
     let got = |l: &UdpLink| {
         let mut got = Vec::new();

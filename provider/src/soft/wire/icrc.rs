@@ -58,10 +58,9 @@ pub fn compute_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &
 /// ICRC then hashes only the BTH and what follows.
 #[derive(Debug, Clone, Default)]
 pub struct IcrcPrefix {
-    /// The flow and RoCE length the state is for.
-    key: Option<(IpPseudoHeader, UdpPorts, usize)>,
-    /// The CRC state after the LRH stand-in and the IP and UDP headers.
-    state: crc32fast::Hasher,
+    /// The flow and RoCE length kept, and the CRC state after the LRH
+    /// stand-in and the IP and UDP headers.
+    kept: Option<((IpPseudoHeader, UdpPorts, usize), crc32fast::Hasher)>,
 }
 
 impl IcrcPrefix {
@@ -70,11 +69,14 @@ impl IcrcPrefix {
     pub fn compute(&mut self, ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &[u8]) -> u32 {
         let roce_len = packet_without_icrc.len().saturating_add(ICRC_LEN);
         let key = (*ip, ports, roce_len);
-        if self.key != Some(key) {
-            self.state = Self::headers_state(ip, ports, roce_len);
-            self.key = Some(key);
-        }
-        let mut hasher = self.state.clone();
+        let mut hasher = match &self.kept {
+            Some((k, state)) if *k == key => state.clone(),
+            _ => {
+                let state = Self::headers_state(ip, ports, roce_len);
+                self.kept = Some((key, state.clone()));
+                state
+            }
+        };
         // A small packet is hashed from one masked copy: each update of a
         // few bytes costs more than the bytes it hashes.
         let mut small = [0u8; SMALL_PACKET];
@@ -174,26 +176,11 @@ impl IcrcPrefix {
 /// [`WireError::Truncated`] if `packet` is shorter than a BTH plus ICRC;
 /// nothing is written then.
 pub fn fill_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet: &mut [u8]) -> Result<(), WireError> {
-    if packet.len() < MIN_PACKET_LEN {
-        return Err(WireError::Truncated);
-    }
-    let body_len = packet.len() - ICRC_LEN;
-    let (body, icrc) = packet.split_at_mut_checked(body_len).ok_or(WireError::Truncated)?;
-    icrc.copy_from_slice(&compute_icrc(ip, ports, body).to_le_bytes());
-    Ok(())
+    IcrcPrefix::default().fill(ip, ports, packet)
 }
 
 /// Whether the last four bytes of `packet` (BTH through ICRC) are its
 /// correct ICRC. `false` for anything shorter than a BTH plus ICRC.
 pub fn check_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet: &[u8]) -> bool {
-    if packet.len() < MIN_PACKET_LEN {
-        return false;
-    }
-    let Some((body, icrc)) = packet.split_at_checked(packet.len() - ICRC_LEN) else {
-        return false;
-    };
-    let Ok(received) = <[u8; ICRC_LEN]>::try_from(icrc) else {
-        return false;
-    };
-    compute_icrc(ip, ports, body) == u32::from_le_bytes(received)
+    IcrcPrefix::default().check(ip, ports, packet)
 }

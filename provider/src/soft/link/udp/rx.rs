@@ -110,7 +110,7 @@ impl UdpLink {
         let mut rx = lock(&self.rx);
         // Out of the buffers for the call, so that it can be updated
         // while a received datagram borrows them.
-        let mut icrc = rx.icrc.take().unwrap_or_default();
+        let mut icrc = std::mem::take(&mut rx.icrc);
         let mut total = 0;
         // An idle poll of sockets without GRO probes with the cheapest
         // call; a probe that finds a datagram ends the call (the next one
@@ -159,7 +159,7 @@ impl UdpLink {
                 }
             }
         }
-        rx.icrc = Some(icrc);
+        rx.icrc = icrc;
         if let Some(on) = rx.policy.after_call(total) {
             self.switch_gro(on, &mut rx.policy);
         }

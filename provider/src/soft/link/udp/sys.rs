@@ -177,9 +177,8 @@ pub(super) fn gso_supported(fd: RawFd) -> bool {
 pub(super) struct RxBufs {
     /// When GRO is on and polls may probe with [`recv_one`].
     pub(super) policy: super::rx::GroPolicy,
-    /// The ICRC state of the last flow received from (taken out during a
-    /// receive call).
-    pub(super) icrc: Option<crate::soft::wire::IcrcPrefix>,
+    /// The ICRC state of the last flow received from.
+    pub(super) icrc: crate::soft::wire::IcrcPrefix,
     data: Vec<u8>,
     names: Vec<SockAddr>,
     cmsgs: Vec<CmsgBuf>,
@@ -205,7 +204,7 @@ impl RxBufs {
         let slot = if gro { RX_SLOT_GRO } else { RX_SLOT_PLAIN };
         RxBufs {
             policy: super::rx::GroPolicy::new(gro),
-            icrc: None,
+            icrc: crate::soft::wire::IcrcPrefix::default(),
             data: vec![0; RX_BATCH * slot],
             names: vec![SockAddr::empty(); RX_BATCH],
             cmsgs: vec![CmsgBuf([0; 32]); RX_BATCH],
