@@ -511,11 +511,10 @@ impl UdpLink {
                 return;
             }
         }
-        let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
         let st = &mut *st;
         st.route.clear();
         for t in txs.iter_mut() {
-            let route = self.route_of(t, local_v6, &mut st.flow);
+            let route = self.route_of(t, &mut st.flow);
             st.route.push(route);
         }
         let sent = self.send_routed(st, txs, 0);
@@ -538,15 +537,10 @@ impl UdpLink {
     /// Where `t` goes (its socket, destination, and whether GSO may carry
     /// it there), with its ICRC filled in against the real addresses and
     /// ports; `None`, counted, if it cannot go anywhere.
-    fn route_of(
-        &self,
-        t: &mut Transmit,
-        local_v6: Option<Ipv6Addr>,
-        flow: &mut TxFlow,
-    ) -> Option<(usize, SocketAddr, bool)> {
+    fn route_of(&self, t: &mut Transmit, flow: &mut TxFlow) -> Option<(usize, SocketAddr, bool)> {
         let r = match flow.last {
             Some(r) if r.src == t.src && r.dst == t.dst => Some(r),
-            _ => self.resolve(t.src, t.dst, local_v6),
+            _ => self.resolve(t.src, t.dst),
         };
         let route = r.and_then(|r| {
             flow.last = Some(r);
@@ -561,9 +555,9 @@ impl UdpLink {
 
     /// The socket, endpoint, GSO choice and ICRC headers for datagrams
     /// from engine address `src` to `dst`; `None` if no socket reaches it.
-    fn resolve(&self, src: IpAddr, dst: IpAddr, local_v6: Option<Ipv6Addr>) -> Option<Resolved> {
+    fn resolve(&self, src: IpAddr, dst: IpAddr) -> Option<Resolved> {
         let dgid = Gid::from_ip(dst);
-        let to = addr::endpoint_of(dgid, local_v6)?;
+        let to = self.endpoint_of(dgid)?;
         let sock = self.sock_for(src, to)?;
         let s = &self.socks[sock];
         Some(Resolved {
@@ -590,8 +584,7 @@ impl UdpLink {
             self.transmit(&mut txs, spent);
             return;
         }
-        let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
-        let Some((si, dst, _)) = self.route_of(&mut t, local_v6, &mut st.flow) else {
+        let Some((si, dst, _)) = self.route_of(&mut t, &mut st.flow) else {
             return;
         };
         let fd = self.socks[si].sock.as_raw_fd();
@@ -735,11 +728,10 @@ impl UdpLink {
     fn flush_backlog_locked(&self, st: &mut TxState) {
         while !st.backlog.is_empty() {
             let mut batch: Vec<Transmit> = st.backlog.drain(..).collect();
-            let local_v6 = self.socks.iter().find_map(|s| s.local_v6);
             st.route.clear();
             for t in &batch {
                 // The ICRC was filled in when the datagram was first routed.
-                let r = self.resolve(t.src, t.dst, local_v6).map(|r| (r.sock, r.to, r.gso));
+                let r = self.resolve(t.src, t.dst).map(|r| (r.sock, r.to, r.gso));
                 st.route.push(r);
             }
             let sent = self.send_routed(st, &batch, 0);
