@@ -132,11 +132,6 @@ fn garbage_in_the_ring_is_dropped_and_counted() {
     assert_eq!(files.len(), 1);
     let (f, connector) = &files[0];
     assert!(connector);
-    let read_u64 = |off: u64| {
-        let mut b = [0u8; 8];
-        f.read_exact_at(&mut b, off).unwrap();
-        u64::from_ne_bytes(b)
-    };
     let drive_b = || {
         let mut wc = [WorkCompletion::default(); 4];
         let start = Instant::now();
@@ -144,22 +139,33 @@ fn garbage_in_the_ring_is_dropped_and_counted() {
             let _ = b.rcq.poll(&mut wc);
         }
     };
+    // The next slot b will read (a sends nothing meanwhile).
+    let region = Region::open(f.try_clone().unwrap()).unwrap();
+    let h = Producer::resume(&region, 0).position().0;
+    let no_meta = SlotMeta {
+        src: "::".parse().unwrap(),
+        dst: "::".parse().unwrap(),
+        src_port: 1,
+        dst_port: 4791,
+    };
+    // Writes slot `i`'s header (`seq` last, as a producer does).
+    let forge = |i: u64, len: u16, flags: u16| {
+        let hdr = ring::slot_header(i, len, 0, ring::KIND_DATAGRAM, flags, &no_meta);
+        let slot = ring::slot_offset(0, i);
+        f.write_all_at(&hdr[4..], slot + 4).unwrap();
+        f.write_all_at(&hdr[..4], slot).unwrap();
+    };
     // An impossible length.
-    let h = read_u64(ring::head_offset(0));
-    f.write_all_at(&0xffff_fff0u32.to_ne_bytes(), ring::slot_offset(0, h))
-        .unwrap();
-    f.write_all_at(&(h + 1).to_ne_bytes(), ring::head_offset(0)).unwrap();
+    forge(h, 0xfff0, 0);
     drive_b();
     assert_eq!(stat(&lb, "shm_rx_bad_len"), 1, "{:?}", lb.stats());
     // A plausible datagram from an address that is not the peer's.
-    let slot = ring::slot_offset(0, h + 1);
-    f.write_all_at(&100u32.to_ne_bytes(), slot).unwrap();
-    f.write_all_at(&[1u8; 16], slot + 8).unwrap();
-    f.write_all_at(&(h + 2).to_ne_bytes(), ring::head_offset(0)).unwrap();
+    f.write_all_at(&[1u8; 32], ring::slot_offset(0, h + 1) + 16).unwrap();
+    forge(h + 1, 100, ring::FLAG_ADDRS);
     drive_b();
     assert_eq!(stat(&lb, "shm_rx_bad_addr"), 1, "{:?}", lb.stats());
-    // An impossible index: the channel is given up.
-    f.write_all_at(&(h + 1_000_000).to_ne_bytes(), ring::head_offset(0))
+    // An impossible `seq`: the channel is given up.
+    f.write_all_at(&0x00de_ad00u32.to_ne_bytes(), ring::slot_offset(0, h + 2))
         .unwrap();
     drive_b();
     assert_eq!(stat(&lb, "shm_rx_bad_index"), 1, "{:?}", lb.stats());
@@ -175,8 +181,8 @@ fn garbage_in_the_ring_is_dropped_and_counted() {
     db.remove();
 }
 
-/// Random bytes over a ring's indices and slots, again and again: the
-/// consumer never panics and never hands out more than a slot holds; a
+/// Random bytes over a ring's control block and slots, again and again:
+/// the consumer never panics and never hands out more than a slot holds; a
 /// producer facing an impossible consumer index refuses to write.
 #[test]
 fn ring_survives_random_scribbles() {
@@ -195,13 +201,18 @@ fn ring_survives_random_scribbles() {
         let mut c = Consumer::new(0);
         for _ in 0..64 {
             let what = rnd() % 4;
+            let k = rnd() % 4;
             let off = match what {
-                0 => ring::head_offset(0),
-                1 => ring::slot_offset(0, rnd()),
+                // A plausible publication of one of the first slots: the
+                // `seq` a reader expects there, random lengths beside it.
+                0 => ring::slot_offset(0, k),
+                1 => ring::slot_offset(0, rnd()) + rnd() % 64,
                 2 => ring::slot_offset(0, rnd()) + rnd() % ring::SLOT_LEN as u64,
-                _ => ring::head_offset(0) + rnd() % ring::RING_LEN as u64,
+                _ => ring::tail_offset(0) + rnd() % ring::RING_LEN as u64,
             };
-            let v = if round % 2 == 0 {
+            let v = if what == 0 {
+                (k + 1) | (rnd() % (1 << 14)) << 32
+            } else if round % 2 == 0 {
                 rnd() % (2 * ring::SLOTS)
             } else {
                 rnd()

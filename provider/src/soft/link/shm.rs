@@ -54,8 +54,9 @@
 //! closed the device) ends the channel once what the peer published
 //! before is read: its destinations go back to UDP, where a vanished
 //! host's QPs end with `RETRY_EXC_ERR` after their retries. A peer that
-//! publishes an impossible ring index ends the channel the same way; one
-//! that writes an impossible length or slot kind loses that slot; both
+//! publishes an impossible slot sequence word or ring index ends the
+//! channel the same way; one that writes an impossible length, slot kind
+//! or flag loses that slot; both
 //! are counted (`shm_rx_bad_index`, `shm_rx_bad_len`). A datagram whose
 //! addresses do not belong to the channel's two ends is dropped
 //! (`shm_rx_bad_addr`). See [`ring`] for why no value the peer writes can
@@ -148,9 +149,10 @@ const BACKLOG_MAX: usize = 8192;
 const MSG_LEN: usize = 304;
 const MAX_GIDS: usize = 16;
 /// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
-/// caps slots, process-memory pieces.
-const HELLO: &[u8; 8] = b"SVSHMHI3";
-const ANSWER: &[u8; 8] = b"SVSHMOK3";
+/// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
+/// per slot, 16-byte slot headers).
+const HELLO: &[u8; 8] = b"SVSHMHI4";
+const ANSWER: &[u8; 8] = b"SVSHMOK4";
 /// Offset of the capability word (u32, little-endian) in a hello or an
 /// answer, after the GIDs.
 const OFF_CAPS: usize = 284;

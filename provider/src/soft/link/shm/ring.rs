@@ -11,16 +11,27 @@
 //! 4096    ring 0 (connector -> acceptor)
 //! 4096+R  ring 1 (acceptor -> connector)            R = RING_LEN
 //!
-//! ring:   +0    head   u64  (next slot the producer fills; producer writes)
-//!         +128  tail   u64  (next slot the consumer reads; consumer writes)
+//! ring:   +128  tail   u64  (next slot the consumer reads; consumer writes)
 //!         +256  sleep  u32  (consumer: 1 = about to sleep, ring the doorbell)
-//!         +4096 SLOTS slots of SLOT_LEN bytes
-//! slot:   +0 len u32, +4 src_port u16, +6 dst_port u16,
-//!         +8 src [16] (IPv6 form), +24 dst [16],
-//!         +40 kind u32, +44 ext u32,
-//!         +64 payload: len bytes of datagram, then ext bytes of extension
-//!             (len + ext <= MAX_PAYLOAD)
+//!         +4096 SLOTS slots of SLOT_LEN bytes (64-byte aligned)
+//! slot:   +0  seq u32    (publication: the slot's index + 1, mod 2^32)
+//!         +4  len u16    (datagram bytes)
+//!         +6  ext u16    (extension bytes; len + ext <= MAX_PAYLOAD)
+//!         +8  kind u16, +10 flags u16,
+//!         +12 src_port u16, +14 dst_port u16,
+//!         +16 with FLAG_ADDRS: src [16], dst [16] (IPv6 form), then the
+//!             bytes at +48; without: the bytes at +16, and the addresses
+//!             are those of the ring's previous slot
+//!         bytes: len bytes of datagram, then ext bytes of extension
 //! ```
+//!
+//! A small datagram (an 8-byte RC SEND is 24 bytes) to the same
+//! addresses as the one before lies with its header in the slot's first
+//! 64-byte line, which is also the line the consumer polls: one cache
+//! line moves per message, as in a flag ping-pong. (Version 2 published a
+//! head index on a line of its own and kept a 64-byte header apart from
+//! the datagram: three lines per message, and the ring alone took ~2x a
+//! flag's one-way time.)
 //!
 //! The slot kinds (all integers in the header in host byte order, the
 //! extensions little-endian):
@@ -41,28 +52,32 @@
 //! capabilities mean is the link's business (`shm/trains.rs`,
 //! `shm/hello.rs`).
 //!
-//! `head` and `tail` are free-running u64 counters on their own cache
-//! lines (and the sleep flag on a third): the producer fills slot
-//! `head % SLOTS` and publishes it with a release store of `head + 1`;
-//! the consumer reads `head` with acquire, copies the slots out, and
-//! frees them with a release store of `tail`.
+//! The producer fills slot `i % SLOTS` (its `i` a free-running u64
+//! count) and publishes it with a release store of `i + 1` into the
+//! slot's `seq`; the consumer waits for the `seq` it expects with acquire,
+//! copies the slot out, and frees what it read with a release store of
+//! its count into `tail` (when it finds the ring empty, and at least every
+//! [`FREE_EVERY`] slots).
 //!
 //! # Trust
 //!
 //! The peer process writes this memory concurrently and may be hostile or
-//! broken. Each side keeps its own index privately and only *writes* it
-//! into the region; the index read from the peer is checked
-//! (`0 <= head - tail <= SLOTS`), slot positions are always taken modulo
-//! [`SLOTS`] from the private index, and the lengths (datagram plus
-//! extension) are read once and checked against [`MAX_PAYLOAD`], and the
-//! kind against the known ones, before any byte is copied. Extensions
+//! broken. Each side keeps its own count privately and only *writes* it
+//! into the region. What is read from the peer is checked: the `tail`
+//! (`0 <= head - tail <= SLOTS`); a slot's `seq`, which is either the one
+//! expected (published), or what a correct producer left there a lap
+//! before (or 0 on the first lap; not yet published), or else proof of a
+//! broken peer; slot positions are always taken modulo [`SLOTS`] from the
+//! private count; the lengths (datagram plus extension), kind and flags
+//! are read once and checked against [`MAX_PAYLOAD`] and the known values
+//! before any byte is copied. Extensions
 //! are parsed from the private copy ([`TrainDesc::decode`],
 //! [`decode_forget`]), never from the slot. Payloads are copied out
 //! into private memory with volatile loads before the engine sees them,
 //! so a peer changing a slot mid-read can only change what we read, never
 //! where. No Rust reference into the mapping is ever created except the
-//! `AtomicU64`/`AtomicU32` views of the index words (atomics allow
-//! concurrent writers). The memfd is sealed against shrinking (checked on
+//! `AtomicU64`/`AtomicU32` views of the index, flag and `seq` words
+//! (atomics allow concurrent writers). The memfd is sealed against shrinking (checked on
 //! open), so the peer cannot truncate it under us (SIGBUS).
 
 use std::fs::File;
@@ -81,10 +96,13 @@ pub const SLOTS: u64 = 512;
 /// Largest datagram a slot carries: a RoCEv2 packet at MTU 4096 with
 /// every header (the UDP link's limit).
 pub const MAX_PAYLOAD: usize = 4096 + 256;
-/// Offset of the payload in a slot.
-const SLOT_HDR: usize = 64;
-/// Bytes per slot.
-pub const SLOT_LEN: usize = SLOT_HDR + MAX_PAYLOAD;
+/// Bytes of a slot's fixed header; the addresses, when the slot carries
+/// them, follow it.
+const SLOT_HDR: usize = 16;
+/// Where a slot's bytes start when it carries its addresses.
+const SLOT_DATA_ADDRS: usize = SLOT_HDR + 32;
+/// Bytes per slot (the longest slot, rounded up to whole cache lines).
+pub const SLOT_LEN: usize = (SLOT_DATA_ADDRS + MAX_PAYLOAD).div_ceil(64) * 64;
 /// Control block before the slots of a ring.
 const RING_CTRL: usize = 4096;
 /// Bytes per ring.
@@ -93,21 +111,27 @@ pub const RING_LEN: usize = RING_CTRL + SLOTS as usize * SLOT_LEN;
 pub const REGION_LEN: usize = 4096 + 2 * RING_LEN;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"SVSHMRG1");
-/// 2: slot kinds (trains, forgets) in the header's bytes 40..48.
-const VERSION: u32 = 2;
-const OFF_HEAD: usize = 0;
-/// Offsets of the kind and extension-length words in a slot.
-const OFF_KIND: usize = 40;
-const OFF_EXT: usize = 44;
+/// 3: publication by a sequence word in each slot, a 16-byte header,
+/// addresses only when they change (2: a head index, a 64-byte header).
+const VERSION: u32 = 3;
+/// Offsets of a slot's header words.
+const OFF_LEN: usize = 4;
+const OFF_EXT: usize = 6;
+const OFF_KIND: usize = 8;
+const OFF_FLAGS: usize = 10;
+const OFF_PORTS: usize = 12;
 
+/// Slot flag: the slot carries its source and destination addresses
+/// (otherwise they are those of the ring's previous slot).
+pub const FLAG_ADDRS: u16 = 1;
 /// Slot kind: a datagram.
-pub const KIND_DATAGRAM: u32 = 0;
+pub const KIND_DATAGRAM: u16 = 0;
 /// Slot kind: a train (ONLY packet, then a [`TrainDesc`]).
-pub const KIND_TRAIN: u32 = 1;
+pub const KIND_TRAIN: u16 = 1;
 /// Slot kind: tokens the consumer may unmap.
-pub const KIND_FORGET: u32 = 2;
+pub const KIND_FORGET: u16 = 2;
 /// Slot kind: a capability word (u32 LE extension, no datagram).
-pub const KIND_CAPS: u32 = 3;
+pub const KIND_CAPS: u16 = 3;
 /// The token of a descriptor piece in the producer process's own address
 /// space (`offset` is the address), not in an exported buffer.
 pub const PROCESS_TOKEN: u64 = 0;
@@ -121,27 +145,45 @@ const DESC_HDR: usize = 8;
 pub const DESC_MAX: usize = DESC_HDR + TRAIN_MAX_PIECES * DESC_PIECE;
 const OFF_TAIL: usize = 128;
 const OFF_SLEEP: usize = 256;
-
-/// Offset of ring `r`'s head index in the region (for tests that play a
-/// broken peer).
-pub fn head_offset(r: usize) -> u64 {
-    (4096 + r * RING_LEN + OFF_HEAD) as u64
-}
+/// The consumer frees what it read at least this often (and whenever it
+/// finds the ring empty).
+pub const FREE_EVERY: u64 = SLOTS / 8;
 
 /// Offset of ring `r`'s tail index in the region.
 pub fn tail_offset(r: usize) -> u64 {
     (4096 + r * RING_LEN + OFF_TAIL) as u64
 }
 
-/// Offset of slot `i` (taken modulo [`SLOTS`]) of ring `r`; its length
-/// word is the first 4 bytes, its kind word at byte 40, the extension
-/// length at 44.
+/// Offset of slot `i` (taken modulo [`SLOTS`]) of ring `r`; its header
+/// is laid out as [`slot_header`] builds it.
 pub fn slot_offset(r: usize, i: u64) -> u64 {
     (4096 + r * RING_LEN + RING_CTRL) as u64 + (i % SLOTS) * SLOT_LEN as u64
 }
 
+/// The `seq` word that publishes slot `i` (its count, not its position).
+fn seq_of(i: u64) -> u32 {
+    i.wrapping_add(1) as u32
+}
+
+/// The 16 header bytes of slot `i` as a producer writes them (`seq`
+/// included; for tests and tools that play a peer writing the region by
+/// hand). Addresses, if `flags` has [`FLAG_ADDRS`], follow at byte 16.
+pub fn slot_header(i: u64, len: u16, ext: u16, kind: u16, flags: u16, meta: &SlotMeta) -> [u8; SLOT_HDR] {
+    let mut h = [0u8; SLOT_HDR];
+    h[..4].copy_from_slice(&seq_of(i).to_ne_bytes());
+    h[OFF_LEN..OFF_LEN + 2].copy_from_slice(&len.to_ne_bytes());
+    h[OFF_EXT..OFF_EXT + 2].copy_from_slice(&ext.to_ne_bytes());
+    h[OFF_KIND..OFF_KIND + 2].copy_from_slice(&kind.to_ne_bytes());
+    h[OFF_FLAGS..OFF_FLAGS + 2].copy_from_slice(&flags.to_ne_bytes());
+    h[OFF_PORTS..OFF_PORTS + 2].copy_from_slice(&meta.src_port.to_ne_bytes());
+    h[OFF_PORTS + 2..OFF_PORTS + 4].copy_from_slice(&meta.dst_port.to_ne_bytes());
+    h
+}
+
 const _: () = assert!(SLOTS.is_power_of_two());
 const _: () = assert!(SLOT_LEN.is_multiple_of(64) && MAX_PAYLOAD.is_multiple_of(8));
+// Lengths fit the header's u16 words.
+const _: () = assert!(MAX_PAYLOAD <= u16::MAX as usize);
 const _: () = assert!(RING_LEN.is_multiple_of(4096));
 
 /// A mapped channel region.
@@ -237,7 +279,7 @@ impl Region {
 
     fn index(&self, r: usize, off: usize) -> &AtomicU64 {
         let p = self.ring_ptr(r, off).cast::<u64>();
-        // SAFETY: `p` is 8-aligned (page-aligned base, offsets 0/128), in
+        // SAFETY: `p` is 8-aligned (page-aligned base, offset 128), in
         // the mapping, which lives as long as `self`; an atomic view is
         // sound under concurrent writes by the peer (all our accesses to
         // this word are atomic).
@@ -253,6 +295,16 @@ impl Region {
 
     fn slot_ptr(&self, r: usize, i: u64) -> *mut u8 {
         self.ring_ptr(r, RING_CTRL + (i % SLOTS) as usize * SLOT_LEN)
+    }
+
+    /// The `seq` word of slot `i` of ring `r`.
+    fn seq_word(&self, r: usize, i: u64) -> &AtomicU32 {
+        let p = self.slot_ptr(r, i).cast::<u32>();
+        // SAFETY: as in `index`: a slot starts on a 64-byte boundary
+        // (RING_CTRL and SLOT_LEN are multiples of 64) inside the mapping,
+        // which lives as long as `self`; every access to this word, ours
+        // and a correct peer's, is atomic.
+        unsafe { AtomicU32::from_ptr(p) }
     }
 }
 
@@ -426,6 +478,8 @@ pub struct Producer {
     ring: usize,
     head: u64,
     tail: u64,
+    /// The addresses the last slot written carried or inherited.
+    addrs: Option<([u8; 16], [u8; 16])>,
 }
 
 impl Producer {
@@ -435,18 +489,26 @@ impl Producer {
             ring: ring & 1,
             head: 0,
             tail: 0,
+            addrs: None,
         }
     }
 
     /// A producer continuing ring `ring` of a live region where it stands
-    /// (the published head, the consumer's tail): for tests and tools that
-    /// play a peer writing a ring.
+    /// (after the consumer's published tail, the slots published since):
+    /// for tests and tools that play a peer writing a ring while its real
+    /// producer is silent.
     pub fn resume(region: &Region, ring: usize) -> Producer {
         let ring = ring & 1;
+        let tail = region.index(ring, OFF_TAIL).load(Ordering::Acquire);
+        let mut head = tail;
+        while head - tail < SLOTS && region.seq_word(ring, head).load(Ordering::Acquire) == seq_of(head) {
+            head += 1;
+        }
         Producer {
             ring,
-            head: region.index(ring, OFF_HEAD).load(Ordering::Acquire),
-            tail: region.index(ring, OFF_TAIL).load(Ordering::Acquire),
+            head,
+            tail,
+            addrs: None,
         }
     }
 
@@ -487,7 +549,7 @@ impl Producer {
         &mut self,
         region: &Region,
         meta: &SlotMeta,
-        kind: u32,
+        kind: u16,
         data: &[u8],
         ext: &[u8],
     ) -> Result<(), PushError> {
@@ -498,33 +560,45 @@ impl Producer {
             return Err(PushError::Full);
         }
         let slot = region.slot_ptr(self.ring, self.head);
-        let src = ip16(meta.src);
-        let dst = ip16(meta.dst);
+        let addrs = (ip16(meta.src), ip16(meta.dst));
+        let same = self.addrs == Some(addrs);
+        let (flags, at) = if same {
+            (0, SLOT_HDR)
+        } else {
+            (FLAG_ADDRS, SLOT_DATA_ADDRS)
+        };
+        // Lengths fit u16: checked above against MAX_PAYLOAD.
+        let h = slot_header(self.head, data.len() as u16, ext.len() as u16, kind, flags, meta);
+        let lens = u32::from_ne_bytes(h[4..8].try_into().unwrap_or([0; 4]));
+        let rest = u64::from_ne_bytes(h[8..16].try_into().unwrap_or([0; 8]));
         // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
-        // (index taken modulo SLOTS); every write below stays in it: header
-        // fields (aligned volatile stores) in the first 48 bytes, the
-        // payload at SLOT_HDR..SLOT_HDR + len + ext <= SLOT_LEN (checked
-        // above against MAX_PAYLOAD); `data` and `ext` are private memory,
-        // so the copies do not overlap.
+        // (index taken modulo SLOTS), 64-byte aligned; every write below
+        // stays in it: the header after the `seq` word (aligned volatile
+        // stores at 4..16), the addresses at 16..48, and the bytes at
+        // `at..at + len + ext <= SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN`
+        // (checked above against MAX_PAYLOAD); `data` and `ext` are
+        // private memory, so the copies do not overlap.
         unsafe {
-            std::ptr::write_volatile(slot.cast::<u32>(), data.len() as u32);
-            std::ptr::write_volatile(slot.add(4).cast::<u16>(), meta.src_port);
-            std::ptr::write_volatile(slot.add(6).cast::<u16>(), meta.dst_port);
-            for k in 0..2 {
-                let s = u64::from_ne_bytes(src[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
-                let d = u64::from_ne_bytes(dst[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
-                std::ptr::write_volatile(slot.add(8 + 8 * k).cast::<u64>(), s);
-                std::ptr::write_volatile(slot.add(24 + 8 * k).cast::<u64>(), d);
+            std::ptr::write_volatile(slot.add(4).cast::<u32>(), lens);
+            std::ptr::write_volatile(slot.add(8).cast::<u64>(), rest);
+            if !same {
+                for k in 0..2 {
+                    let s = u64::from_ne_bytes(addrs.0[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                    let d = u64::from_ne_bytes(addrs.1[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                    std::ptr::write_volatile(slot.add(SLOT_HDR + 8 * k).cast::<u64>(), s);
+                    std::ptr::write_volatile(slot.add(SLOT_HDR + 16 + 8 * k).cast::<u64>(), d);
+                }
             }
-            std::ptr::write_volatile(slot.add(OFF_KIND).cast::<u32>(), kind);
-            std::ptr::write_volatile(slot.add(OFF_EXT).cast::<u32>(), ext.len() as u32);
             // A plain copy: the peer may read these bytes concurrently
             // (a broken peer), which can only garble what it reads.
-            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(SLOT_HDR), data.len());
-            std::ptr::copy_nonoverlapping(ext.as_ptr(), slot.add(SLOT_HDR + data.len()), ext.len());
+            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(at), data.len());
+            std::ptr::copy_nonoverlapping(ext.as_ptr(), slot.add(at + data.len()), ext.len());
         }
+        region
+            .seq_word(self.ring, self.head)
+            .store(seq_of(self.head), Ordering::Release);
         self.head += 1;
-        region.index(self.ring, OFF_HEAD).store(self.head, Ordering::Release);
+        self.addrs = Some(addrs);
         crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
         Ok(())
     }
@@ -536,7 +610,7 @@ impl Producer {
 
     /// After publishing in ring `ring`: whether its consumer said it is
     /// going to sleep (then the caller rings its doorbell). Pairs with
-    /// [`Consumer::prepare_sleep`] (store flag, fence, load head). Reads
+    /// [`Consumer::prepare_sleep`] (store flag, fence, load `seq`). Reads
     /// no producer state, so its caller needs no lock on the producer.
     pub fn consumer_sleeping(region: &Region, ring: usize) -> bool {
         fence(Ordering::SeqCst);
@@ -575,11 +649,16 @@ pub enum Slot {
 #[derive(Debug)]
 pub struct Consumer {
     ring: usize,
+    /// Slots read.
     tail: u64,
-    head: u64,
-    /// The producer published an impossible index: stop reading.
+    /// Slots freed: the tail last published.
+    freed: u64,
+    /// The producer published an impossible `seq`: stop reading.
     broken: bool,
     sleeping: bool,
+    /// The addresses of the last slot read (what a slot without
+    /// [`FLAG_ADDRS`] has).
+    addrs: ([u8; 16], [u8; 16]),
 }
 
 impl Consumer {
@@ -588,65 +667,61 @@ impl Consumer {
         Consumer {
             ring: ring & 1,
             tail: 0,
-            head: 0,
+            freed: 0,
             broken: false,
             sleeping: false,
+            addrs: ([0; 16], [0; 16]),
         }
     }
 
-    /// `(slots read, slots known published)`.
+    /// `(slots read, slots freed)`.
     pub fn position(&self) -> (u64, u64) {
-        (self.tail, self.head)
+        (self.tail, self.freed)
     }
 
-    /// Whether the producer published an impossible index (the consumer
+    /// Whether the producer published an impossible `seq` (the consumer
     /// then reads nothing more).
     pub fn is_broken(&self) -> bool {
         self.broken
     }
 
-    /// Refreshes the producer's index; returns how many slots are ready,
-    /// or `None` if the index is impossible (the ring is then broken).
-    fn ready(&mut self, region: &Region) -> Option<u64> {
+    /// Whether the next slot is published; `None` if its `seq` is one no
+    /// correct producer writes (the ring is then broken). Frees what was
+    /// read when the ring turns out empty.
+    fn ready(&mut self, region: &Region) -> Option<bool> {
         if self.broken {
             return None;
         }
-        if self.head == self.tail {
-            let head = region.index(self.ring, OFF_HEAD).load(Ordering::Acquire);
-            // Reads the next slot's header and first payload lines along
-            // with the index, discarding what they hold: when the index
-            // shows the slot published, the slot's lines are already on
-            // their way instead of being fetched after it (measured: the
-            // ring alone 110 -> 100 ns one way; the producer now takes
-            // them back from a sharer, which is not free).
-            let slot = region.slot_ptr(self.ring, self.tail);
-            // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
-            // (index modulo SLOTS); both reads are aligned u32 loads in its
-            // first two cache lines. A peer writing them concurrently can
-            // only change the discarded values.
-            unsafe {
-                std::ptr::read_volatile(slot.cast::<u32>());
-                std::ptr::read_volatile(slot.add(SLOT_HDR).cast::<u32>());
-            }
-            let n = head.wrapping_sub(self.tail);
-            if n > SLOTS {
-                self.broken = true;
-                return None;
-            }
-            self.head = head;
+        let seq = region.seq_word(self.ring, self.tail).load(Ordering::Acquire);
+        if seq == seq_of(self.tail) {
+            return Some(true);
         }
-        Some(self.head - self.tail)
+        // Not yet: the slot holds what it was published with a lap before
+        // (nothing on the first lap).
+        let before = if self.tail < SLOTS {
+            0
+        } else {
+            seq_of(self.tail - SLOTS)
+        };
+        if seq != before {
+            self.broken = true;
+            return None;
+        }
+        if self.freed != self.tail {
+            self.publish_tail(region);
+        }
+        Some(false)
     }
 
     /// Whether a slot is ready (or the ring just turned out broken).
     pub fn has_data(&mut self, region: &Region) -> bool {
-        !matches!(self.ready(region), Some(0))
+        !matches!(self.ready(region), Some(false))
     }
 
     /// Copies the next datagram into `buf` (replacing its contents); slots
     /// of other kinds are skipped as [`Popped::BadLength`].
-    /// `Ok(None)`: the ring is empty. `Err(())`: the producer's index is
-    /// impossible; the ring is broken for good.
+    /// `Ok(None)`: the ring is empty. `Err(())`: the producer published an
+    /// impossible `seq`; the ring is broken for good.
     #[allow(clippy::result_unit_err)]
     pub fn pop(&mut self, region: &Region, buf: &mut Vec<u8>) -> Result<Option<Popped>, ()> {
         Ok(self.pop_slot(region, buf)?.map(|s| match s {
@@ -657,29 +732,34 @@ impl Consumer {
 
     /// Copies the next slot's bytes (datagram and extension) into `buf`
     /// (replacing its contents) and says what they are.
-    /// `Ok(None)`: the ring is empty. `Err(())`: the producer's index is
-    /// impossible; the ring is broken for good.
+    /// `Ok(None)`: the ring is empty. `Err(())`: the producer published an
+    /// impossible `seq`; the ring is broken for good.
     #[allow(clippy::result_unit_err)]
     pub fn pop_slot(&mut self, region: &Region, buf: &mut Vec<u8>) -> Result<Option<Slot>, ()> {
         match self.ready(region) {
             None => return Err(()),
-            Some(0) => return Ok(None),
-            Some(_) => {}
+            Some(false) => return Ok(None),
+            Some(true) => {}
         }
         let slot = region.slot_ptr(self.ring, self.tail);
         // SAFETY: `slot` starts a slot inside the mapping (index modulo
-        // SLOTS); the header reads are within its first 48 bytes, aligned.
-        let (len, kind, ext) = unsafe {
+        // SLOTS), 64-byte aligned; the header reads are aligned, within
+        // its first 16 bytes.
+        let (len, ext, kind, flags, src_port, dst_port) = unsafe {
             (
-                std::ptr::read_volatile(slot.cast::<u32>()) as usize,
-                std::ptr::read_volatile(slot.add(OFF_KIND).cast::<u32>()),
-                std::ptr::read_volatile(slot.add(OFF_EXT).cast::<u32>()) as usize,
+                std::ptr::read_volatile(slot.add(OFF_LEN).cast::<u16>()) as usize,
+                std::ptr::read_volatile(slot.add(OFF_EXT).cast::<u16>()) as usize,
+                std::ptr::read_volatile(slot.add(OFF_KIND).cast::<u16>()),
+                std::ptr::read_volatile(slot.add(OFF_FLAGS).cast::<u16>()),
+                std::ptr::read_volatile(slot.add(OFF_PORTS).cast::<u16>()),
+                std::ptr::read_volatile(slot.add(OFF_PORTS + 2).cast::<u16>()),
             )
         };
         self.tail += 1;
         crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
         // Checked on our private copies of the words, once.
         let sane = len + ext <= MAX_PAYLOAD
+            && flags & !FLAG_ADDRS == 0
             && match kind {
                 KIND_DATAGRAM => ext == 0,
                 KIND_TRAIN => true,
@@ -692,39 +772,45 @@ impl Consumer {
             return Ok(Some(Slot::Bad));
         }
         let total = len + ext;
-        let mut src = [0u8; 16];
-        let mut dst = [0u8; 16];
-        // No zero fill: the copy below initializes all `total` bytes.
-        buf.clear();
-        buf.reserve(total);
-        // SAFETY: as above for the header; the payload read covers `total`
-        // bytes from SLOT_HDR, at most SLOT_LEN in all (total <=
-        // MAX_PAYLOAD checked above, on our private copies of the
-        // lengths), into `buf`, which has room for `total` bytes
-        // (reserved) and does not overlap the mapping; its length is set
-        // once they are written.
-        let (src_port, dst_port) = unsafe {
-            let sp = std::ptr::read_volatile(slot.add(4).cast::<u16>());
-            let dp = std::ptr::read_volatile(slot.add(6).cast::<u16>());
+        let at = if flags & FLAG_ADDRS != 0 {
+            let (src, dst) = &mut self.addrs;
             for k in 0..2 {
-                let s = std::ptr::read_volatile(slot.add(8 + 8 * k).cast::<u64>());
-                let d = std::ptr::read_volatile(slot.add(24 + 8 * k).cast::<u64>());
+                // SAFETY: aligned u64 loads at 16..48 of the slot, inside
+                // it as above.
+                let (s, d) = unsafe {
+                    (
+                        std::ptr::read_volatile(slot.add(SLOT_HDR + 8 * k).cast::<u64>()),
+                        std::ptr::read_volatile(slot.add(SLOT_HDR + 16 + 8 * k).cast::<u64>()),
+                    )
+                };
                 src[8 * k..8 * k + 8].copy_from_slice(&s.to_ne_bytes());
                 dst[8 * k..8 * k + 8].copy_from_slice(&d.to_ne_bytes());
             }
-            // One copy into private memory, which is all the engine ever
-            // sees: a peer writing the slot meanwhile garbles the copy,
-            // never its bounds.
-            std::ptr::copy_nonoverlapping(slot.add(SLOT_HDR), buf.as_mut_ptr(), total);
-            buf.set_len(total);
-            (sp, dp)
+            SLOT_DATA_ADDRS
+        } else {
+            SLOT_HDR
         };
-        if self.tail == self.head {
+        // No zero fill: the copy below initializes all `total` bytes.
+        buf.clear();
+        buf.reserve(total);
+        // SAFETY: the read covers `total` bytes from `at`, so ends at most
+        // at SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN (total <=
+        // MAX_PAYLOAD checked above, on our private copies of the
+        // lengths), inside the slot; into `buf`, which has room for
+        // `total` bytes (reserved) and does not overlap the mapping; its
+        // length is set once they are written. One copy into private
+        // memory, which is all the engine ever sees: a peer writing the
+        // slot meanwhile garbles the copy, never its bounds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(slot.add(at), buf.as_mut_ptr(), total);
+            buf.set_len(total);
+        }
+        if self.tail - self.freed >= FREE_EVERY {
             self.publish_tail(region);
         }
         let meta = SlotMeta {
-            src: ip_of(src),
-            dst: ip_of(dst),
+            src: ip_of(self.addrs.0),
+            dst: ip_of(self.addrs.1),
             src_port,
             dst_port,
         };
@@ -736,8 +822,9 @@ impl Consumer {
         }))
     }
 
-    fn publish_tail(&self, region: &Region) {
+    fn publish_tail(&mut self, region: &Region) {
         region.index(self.ring, OFF_TAIL).store(self.tail, Ordering::Release);
+        self.freed = self.tail;
     }
 
     /// Announces that the reader is going to sleep; returns whether it

@@ -222,9 +222,9 @@ fn random_descriptors_never_panic() {
     assert!(accepted > 100, "{accepted}");
 }
 
-/// A peer scribbling kind and length words: the consumer never hands
-/// out more than a slot holds, nor a train whose packet is longer than
-/// what it copied.
+/// A peer scribbling kind, flag and length words: the consumer never
+/// hands out more than a slot holds, nor a train whose packet is longer
+/// than what it copied.
 #[test]
 fn hostile_slot_headers_stay_in_the_slot() {
     use std::os::unix::fs::FileExt;
@@ -239,7 +239,7 @@ fn hostile_slot_headers_stay_in_the_slot() {
     };
     let mut c = Consumer::new(0);
     let mut buf = Vec::new();
-    let (mut trains, mut bad) = (0, 0);
+    let (mut trains, mut bad) = (0u32, 0u32);
     for i in 0..4 * SLOTS {
         let slot = slot_offset(0, i);
         let pick = |v: u64| match v % 4 {
@@ -248,11 +248,12 @@ fn hostile_slot_headers_stay_in_the_slot() {
             2 => (v >> 8) % (MAX_PAYLOAD as u64 + 2),
             _ => v >> 32,
         } as u32;
-        let (len, kind, ext) = (pick(rnd()), (rnd() % 5) as u32, pick(rnd()));
-        peer.write_all_at(&len.to_ne_bytes(), slot).unwrap();
-        peer.write_all_at(&kind.to_ne_bytes(), slot + 40).unwrap();
-        peer.write_all_at(&ext.to_ne_bytes(), slot + 44).unwrap();
-        peer.write_all_at(&(i + 1).to_ne_bytes(), head_offset(0)).unwrap();
+        let (len, kind, ext) = (pick(rnd()) as u16, (rnd() % 5) as u16, pick(rnd()) as u16);
+        let flags = (rnd() % 3) as u16;
+        // Everything but the `seq` first, then `seq`, as a producer would.
+        let h = slot_header(i, len, ext, kind, flags, &meta());
+        peer.write_all_at(&h[4..], slot + 4).unwrap();
+        peer.write_all_at(&h[..4], slot).unwrap();
         match c.pop_slot(&r, &mut buf) {
             Ok(Some(Slot::Train(_, n))) => {
                 trains += 1;
@@ -295,4 +296,98 @@ fn both_ends_map_the_region_prefaulted() {
     // a region not prefaulted takes one per page (over 1,000).
     assert!(faults_reading(&r) < 16, "the creator's mapping faults");
     assert!(faults_reading(&peer) < 16, "the peer's mapping faults");
+}
+
+/// A slot carries its addresses only when they differ from the previous
+/// slot's; a small datagram then lies in the slot's first cache line,
+/// with its header. Whatever the sequence of addresses, each datagram
+/// comes out with its own.
+#[test]
+fn addresses_go_only_when_they_change() {
+    use std::os::unix::fs::FileExt;
+    let r = Region::create().unwrap();
+    let file = r.file().try_clone().unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    let other = SlotMeta {
+        src: "10.1.2.3".parse().unwrap(),
+        dst: "fd73:7665:7262:4::9".parse().unwrap(),
+        src_port: 7,
+        dst_port: 4791,
+    };
+    let flags_of = |i: u64| {
+        let mut h = [0u8; 16];
+        file.read_exact_at(&mut h, slot_offset(0, i)).unwrap();
+        (u16::from_ne_bytes([h[10], h[11]]), h)
+    };
+    let metas = [meta(), meta(), other, other, meta(), other, meta(), meta()];
+    for (i, m) in metas.iter().enumerate() {
+        let data = [i as u8; 24];
+        p.push(&r, m, &data).unwrap();
+        let carries = i == 0 || metas[i - 1] != *m;
+        let (flags, _) = flags_of(i as u64);
+        assert_eq!(flags & FLAG_ADDRS != 0, carries, "slot {i}");
+        if !carries {
+            let mut line = [0u8; 64];
+            file.read_exact_at(&mut line, slot_offset(0, i as u64)).unwrap();
+            assert_eq!(&line[SLOT_HDR..SLOT_HDR + 24], &data, "slot {i}: in the first line");
+        }
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(Some(Slot::Datagram(*m))), "slot {i}");
+        assert_eq!(buf, data);
+    }
+}
+
+/// The `seq` word decides: a slot still holding the previous lap's is
+/// not ready yet; one that no correct producer writes breaks the ring
+/// for good (the link then gives the channel up).
+#[test]
+fn an_impossible_seq_breaks_the_ring() {
+    use std::os::unix::fs::FileExt;
+    let r = Region::create().unwrap();
+    let peer = r.file().try_clone().unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    // Two laps: afterwards each slot holds the second lap's `seq`.
+    for _ in 0..2 * SLOTS {
+        p.push(&r, &meta(), b"x").unwrap();
+        assert!(c.pop_slot(&r, &mut buf).unwrap().is_some());
+    }
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(None));
+    assert!(!c.is_broken());
+    assert_eq!(c.position(), (2 * SLOTS, 2 * SLOTS), "freed on finding the ring empty");
+    // The next slot's `seq` says "two laps ago": impossible.
+    let i = 2 * SLOTS;
+    peer.write_all_at(&(i + 1 - 2 * SLOTS).to_ne_bytes()[..4], slot_offset(0, i))
+        .unwrap();
+    assert_eq!(c.pop_slot(&r, &mut buf), Err(()));
+    assert!(c.is_broken());
+    assert!(c.has_data(&r), "a broken ring is not idle");
+    // A fresh consumer on the first lap: 0 means not yet, anything else
+    // but the expected `seq` is broken.
+    let r = Region::create().unwrap();
+    let peer = r.file().try_clone().unwrap();
+    let mut c = Consumer::new(1);
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(None));
+    peer.write_all_at(&7u32.to_ne_bytes(), slot_offset(1, 0)).unwrap();
+    assert_eq!(c.pop_slot(&r, &mut buf), Err(()));
+}
+
+/// The consumer frees slots while a stream goes on, not only when it
+/// finds the ring empty: a producer that keeps it busy never stalls.
+#[test]
+fn the_consumer_frees_as_it_reads() {
+    let r = Region::create().unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    for _ in 0..SLOTS {
+        p.push(&r, &meta(), b"x").unwrap();
+    }
+    for _ in 0..FREE_EVERY {
+        assert!(c.pop_slot(&r, &mut buf).unwrap().is_some());
+    }
+    assert_eq!(c.position(), (FREE_EVERY, FREE_EVERY));
+    assert_eq!(p.room(&r, 1), Ok(FREE_EVERY));
 }
