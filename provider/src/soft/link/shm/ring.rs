@@ -479,7 +479,7 @@ pub struct Producer {
     head: u64,
     tail: u64,
     /// The addresses the last slot written carried or inherited.
-    addrs: Option<([u8; 16], [u8; 16])>,
+    addrs: Option<(IpAddr, IpAddr)>,
 }
 
 impl Producer {
@@ -560,8 +560,7 @@ impl Producer {
             return Err(PushError::Full);
         }
         let slot = region.slot_ptr(self.ring, self.head);
-        let addrs = (ip16(meta.src), ip16(meta.dst));
-        let same = self.addrs == Some(addrs);
+        let same = self.addrs == Some((meta.src, meta.dst));
         let (flags, at) = if same {
             (0, SLOT_HDR)
         } else {
@@ -582,9 +581,10 @@ impl Producer {
             std::ptr::write_volatile(slot.add(4).cast::<u32>(), lens);
             std::ptr::write_volatile(slot.add(8).cast::<u64>(), rest);
             if !same {
+                let (src, dst) = (ip16(meta.src), ip16(meta.dst));
                 for k in 0..2 {
-                    let s = u64::from_ne_bytes(addrs.0[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
-                    let d = u64::from_ne_bytes(addrs.1[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                    let s = u64::from_ne_bytes(src[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
+                    let d = u64::from_ne_bytes(dst[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
                     std::ptr::write_volatile(slot.add(SLOT_HDR + 8 * k).cast::<u64>(), s);
                     std::ptr::write_volatile(slot.add(SLOT_HDR + 16 + 8 * k).cast::<u64>(), d);
                 }
@@ -598,7 +598,7 @@ impl Producer {
             .seq_word(self.ring, self.head)
             .store(seq_of(self.head), Ordering::Release);
         self.head += 1;
-        self.addrs = Some(addrs);
+        self.addrs = Some((meta.src, meta.dst));
         crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
         Ok(())
     }
@@ -658,7 +658,7 @@ pub struct Consumer {
     sleeping: bool,
     /// The addresses of the last slot read (what a slot without
     /// [`FLAG_ADDRS`] has).
-    addrs: ([u8; 16], [u8; 16]),
+    addrs: (IpAddr, IpAddr),
 }
 
 impl Consumer {
@@ -670,7 +670,7 @@ impl Consumer {
             freed: 0,
             broken: false,
             sleeping: false,
-            addrs: ([0; 16], [0; 16]),
+            addrs: (IpAddr::V6(Ipv6Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
         }
     }
 
@@ -773,7 +773,7 @@ impl Consumer {
         }
         let total = len + ext;
         let at = if flags & FLAG_ADDRS != 0 {
-            let (src, dst) = &mut self.addrs;
+            let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
             for k in 0..2 {
                 // SAFETY: aligned u64 loads at 16..48 of the slot, inside
                 // it as above.
@@ -786,6 +786,7 @@ impl Consumer {
                 src[8 * k..8 * k + 8].copy_from_slice(&s.to_ne_bytes());
                 dst[8 * k..8 * k + 8].copy_from_slice(&d.to_ne_bytes());
             }
+            self.addrs = (ip_of(src), ip_of(dst));
             SLOT_DATA_ADDRS
         } else {
             SLOT_HDR
@@ -809,8 +810,8 @@ impl Consumer {
             self.publish_tail(region);
         }
         let meta = SlotMeta {
-            src: ip_of(self.addrs.0),
-            dst: ip_of(self.addrs.1),
+            src: self.addrs.0,
+            dst: self.addrs.1,
             src_port,
             dst_port,
         };
