@@ -503,21 +503,23 @@ impl UdpLink {
     /// backlog.
     fn transmit(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         let mut st = lock(&self.tx);
-        if !st.backlog.is_empty() {
-            // Keep order: new datagrams queue behind the backlog.
-            self.flush_backlog_locked(&mut st);
-            if !st.backlog.is_empty() {
-                self.backlog_push(&mut st, txs.drain(..));
-                return;
-            }
-        }
         let st = &mut *st;
+        if !st.backlog.is_empty() {
+            self.flush_backlog_locked(st);
+        }
+        // Routed (and so given their ICRC) whether they go now or wait:
+        // the backlog sends what it holds as it is.
         st.route.clear();
         for t in txs.iter_mut() {
             let route = self.route_of(t, &mut st.flow);
             st.route.push(route);
         }
-        let sent = self.send_routed(st, txs, 0);
+        // Keep order: new datagrams queue behind what is still backlogged.
+        let sent = if st.backlog.is_empty() {
+            self.send_routed(st, txs, 0)
+        } else {
+            0
+        };
         if sent < txs.len() {
             let rest: Vec<Transmit> = txs.drain(sent..).collect();
             // Unroutable ones were counted already; keep the others.
