@@ -24,7 +24,9 @@ for p in memcpy_bw shm_pingpong; do
     gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
 done
 (cd "$root" && cargo build --release -q)
-sv="$root/target/release/softverbs"
+# SOFTVERBS_BIN: another build of the CLI to measure (benches/pgo.sh's).
+sv="${SOFTVERBS_BIN:-$root/target/release/softverbs}"
+echo "== binary: $sv"
 
 echo "== anchors"
 "$tmp/memcpy_bw" 5 200 1 | grep -v trial | tee "$tmp/memcpy.txt"

@@ -38,7 +38,9 @@ for p in memcpy_bw shm_pingpong udp_pingpong udp_stream; do
 done
 gcc -O2 -I "$anchors" -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
 (cd "$root" && cargo build --release -q && cargo build --release -q -p softverbs-benches --bin ring_pingpong)
-sv="$root/target/release/softverbs"
+# SOFTVERBS_BIN: another build of the CLI to measure (benches/pgo.sh's).
+sv="${SOFTVERBS_BIN:-$root/target/release/softverbs}"
+echo "== binary: $sv"
 port=18700
 
 echo "== floors"
