@@ -152,7 +152,9 @@ fn a_full_send_buffer_backlogs_in_order_and_loses_nothing() {
     let veth = match setup(x) {
         Ok(v) => v,
         Err(why) => {
-            eprintln!("skip: UDP backlog test needs root, ip, tc, veth and HTB ({why})");
+            eprintln!(
+                "SKIP a_full_send_buffer_backlogs_in_order_and_loses_nothing: needs root, ip, tc, veth and HTB ({why})"
+            );
             return;
         }
     };
