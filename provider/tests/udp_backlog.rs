@@ -11,6 +11,8 @@
 //! other end of the pair. It needs root, `ip` and `tc`, and the kernel's
 //! veth and HTB; it prints a skip line where any is missing.
 
+mod udp_common;
+
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
@@ -130,20 +132,12 @@ fn read_packet(fd: &OwnedFd) -> Option<Vec<u8>> {
     })
 }
 
-/// An RC SEND_ONLY datagram carrying `seq`, with room for the ICRC.
+/// An RC SEND_ONLY datagram carrying `seq` in the first 4 of its 8
+/// payload bytes.
 fn datagram(src: IpAddr, dst: IpAddr, seq: u32) -> Transmit {
-    let mut data = vec![0u8; 12 + 8 + 4];
-    data[0] = 0x04; // RC SEND_ONLY
-    data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
-    data[12..16].copy_from_slice(&seq.to_be_bytes());
-    Transmit {
-        src,
-        dst,
-        src_port: 0xc000,
-        dst_port: 0,
-        data,
-        train: None,
-    }
+    let mut payload = [0u8; 8];
+    payload[..4].copy_from_slice(&seq.to_be_bytes());
+    udp_common::send_only(src, dst, &payload)
 }
 
 #[test]

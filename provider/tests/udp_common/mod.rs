@@ -207,3 +207,20 @@ pub fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// An RC SEND_ONLY datagram from `src` to `dst`: a BTH, `payload`, and
+/// room for the ICRC (which the link fills in).
+pub fn send_only(src: IpAddr, dst: IpAddr, payload: &[u8]) -> softverbs::soft::proto::Transmit {
+    let mut data = vec![0u8; 12 + payload.len() + 4];
+    data[0] = 0x04; // RC SEND_ONLY
+    data[4..8].copy_from_slice(&[0, 0, 0, 0x11]);
+    data[12..12 + payload.len()].copy_from_slice(payload);
+    softverbs::soft::proto::Transmit {
+        src,
+        dst,
+        src_port: 0xc000,
+        dst_port: 0,
+        data,
+        train: None,
+    }
+}
