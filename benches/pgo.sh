@@ -6,10 +6,10 @@
 # error paths inline), and a plain release build lays it out blind: a
 # cache simulation (callgrind, 32 KiB 8-way L1i) of the client of
 # `perf send_lat --link shm -s 8` counted ~185 instruction-cache misses
-# per round trip for ~4,650 instructions. With a profile, LLVM moves the
-# cold blocks out of the hot functions and places hot code together: the
-# same run takes ~23 misses for the same instruction count, and the
-# message path is faster (figures in README.md, "Figures").
+# per round trip. With a profile, LLVM moves the cold blocks out of the
+# hot functions, places hot code together and inlines by what is hot: the
+# same run takes 2-3 misses and ~20 % fewer instructions, and the message
+# path is faster (figures in README.md, "Figures").
 #
 # Steps: an instrumented build (target/pgo/gen), a training run of the
 # CLI's own benchmarks between two processes over both links and in one
