@@ -540,12 +540,17 @@ impl UdpLink {
     /// it there), with its ICRC filled in against the real addresses and
     /// ports; `None`, counted, if it cannot go anywhere.
     fn route_of(&self, t: &mut Transmit, flow: &mut TxFlow) -> Option<(usize, SocketAddr, bool)> {
-        let r = match flow.last {
-            Some(r) if r.src == t.src && r.dst == t.dst => Some(r),
-            _ => self.resolve(t.src, t.dst),
-        };
-        let route = r.and_then(|r| {
-            flow.last = Some(r);
+        // The kept destination is used in place: copying it out and back
+        // cost ~30 instructions a datagram.
+        if !flow.last.as_ref().is_some_and(|r| r.src == t.src && r.dst == t.dst) {
+            if let Some(r) = self.resolve(t.src, t.dst) {
+                flow.last = Some(r);
+            } else {
+                bump(&self.stats.tx_unroutable, 1);
+                return None;
+            }
+        }
+        let route = flow.last.as_ref().and_then(|r| {
             flow.icrc.fill(&r.ip, r.ports, &mut t.data).ok()?;
             Some((r.sock, r.to, r.gso))
         });

@@ -59,9 +59,15 @@ pub fn compute_icrc(ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &
 #[derive(Debug, Clone, Default)]
 pub struct IcrcPrefix {
     /// The flow and RoCE length kept, and the CRC state after the LRH
-    /// stand-in and the IP and UDP headers.
-    kept: Option<((IpPseudoHeader, UdpPorts, usize), crc32fast::Hasher)>,
+    /// stand-in and the IP and UDP headers. Boxed: a link moves its
+    /// receive-side prefix out of its buffers and back on every poll,
+    /// empty ones included, and a pointer moves for free.
+    kept: Option<Box<Kept>>,
 }
+
+/// What an [`IcrcPrefix`] keeps: the key (flow and RoCE length) and the
+/// CRC state for it.
+type Kept = ((IpPseudoHeader, UdpPorts, usize), crc32fast::Hasher);
 
 impl IcrcPrefix {
     /// [`compute_icrc`], starting from the kept prefix state when the flow
@@ -69,11 +75,14 @@ impl IcrcPrefix {
     pub fn compute(&mut self, ip: &IpPseudoHeader, ports: UdpPorts, packet_without_icrc: &[u8]) -> u32 {
         let roce_len = packet_without_icrc.len().saturating_add(ICRC_LEN);
         let key = (*ip, ports, roce_len);
-        let mut hasher = match &self.kept {
-            Some((k, state)) if *k == key => state.clone(),
-            _ => {
+        let mut hasher = match &mut self.kept {
+            Some(kept) if kept.0 == key => kept.1.clone(),
+            slot => {
                 let state = Self::headers_state(ip, ports, roce_len);
-                self.kept = Some((key, state.clone()));
+                match slot {
+                    Some(kept) => **kept = (key, state.clone()),
+                    None => *slot = Some(Box::new((key, state.clone()))),
+                }
                 state
             }
         };
