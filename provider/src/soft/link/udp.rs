@@ -258,6 +258,16 @@ fn bump(c: &AtomicU64, n: u64) {
     }
 }
 
+/// [`bump`] for a counter that only the holder of one lock writes (the
+/// send side's for the send counters, the receive side's for the receive
+/// counters): a plain load and store, exact under that lock, where a
+/// locked add costs ~20 cycles and waits for the store buffer to drain
+/// (several per datagram, and one per empty poll). Readers still see
+/// whole values.
+fn bump_held(c: &AtomicU64, n: u64) {
+    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
+}
+
 /// Datagrams the send backlog holds before it drops.
 const BACKLOG_MAX: usize = 8192;
 
@@ -596,11 +606,11 @@ impl UdpLink {
         };
         let fd = self.socks[si].sock.as_raw_fd();
         loop {
-            bump(&self.stats.tx_syscalls, 1);
+            bump_held(&self.stats.tx_syscalls, 1);
             match sys::send_single(fd, &t.data, dst) {
                 sys::SendOutcome::Sent(_) => {
-                    bump(&self.stats.tx_datagrams, 1);
-                    bump(&self.stats.tx_messages, 1);
+                    bump_held(&self.stats.tx_datagrams, 1);
+                    bump_held(&self.stats.tx_messages, 1);
                     break;
                 }
                 sys::SendOutcome::Failed(e) => match e.raw_os_error() {
@@ -674,16 +684,16 @@ impl UdpLink {
             let fd = self.socks[si].sock.as_raw_fd();
             let mut done = 0;
             while done < st.msgs.len() {
-                bump(&self.stats.tx_syscalls, 1);
+                bump_held(&self.stats.tx_syscalls, 1);
                 match sys::send_batch(fd, txs, &st.msgs[done..]) {
                     sys::SendOutcome::Sent(n) => {
                         for m in &st.msgs[done..done + n] {
-                            bump(&self.stats.tx_datagrams, m.count as u64);
+                            bump_held(&self.stats.tx_datagrams, m.count as u64);
                             if m.count > 1 {
-                                bump(&self.stats.tx_gso_messages, 1);
+                                bump_held(&self.stats.tx_gso_messages, 1);
                             }
                         }
-                        bump(&self.stats.tx_messages, n as u64);
+                        bump_held(&self.stats.tx_messages, n as u64);
                         done += n;
                     }
                     sys::SendOutcome::Failed(e) => {

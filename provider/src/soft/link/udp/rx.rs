@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
-use super::{addr, bump, lock, sys, Sock, UdpLink};
+use super::{addr, bump, bump_held, lock, sys, Sock, UdpLink};
 use crate::soft::proto::Datagram;
 use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, MIN_PACKET_LEN};
 
@@ -120,11 +120,11 @@ impl UdpLink {
         for s in &self.socks {
             let fd = s.sock.as_raw_fd();
             if probe && total < budget {
-                bump(&self.stats.rx_syscalls, 1);
+                bump_held(&self.stats.rx_syscalls, 1);
                 match sys::recv_one(fd, &mut rx) {
                     Ok(1) => {
                         total += 1;
-                        bump(&self.stats.rx_datagrams, 1);
+                        bump_held(&self.stats.rx_datagrams, 1);
                         self.deliver_one(s, &rx, 0, &mut icrc, f);
                     }
                     Ok(_) => {}
@@ -136,7 +136,7 @@ impl UdpLink {
             // a full one.
             let mut ask = sys::RX_FIRST;
             while total < budget {
-                bump(&self.stats.rx_syscalls, 1);
+                bump_held(&self.stats.rx_syscalls, 1);
                 let ask_now = ask.min(budget - total);
                 ask = sys::RX_BATCH;
                 let n = match sys::recv_batch(fd, &mut rx, ask_now) {
@@ -150,7 +150,7 @@ impl UdpLink {
                     break;
                 }
                 total += n;
-                bump(&self.stats.rx_datagrams, n as u64);
+                bump_held(&self.stats.rx_datagrams, n as u64);
                 for i in 0..n {
                     self.deliver_one(s, &rx, i, &mut icrc, f);
                 }
@@ -206,7 +206,7 @@ impl UdpLink {
         };
         if rx.segment[i] != 0 {
             // The kernel counted one datagram; count them all.
-            bump(
+            bump_held(
                 &self.stats.rx_datagrams,
                 data.len().div_ceil(seg).saturating_sub(1) as u64,
             );
