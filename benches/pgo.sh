@@ -33,7 +33,7 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 profdata="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
 if [ ! -x "$profdata" ]; then
     echo "pgo: adding the rustup component llvm-tools (for llvm-profdata)" >&2
-    rustup component add llvm-tools >&2 || true
+    timeout 300 rustup component add llvm-tools >&2 || true
 fi
 if [ ! -x "$profdata" ]; then
     echo "pgo: no llvm-profdata for this toolchain ($profdata); install the rustup component llvm-tools" >&2
