@@ -391,3 +391,47 @@ fn the_consumer_frees_as_it_reads() {
     assert_eq!(c.position(), (FREE_EVERY, FREE_EVERY));
     assert_eq!(p.room(&r, 1), Ok(FREE_EVERY));
 }
+
+/// The `seq` words are the slot counts mod 2^32: a ring that has carried
+/// 2^32 messages (minutes of a small-message stream) goes on across the
+/// wrap, and tells "not yet" from "broken" there as anywhere.
+#[test]
+fn the_seq_words_wrap() {
+    use std::os::unix::fs::FileExt;
+    let r = Region::create().unwrap();
+    let peer = r.file().try_clone().unwrap();
+    // Both ends as they stand after (2^32 - 300) messages: every slot holds
+    // what the lap before left there.
+    let start = (1u64 << 32) - 300;
+    for i in start - SLOTS..start {
+        peer.write_all_at(&seq_of(i).to_ne_bytes(), slot_offset(0, i)).unwrap();
+    }
+    let mut p = Producer {
+        ring: 0,
+        head: start,
+        tail: start,
+        addrs: None,
+    };
+    let mut c = Consumer {
+        ring: 0,
+        tail: start,
+        freed: start,
+        broken: false,
+        sleeping: false,
+        addrs: (IpAddr::V6(Ipv6Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    };
+    let mut buf = Vec::new();
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(None));
+    for k in 0..3 * SLOTS {
+        let data = (start + k).to_le_bytes();
+        p.push(&r, &meta(), &data).unwrap();
+        assert_eq!(
+            c.pop_slot(&r, &mut buf),
+            Ok(Some(Slot::Datagram(meta()))),
+            "message {k}"
+        );
+        assert_eq!(buf, data);
+        assert_eq!(c.pop_slot(&r, &mut buf), Ok(None), "message {k}: nothing more yet");
+    }
+    assert!(c.position().0 > 1 << 32 && !c.is_broken());
+}
