@@ -407,18 +407,14 @@ fn the_seq_words_wrap() {
         peer.write_all_at(&seq_of(i).to_ne_bytes(), slot_offset(0, i)).unwrap();
     }
     let mut p = Producer {
-        ring: 0,
         head: start,
         tail: start,
-        addrs: None,
+        ..Producer::new(0)
     };
     let mut c = Consumer {
-        ring: 0,
         tail: start,
         freed: start,
-        broken: false,
-        sleeping: false,
-        addrs: (IpAddr::V6(Ipv6Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        ..Consumer::new(0)
     };
     let mut buf = Vec::new();
     assert_eq!(c.pop_slot(&r, &mut buf), Ok(None));
