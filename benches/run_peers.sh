@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# softverbs' 8-byte RC send latency beside the peers the issues name (UCX
+# and libfabric), all measured in one run, round after round, so that the
+# host's changes of speed hit every row alike. Two processes per
+# measurement, the server on CPU 1 and the client on CPU 0, as the anchors.
+#
+#   shm: the raw flag ping-pong (../shared/anchors/shm_pingpong.c, median
+#        one way); UCX `ucx_perftest -t tag_lat` over posix shared memory
+#        (UCX_TLS=posix,self; median one way); libfabric `fi_pingpong -p shm
+#        -e rdm` (average per transfer = one way); `softverbs perf send_lat
+#        --link shm` (typical = median one way).
+#   udp: the raw UDP busy-poll ping-pong (udp_pingpong.c, median one way);
+#        libfabric's udp provider (unreliable datagrams, `-e dgram`), the
+#        reliable rxd layer on it (`-p "udp;ofi_rxd" -e rdm`) and its tcp
+#        provider (`-e msg`); UCX tag_lat over TCP (UCX_TLS=tcp,self);
+#        `softverbs perf send_lat --link udp`.
+#
+# Each row prints every round's figure in µs and their median; the summary
+# gives softverbs' median as a ratio to each peer's median. A peer whose
+# tool is missing is skipped with a line saying how to get it (Debian:
+# apt-get install ucx-utils libfabric-bin).
+#
+# With PEERS_BW=1, also RDMA WRITE bandwidth over shm at 64 KiB and 1 MiB:
+# single-thread memcpy of that size (memcpy_bw.c, best of 3), UCX
+# `ucp_put_bw` over posix shared memory, and `softverbs perf write_bw
+# --link shm`, in MiB/s (UCX prints MB/s of 2^20 bytes).
+#
+# The CLI measured is target/release/softverbs, or $SOFTVERBS_BIN; when
+# benches/pgo.sh has left its build in target/pgo, that one is measured too.
+#
+# usage: benches/run_peers.sh [rounds (5)] [anchors dir]
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+rounds="${1:-5}"
+anchors="${2:-$root/../shared/anchors}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
+
+for p in shm_pingpong udp_pingpong memcpy_bw; do
+    gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
+done
+(cd "$root" && cargo build --release -q)
+builds=("${SOFTVERBS_BIN:-$root/target/release/softverbs}")
+pgo="$root/target/pgo/use/release/softverbs"
+[ -x "$pgo" ] && [ -z "${SOFTVERBS_BIN:-}" ] && builds+=("$pgo")
+for i in "${!builds[@]}"; do echo "== softverbs build $i: ${builds[$i]}"; done
+
+have() { command -v "$1" >/dev/null 2>&1; }
+have ucx_perftest || echo "SKIP UCX rows: ucx_perftest not found (Debian: apt-get install ucx-utils)"
+have fi_pingpong || echo "SKIP libfabric rows: fi_pingpong not found (Debian: apt-get install libfabric-bin)"
+
+port=18900
+next_port() { port=$((port + 1)); }
+field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
+
+# Each measurement prints one figure in µs, or nothing if it failed.
+flag_us() { taskset -c 0 "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | field p50_oneway_ns | awk '{ printf "%.3f", $1 / 1000 }'; }
+udp_us() { "$tmp/udp_pingpong" 8 100000 poll 1 0 | tail -1 | field p50_oneway_us; }
+# ucx TLS ITERS: the 50th percentile column of the final line.
+ucx_us() {
+    next_port
+    UCX_TLS="$1" timeout 60 taskset -c 1 ucx_perftest -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    UCX_TLS="$1" timeout 60 taskset -c 0 ucx_perftest -p "$port" 127.0.0.1 -t tag_lat -s 8 -n "$2" -f 2>/dev/null \
+        | awk -v n="$2" '$1 == n { print $2 }' | tail -1
+    wait || true
+}
+# fi PROVIDER EP ITERS: usec/xfer (total time over 2 x ITERS one-way transfers).
+fi_us() {
+    next_port
+    timeout 60 taskset -c 1 fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -B "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    timeout 60 taskset -c 0 fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -P "$port" 127.0.0.1 2>/dev/null \
+        | awk '$1 == 8 { print $7 }' | tail -1
+    wait || true
+}
+# Bandwidth, MiB/s. memcpy SIZE: best of 3 trials.
+memcpy_mibps() { "$tmp/memcpy_bw" 3 200 1 | grep "memcpy_best size=$1 " | field MiBps; }
+# ucx_bw SIZE: UCX's average bandwidth column (MB/s of 2^20 bytes).
+ucx_bw() {
+    next_port
+    UCX_TLS=posix,self timeout 60 taskset -c 1 ucx_perftest -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    UCX_TLS=posix,self timeout 60 taskset -c 0 ucx_perftest -p "$port" 127.0.0.1 -t ucp_put_bw -s "$1" -n 4000 -f \
+        2>/dev/null | awk '$1 == 4000 { print $5 }' | tail -1
+    wait || true
+}
+# sv_bw BIN SIZE: write_bw's average, 3 s.
+sv_bw() {
+    next_port
+    taskset -c 1 "$1" perf write_bw --no-embedded --link shm -s "$2" -D 3 -f 1 --server -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    taskset -c 0 "$1" perf write_bw --no-embedded --link shm -s "$2" -D 3 -f 1 -p "$port" 127.0.0.1 2>/dev/null \
+        | awk 'NF == 5 && $1 ~ /^[0-9]+$/ { print $4; exit }'
+    wait || true
+}
+# sv BIN LINK: send_lat's typical (median) half round trip.
+sv_us() {
+    next_port
+    taskset -c 1 "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 --server -p "$port" >/dev/null 2>&1 &
+    sleep 0.5
+    taskset -c 0 "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 -p "$port" 127.0.0.1 2>/dev/null \
+        | awk 'NF >= 9 && $1 == 8 { print $5; exit }'
+    wait || true
+}
+
+# Rows: name and command. Figures collect in $tmp/<row>.
+rows=(shm:flag shm:softverbs0)
+[ ${#builds[@]} -gt 1 ] && rows+=(shm:softverbs1)
+have ucx_perftest && rows+=(shm:ucx)
+have fi_pingpong && rows+=(shm:libfabric)
+rows+=(udp:raw udp:softverbs0)
+[ ${#builds[@]} -gt 1 ] && rows+=(udp:softverbs1)
+have fi_pingpong && rows+=(udp:libfabric-udp udp:libfabric-rxd udp:libfabric-tcp)
+have ucx_perftest && rows+=(udp:ucx-tcp)
+if [ "${PEERS_BW:-0}" = 1 ]; then
+    for s in 65536 1048576; do
+        rows+=("bw$s:memcpy" "bw$s:softverbs0")
+        [ ${#builds[@]} -gt 1 ] && rows+=("bw$s:softverbs1")
+        have ucx_perftest && rows+=("bw$s:ucx")
+    done
+fi
+
+measure() {
+    local size="${1%%:*}"
+    size="${size#bw}"
+    case $1 in
+    shm:flag) flag_us ;;
+    shm:softverbs*) sv_us "${builds[${1#shm:softverbs}]}" shm ;;
+    shm:ucx) ucx_us posix,self 200000 ;;
+    shm:libfabric) fi_us shm rdm 200000 ;;
+    udp:raw) udp_us ;;
+    udp:softverbs*) sv_us "${builds[${1#udp:softverbs}]}" udp ;;
+    udp:libfabric-udp) fi_us udp dgram 50000 ;;
+    udp:libfabric-rxd) fi_us "udp;ofi_rxd" rdm 50000 ;;
+    udp:libfabric-tcp) fi_us tcp msg 50000 ;;
+    udp:ucx-tcp) ucx_us tcp,self 50000 ;;
+    bw*:memcpy) memcpy_mibps "$size" ;;
+    bw*:softverbs*) sv_bw "${builds[${1#*:softverbs}]}" "$size" ;;
+    bw*:ucx) ucx_bw "$size" ;;
+    esac
+}
+
+for r in $(seq 1 "$rounds"); do
+    echo "== round $r of $rounds"
+    for row in "${rows[@]}"; do
+        v="$(measure "$row")"
+        echo "${v:-nan}" >>"$tmp/${row/:/_}"
+    done
+done
+
+median() { grep -v nan "$1" | sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+echo
+printf '%-22s %8s   %s\n' row median "rounds (µs one way; bw rows MiB/s)"
+for row in "${rows[@]}"; do
+    f="$tmp/${row/:/_}"
+    printf '%-22s %8s   %s\n' "$row" "$(median "$f")" "$(tr '\n' ' ' <"$f")"
+done
+
+echo
+echo "== softverbs' median / each other row's median"
+links="shm udp"
+[ "${PEERS_BW:-0}" = 1 ] && links="$links bw65536 bw1048576"
+for link in $links; do
+    for i in "${!builds[@]}"; do
+        sv="$(median "$tmp/${link}_softverbs$i")"
+        for row in "${rows[@]}"; do
+            case $row in "$link":softverbs*) continue ;; "$link":*) ;; *) continue ;; esac
+            peer="$(median "$tmp/${row/:/_}")"
+            awk -v s="$sv" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" \
+                'BEGIN { if (p > 0 && s > 0) printf "%-36s %6.2f x\n", n, s / p; else printf "%-36s    n/a\n", n }'
+        done
+    done
+done
