@@ -4,7 +4,8 @@
 //!
 //! # Hello and answer
 //!
-//! [`MSG_LEN`] bytes: magic (`SVSHMHI3` or `SVSHMOK3`), the target GID
+//! [`MSG_LEN`] bytes: magic (`SVSHMHI4` or `SVSHMOK4`, for ring version 3;
+//! a peer of another version gets no channel), the target GID
 //! (16 bytes), the GID count (1 byte) and up to 16 GIDs, then at
 //! [`OFF_CAPS`] the capability word (u32 LE) and at [`OFF_PROBE`] the probe
 //! (address u64 LE, value u64 LE). Capabilities:

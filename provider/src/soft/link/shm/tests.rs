@@ -1,6 +1,7 @@
 //! Unit tests of the shared-memory link: two links in one process, each
 //! playing a device (and sometimes a hostile peer writing the rings).
 
+use std::io::Read;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
@@ -734,4 +735,82 @@ fn send_one_goes_through_the_ring_or_is_counted() {
     a.send_one(t, &mut drop);
     assert_eq!(stat(&a, "shm_tx_no_channel"), 1);
     assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
+}
+
+/// Sends `msg` with `fds` to `l`'s rendezvous socket, as a connector.
+fn hello_to(l: &ShmLink, msg: &[u8; MSG_LEN], fds: &[RawFd]) -> UnixStream {
+    let addr = UnixAddr::from_abstract_name(rendezvous_name(l.gids[0]).as_bytes()).unwrap();
+    let s = UnixStream::connect_addr(&addr).unwrap();
+    sys::send_fds(s.as_raw_fd(), msg, fds).unwrap();
+    s
+}
+
+/// Drives `l` (its slow path accepts connections and reads answers) until
+/// its counter `name` reaches `n`, or 10 s passed.
+fn drive_until(l: &ShmLink, name: &str, n: u64) {
+    let start = Instant::now();
+    while stat(l, name) < n && start.elapsed() < Duration::from_secs(10) {
+        pump(l, &mut Vec::new());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert_eq!(stat(l, name), n, "{:?}", l.shm_stats());
+}
+
+/// Plays the acceptor for `dst`: `l` sends it a datagram (and so its
+/// hello), which must be this version's; the answer goes back with
+/// `magic`. Returns the connection, to keep it open.
+fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> UnixStream {
+    let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
+    let listener = UnixListener::bind_addr(&name).unwrap();
+    let mut t = dgram(l, m, b"to a peer", None);
+    t.dst = dst;
+    l.send_one(t, &mut drop);
+    let (s, _) = listener.accept().unwrap();
+    let mut hello = [0u8; MSG_LEN];
+    let (n, fds) = sys::recv_fds(s.as_raw_fd(), &mut hello, 2).unwrap();
+    assert_eq!((n, &hello[..8], fds.len()), (MSG_LEN, &HELLO[..], 2));
+    let mut answer = m.hello(ANSWER, Gid::from_ip(dst), 0);
+    answer[..8].copy_from_slice(magic);
+    sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
+    s
+}
+
+/// A peer of another ring version gets no channel, whichever end it is:
+/// its hello and answer carry that version's magic (`SVSHMHI3`,
+/// `SVSHMOK3` for ring version 2), which this end refuses and counts,
+/// without mapping anything the peer sent. The same messages with this
+/// version's magic give a channel, so the magic alone made the difference.
+#[test]
+fn a_peer_of_another_ring_version_gets_no_channel() {
+    let (l, m) = (link(), link());
+    let region = Region::create().unwrap();
+    let fds = [region.file().as_raw_fd(), m.doorbell.as_raw_fd()];
+
+    // An old connector: `l` closes the connection without an answer.
+    let mut old = m.hello(HELLO, l.gids[0], 0);
+    old[..8].copy_from_slice(b"SVSHMHI3");
+    let s = hello_to(&l, &old, &fds);
+    drive_until(&l, "shm_channels_refused", 1);
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert_eq!((&s).read(&mut [0u8; MSG_LEN]).unwrap(), 0);
+    assert_eq!(stat(&l, "shm_channels_accepted"), 0);
+    assert!(!l.is_shm_peer(m.gids[0]));
+    let _s = hello_to(&l, &m.hello(HELLO, l.gids[0], 0), &fds);
+    drive_until(&l, "shm_channels_accepted", 1);
+    assert!(l.is_shm_peer(m.gids[0]));
+
+    // An old acceptor: `l` gives the channel up when the answer comes.
+    let old_peer = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 77));
+    let _s = answer_as(&l, &m, old_peer, b"SVSHMOK3");
+    drive_until(&l, "shm_channels_refused", 2);
+    assert!(!l.is_shm_peer(Gid::from_ip(old_peer)));
+    let new_peer = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 78));
+    let _s = answer_as(&l, &m, new_peer, ANSWER);
+    let start = Instant::now();
+    while !l.is_shm_peer(Gid::from_ip(new_peer)) && start.elapsed() < Duration::from_secs(10) {
+        pump(&l, &mut Vec::new());
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(l.is_shm_peer(Gid::from_ip(new_peer)), "{:?}", l.peer_lines());
+    assert_eq!(stat(&l, "shm_channels_refused"), 2);
 }
