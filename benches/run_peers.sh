@@ -16,9 +16,11 @@
 #        `softverbs perf send_lat --link udp`.
 #
 # Each row prints every round's figure in µs and their median; the summary
-# gives softverbs' median as a ratio to each peer's median. A peer whose
-# tool is missing is skipped with a line saying how to get it (Debian:
-# apt-get install ucx-utils libfabric-bin).
+# gives softverbs' median as a ratio to each peer's median, and the same
+# ratio taken round by round (median, range, and the rounds in which
+# softverbs' figure was the smaller: for bandwidth rows, the rounds it
+# lost). A peer whose tool is missing is skipped with a line saying how
+# to get it (Debian: apt-get install ucx-utils libfabric-bin).
 #
 # With PEERS_BW=1, also RDMA WRITE bandwidth over shm at 64 KiB and 1 MiB:
 # single-thread memcpy of that size (memcpy_bw.c, best of 3), UCX
@@ -170,8 +172,17 @@ for link in $links; do
         for row in "${rows[@]}"; do
             case $row in "$link":softverbs*) continue ;; "$link":*) ;; *) continue ;; esac
             peer="$(median "$tmp/${row/:/_}")"
-            awk -v s="$sv" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" \
-                'BEGIN { if (p > 0 && s > 0) printf "%-36s %6.2f x\n", n, s / p; else printf "%-36s    n/a\n", n }'
+            # Then the same ratio round by round (both rows measured in the
+            # same round): its median and range, and in how many rounds
+            # softverbs' figure was the smaller one.
+            per="$(paste -d ' ' "$tmp/${link}_softverbs$i" "$tmp/${row/:/_}" \
+                | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' | sort -g \
+                | awk '{ a[NR] = $1; if ($1 < 1) k++ }
+                       END { if (NR == 0) exit
+                             m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+                             printf "per round: median %.2f, %.2f-%.2f, smaller in %d of %d", m, a[1], a[NR], k, NR }')"
+            awk -v s="$sv" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" -v per="$per" \
+                'BEGIN { if (p > 0 && s > 0) printf "%-36s %6.2f x   %s\n", n, s / p, per; else printf "%-36s    n/a\n", n }'
         done
     done
 done
