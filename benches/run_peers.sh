@@ -57,55 +57,66 @@ port=18900
 next_port() { port=$((port + 1)); }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p" | head -1; }
 
-# Each measurement prints one figure in µs, or nothing if it failed.
+# pair SERVER... -- CLIENT...: the server on CPU 1 (its output dropped),
+# then the client on CPU 0; prints the client's output and waits for the
+# server. (Callers take a fresh $port with next_port first, outside the
+# pipeline they put this in.)
+pair() {
+    local srv=()
+    while [ "$1" != -- ]; do
+        srv+=("$1")
+        shift
+    done
+    shift
+    timeout 60 taskset -c 1 "${srv[@]}" >/dev/null 2>&1 &
+    sleep 0.5
+    timeout 60 taskset -c 0 "$@" 2>/dev/null
+    wait || true
+}
+# sv BIN ARGS...: `softverbs ARGS` as server and client.
+sv() {
+    local bin=$1
+    shift
+    pair "$bin" "$@" --server -p "$port" -- "$bin" "$@" -p "$port" 127.0.0.1
+}
+# ucx TLS ARGS...: `ucx_perftest ARGS` (the client's) over transports TLS.
+ucx() {
+    local tls=$1
+    shift
+    pair env UCX_TLS="$tls" ucx_perftest -p "$port" -- env UCX_TLS="$tls" ucx_perftest -p "$port" 127.0.0.1 "$@" -f
+}
+
+# Each measurement prints one figure, or nothing if it failed: latency in
+# µs, bandwidth in MiB/s.
 flag_us() { "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | field p50_oneway_ns | awk '{ printf "%.3f", $1 / 1000 }'; }
 udp_us() { "$tmp/udp_pingpong" 8 100000 poll 1 0 | tail -1 | field p50_oneway_us; }
-# ucx TLS ITERS: the 50th percentile column of the final line.
+# ucx_us TLS ITERS: tag_lat's 50th percentile column of the final line.
 ucx_us() {
     next_port
-    UCX_TLS="$1" timeout 60 taskset -c 1 ucx_perftest -p "$port" >/dev/null 2>&1 &
-    sleep 0.5
-    UCX_TLS="$1" timeout 60 taskset -c 0 ucx_perftest -p "$port" 127.0.0.1 -t tag_lat -s 8 -n "$2" -f 2>/dev/null \
-        | awk -v n="$2" '$1 == n { print $2 }' | tail -1
-    wait || true
+    ucx "$1" -t tag_lat -s 8 -n "$2" | awk -v n="$2" '$1 == n { print $2 }' | tail -1
 }
-# fi PROVIDER EP ITERS: usec/xfer (total time over 2 x ITERS one-way transfers).
-fi_us() {
-    next_port
-    timeout 60 taskset -c 1 fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -B "$port" >/dev/null 2>&1 &
-    sleep 0.5
-    timeout 60 taskset -c 0 fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -P "$port" 127.0.0.1 2>/dev/null \
-        | awk '$1 == 8 { print $7 }' | tail -1
-    wait || true
-}
-# Bandwidth, MiB/s. memcpy SIZE: best of 3 trials.
-memcpy_mibps() { "$tmp/memcpy_bw" 3 200 1 | grep "memcpy_best size=$1 " | field MiBps; }
-# ucx_bw SIZE: UCX's average bandwidth column (MB/s of 2^20 bytes).
+# ucx_bw SIZE: put_bw's average bandwidth column (MB/s of 2^20 bytes).
 ucx_bw() {
     next_port
-    UCX_TLS=posix,self timeout 60 taskset -c 1 ucx_perftest -p "$port" >/dev/null 2>&1 &
-    sleep 0.5
-    UCX_TLS=posix,self timeout 60 taskset -c 0 ucx_perftest -p "$port" 127.0.0.1 -t ucp_put_bw -s "$1" -n 4000 -f \
-        2>/dev/null | awk '$1 == 4000 { print $5 }' | tail -1
-    wait || true
+    ucx posix,self -t ucp_put_bw -s "$1" -n 4000 | awk '$1 == 4000 { print $5 }' | tail -1
 }
-# sv_bw BIN SIZE: write_bw's average, 3 s.
-sv_bw() {
+# fi_us PROVIDER EP ITERS: usec/xfer (total time over 2 x ITERS one-way transfers).
+fi_us() {
     next_port
-    taskset -c 1 "$1" perf write_bw --no-embedded --link shm -s "$2" -D 3 -f 1 --server -p "$port" >/dev/null 2>&1 &
-    sleep 0.5
-    taskset -c 0 "$1" perf write_bw --no-embedded --link shm -s "$2" -D 3 -f 1 -p "$port" 127.0.0.1 2>/dev/null \
-        | awk 'NF == 5 && $1 ~ /^[0-9]+$/ { print $4; exit }'
-    wait || true
+    pair fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -B "$port" -- fi_pingpong -p "$1" -e "$2" -S 8 -I "$3" -P "$port" 127.0.0.1 \
+        | awk '$1 == 8 { print $7 }' | tail -1
 }
-# sv BIN LINK: send_lat's typical (median) half round trip.
+# memcpy_mibps SIZE: best of 3 trials.
+memcpy_mibps() { "$tmp/memcpy_bw" 3 200 1 | grep "memcpy_best size=$1 " | field MiBps; }
+# sv_us BIN LINK: send_lat's typical (median) half round trip.
 sv_us() {
     next_port
-    taskset -c 1 "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 --server -p "$port" >/dev/null 2>&1 &
-    sleep 0.5
-    taskset -c 0 "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 -p "$port" 127.0.0.1 2>/dev/null \
-        | awk 'NF >= 9 && $1 == 8 { print $5; exit }'
-    wait || true
+    sv "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 | awk 'NF >= 9 && $1 == 8 { print $5; exit }'
+}
+# sv_bw BIN SIZE: write_bw's average over shm, 3 s.
+sv_bw() {
+    next_port
+    sv "$1" perf write_bw --no-embedded --link shm -s "$2" -D 3 -f 1 | awk 'NF == 5 && $1 ~ /^[0-9]+$/ { print $4; exit }'
 }
 
 # Rows: name and command. Figures collect in $tmp/<row>.
@@ -168,20 +179,18 @@ links="shm udp"
 [ "${PEERS_BW:-0}" = 1 ] && links="$links bw65536 bw1048576"
 for link in $links; do
     for i in "${!builds[@]}"; do
-        sv="$(median "$tmp/${link}_softverbs$i")"
+        mine="$(median "$tmp/${link}_softverbs$i")"
         for row in "${rows[@]}"; do
             case $row in "$link":softverbs*) continue ;; "$link":*) ;; *) continue ;; esac
             peer="$(median "$tmp/${row/:/_}")"
             # Then the same ratio round by round (both rows measured in the
             # same round): its median and range, and in how many rounds
             # softverbs' figure was the smaller one.
-            per="$(paste -d ' ' "$tmp/${link}_softverbs$i" "$tmp/${row/:/_}" \
-                | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' | sort -g \
-                | awk '{ a[NR] = $1; if ($1 < 1) k++ }
-                       END { if (NR == 0) exit
-                             m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
-                             printf "per round: median %.2f, %.2f-%.2f, smaller in %d of %d", m, a[1], a[NR], k, NR }')"
-            awk -v s="$sv" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" -v per="$per" \
+            paste -d ' ' "$tmp/${link}_softverbs$i" "$tmp/${row/:/_}" \
+                | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' >"$tmp/ratios"
+            per="$(sort -g "$tmp/ratios" | awk -v m="$(median "$tmp/ratios")" '{ a[NR] = $1; if ($1 < 1) k++ }
+                END { if (NR) printf "per round: median %.2f, %.2f-%.2f, smaller in %d of %d", m, a[1], a[NR], k, NR }')"
+            awk -v s="$mine" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" -v per="$per" \
                 'BEGIN { if (p > 0 && s > 0) printf "%-36s %6.2f x   %s\n", n, s / p, per; else printf "%-36s    n/a\n", n }'
         done
     done
