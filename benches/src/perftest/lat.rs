@@ -17,7 +17,7 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use softverbs::verbs::{SendFlags, SendOp, SendWr, WorkCompletion};
+use softverbs::verbs::{SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 
 use super::args::{AtomicType, Connection, Params, VerbKind};
 use super::bw::{check_wc, Phases, EVENT_WAIT_MS};
@@ -74,6 +74,12 @@ pub struct LatAgent<'a> {
     done: bool,
     stop: Option<Rc<Cell<bool>>>,
     done_flag: Option<Rc<Cell<bool>>>,
+    /// Polls of the receive CQ per step while waiting for an answer.
+    recv_spin: u32,
+    /// The SGEs of every send and of every receive refill, made once (as
+    /// perftest prepares its WRs once and posts them again).
+    send_sge: Sge<'a>,
+    recv_sge: Sge<'a>,
     wc: [WorkCompletion; 4],
     marker_word: usize,
     marker_shift: u32,
@@ -135,6 +141,9 @@ impl<'a> LatAgent<'a> {
             done: false,
             stop: None,
             done_flag: None,
+            recv_spin: 1,
+            send_sge: side.send_sge(0, size)?,
+            recv_sge: side.recv_sge(0)?,
             wc: [WorkCompletion::default(); 4],
             marker_word: word,
             // The MR is page aligned, so its words are in memory order.
@@ -158,6 +167,17 @@ impl<'a> LatAgent<'a> {
     /// done).
     pub fn until(mut self, flag: Rc<Cell<bool>>) -> Self {
         self.stop = Some(flag);
+        self
+    }
+
+    /// Waits for a SEND's answer in a tight loop of up to `n` receive-CQ
+    /// polls per step, as perftest's `ibv_poll_cq` loop, instead of one
+    /// poll between the rest of a step's bookkeeping (which lengthens the
+    /// time to see the answer). Only for an end alone in its thread: two
+    /// ends of one process take turns, and one spinning would keep the
+    /// other from answering.
+    pub fn spinning(mut self, n: u32) -> Self {
+        self.recv_spin = n.max(1);
         self
     }
 
@@ -215,7 +235,7 @@ impl<'a> LatAgent<'a> {
                 },
             },
         };
-        let sge = [side.send_sge(0, self.size)?];
+        let sge = [self.send_sge];
         // Like perftest's send_lat, a ping-pong of sends signals every
         // cq_mod-th send and the last (1 for the other tests); an
         // unsignaled send counts as completed once posted.
@@ -284,7 +304,16 @@ impl<'a> LatAgent<'a> {
                 let n = if self.p.events {
                     side.poll_or_wait(&side.rcq, &mut wc, EVENT_WAIT_MS)?
                 } else {
-                    side.rcq.poll(&mut wc).ctx("poll_cq")?
+                    // See `spinning`: bounded, so that the caller still
+                    // looks at its control connection and stall timer.
+                    let mut n = 0;
+                    for _ in 0..self.recv_spin {
+                        n = side.rcq.poll(&mut wc).ctx("poll_cq")?;
+                        if n > 0 {
+                            break;
+                        }
+                    }
+                    n
                 };
                 if n == 0 {
                     return Ok(false);
@@ -292,7 +321,7 @@ impl<'a> LatAgent<'a> {
                 check_wc(&wc[0], "receive", self.rcnt, self.rcnt)?;
                 let out = &side.recv_outstanding[0];
                 out.set(out.get().saturating_sub(1));
-                side.fill_recv(0)?;
+                side.fill_recv_with(0, self.recv_sge)?;
                 Ok(true)
             }
             // The answer of a read or atomic is its completion.

@@ -431,8 +431,28 @@ impl Side {
     ///
     /// The failing `post_recv`.
     pub fn fill_recv(&self, i: usize) -> Result<(), PerfError> {
+        self.fill_recv_with(i, self.recv_sge(i)?)
+    }
+
+    /// The SGE of QP `i`'s receives: its whole receive slot.
+    ///
+    /// # Errors
+    ///
+    /// Out of the buffer (a bug).
+    pub fn recv_sge(&self, i: usize) -> Result<Sge<'_>, PerfError> {
         let len = u32::try_from(self.slot).unwrap_or(u32::MAX);
-        let sge = [self.mr.sge(self.recv_off(i), len).ctx("recv sge")?];
+        self.mr.sge(self.recv_off(i), len).ctx("recv sge")
+    }
+
+    /// [`Side::fill_recv`] with the SGE [`Side::recv_sge`] gave, made once
+    /// by a caller that refills after every message (as perftest posts
+    /// the same prepared receive WR again).
+    ///
+    /// # Errors
+    ///
+    /// A failed `post_recv`.
+    pub fn fill_recv_with(&self, i: usize, sge: Sge<'_>) -> Result<(), PerfError> {
+        let sge = [sge];
         let wr = [RecvWr::new(i as u64, &sge)];
         let out = &self.recv_outstanding[i];
         while out.get() < self.rx_depth {

@@ -392,6 +392,12 @@ impl NetState<'_> {
     }
 }
 
+/// Receive-CQ polls per step of a latency end alone in its process (see
+/// [`LatAgent::spinning`]): a few microseconds of polling on shared memory
+/// (tens on UDP, where an empty poll is a system call) before the loop
+/// looks at the control connection again.
+const NET_RECV_SPIN: u32 = 64;
+
 /// Drives this end's agents while watching the TCP connection: `SENT` from
 /// the peer (its sender finished) raises `peer_flag`; our own `sent` flag
 /// is announced the same way.
@@ -573,7 +579,11 @@ fn networked_size(
     } else {
         let active = LatAgent::is_active(p, client);
         let mut agent = if active {
-            Some(LatAgent::new(side, theirs, p, size, client)?.until(st.peer_flag.clone()))
+            Some(
+                LatAgent::new(side, theirs, p, size, client)?
+                    .until(st.peer_flag.clone())
+                    .spinning(NET_RECV_SPIN),
+            )
         } else {
             None
         };
