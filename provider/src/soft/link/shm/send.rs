@@ -60,6 +60,22 @@ impl ShmLink {
             self.send_detached(t, spent);
             return;
         }
+        // The common case, a channel that is up: used under the route
+        // table's read lock, without taking a reference to it (two locked
+        // operations fewer per datagram).
+        let t = {
+            let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+            match routes.get(&t.dst) {
+                Some(Route::Chan(c)) if c.state() == UP => {
+                    if c.send(Some(t), &self.stats, spent).backlogged {
+                        self.backlogged.store(true, Ordering::SeqCst);
+                    }
+                    c.kick(&self.stats);
+                    return;
+                }
+                _ => t,
+            }
+        };
         match self.route_one(t, spent) {
             Routed::Kick(c) => c.kick(&self.stats),
             Routed::Udp(t) => self.udp.send_one(t, spent),
