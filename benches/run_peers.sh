@@ -9,7 +9,10 @@
 #        (UCX_TLS=posix,self; median one way); libfabric `fi_pingpong -p shm
 #        -e rdm` (average per transfer = one way); `softverbs perf send_lat
 #        --link shm` (typical = median one way).
-#   udp: the raw UDP busy-poll ping-pong (udp_pingpong.c, median one way);
+#   udp: the raw UDP busy-poll ping-pong (udp_pingpong.c, median one way;
+#        connected sockets); the same over unconnected sockets, which a
+#        RoCEv2 sender over IPv4 must use (benches/kernel/udp_modes.c, its
+#        IPv4 unconnected line: the kernel's floor for softverbs' UDP link);
 #        libfabric's udp provider (unreliable datagrams, `-e dgram`), the
 #        reliable rxd layer on it (`-p "udp;ofi_rxd" -e rdm`) and its tcp
 #        provider (`-e msg`); UCX tag_lat over TCP (UCX_TLS=tcp,self);
@@ -43,6 +46,7 @@ trap 'rm -rf "$tmp"; jobs -p | xargs -r kill 2>/dev/null || true' EXIT
 for p in shm_pingpong udp_pingpong memcpy_bw; do
     gcc -O2 -march=native -o "$tmp/$p" "$anchors/$p.c"
 done
+gcc -O2 -march=native -I "$anchors" -o "$tmp/udp_modes" "$here/kernel/udp_modes.c"
 (cd "$root" && cargo build --release -q)
 builds=("${SOFTVERBS_BIN:-$root/target/release/softverbs}")
 pgo="$root/target/pgo/use/release/softverbs"
@@ -90,6 +94,9 @@ ucx() {
 # µs, bandwidth in MiB/s.
 flag_us() { "$tmp/shm_pingpong" 1000000 0 0 1 0 | tail -1 | field p50_oneway_ns | awk '{ printf "%.3f", $1 / 1000 }'; }
 udp_us() { "$tmp/udp_pingpong" 8 100000 poll 1 0 | tail -1 | field p50_oneway_us; }
+# udp_unconnected_us: udp_modes' IPv4 unconnected median (it runs all four
+# modes; the others are not used here).
+udp_unconnected_us() { "$tmp/udp_modes" 100000 1 0 | grep 'family=4 socket=unconnected' | field p50_oneway_us; }
 # ucx_us TLS ITERS: tag_lat's 50th percentile column of the final line.
 ucx_us() {
     next_port
@@ -124,7 +131,7 @@ rows=(shm:flag shm:softverbs0)
 [ ${#builds[@]} -gt 1 ] && rows+=(shm:softverbs1)
 have ucx_perftest && rows+=(shm:ucx)
 have fi_pingpong && rows+=(shm:libfabric)
-rows+=(udp:raw udp:softverbs0)
+rows+=(udp:raw udp:raw-unconnected udp:softverbs0)
 [ ${#builds[@]} -gt 1 ] && rows+=(udp:softverbs1)
 have fi_pingpong && rows+=(udp:libfabric-udp udp:libfabric-rxd udp:libfabric-tcp)
 have ucx_perftest && rows+=(udp:ucx-tcp)
@@ -145,6 +152,7 @@ measure() {
     shm:ucx) ucx_us posix,self 200000 ;;
     shm:libfabric) fi_us shm rdm 200000 ;;
     udp:raw) udp_us ;;
+    udp:raw-unconnected) udp_unconnected_us ;;
     udp:softverbs*) sv_us "${builds[${1#udp:softverbs}]}" udp ;;
     udp:libfabric-udp) fi_us udp dgram 50000 ;;
     udp:libfabric-rxd) fi_us "udp;ofi_rxd" rdm 50000 ;;
