@@ -5,8 +5,8 @@
 use std::net::IpAddr;
 
 use crate::soft::wire::{
-    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, IpPseudoHeader, OpKind, Opcode, PacketRepr, Pkey, Position,
-    Psn, Qpn, RethRepr, Transport, UdpPorts,
+    pad_len, AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, OpKind, Opcode,
+    PacketRepr, Pkey, Position, Psn, Qpn, RethRepr, Transport, UdpPorts, ICRC_LEN,
 };
 use crate::verbs::{AccessFlags, QpState, QpType, WcStatus};
 
@@ -271,9 +271,9 @@ impl Core {
         };
         let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), psn);
         bth.pkey = Pkey::DEFAULT;
-        let mut h = PacketRepr::new(bth);
-        let (payload_len, last) = match w.op {
+        let built = match w.op {
             WqeOp::Read => {
+                let mut h = PacketRepr::new(bth);
                 let remaining = w.length - offset;
                 h.bth
                     .bth_opcode(transport, OpKind::ReadRequest, Position::Only, false, false);
@@ -283,9 +283,10 @@ impl Core {
                     dma_len: remaining,
                 });
                 h.bth.ack_req = true;
-                (0, true)
+                self.new_packet(&h, 0).map(|d| (d, 0, true))
             }
             WqeOp::CompSwap | WqeOp::FetchAdd => {
+                let mut h = PacketRepr::new(bth);
                 let kind = if w.op == WqeOp::CompSwap {
                     OpKind::CompareSwap
                 } else {
@@ -299,7 +300,7 @@ impl Core {
                     compare: w.compare,
                 });
                 h.bth.ack_req = true;
-                (0, true)
+                self.new_packet(&h, 0).map(|d| (d, 0, true))
             }
             _ => {
                 let remaining = w.length - offset;
@@ -312,20 +313,27 @@ impl Core {
                     (false, true) => Position::Last,
                     (false, false) => Position::Middle,
                 };
-                message_headers(&mut h, w, transport, position);
-                if let Some(u) = w.ud {
-                    h.deth = Some(DethRepr {
-                        qkey: u.qkey,
-                        src_qpn: Qpn::new(qp.qpn),
-                    });
+                let m = message_headers(&mut bth, w, transport, position);
+                let deth = w.ud.map(|u| DethRepr {
+                    qkey: u.qkey,
+                    src_qpn: Qpn::new(qp.qpn),
+                });
+                bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, room <= 1, ack_every);
+                if matches!(bth.opcode, Opcode::Unknown(_)) {
+                    // No opcode for the combination (a bug: posting checks
+                    // the operation against the QP type).
+                    self.counters.tx_emit_errors += 1;
+                    None
+                } else {
+                    let headers =
+                        MessageHeaders::new(&bth, n as usize, deth.as_ref(), m.reth.as_ref(), m.immdt, m.ieth);
+                    Some((self.message_packet(&headers, n as usize), n, last))
                 }
-                h.bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, room <= 1, ack_every);
-                (n, last)
             }
         };
-        // Build the packet in place: headers, then the payload gathered
-        // straight from local memory (one copy), then pad and ICRC.
-        let Some(mut data) = self.new_packet(&h, payload_len as usize) else {
+        // The payload is gathered straight from local memory (one copy)
+        // after the headers; `queue_packet` adds pad and ICRC.
+        let Some((mut data, payload_len, last)) = built else {
             self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
             return false;
         };
@@ -401,14 +409,16 @@ impl Core {
         let dest_qpn = qp.attr.dest_qp_num;
         let mut bth = BthRepr::new(Opcode::Unknown(0), Qpn::new(dest_qpn), w.first_psn);
         bth.pkey = Pkey::DEFAULT;
-        let mut h = PacketRepr::new(bth);
-        message_headers(&mut h, w, Transport::Rc, Position::Only);
+        let m = message_headers(&mut bth, w, Transport::Rc, Position::Only);
         let npkts = w.npkts;
-        h.bth.ack_req = asks_ack(qp, idx, npkts, true, room <= npkts, self.cfg.ack_every);
-        let Some(data) = self.new_packet(&h, 0) else {
+        bth.ack_req = asks_ack(qp, idx, npkts, true, room <= npkts, self.cfg.ack_every);
+        if matches!(bth.opcode, Opcode::Unknown(_)) {
+            self.counters.tx_emit_errors += 1;
             self.fail_wqe(qp, idx, WcStatus::LocQpOpErr, vendor::LOCAL_KEY);
             return;
-        };
+        }
+        let headers = MessageHeaders::new(&bth, 0, None, m.reth.as_ref(), m.immdt, m.ieth);
+        let data = self.message_packet(&headers, 0);
         let dst = qp.attr.ah_attr.grh.dgid.to_ip();
         let sgid_index = qp.attr.ah_attr.grh.sgid_index;
         self.counters.tx_trains += 1;
@@ -436,6 +446,14 @@ impl Core {
             return None;
         }
         Some(data)
+    }
+
+    /// [`Core::new_packet`] for the headers of a SEND or WRITE packet.
+    pub(crate) fn message_packet(&mut self, h: &MessageHeaders, payload_len: usize) -> Vec<u8> {
+        let headers = h.as_bytes();
+        let mut data = self.take_buffer(headers.len() + payload_len + pad_len(payload_len) + ICRC_LEN);
+        data.extend_from_slice(headers);
+        data
     }
 
     /// Pads a packet built by [`Core::new_packet`] plus its payload, adds
@@ -561,30 +579,33 @@ pub(crate) fn window_start(qp: &Qp) -> Psn {
 /// headers the position carries: the RETH on a write's first packet, the
 /// immediate data or the invalidated rkey and the solicited bit on the
 /// last.
-fn message_headers(h: &mut PacketRepr, w: &SendWqe, transport: Transport, position: Position) {
+fn message_headers(bth: &mut BthRepr, w: &SendWqe, transport: Transport, position: Position) -> MessageExt {
     let first = matches!(position, Position::First | Position::Only);
     let last = matches!(position, Position::Last | Position::Only);
     let is_write = matches!(w.op, WqeOp::Write | WqeOp::WriteImm);
     let kind = if is_write { OpKind::Write } else { OpKind::Send };
     let imm = last && matches!(w.op, WqeOp::SendImm | WqeOp::WriteImm);
     let inv = last && w.op == WqeOp::SendInv;
-    h.bth.bth_opcode(transport, kind, position, imm, inv);
-    if is_write && first {
-        h.reth = Some(RethRepr {
+    bth.bth_opcode(transport, kind, position, imm, inv);
+    if last {
+        bth.solicited = w.solicited && (!is_write || imm);
+    }
+    MessageExt {
+        reth: (is_write && first).then_some(RethRepr {
             va: w.remote.addr,
             rkey: w.remote.rkey,
             dma_len: w.length,
-        });
+        }),
+        immdt: imm.then_some(ImmDtRepr::from_be_value(w.imm)),
+        ieth: inv.then_some(IethRepr { rkey: w.imm }),
     }
-    if imm {
-        h.immdt = Some(ImmDtRepr::from_be_value(w.imm));
-    }
-    if inv {
-        h.ieth = Some(IethRepr { rkey: w.imm });
-    }
-    if last {
-        h.bth.solicited = w.solicited && (!is_write || imm);
-    }
+}
+
+/// The extension headers of a SEND or WRITE packet, besides a UD DETH.
+struct MessageExt {
+    reth: Option<RethRepr>,
+    immdt: Option<ImmDtRepr>,
+    ieth: Option<IethRepr>,
 }
 
 /// Sets a BTH's opcode from the table.

@@ -85,5 +85,5 @@ pub use ip::{
     UDP_HEADER_LEN,
 };
 pub use opcode::{Direction, ExtHeaders, OpKind, Opcode, OpcodeInfo, Position, Transport};
-pub use packet::{pad_len, Packet, PacketRepr, ParsedPacket, ICRC_LEN, MIN_PACKET_LEN};
+pub use packet::{pad_len, MessageHeaders, Packet, PacketRepr, ParsedPacket, ICRC_LEN, MIN_PACKET_LEN};
 pub use psn::{Pkey, Psn, Qpn, PSN_MASK};

@@ -275,3 +275,84 @@ fn emit_checks_headers_and_buffer() {
     assert!(buf.iter().all(|&b| b == 0x77), "nothing written on error");
     assert_eq!(headers.emit(b"abcde", &mut buf[..need]), Ok(need));
 }
+
+/// Every SEND and WRITE opcode (what the requester emits through
+/// [`MessageHeaders`]), with the fields of `headers_for`.
+fn message_opcodes() -> Vec<Opcode> {
+    (0..=255u8)
+        .map(Opcode::from)
+        .filter(|o| o.info().is_some_and(|i| matches!(i.kind, OpKind::Send | OpKind::Write)))
+        .collect()
+}
+
+/// [`MessageHeaders`] writes what [`PacketRepr::emit_headers`] writes, for
+/// every SEND and WRITE opcode, every pad, and BTH flags and fields set and
+/// clear: the requester's short emitter is the general one, byte for byte.
+#[test]
+fn message_headers_match_packet_repr() {
+    let opcodes = message_opcodes();
+    assert!(opcodes.len() >= 20, "{} SEND/WRITE opcodes", opcodes.len());
+    for opcode in opcodes {
+        for payload_len in 0..8usize {
+            for flags in 0..8u8 {
+                let mut h = headers_for(opcode);
+                h.bth.solicited = flags & 1 != 0;
+                h.bth.ack_req = flags & 2 != 0;
+                h.bth.mig_req = flags & 4 != 0;
+                h.bth.psn = Psn::new(0x00ab_cdef ^ u32::from(flags));
+                let want_len = h.header_len();
+                let mut want = vec![0u8; want_len];
+                assert_eq!(h.emit_headers(payload_len, &mut want), Ok(want_len), "{opcode:?}");
+                let got = MessageHeaders::new(&h.bth, payload_len, h.deth.as_ref(), h.reth.as_ref(), h.immdt, h.ieth);
+                assert_eq!(
+                    got.as_bytes(),
+                    &want[..],
+                    "{opcode:?} payload {payload_len} flags {flags}"
+                );
+            }
+        }
+    }
+}
+
+proptest::proptest! {
+    /// The same for arbitrary field values.
+    #[test]
+    fn message_headers_match_packet_repr_for_any_fields(
+        pick in 0usize..64,
+        qpn in 0u32..0x0100_0000,
+        psn in 0u32..0x0100_0000,
+        qkey: u32,
+        src_qpn in 0u32..0x0100_0000,
+        va: u64,
+        rkey: u32,
+        dma_len: u32,
+        imm: u32,
+        payload_len in 0usize..4200,
+        solicited: bool,
+        ack_req: bool,
+    ) {
+        let opcodes = message_opcodes();
+        let opcode = opcodes[pick % opcodes.len()];
+        let mut h = headers_for(opcode);
+        h.bth.dest_qpn = Qpn::new(qpn);
+        h.bth.psn = Psn::new(psn);
+        h.bth.solicited = solicited;
+        h.bth.ack_req = ack_req;
+        if let Some(d) = &mut h.deth {
+            *d = DethRepr { qkey, src_qpn: Qpn::new(src_qpn) };
+        }
+        if let Some(r) = &mut h.reth {
+            *r = RethRepr { va, rkey, dma_len };
+        }
+        if let Some(i) = &mut h.immdt {
+            *i = ImmDtRepr::from_be_value(imm);
+        }
+        if let Some(i) = &mut h.ieth {
+            *i = IethRepr { rkey: imm };
+        }
+        let mut want = vec![0u8; h.header_len()];
+        proptest::prop_assert!(h.emit_headers(payload_len, &mut want).is_ok());
+        let got = MessageHeaders::new(&h.bth, payload_len, h.deth.as_ref(), h.reth.as_ref(), h.immdt, h.ieth);
+        proptest::prop_assert_eq!(got.as_bytes(), &want[..]);
+    }
+}
