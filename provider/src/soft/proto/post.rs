@@ -26,11 +26,12 @@ impl Core {
             return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
         };
         let r = self.post_send_inner(&mut qp, wrs);
-        let state = qp.state();
-        self.put_qp(qp);
-        if state == QpState::Rts {
-            self.run_requester(now, qpn);
+        // The requester runs on the QP already taken out (`run_requester`
+        // would put it back and take it again).
+        if qp.state() == QpState::Rts {
+            self.requester(&mut qp, now);
         }
+        self.put_qp(qp);
         r
     }
 
