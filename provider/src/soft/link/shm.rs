@@ -131,7 +131,9 @@ pub enum ShmMode {
     /// Shared memory to peers on this host that offer it, UDP otherwise.
     Auto,
     /// Shared memory only: datagrams to peers without a channel are
-    /// dropped (held while a channel is being set up).
+    /// dropped (held while a channel is being set up). The UDP socket only
+    /// hears `Auto` peers whose channel is not up yet; once a channel is
+    /// up it is read about every [`SLOW_NS`], not on every poll.
     Only,
 }
 
