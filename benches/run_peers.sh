@@ -115,10 +115,10 @@ fi_us() {
 }
 # memcpy_mibps SIZE: best of 3 trials.
 memcpy_mibps() { "$tmp/memcpy_bw" 3 200 1 | grep "memcpy_best size=$1 " | field MiBps; }
-# sv_us BIN LINK: send_lat's typical (median) half round trip.
+# sv_us BIN LINK ITERS: send_lat's typical (median) half round trip.
 sv_us() {
     next_port
-    sv "$1" perf send_lat --no-embedded --link "$2" -s 8 -n 20000 | awk 'NF >= 9 && $1 == 8 { print $5; exit }'
+    sv "$1" perf send_lat --no-embedded --link "$2" -s 8 -n "$3" | awk 'NF >= 9 && $1 == 8 { print $5; exit }'
 }
 # sv_bw BIN SIZE: write_bw's average over shm, 3 s.
 sv_bw() {
@@ -148,12 +148,15 @@ measure() {
     size="${size#bw}"
     case $1 in
     shm:flag) flag_us ;;
-    shm:softverbs*) sv_us "${builds[${1#shm:softverbs}]}" shm ;;
+    # As many round trips as the peers of the link: the host's speed
+    # changes over seconds, and a run 10x shorter than its neighbours'
+    # samples another mix of them.
+    shm:softverbs*) sv_us "${builds[${1#shm:softverbs}]}" shm 200000 ;;
     shm:ucx) ucx_us posix,self 200000 ;;
     shm:libfabric) fi_us shm rdm 200000 ;;
     udp:raw) udp_us ;;
     udp:raw-unconnected) udp_unconnected_us ;;
-    udp:softverbs*) sv_us "${builds[${1#udp:softverbs}]}" udp ;;
+    udp:softverbs*) sv_us "${builds[${1#udp:softverbs}]}" udp 100000 ;;
     udp:libfabric-udp) fi_us udp dgram 50000 ;;
     udp:libfabric-rxd) fi_us "udp;ofi_rxd" rdm 50000 ;;
     udp:libfabric-tcp) fi_us tcp msg 50000 ;;
