@@ -489,6 +489,9 @@ pub struct ShmLink {
     /// Slept since the last receive: run the slow path, clear the flags.
     armed: AtomicBool,
     backlogged: AtomicBool,
+    /// [`ShmMode::Only`]: the last UDP read filled what it was allowed
+    /// (more may wait; the next receive turn reads UDP too).
+    udp_more: AtomicBool,
     detached: AtomicBool,
     /// Offer trains to new channels, and send them (see [`ShmLink::set_trains`]).
     offer_trains: AtomicBool,
@@ -532,6 +535,7 @@ impl ShmLink {
             last_slow: AtomicU64::new(0),
             armed: AtomicBool::new(false),
             backlogged: AtomicBool::new(false),
+            udp_more: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             offer_trains: AtomicBool::new(std::env::var_os(TRAINS_ENV).is_none_or(|v| v != "0")),
             force_cma: AtomicBool::new(std::env::var_os(FORCE_CMA_ENV).is_some_and(|v| !v.is_empty() && v != "0")),

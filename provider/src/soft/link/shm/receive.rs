@@ -75,16 +75,23 @@ impl ShmLink {
         // it. With `Auto`, UDP peers are real peers: every 8th call. With
         // `Only` nothing is sent by UDP, and what arrives there comes from
         // `Auto` peers whose channel is not up yet: once a channel is up,
-        // the slow path's turns read it (every `SLOW_NS` at most). Read
-        // every 64 calls, the client of `perf send_lat --link shm -s 8`
-        // made 0.11-0.21 UDP receive calls per round trip (perf stat over
-        // 100,000); now 0.04 (the slow path's own rate).
+        // the slow path's turns read it (every `SLOW_NS` at most, and after
+        // every sleep), and the turns after a read that filled its budget
+        // (the socket may hold more, and a sleeping reader's poller is
+        // edge-triggered). Read every 64 calls, the client of `perf
+        // send_lat --link shm -s 8` made 0.11-0.21 UDP receive calls per
+        // round trip (perf stat over 100,000); now 0.04.
         let udp_due = match self.mode {
             ShmMode::Auto => calls.is_multiple_of(8),
-            ShmMode::Only => slow,
+            ShmMode::Only => slow || self.udp_more.load(Ordering::Relaxed),
         };
         if up == 0 || udp_due {
-            n += self.udp.recv(budget.saturating_sub(n).max(1), f);
+            let ask = budget.saturating_sub(n).max(1);
+            let got = self.udp.recv(ask, f);
+            n += got;
+            if self.mode == ShmMode::Only && self.udp_more.load(Ordering::Relaxed) != (got >= ask) {
+                self.udp_more.store(got >= ask, Ordering::Relaxed);
+            }
         }
         if n == 0 {
             // A busy-polling reader that found nothing pauses once (PAUSE

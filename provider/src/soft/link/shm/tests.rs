@@ -818,33 +818,56 @@ fn a_peer_of_another_ring_version_gets_no_channel() {
 }
 
 /// With `Only` and a channel up, the UDP socket is read on the slow
-/// path's turns only: an empty `recvmmsg` costs ~0.4 µs, and a ring
+/// path's turns only: an empty receive call costs ~0.4 µs, and a ring
 /// datagram arriving meanwhile waited for it. What an `Auto` peer sends by
-/// UDP before its channel is up still arrives, on the next slow turn.
+/// UDP before its channel is up still arrives: on the next slow turn, and
+/// what a full read left behind on the turns after it.
 #[test]
 fn only_mode_reads_udp_on_slow_turns() {
     let (a, b) = pair(false, false);
     let udp_reads = |l: &ShmLink| l.udp.stats().rx_syscalls;
+    // Four bytes are no RoCEv2 packet: read and counted, not delivered.
+    let udp_read = |l: &ShmLink| l.udp.stats().rx_truncated;
     let sock = std::net::UdpSocket::bind((LO4, 0)).unwrap();
-    sock.send_to(&[0u8; 4], b.udp.local_addrs()[0]).unwrap();
-    let before = udp_reads(&b);
+    for _ in 0..3 {
+        sock.send_to(&[0u8; 4], b.udp.local_addrs()[0]).unwrap();
+    }
     let mut got = Vec::new();
-    for _ in 0..256 {
-        // Not due: the slow path ran just now.
+    // One datagram per call; the slow path ran just now.
+    let fast_turn = |got: &mut Vec<Got>| {
         b.last_slow.store(process_now(), Ordering::Relaxed);
-        pump(&b, &mut got);
+        b.recv(1, &mut |d| {
+            got.push(Got {
+                data: d.data.to_vec(),
+                train: None,
+            })
+        });
+    };
+    let before = udp_reads(&b);
+    for _ in 0..256 {
+        fast_turn(&mut got);
     }
     assert_eq!(udp_reads(&b), before, "fast turns read UDP");
+    assert_eq!(udp_read(&b), 0);
     let start = Instant::now();
-    while b.udp.stats().rx_truncated == 0 && start.elapsed() < Duration::from_secs(10) {
+    // The slow path is due (it runs on every 16th call): it reads one.
+    while udp_read(&b) == 0 && start.elapsed() < Duration::from_secs(10) {
         b.last_slow.store(0, Ordering::Relaxed);
-        for _ in 0..16 {
-            pump(&b, &mut got);
-        }
+        b.recv(1, &mut |_| {});
     }
-    assert!(udp_reads(&b) > before);
-    // Four bytes are no RoCEv2 packet: read, counted, not delivered.
-    assert_eq!(b.udp.stats().rx_truncated, 1, "{:?}", b.udp.stats());
+    assert_eq!(udp_read(&b), 1, "{:?}", b.udp.stats());
+    // Each read filled its budget of one: the turns after it read on.
+    while udp_read(&b) < 3 && start.elapsed() < Duration::from_secs(10) {
+        fast_turn(&mut got);
+    }
+    assert_eq!(udp_read(&b), 3, "{:?}", b.udp.stats());
+    // One more read finds the socket empty; after it, fast turns stop.
+    fast_turn(&mut got);
+    let settled = udp_reads(&b);
+    for _ in 0..256 {
+        fast_turn(&mut got);
+    }
+    assert_eq!(udp_reads(&b), settled);
     assert!(got.is_empty());
     drop(a);
 }
