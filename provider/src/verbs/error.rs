@@ -136,6 +136,7 @@ pub struct Error {
 
 impl Error {
     /// An error for `verb` of class `kind`, with a human explanation.
+    #[cold]
     pub fn new(verb: Verb, kind: ErrorKind, detail: impl Into<std::borrow::Cow<'static, str>>) -> Self {
         Error {
             verb,

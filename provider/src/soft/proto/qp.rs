@@ -351,6 +351,7 @@ impl Qp {
     }
 }
 
+#[cold]
 pub(crate) fn post_err(
     index: usize,
     verb: Verb,
