@@ -70,27 +70,29 @@ impl ShmLink {
                 }
             }
         }
-        // The UDP socket: an empty receive call costs ~0.4 µs here, and a
+        // The UDP socket. An empty receive call costs ~0.4 µs here, and a
         // datagram that reaches a ring while the reader is in one waits for
-        // it. With `Auto`, UDP peers are real peers: every 8th call. With
-        // `Only` nothing is sent by UDP, and what arrives there comes from
-        // `Auto` peers whose channel is not up yet: once a channel is up,
-        // the slow path's turns read it (every `SLOW_NS` at most, and after
-        // every sleep), and the turns after a read that filled its budget
-        // (the socket may hold more, and a sleeping reader's poller is
-        // edge-triggered). Read every 64 calls, the client of `perf
-        // send_lat --link shm -s 8` made 0.11-0.21 UDP receive calls per
-        // round trip (perf stat over 100,000); now 0.04.
-        let udp_due = match self.mode {
-            ShmMode::Auto => calls.is_multiple_of(8),
-            ShmMode::Only => slow || self.udp_more.load(Ordering::Relaxed),
-        };
-        if up == 0 || udp_due {
+        // it. It is read when no channel is up; on the slow path's turns,
+        // which include the first turn after a sleep (the poller is
+        // edge-triggered: a datagram left in the socket would wait for the
+        // next wake-up); on the turns after a read that filled its budget
+        // (more may wait); and with `Auto`, whose UDP peers are real peers,
+        // every 8th call. With `Only` nothing is sent by UDP: what arrives
+        // there comes from `Auto` peers whose channel is not up yet. Read
+        // every 64 calls in `Only`, the client of `perf send_lat --link shm
+        // -s 8` made 0.11-0.21 UDP receive calls per round trip (perf stat
+        // over 100,000); now 0.04.
+        let udp_due = up == 0
+            || slow
+            || self.udp_more.load(Ordering::Relaxed)
+            || (self.mode == ShmMode::Auto && calls.is_multiple_of(8));
+        if udp_due {
             let ask = budget.saturating_sub(n).max(1);
             let got = self.udp.recv(ask, f);
             n += got;
-            if self.mode == ShmMode::Only && self.udp_more.load(Ordering::Relaxed) != (got >= ask) {
-                self.udp_more.store(got >= ask, Ordering::Relaxed);
+            let more = got >= ask;
+            if self.udp_more.load(Ordering::Relaxed) != more {
+                self.udp_more.store(more, Ordering::Relaxed);
             }
         }
         if n == 0 {

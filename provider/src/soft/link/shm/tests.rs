@@ -16,6 +16,10 @@ use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 fn link() -> Arc<ShmLink> {
+    link_in(ShmMode::Only)
+}
+
+fn link_in(mode: ShmMode) -> Arc<ShmLink> {
     loop {
         let s = std::net::UdpSocket::bind((LO4, 0)).unwrap();
         let port = s.local_addr().unwrap().port();
@@ -26,7 +30,7 @@ fn link() -> Arc<ShmLink> {
         let mut cfg = UdpConfig::new(LO4);
         cfg.port = UdpPort::Fixed(port);
         if let Ok(udp) = UdpLink::bind(&cfg) {
-            return ShmLink::new(udp, ShmMode::Only).unwrap();
+            return ShmLink::new(udp, mode).unwrap();
         }
     }
 }
@@ -140,10 +144,23 @@ fn train(npkts: u32, pieces: &[(&Arc<SharedMemory>, u64, u32)]) -> TrainOut {
 /// Two links, `a` connected to `b` (it writes ring 0), trains offered
 /// as given.
 fn pair(offer_a: bool, offer_b: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
-    let (a, b) = (link(), link());
+    pair_in(ShmMode::Only, offer_a, offer_b)
+}
+
+fn pair_in(mode: ShmMode, offer_a: bool, offer_b: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
+    let (a, b) = (link_in(mode), link_in(mode));
     a.set_trains(offer_a);
     b.set_trains(offer_b);
     a.send(dgram(&a, &b, b"hello", None));
+    if mode == ShmMode::Auto {
+        // `Auto` sent that one by UDP, to a port nobody reads; once the
+        // channel is up, the ring carries the next.
+        let start = Instant::now();
+        while !a.is_shm_peer(b.gids[0]) && start.elapsed() < Duration::from_secs(10) {
+            pump_for(&a, &b, 1, Duration::from_millis(1));
+        }
+        a.send(dgram(&a, &b, b"hello", None));
+    }
     let got = pump_until(&a, &b, 1);
     assert_eq!(got.len(), 1, "{:?} {:?}", a.shm_stats(), b.shm_stats());
     assert!(a.is_shm_peer(b.gids[0]) && b.is_shm_peer(a.gids[0]));
@@ -870,4 +887,23 @@ fn only_mode_reads_udp_on_slow_turns() {
     assert_eq!(udp_reads(&b), settled);
     assert!(got.is_empty());
     drop(a);
+}
+
+/// A reader that slept (a progress thread) was woken by its poller, which
+/// is edge-triggered: its first receive turn must read the UDP socket in
+/// either mode, or a datagram from a UDP-only peer would wait there for
+/// the next wake-up.
+#[test]
+fn a_woken_reader_reads_udp() {
+    for mode in [ShmMode::Auto, ShmMode::Only] {
+        let (a, b) = pair_in(mode, false, false);
+        let sock = std::net::UdpSocket::bind((LO4, 0)).unwrap();
+        sock.send_to(&[0u8; 4], b.udp.local_addrs()[0]).unwrap();
+        assert!(b.prepare_sleep());
+        // Not a call on which `Auto` reads UDP anyway (every 8th).
+        b.calls.store(1, Ordering::Relaxed);
+        b.recv(64, &mut |_| {});
+        assert_eq!(b.udp.stats().rx_truncated, 1, "{mode:?}: {:?}", b.udp.stats());
+        drop(a);
+    }
 }
