@@ -489,8 +489,8 @@ pub struct ShmLink {
     /// Slept since the last receive: run the slow path, clear the flags.
     armed: AtomicBool,
     backlogged: AtomicBool,
-    /// The last UDP read filled what it was allowed (more may wait; the
-    /// next receive turn reads UDP too).
+    /// The last UDP read found datagrams (more may wait; the next
+    /// receive turn reads UDP too).
     udp_more: AtomicBool,
     detached: AtomicBool,
     /// Offer trains to new channels, and send them (see [`ShmLink::set_trains`]).

@@ -75,8 +75,9 @@ impl ShmLink {
         // it. It is read when no channel is up; on the slow path's turns,
         // which include the first turn after a sleep (the poller is
         // edge-triggered: a datagram left in the socket would wait for the
-        // next wake-up); on the turns after a read that filled its budget
-        // (more may wait); and with `Auto`, whose UDP peers are real peers,
+        // next wake-up); on the turns after a read that found something
+        // (more may wait: an idle socket is probed for one datagram, a busy
+        // one read up to the budget); and with `Auto`, whose UDP peers are real peers,
         // every 8th call. With `Only` nothing is sent by UDP: what arrives
         // there comes from `Auto` peers whose channel is not up yet. Read
         // every 64 calls in `Only`, the client of `perf send_lat --link shm
@@ -90,7 +91,7 @@ impl ShmLink {
             let ask = budget.saturating_sub(n).max(1);
             let got = self.udp.recv(ask, f);
             n += got;
-            let more = got >= ask;
+            let more = got > 0;
             if self.udp_more.load(Ordering::Relaxed) != more {
                 self.udp_more.store(more, Ordering::Relaxed);
             }
