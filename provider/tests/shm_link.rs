@@ -116,6 +116,62 @@ fn sleeping_progress_threads_are_woken_by_the_doorbell() {
     );
 }
 
+/// A device in `Auto` mode whose progress thread sleeps (no spin), with
+/// a shared-memory channel up, must still hear a peer it reaches by UDP
+/// only: its poller is edge-triggered, so the turn it wakes for must read
+/// the socket. The UDP peer's retransmission timeout (4.3 s) is far above
+/// the wait allowed, so a datagram left in the socket fails the test.
+#[test]
+fn a_sleeping_auto_device_hears_a_udp_only_peer() {
+    let sleepy = EngineMode::ProgressThread { spin: Duration::ZERO };
+    let ((da, la), (db, _lb)) = (
+        shm_device(ShmMode::Auto, sleepy),
+        shm_device(ShmMode::Auto, EngineMode::Inline),
+    );
+    let dc = device(LO4, EngineMode::Inline);
+    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 200));
+    connect(&a, &b, Mtu::Mtu1024);
+    // Traffic until the channel between a and b is up (Auto sends by UDP
+    // while it is not).
+    let mut i = 0;
+    eventually("a shared-memory channel", || {
+        send_one(&b, &a, i, 8);
+        i += 1;
+        la.peer_lines().iter().any(|p| p.contains(" shm up "))
+    });
+    let (a2, c) = (side(&da, 1 << 16, 300), side(&dc, 1 << 16, 400));
+    connect_to(&a2, c.gid, c.qp.qp_num(), c.psn, Mtu::Mtu1024);
+    connect_to_timeout(&c, a2.gid, a2.qp.qp_num(), a2.psn, Mtu::Mtu1024, 20);
+    for k in 0..4u64 {
+        let sge = [a2.mr.sge(0, 64).unwrap()];
+        a2.qp.post_recv(&[RecvWr::new(k, &sge)]).unwrap();
+        // Long enough for a's thread to fall asleep again.
+        std::thread::sleep(Duration::from_millis(20));
+        let sge = [c.mr.sge(0, 8).unwrap()];
+        c.qp.post_send(&[SendWr::new(k, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+            .unwrap();
+        let start = Instant::now();
+        let mut wc = [WorkCompletion::default()];
+        while a2.rcq.poll(&mut wc).unwrap() == 0 {
+            let _ = c.scq.poll(&mut []);
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "message {k} from the UDP peer not received: {:?}",
+                la.udp().stats()
+            );
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (k, WcStatus::Success));
+        let s = wait_one(&c.scq, &[]);
+        assert_eq!((s.wr_id, s.status), (k, WcStatus::Success));
+    }
+    assert!(la.peer_lines().iter().any(|p| p.contains(" shm up ")));
+    drop((a, b, a2, c));
+    for d in [da, db, dc] {
+        d.remove();
+    }
+}
+
 /// Plays a broken or hostile peer: writes into the ring the other device
 /// reads, through the memfd. The reader must drop and count, never panic
 /// or read outside the mapping.

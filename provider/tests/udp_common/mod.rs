@@ -103,6 +103,12 @@ pub fn side(dev: &Arc<SoftDevice>, mr_len: usize, psn: u32) -> Side {
 /// Moves `s` to RTS towards QP `dest_qpn` at `dgid` whose first PSN is
 /// `rq_psn`.
 pub fn connect_to(s: &Side, dgid: Gid, dest_qpn: u32, rq_psn: u32, mtu: Mtu) {
+    connect_to_timeout(s, dgid, dest_qpn, rq_psn, mtu, 14);
+}
+
+/// [`connect_to`] with the local ACK timeout `timeout` (4.096 µs ·
+/// 2^timeout).
+pub fn connect_to_timeout(s: &Side, dgid: Gid, dest_qpn: u32, rq_psn: u32, mtu: Mtu, timeout: u8) {
     let init = QpAttr {
         qp_state: QpState::Init,
         pkey_index: 0,
@@ -139,7 +145,7 @@ pub fn connect_to(s: &Side, dgid: Gid, dest_qpn: u32, rq_psn: u32, mtu: Mtu) {
     let rts = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: s.psn,
-        timeout: 14,
+        timeout,
         retry_cnt: 7,
         rnr_retry: 7,
         max_rd_atomic: 16,
