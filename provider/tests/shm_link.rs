@@ -172,6 +172,62 @@ fn a_sleeping_auto_device_hears_a_udp_only_peer() {
     }
 }
 
+/// An inline application's own event loop calls `drive` once per
+/// readiness event of the link's descriptors (its poller may be
+/// edge-triggered): with a shared-memory channel up, that one call must
+/// read what a UDP-only peer sent, as on a plain UDP device (`udp_link.rs`).
+#[test]
+fn one_drive_reads_a_udp_only_peer_beside_a_channel() {
+    let ((da, la), (db, _lb)) = (
+        shm_device(ShmMode::Auto, EngineMode::Inline),
+        shm_device(ShmMode::Auto, EngineMode::Inline),
+    );
+    let dc = device(LO4, EngineMode::Inline);
+    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 200));
+    connect(&a, &b, Mtu::Mtu1024);
+    let mut i = 0;
+    eventually("a shared-memory channel", || {
+        send_one(&b, &a, i, 8);
+        i += 1;
+        la.peer_lines().iter().any(|p| p.contains(" shm up "))
+    });
+    let (a2, c) = (side(&da, 1 << 16, 300), side(&dc, 1 << 16, 400));
+    connect(&a2, &c, Mtu::Mtu1024);
+    let udp_rx = || stat(&la, "udp_rx_datagrams");
+    for round in 0..3u64 {
+        for k in 0..5u64 {
+            let sge = [a2.mr.sge(64 * k, 64).unwrap()];
+            a2.qp.post_recv(&[RecvWr::new(k, &sge)]).unwrap();
+        }
+        let before = udp_rx();
+        for k in 0..5u64 {
+            let sge = [c.mr.sge(0, 8).unwrap()];
+            // The last one signaled: it asks for the ACK that covers all.
+            let flags = if k == 4 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            c.qp.post_send(&[SendWr::new(k, SendOp::Send, &sge).flags(flags)])
+                .unwrap();
+        }
+        // Posting on an inline device sends at once; let the datagrams land.
+        std::thread::sleep(Duration::from_millis(50));
+        da.shared().drive();
+        assert_eq!(udp_rx() - before, 5, "round {round}: one drive read all five");
+        let got = collect(&a2.rcq, &[], Duration::from_millis(20));
+        assert_eq!(got.len(), 5, "round {round}");
+        assert!(got.iter().all(|w| w.status == WcStatus::Success));
+        // c has its ACK before the next round (no retransmission then).
+        let s = wait_one(&c.scq, &[&a2.rcq]);
+        assert_eq!((s.wr_id, s.status), (4, WcStatus::Success));
+    }
+    drop((a, b, a2, c));
+    for d in [da, db, dc] {
+        d.remove();
+    }
+}
+
 /// Plays a broken or hostile peer: writes into the ring the other device
 /// reads, through the memfd. The reader must drop and count, never panic
 /// or read outside the mapping.

@@ -426,6 +426,7 @@ impl DeviceShared {
     /// that an edge-triggered poller (mio, `EPOLLET`), which reports a
     /// readable socket once, may call it once per readiness event.
     pub fn drive(self: &Arc<Self>) {
+        self.link.woken();
         for _ in 0..DRIVE_TURNS {
             let ((), received) = self.run_verb(true, |_, _| (), |_| false, true);
             if received == 0 {

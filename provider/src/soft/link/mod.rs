@@ -125,6 +125,14 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// The caller's own poller reported one of [`Link::poll_fds`]
+    /// readable without [`Link::prepare_sleep`] (an application's event
+    /// loop calling [`DeviceShared::drive`]): the next [`Link::recv`] must
+    /// look at every source. A link that polls some of them only now and
+    /// then (shared memory: the UDP socket, the listeners) does so then;
+    /// the poller may be edge-triggered and not report them again.
+    fn woken(&self) {}
+
     /// What memory a train ([`crate::soft::proto::train`]) sent to `dst`
     /// now may carry ([`TrainCaps`](crate::soft::proto::train::TrainCaps);
     /// none by default). A link that allows any must carry a [`Transmit`]

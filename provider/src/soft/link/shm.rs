@@ -875,6 +875,12 @@ impl Link for ShmLink {
         self.udp.flush() && shm
     }
 
+    fn woken(&self) {
+        // As after a sleep: the next receive drains the doorbell, runs the
+        // slow path (listeners, peers) and reads UDP.
+        self.armed.store(true, Ordering::Release);
+    }
+
     fn prepare_sleep(&self) -> bool {
         self.armed.store(true, Ordering::Release);
         let mut ok = true;
