@@ -116,16 +116,21 @@ fn sleeping_progress_threads_are_woken_by_the_doorbell() {
     );
 }
 
-/// A device in `Auto` mode whose progress thread sleeps (no spin), with
-/// a shared-memory channel up, must still hear a peer it reaches by UDP
-/// only: its poller is edge-triggered, so the turn it wakes for must read
-/// the socket. The UDP peer's retransmission timeout (4.3 s) is far above
-/// the wait allowed, so a datagram left in the socket fails the test.
-#[test]
-fn a_sleeping_auto_device_hears_a_udp_only_peer() {
-    let sleepy = EngineMode::ProgressThread { spin: Duration::ZERO };
+/// Device `a` (`Auto`, engine `engine`) with a shared-memory channel up
+/// to `b`, and a second QP `a2` on it connected to `c` on a UDP-only
+/// device, whose local ACK timeout is `c_timeout`.
+struct BesideChannel {
+    da: Arc<SoftDevice>,
+    la: Arc<ShmLink>,
+    devs: [Arc<SoftDevice>; 2],
+    sides: [Side; 2],
+    a2: Side,
+    c: Side,
+}
+
+fn udp_peer_beside_channel(engine: EngineMode, c_timeout: u8) -> BesideChannel {
     let ((da, la), (db, _lb)) = (
-        shm_device(ShmMode::Auto, sleepy),
+        shm_device(ShmMode::Auto, engine),
         shm_device(ShmMode::Auto, EngineMode::Inline),
     );
     let dc = device(LO4, EngineMode::Inline);
@@ -141,7 +146,39 @@ fn a_sleeping_auto_device_hears_a_udp_only_peer() {
     });
     let (a2, c) = (side(&da, 1 << 16, 300), side(&dc, 1 << 16, 400));
     connect_to(&a2, c.gid, c.qp.qp_num(), c.psn, Mtu::Mtu1024);
-    connect_to_timeout(&c, a2.gid, a2.qp.qp_num(), a2.psn, Mtu::Mtu1024, 20);
+    connect_to_timeout(&c, a2.gid, a2.qp.qp_num(), a2.psn, Mtu::Mtu1024, c_timeout);
+    BesideChannel {
+        da,
+        la,
+        devs: [db, dc],
+        sides: [a, b],
+        a2,
+        c,
+    }
+}
+
+impl BesideChannel {
+    fn remove(self) {
+        let BesideChannel {
+            da, devs, sides, a2, c, ..
+        } = self;
+        drop((sides, a2, c));
+        da.remove();
+        for d in devs {
+            d.remove();
+        }
+    }
+}
+
+/// A device in `Auto` mode whose progress thread sleeps (no spin), with
+/// a shared-memory channel up, must still hear a peer it reaches by UDP
+/// only: its poller is edge-triggered, so the turn it wakes for must read
+/// the socket. The UDP peer's retransmission timeout (4.3 s) is far above
+/// the wait allowed, so a datagram left in the socket fails the test.
+#[test]
+fn a_sleeping_auto_device_hears_a_udp_only_peer() {
+    let t = udp_peer_beside_channel(EngineMode::ProgressThread { spin: Duration::ZERO }, 20);
+    let (a2, c, la) = (&t.a2, &t.c, &t.la);
     for k in 0..4u64 {
         let sge = [a2.mr.sge(0, 64).unwrap()];
         a2.qp.post_recv(&[RecvWr::new(k, &sge)]).unwrap();
@@ -166,10 +203,7 @@ fn a_sleeping_auto_device_hears_a_udp_only_peer() {
         assert_eq!((s.wr_id, s.status), (k, WcStatus::Success));
     }
     assert!(la.peer_lines().iter().any(|p| p.contains(" shm up ")));
-    drop((a, b, a2, c));
-    for d in [da, db, dc] {
-        d.remove();
-    }
+    t.remove();
 }
 
 /// An inline application's own event loop calls `drive` once per
@@ -178,22 +212,9 @@ fn a_sleeping_auto_device_hears_a_udp_only_peer() {
 /// read what a UDP-only peer sent, as on a plain UDP device (`udp_link.rs`).
 #[test]
 fn one_drive_reads_a_udp_only_peer_beside_a_channel() {
-    let ((da, la), (db, _lb)) = (
-        shm_device(ShmMode::Auto, EngineMode::Inline),
-        shm_device(ShmMode::Auto, EngineMode::Inline),
-    );
-    let dc = device(LO4, EngineMode::Inline);
-    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 200));
-    connect(&a, &b, Mtu::Mtu1024);
-    let mut i = 0;
-    eventually("a shared-memory channel", || {
-        send_one(&b, &a, i, 8);
-        i += 1;
-        la.peer_lines().iter().any(|p| p.contains(" shm up "))
-    });
-    let (a2, c) = (side(&da, 1 << 16, 300), side(&dc, 1 << 16, 400));
-    connect(&a2, &c, Mtu::Mtu1024);
-    let udp_rx = || stat(&la, "udp_rx_datagrams");
+    let t = udp_peer_beside_channel(EngineMode::Inline, 14);
+    let (a2, c, la) = (&t.a2, &t.c, &t.la);
+    let udp_rx = || stat(la, "udp_rx_datagrams");
     for round in 0..3u64 {
         for k in 0..5u64 {
             let sge = [a2.mr.sge(64 * k, 64).unwrap()];
@@ -213,7 +234,7 @@ fn one_drive_reads_a_udp_only_peer_beside_a_channel() {
         }
         // Posting on an inline device sends at once; let the datagrams land.
         std::thread::sleep(Duration::from_millis(50));
-        da.shared().drive();
+        t.da.shared().drive();
         assert_eq!(udp_rx() - before, 5, "round {round}: one drive read all five");
         let got = collect(&a2.rcq, &[], Duration::from_millis(20));
         assert_eq!(got.len(), 5, "round {round}");
@@ -222,10 +243,7 @@ fn one_drive_reads_a_udp_only_peer_beside_a_channel() {
         let s = wait_one(&c.scq, &[&a2.rcq]);
         assert_eq!((s.wr_id, s.status), (4, WcStatus::Success));
     }
-    drop((a, b, a2, c));
-    for d in [da, db, dc] {
-        d.remove();
-    }
+    t.remove();
 }
 
 /// Plays a broken or hostile peer: writes into the ring the other device

@@ -882,7 +882,8 @@ impl Link for ShmLink {
     }
 
     fn prepare_sleep(&self) -> bool {
-        self.armed.store(true, Ordering::Release);
+        // The wake-up that ends the sleep is a `woken`.
+        self.woken();
         let mut ok = true;
         for c in self.chans_r().iter() {
             if c.state() == UP && c.peer.get().is_some() {
