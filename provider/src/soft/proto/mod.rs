@@ -37,9 +37,10 @@ mod slab;
 mod srq;
 #[cfg(test)]
 mod tests;
+mod timers;
 pub mod train;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::net::IpAddr;
 
 use crate::verbs::{
@@ -237,7 +238,7 @@ pub struct Core {
     spare_tx_list: Vec<Transmit>,
     events: VecDeque<CoreEvent>,
     /// (deadline, qpn) of every QP with an armed timer.
-    timers: BTreeSet<(Nanos, u32)>,
+    timers: timers::Timers,
     counters: Counters,
     /// Set by [`Core::revoke`] (hot-unplug).
     revoked: bool,
@@ -274,7 +275,7 @@ impl Core {
             spare_bufs: Vec::new(),
             spare_tx_list: Vec::new(),
             events: VecDeque::new(),
-            timers: BTreeSet::new(),
+            timers: timers::Timers::default(),
             counters: Counters::default(),
             revoked: false,
             fatal: false,
@@ -462,12 +463,12 @@ impl Core {
     /// It may be early (a timer whose deadline moved out or went away
     /// still wakes once, and finds nothing to do), never late.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.timers.first().map(|&(t, _)| t)
+        self.timers.first_deadline()
     }
 
     /// Runs every timer due at `now` (retransmission, RNR retry).
     pub fn handle_timeout(&mut self, now: Nanos) {
-        while let Some(&(t, qpn)) = self.timers.first() {
+        while let Some((t, qpn)) = self.timers.first() {
             if t > now {
                 break;
             }
@@ -851,10 +852,10 @@ impl Core {
     /// Arms (or disarms with `None`) the single timer of a QP.
     pub(crate) fn set_timer(&mut self, qp: &mut Qp, deadline: Option<Nanos>) {
         if let Some(old) = qp.timer.take() {
-            self.timers.remove(&(old, qp.qpn));
+            self.timers.remove(old, qp.qpn);
         }
         if let Some(t) = deadline {
-            self.timers.insert((t, qp.qpn));
+            self.timers.insert(t, qp.qpn);
             qp.timer = Some(t);
         }
     }
