@@ -276,7 +276,11 @@ impl Core {
             let r = super::mr::MrTable::resolve(e, addr, len)
                 .map_err(|_| verr!(MapMrPages, InvalidArgument, "entry {i} is outside its MR"))?;
             match r {
-                super::mr::Resolved::One { memory, offset } => segments.push(Segment { memory, offset, len }),
+                super::mr::Resolved::One { memory, offset } => segments.push(Segment {
+                    memory: memory.clone(),
+                    offset,
+                    len,
+                }),
                 super::mr::Resolved::Many(s) => segments.extend(s),
             }
             pages += n;

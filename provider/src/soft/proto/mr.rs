@@ -87,13 +87,21 @@ impl MrEntry {
 }
 
 /// A checked range: one or more pieces of memory to copy through.
+///
+/// A plain MR's range borrows the MR's memory from the table: the checks
+/// run on every message, and cloning the `Arc` (a locked increment and
+/// decrement, which also drain the store buffer) bought nothing while the
+/// table cannot change under the borrow.
 #[derive(Debug, Clone)]
-pub(crate) enum Resolved {
-    One { memory: Arc<MemorySource>, offset: usize },
+pub(crate) enum Resolved<'a> {
+    One {
+        memory: &'a Arc<MemorySource>,
+        offset: usize,
+    },
     Many(Vec<Segment>),
 }
 
-impl Resolved {
+impl Resolved<'_> {
     /// Copies out of the range into `dst` (whose length is the range's).
     pub(crate) fn read(&self, dst: &mut [u8]) -> Result<(), ()> {
         match self {
@@ -231,7 +239,7 @@ impl Resolved {
         let one;
         let segs: &mut dyn Iterator<Item = (&MemorySource, usize, u64)> = match self {
             Resolved::One { memory, offset } => {
-                one = [(&**memory, *offset, u64::MAX)];
+                one = [(&***memory, *offset, u64::MAX)];
                 &mut one.iter().copied()
             }
             Resolved::Many(segs) => &mut segs.iter().map(|s| (&*s.memory, s.offset, s.len)),
@@ -386,7 +394,7 @@ impl MrTable {
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<Option<Resolved>, KeyError> {
+    ) -> Result<Option<Resolved<'_>>, KeyError> {
         if len == 0 {
             return Ok(None);
         }
@@ -413,7 +421,7 @@ impl MrTable {
         addr: u64,
         len: u64,
         need: AccessFlags,
-    ) -> Result<Option<Resolved>, KeyError> {
+    ) -> Result<Option<Resolved<'_>>, KeyError> {
         if len == 0 {
             return Ok(None);
         }
@@ -441,7 +449,7 @@ impl MrTable {
         }
     }
 
-    pub(crate) fn resolve(e: &MrEntry, addr: u64, len: u64) -> Result<Resolved, KeyError> {
+    pub(crate) fn resolve(e: &MrEntry, addr: u64, len: u64) -> Result<Resolved<'_>, KeyError> {
         let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
         if addr < e.iova || end > e.iova.saturating_add(e.len) {
             return Err(KeyError::Bounds);
@@ -449,7 +457,7 @@ impl MrTable {
         let off = addr - e.iova;
         match &e.backing {
             Backing::Plain(memory) => Ok(Resolved::One {
-                memory: memory.clone(),
+                memory,
                 offset: usize::try_from(off).map_err(|_| KeyError::Bounds)?,
             }),
             Backing::FastReg { valid: false, .. } | Backing::FastReg { mapping: None, .. } => Err(KeyError::BadKey),
@@ -496,7 +504,7 @@ impl MrTable {
         mut offset: u64,
         len: usize,
         need: AccessFlags,
-        mut f: impl FnMut(&Resolved, usize, usize) -> Result<(), ()>,
+        mut f: impl FnMut(&Resolved<'_>, usize, usize) -> Result<(), ()>,
     ) -> Result<(), ()> {
         let mut done = 0usize;
         for s in sgl {
