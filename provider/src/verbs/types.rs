@@ -503,14 +503,15 @@ impl Gid {
     /// The IP address this GID names (IPv4 for a mapped GID).
     #[inline]
     pub fn to_ip(self) -> IpAddr {
-        // The mapped-prefix test on the bytes directly: the engine calls
-        // this for every packet, and `Ipv6Addr::to_ipv4_mapped` went
-        // through eight 16-bit segments.
-        let b = self.0;
-        if b[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
-            IpAddr::V4(Ipv4Addr::new(b[12], b[13], b[14], b[15]))
+        // The mapped-prefix test on one 128-bit word (its top 96 bits):
+        // the engine calls this for every packet, and
+        // `Ipv6Addr::to_ipv4_mapped` went through eight 16-bit segments.
+        let w = u128::from_be_bytes(self.0);
+        if w >> 32 == 0xffff {
+            // The low 32 bits are the IPv4 address.
+            IpAddr::V4(Ipv4Addr::from(w as u32))
         } else {
-            IpAddr::V6(Ipv6Addr::from(b))
+            IpAddr::V6(Ipv6Addr::from(w))
         }
     }
 
@@ -632,5 +633,22 @@ mod tests {
         assert_eq!(g6.subnet_prefix(), 0xfe80_0000_0000_0000);
         assert_eq!(g6.interface_id(), 1);
         assert_eq!(Guid(0x0002_c903_0001_0203).to_string(), "0002:c903:0001:0203");
+        // `to_ip` against std's reading of the mapped prefix, including
+        // addresses that differ from it in one part only.
+        for a in [
+            "::ffff:10.0.0.7",
+            "::ffff:0.0.0.0",
+            "::1",
+            "::",
+            "::fffe:10.0.0.7",
+            "::1:ffff:10.0.0.7",
+            "1::ffff:10.0.0.7",
+            "fe80::ffff:10.0.0.7",
+            "ff00::",
+        ] {
+            let v6: std::net::Ipv6Addr = a.parse().unwrap();
+            let want = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
+            assert_eq!(Gid(v6.octets()).to_ip(), want, "{a}");
+        }
     }
 }

@@ -102,26 +102,6 @@ pub(crate) enum Resolved<'a> {
 }
 
 impl Resolved<'_> {
-    /// Copies out of the range into `dst` (whose length is the range's).
-    pub(crate) fn read(&self, dst: &mut [u8]) -> Result<(), ()> {
-        match self {
-            Resolved::One { memory, offset } => memory.read_at(*offset, dst).map_err(|_| ()),
-            Resolved::Many(segs) => {
-                let mut done = 0;
-                for s in segs {
-                    let n = (s.len as usize).min(dst.len() - done);
-                    s.memory.read_at(s.offset, &mut dst[done..done + n]).map_err(|_| ())?;
-                    done += n;
-                }
-                if done == dst.len() {
-                    Ok(())
-                } else {
-                    Err(())
-                }
-            }
-        }
-    }
-
     /// Copies `src` into the range.
     pub(crate) fn write(&self, src: &[u8]) -> Result<(), ()> {
         match self {

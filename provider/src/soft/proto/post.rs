@@ -432,9 +432,9 @@ impl Core {
         let Ok(r) = MrTable::resolve(e, s.addr(), u64::from(s.length())) else {
             return false;
         };
-        let start = dst.len();
-        dst.resize(start + s.length() as usize, 0);
-        r.read(&mut dst[start..]).is_ok()
+        // Appended in place: resizing first zeroed the bytes the copy
+        // then overwrote (a `memset` call per inline send).
+        r.append_to(s.length() as usize, dst).is_ok()
     }
 }
 
