@@ -262,6 +262,9 @@ struct RxSide {
     maps: TokenMaps,
     /// The descriptor of the train being delivered (kept for its vector).
     desc: ring::TrainDesc,
+    /// Whether the consumer's current slot addresses passed the check of
+    /// [`ShmLink::addrs_ok`].
+    addrs_ok: bool,
 }
 
 /// The receiver's table of the peer's mapped buffers.
@@ -331,6 +334,7 @@ impl Channel {
                     npkts: 0,
                     pieces: Vec::with_capacity(ring::TRAIN_MAX_PIECES),
                 },
+                addrs_ok: false,
             }),
             peer: OnceLock::new(),
             offered,

@@ -659,6 +659,9 @@ pub struct Consumer {
     /// The addresses of the last slot read (what a slot without
     /// [`FLAG_ADDRS`] has).
     addrs: (IpAddr, IpAddr),
+    /// `addrs` changed (or are the initial ones) since
+    /// [`Consumer::take_fresh`] last ran.
+    fresh: bool,
 }
 
 impl Consumer {
@@ -671,7 +674,16 @@ impl Consumer {
             broken: false,
             sleeping: false,
             addrs: (IpAddr::V6(Ipv6Addr::UNSPECIFIED), IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+            fresh: true,
         }
+    }
+
+    /// Whether the addresses of the slots read changed since the last
+    /// call (true on the first): a reader that checks them may keep its
+    /// verdict until they do, since a slot without [`FLAG_ADDRS`] has the
+    /// addresses of the one before.
+    pub fn take_fresh(&mut self) -> bool {
+        std::mem::replace(&mut self.fresh, false)
     }
 
     /// `(slots read, slots freed)`.
@@ -787,6 +799,7 @@ impl Consumer {
                 dst[8 * k..8 * k + 8].copy_from_slice(&d.to_ne_bytes());
             }
             self.addrs = (ip_of(src), ip_of(dst));
+            self.fresh = true;
             SLOT_DATA_ADDRS
         } else {
             SLOT_HDR

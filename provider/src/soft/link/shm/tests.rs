@@ -521,6 +521,43 @@ fn hostile_train_slots_are_dropped_and_counted() {
 
 /// A train slot on a channel where the receiver did not offer trains
 /// is dropped.
+/// The address check runs when a slot's addresses change, and its verdict
+/// holds for the slots after it that carry none: a foreign source stays
+/// dropped over its address-less followers, and a good source after it is
+/// checked afresh.
+#[test]
+fn slot_addresses_are_checked_when_they_change() {
+    let (a, b) = pair(false, false);
+    a.send(dgram(&a, &b, b"hello", None));
+    assert_eq!(pump_until(&a, &b, 1).len(), 1);
+    let mut f = Forger::new(&a, &b);
+    let foreign = SlotMeta {
+        src: "10.9.9.9".parse().unwrap(),
+        ..f.meta
+    };
+    let good = f.meta;
+    let mut push = |m: &SlotMeta, data: &[u8]| {
+        f.p.push_ext(&f.region, m, ring::KIND_DATAGRAM, data, &[]).unwrap();
+    };
+    // The producer writes addresses only when they differ from the
+    // previous slot's: the second and third slots carry none.
+    for (m, data) in [(&foreign, b"bad1"), (&foreign, b"bad2"), (&foreign, b"bad3")] {
+        push(m, data);
+    }
+    for (m, data) in [
+        (&good, b"ok-1"),
+        (&good, b"ok-2"),
+        (&foreign, b"bad4"),
+        (&good, b"ok-3"),
+    ] {
+        push(m, data);
+    }
+    let got = pump_until(&a, &b, 3);
+    let data: Vec<&[u8]> = got.iter().map(|g| g.data.as_slice()).collect();
+    assert_eq!(data, [b"ok-1", b"ok-2", b"ok-3"]);
+    assert_eq!(stat(&b, "shm_rx_bad_addr"), 4);
+}
+
 #[test]
 fn train_slots_without_the_offer_are_dropped() {
     let (a, b) = pair(true, false);
