@@ -15,7 +15,10 @@
 # CLI's own benchmarks between two processes over both links and in one
 # process (a few seconds each), `llvm-profdata merge`, and the optimized
 # build (target/pgo/use). It prints the optimized binary's path last.
-# Nothing of the normal build (target/release) is touched.
+# Nothing of the normal build (target/release) is touched. The RUSTFLAGS
+# set here replace those of .cargo/config.toml (its higher inline
+# threshold, which brings the release build close to this one and adds
+# nothing to it: the profile guides the inlining).
 #
 # Needs the llvm-profdata of the toolchain's own LLVM (the rustup component
 # llvm-tools, which this script adds if it is missing; a system
