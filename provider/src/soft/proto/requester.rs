@@ -102,6 +102,8 @@ impl Core {
     /// Transmits as much of the send queue as the window, fences and the
     /// read/atomic bound allow.
     pub(crate) fn requester(&mut self, qp: &mut Qp, now: Nanos) {
+        // Whether this run finished sending a WQE (for the timer below).
+        let mut sent_last = false;
         loop {
             let state = qp.state();
             let mid_message = qp.req.send_offset > 0;
@@ -168,6 +170,9 @@ impl Core {
             }
             let done = self.send_one_packet(qp, idx, room);
             if done {
+                // (An RC WQE stays Sent until an ACK, which this loop
+                // does not take in.)
+                sent_last = true;
                 let w = &mut qp.sq[idx];
                 w.state = WqeState::Sent;
                 if w.op.is_read_or_atomic() {
@@ -185,7 +190,7 @@ impl Core {
             }
         }
         if qp.qp_type == QpType::Rc {
-            self.arm_retransmit(qp, now);
+            self.arm_retransmit(qp, now, sent_last);
         }
     }
 
