@@ -519,8 +519,6 @@ fn hostile_train_slots_are_dropped_and_counted() {
     assert!(c.rx_malformed >= hostile.len() as u64 + 2, "{c:?}");
 }
 
-/// A train slot on a channel where the receiver did not offer trains
-/// is dropped.
 /// The address check runs when a slot's addresses change, and its verdict
 /// holds for the slots after it that carry none: a foreign source stays
 /// dropped over its address-less followers, and a good source after it is
@@ -558,6 +556,8 @@ fn slot_addresses_are_checked_when_they_change() {
     assert_eq!(stat(&b, "shm_rx_bad_addr"), 4);
 }
 
+/// A train slot on a channel where the receiver did not offer trains
+/// is dropped.
 #[test]
 fn train_slots_without_the_offer_are_dropped() {
     let (a, b) = pair(true, false);
