@@ -32,6 +32,11 @@ const GRO_OFF_AFTER: u32 = 4096;
 /// Polls after switching GRO off that still use `recvmmsg`, which splits
 /// any run queued before the switch.
 const CAREFUL_POLLS: u32 = 64;
+/// Probes after which bound sockets that found nothing beside a live twin
+/// count as quiet (see [`UdpLink::receive`]).
+const QUIET_PROBES: u32 = 64;
+/// How often a probe reads a quiet bound socket beside a live twin.
+const QUIET_EVERY: u32 = 4;
 
 /// When the link's sockets have GRO on, and whether a poll may probe with
 /// `recvfrom`.
@@ -117,46 +122,49 @@ impl UdpLink {
         // asks for a batch), so a ping-pong's reply is not held up by a
         // second system call.
         let probe = rx.policy.probe();
+        // Each empty receive call is ~0.3–0.5 µs on our VMs, and a probe
+        // of two sockets makes a datagram wait for the other one's call.
+        // So once the bound sockets beside live twins found nothing for
+        // QUIET_PROBES probes (the traffic comes by the twins), probes
+        // read them every QUIET_EVERY-th time only: a datagram from
+        // another peer then waits up to three more probes of the twin.
+        let skip_quiet = probe && rx.bound_quiet >= QUIET_PROBES && !rx.probes.is_multiple_of(QUIET_EVERY);
+        rx.probes = rx.probes.wrapping_add(1);
         for s in &self.socks {
-            let fd = s.sock.as_raw_fd();
-            if probe && total < budget {
-                bump_held(&self.stats.rx_syscalls, 1);
-                match sys::recv_one(fd, &mut rx) {
-                    Ok(1) => {
-                        total += 1;
-                        bump_held(&self.stats.rx_datagrams, 1);
-                        self.deliver_one(s, &rx, 0, &mut icrc, f);
-                    }
-                    Ok(_) => {}
-                    Err(_) => bump(&self.stats.rx_errors, 1),
-                }
-                continue;
-            }
-            // A small first call (see `sys::RX_FIRST`), larger ones after
-            // a full one.
-            let mut ask = sys::RX_FIRST;
-            while total < budget {
-                bump_held(&self.stats.rx_syscalls, 1);
-                let ask_now = ask.min(budget - total);
-                ask = sys::RX_BATCH;
-                let n = match sys::recv_batch(fd, &mut rx, ask_now) {
-                    Ok(n) => n,
-                    Err(_) => {
-                        bump(&self.stats.rx_errors, 1);
-                        0
-                    }
-                };
-                if n == 0 {
+            // The connected twin first (see the module docs): a ping-pong's
+            // peer sends to it. A probe that finds a datagram there leaves
+            // the bound socket to the next call.
+            let twin = s.twin.as_ref().filter(|_| s.twin_live.load(Ordering::Acquire));
+            let mut found = false;
+            for (fd, is_twin) in twin
+                .map(|t| (t.as_raw_fd(), true))
+                .into_iter()
+                .chain(std::iter::once((s.sock.as_raw_fd(), false)))
+            {
+                if probe && (found || (skip_quiet && twin.is_some())) && !is_twin {
                     break;
                 }
-                total += n;
-                bump_held(&self.stats.rx_datagrams, n as u64);
-                for i in 0..n {
-                    self.deliver_one(s, &rx, i, &mut icrc, f);
+                if probe && total < budget {
+                    bump_held(&self.stats.rx_syscalls, 1);
+                    match sys::recv_one(fd, &mut rx) {
+                        Ok(1) => {
+                            total += 1;
+                            found = true;
+                            bump_held(&self.stats.rx_datagrams, 1);
+                            self.deliver_one(s, &rx, 0, &mut icrc, f);
+                            if !is_twin {
+                                rx.bound_quiet = 0;
+                            }
+                        }
+                        Ok(_) if !is_twin && twin.is_some() => {
+                            rx.bound_quiet = rx.bound_quiet.saturating_add(1);
+                        }
+                        Ok(_) => {}
+                        Err(e) => self.count_rx_error(&e, is_twin),
+                    }
+                    continue;
                 }
-                if n < ask_now {
-                    break;
-                }
+                total += self.read_batches(s, fd, is_twin, budget - total, &mut rx, &mut icrc, f);
             }
         }
         rx.icrc = icrc;
@@ -166,15 +174,69 @@ impl UdpLink {
         total
     }
 
+    /// Counts a failed receive call, except the `ECONNREFUSED` by which a
+    /// connected twin reports that its peer is gone (see the module docs).
+    fn count_rx_error(&self, e: &std::io::Error, twin: bool) {
+        if !(twin && e.raw_os_error() == Some(libc::ECONNREFUSED)) {
+            bump(&self.stats.rx_errors, 1);
+        }
+    }
+
+    /// Reads `fd` (socket `s` or its twin) with `recvmmsg` until it is dry
+    /// or `budget` datagrams came; returns how many came.
+    #[allow(clippy::too_many_arguments)]
+    fn read_batches(
+        &self,
+        s: &Sock,
+        fd: std::os::fd::RawFd,
+        twin: bool,
+        budget: usize,
+        rx: &mut sys::RxBufs,
+        icrc: &mut IcrcPrefix,
+        f: &mut dyn FnMut(Datagram<'_>),
+    ) -> usize {
+        let mut total = 0;
+        // A small first call (see `sys::RX_FIRST`), larger ones after
+        // a full one.
+        let mut ask = sys::RX_FIRST;
+        while total < budget {
+            bump_held(&self.stats.rx_syscalls, 1);
+            let ask_now = ask.min(budget - total);
+            ask = sys::RX_BATCH;
+            let n = match sys::recv_batch(fd, rx, ask_now) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.count_rx_error(&e, twin);
+                    0
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            total += n;
+            if !twin {
+                rx.bound_quiet = 0;
+            }
+            bump_held(&self.stats.rx_datagrams, n as u64);
+            for i in 0..n {
+                self.deliver_one(s, rx, i, icrc, f);
+            }
+            if n < ask_now {
+                break;
+            }
+        }
+        total
+    }
+
     /// Turns GRO on or off on every socket (see [`GroPolicy`]); a socket
     /// that refuses keeps the policy from switching again.
     fn switch_gro(&self, on: bool, policy: &mut GroPolicy) {
-        let ok = self.socks.iter().all(|s| sys::set_gro(s.sock.as_raw_fd(), on));
+        let ok = self.socks.iter().flat_map(Sock::fds).all(|fd| sys::set_gro(fd, on));
         bump(&self.stats.rx_gro_switches, 1);
         if !ok {
             // Leave it on, as a socket that cannot switch may have.
-            for s in &self.socks {
-                let _ = sys::set_gro(s.sock.as_raw_fd(), true);
+            for fd in self.socks.iter().flat_map(Sock::fds) {
+                let _ = sys::set_gro(fd, true);
             }
             policy.disable();
         }

@@ -8,8 +8,8 @@
 
 use std::io;
 use std::mem::size_of;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{FromRawFd, RawFd};
 
 /// Datagrams one `recvmmsg` call can return.
 pub const RX_BATCH: usize = 32;
@@ -168,6 +168,44 @@ pub(super) fn set_gro(fd: RawFd, on: bool) -> bool {
     setsockopt(fd, libc::SOL_UDP, libc::UDP_GRO, i32::from(on)).is_ok()
 }
 
+/// Sets or clears `SO_REUSEPORT`: while both have it set, another socket
+/// of this user may bind the address and port this one is bound to.
+pub(super) fn set_reuse_port(fd: RawFd, on: bool) -> io::Result<()> {
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, i32::from(on))
+}
+
+/// A non-blocking UDP socket bound to `local` with `SO_REUSEPORT` set:
+/// beside a socket bound there that has it set too.
+pub(super) fn bind_beside(local: SocketAddr) -> io::Result<UdpSocket> {
+    let family = if local.is_ipv6() { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: creates a descriptor; no pointer is passed.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and nothing else owns it; the socket
+    // closes it when dropped, on the error paths below too.
+    let sock = unsafe { UdpSocket::from_raw_fd(fd) };
+    set_reuse_port(fd, true)?;
+    let (name, len) = SockAddr::from_std(local);
+    // SAFETY: `name` is live for the call and `len` is the size of the
+    // address `from_std` wrote.
+    let r = unsafe { libc::bind(fd, (&name as *const SockAddr).cast(), len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+/// Whether a datagram waits on `fd` (peeked, not taken).
+pub(super) fn has_waiting(fd: RawFd) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is live and its length is passed; the call does not
+    // block (MSG_DONTWAIT) and only peeks.
+    let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    n >= 0
+}
+
 /// Whether the kernel supports UDP GSO on this socket.
 pub(super) fn gso_supported(fd: RawFd) -> bool {
     getsockopt_int(fd, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok()
@@ -179,6 +217,10 @@ pub(super) struct RxBufs {
     pub(super) policy: super::rx::GroPolicy,
     /// The ICRC state of the last flow received from.
     pub(super) icrc: crate::soft::wire::IcrcPrefix,
+    /// Probes in a row in which the bound sockets beside live twins found
+    /// nothing, and probes made (see `UdpLink::receive`).
+    pub(super) bound_quiet: u32,
+    pub(super) probes: u32,
     data: Vec<u8>,
     names: Vec<SockAddr>,
     cmsgs: Vec<CmsgBuf>,
@@ -205,6 +247,8 @@ impl RxBufs {
         RxBufs {
             policy: super::rx::GroPolicy::new(gro),
             icrc: crate::soft::wire::IcrcPrefix::default(),
+            bound_quiet: 0,
+            probes: 0,
             data: vec![0; RX_BATCH * slot],
             names: vec![SockAddr::empty(); RX_BATCH],
             cmsgs: vec![CmsgBuf([0; 32]); RX_BATCH],
@@ -388,12 +432,27 @@ pub(super) fn send_batch<D: AsRef<[u8]>>(fd: RawFd, datagrams: &[D], msgs: &[TxM
 }
 
 /// One datagram with `sendto` (the batch of one of [`send_batch`], without
-/// the batch).
-pub(super) fn send_single(fd: RawFd, data: &[u8], dst: SocketAddr) -> SendOutcome {
+/// the batch), or with `send` on a connected socket (`dst` `None`).
+pub(super) fn send_single(fd: RawFd, data: &[u8], dst: Option<SocketAddr>) -> SendOutcome {
     crate::soft::probe::mark(crate::soft::probe::Point::TxLink);
-    let r = send_one(fd, data, dst);
+    let r = match dst {
+        Some(dst) => send_one(fd, data, dst),
+        None => send_connected(fd, data),
+    };
     crate::soft::probe::mark(crate::soft::probe::Point::TxSyscallDone);
     r
+}
+
+/// One datagram with `send` on a connected socket: no address, so the
+/// kernel uses the route the socket keeps instead of looking one up.
+fn send_connected(fd: RawFd, data: &[u8]) -> SendOutcome {
+    // SAFETY: `data` is live for the call; the socket is non-blocking.
+    let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
+    if n < 0 {
+        SendOutcome::Failed(io::Error::last_os_error())
+    } else {
+        SendOutcome::Sent(1)
+    }
 }
 
 /// One datagram with `sendto`, which copies in no message header (the
