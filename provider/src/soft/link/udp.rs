@@ -116,8 +116,10 @@
 //! stayed empty for 64 idle probes, probes read it every fourth time only,
 //! and a datagram from another peer waits up to three more probes of the
 //! twin (a probe that finds one, and any call that reads batches, reads
-//! both). When the twin moves to another destination, datagrams of the
-//! old one may be read out of order once (RC resends them).
+//! both). When the twin connects (or moves to another destination), what
+//! its peer sent before may still wait on the bound socket and be read
+//! after newer datagrams on the twin, once; RC takes that as a loss and
+//! resends (a ping-pong has one datagram in flight and never sees it).
 //!
 //! The catch is GSO's: a connected IPv4 socket numbers the IP
 //! identification field, which the ICRC covers. A soft receiver cannot
