@@ -211,8 +211,9 @@ pub struct UdpConfig {
     /// Requested socket send and receive buffer, in bytes (raised past
     /// the sysctl limits when the process may).
     pub socket_buffer: usize,
-    /// Whether single datagrams to the destination the device sends to
-    /// may go by a connected socket (see the module docs).
+    /// Whether single datagrams to the destination the device keeps
+    /// sending to may go by a connected socket (see the module docs). On
+    /// in [`UdpConfig::new`].
     pub connect: bool,
 }
 
