@@ -101,6 +101,12 @@ pub struct Args {
     /// UDP GSO policy of the soft device
     #[arg(long, value_enum, default_value_t = Gso::Auto)]
     pub gso: Gso,
+    /// Whether the soft device may send to its peer by a connected socket
+    /// (auto: towards soft devices and IPv6 peers; over IPv4 the kernel
+    /// then numbers the IP id, which the ICRC assumes is 0: off for
+    /// captures whose ICRCs must check)
+    #[arg(long, value_enum, default_value_t = Connected::Auto)]
+    pub connected: Connected,
     /// Which path the soft device uses to reach the peer: shared memory
     /// when the peer is a soft device on this host (else UDP), shared
     /// memory only, or UDP only
@@ -141,6 +147,15 @@ pub enum LinkKind {
     Shm,
     /// UDP only
     Udp,
+}
+
+/// `--connected` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Connected {
+    /// Towards soft devices (loopback, private GIDs) and IPv6 peers
+    Auto,
+    /// Never
+    Off,
 }
 
 /// `--gso` values.
@@ -372,6 +387,7 @@ fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Opti
         Gso::On => GsoMode::On,
         Gso::Off => GsoMode::Off,
     };
+    udp.connect = args.connected == Connected::Auto;
     let name = format!("softverbs_udp{}", std::process::id());
     let mut cfg = match args.link {
         LinkKind::Udp => SoftDeviceConfig::udp(&name, udp),
