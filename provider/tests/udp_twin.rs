@@ -288,3 +288,61 @@ fn another_peer_is_heard_beside_a_busy_twin() {
     let st = a.stats();
     assert!(st.rx_syscalls < 2 * calls * 3 / 4, "{calls} probes: {st:?}");
 }
+
+/// A device bound to every address of `lo` has a twin per address: an
+/// IPv4 and an IPv6 peer each get their own, and both answer.
+#[test]
+fn each_address_of_an_interface_has_its_twin() {
+    use softverbs::soft::link::udp::Bind;
+    let mut cfg = UdpConfig::new(LO4);
+    cfg.bind = Bind::Interface("lo".into());
+    cfg.port = UdpPort::Fixed(free_private_port(LO4));
+    let a = match UdpLink::bind(&cfg) {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            eprintln!("SKIP each_address_of_an_interface_has_its_twin: lost a port race ({e})");
+            return;
+        }
+        Err(e) => panic!("bind lo: {e}"),
+    };
+    // One GID per bound address, in the same order.
+    let addrs = a.local_addrs();
+    let gid_of = |v6: bool| {
+        a.gids()
+            .into_iter()
+            .zip(&addrs)
+            .find(|(_, s)| s.is_ipv6() == v6)
+            .map(|p| p.0)
+    };
+    let (Some(v4), Some(v6)) = (gid_of(false), gid_of(true)) else {
+        eprintln!("SKIP each_address_of_an_interface_has_its_twin: lo has no IPv4 and IPv6 address ({addrs:?})");
+        return;
+    };
+    assert_eq!(a.poll_fds().len(), 2 * addrs.len(), "a twin per bound address");
+    let (b4, b6) = (bind_lo(LO4, true), bind_lo(LO6, true));
+    let n = 2 * CONNECT_AFTER;
+    for (peer, src) in [(&b4, v4), (&b6, v6)] {
+        for seq in 0..n {
+            a.send_one(send_only(src.to_ip(), ip_of(peer), &seq.to_be_bytes()), &mut drop);
+        }
+        let got: Vec<u32> = recv_n(peer, n as usize).into_iter().map(|p| p.1).collect();
+        assert_eq!(got, (0..n).collect::<Vec<_>>());
+    }
+    let st = a.stats();
+    assert_eq!(st.tx_connects, 2, "{st:?}");
+    // Both answer, to the twins connected to them: every reply arrives.
+    for (peer, base, dst) in [(&b4, 100u32, v4), (&b6, 200u32, v6)] {
+        for seq in 0..n {
+            peer.send_one(
+                send_only(ip_of(peer), dst.to_ip(), &(base + seq).to_be_bytes()),
+                &mut drop,
+            );
+        }
+    }
+    let mut got: Vec<u32> = recv_n(&a, 2 * n as usize).into_iter().map(|p| p.1).collect();
+    got.sort_unstable();
+    let want: Vec<u32> = (100..100 + n).chain(200..200 + n).collect();
+    assert_eq!(got, want);
+    let st = a.stats();
+    assert_eq!((st.rx_bad_icrc, st.rx_errors), (0, 0), "{st:?}");
+}
