@@ -366,8 +366,6 @@ struct Resolved {
     gso: bool,
     ip: IpPseudoHeader,
     ports: UdpPorts,
-    /// The twin of `sock` is connected to `to`.
-    twin: bool,
     /// The twin may connect to `to` (see the module docs).
     connectable: bool,
     /// Single datagrams sent here in a row without the twin.
@@ -458,7 +456,7 @@ impl UdpLink {
             sys::set_buffer(fd, false, want);
             let local = sock.local_addr()?;
             let twin = if cfg.connect {
-                Self::twin_of(&sock, local, want, ip.is_ipv6())
+                Self::twin_of(&sock, local, want)
             } else {
                 None
             };
@@ -646,7 +644,7 @@ impl UdpLink {
         // The kept destination is used in place: copying it out and back
         // cost ~30 instructions a datagram.
         if !flow.last.as_ref().is_some_and(|r| r.src == t.src && r.dst == t.dst) {
-            if let Some(r) = self.resolve(t.src, t.dst, &flow.peers) {
+            if let Some(r) = self.resolve(t.src, t.dst) {
                 flow.last = Some(r);
             } else {
                 bump(&self.stats.tx_unroutable, 1);
@@ -665,8 +663,7 @@ impl UdpLink {
 
     /// The socket, endpoint, GSO choice and ICRC headers for datagrams
     /// from engine address `src` to `dst`; `None` if no socket reaches it.
-    /// `peers` says where each socket's twin is connected.
-    fn resolve(&self, src: IpAddr, dst: IpAddr, peers: &[Option<SocketAddr>]) -> Option<Resolved> {
+    fn resolve(&self, src: IpAddr, dst: IpAddr) -> Option<Resolved> {
         let dgid = Gid::from_ip(dst);
         let to = self.endpoint_of(dgid)?;
         let sock = self.sock_for(src, to)?;
@@ -688,7 +685,6 @@ impl UdpLink {
                 src: s.local.port(),
                 dst: to.port(),
             },
-            twin: peers.get(sock).copied().flatten() == Some(to),
             connectable: s.twin.is_some() && to != s.local && (to.is_ipv6() || private || to.ip().is_loopback()),
             streak: 0,
         })
@@ -862,7 +858,7 @@ impl UdpLink {
             st.route.clear();
             for t in &batch {
                 // The ICRC was filled in when the datagram was first routed.
-                let r = self.resolve(t.src, t.dst, &[]).map(|r| (r.sock, r.to, r.gso));
+                let r = self.resolve(t.src, t.dst).map(|r| (r.sock, r.to, r.gso));
                 st.route.push(r);
             }
             let sent = self.send_routed(st, &batch, 0);

@@ -448,6 +448,11 @@ pub(super) fn send_single(fd: RawFd, data: &[u8], dst: Option<SocketAddr>) -> Se
 fn send_connected(fd: RawFd, data: &[u8]) -> SendOutcome {
     // SAFETY: `data` is live for the call; the socket is non-blocking.
     let n = unsafe { libc::send(fd, data.as_ptr().cast(), data.len(), 0) };
+    sent_one(n)
+}
+
+/// The outcome of a call that sends one datagram.
+fn sent_one(n: isize) -> SendOutcome {
     if n < 0 {
         SendOutcome::Failed(io::Error::last_os_error())
     } else {
@@ -471,11 +476,7 @@ fn send_one(fd: RawFd, data: &[u8], dst: SocketAddr) -> SendOutcome {
             len,
         )
     };
-    if n < 0 {
-        SendOutcome::Failed(io::Error::last_os_error())
-    } else {
-        SendOutcome::Sent(1)
-    }
+    sent_one(n)
 }
 
 /// Messages of a small send batch (see [`send_batch`]).

@@ -16,7 +16,7 @@ impl UdpLink {
     /// The connected twin of `sock`, bound to `local` too (see the module
     /// docs), parked: connected to `local` itself. `None` if the kernel
     /// refuses a step; the device then sends everything by `sock`.
-    pub(super) fn twin_of(sock: &UdpSocket, local: SocketAddr, buffer: i32, v6: bool) -> Option<UdpSocket> {
+    pub(super) fn twin_of(sock: &UdpSocket, local: SocketAddr, buffer: i32) -> Option<UdpSocket> {
         let fd = sock.as_raw_fd();
         sys::set_reuse_port(fd, true).ok()?;
         let twin = sys::bind_beside(local);
@@ -31,7 +31,7 @@ impl UdpLink {
         // Until parked the twin takes a share of what arrives; should
         // anything have come then, `twin_live` starts set.
         twin.connect(local).ok()?;
-        sys::set_dont_fragment(tfd, v6).ok()?;
+        sys::set_dont_fragment(tfd, local.is_ipv6()).ok()?;
         sys::set_buffer(tfd, true, buffer);
         sys::set_buffer(tfd, false, buffer);
         Some(twin)
@@ -44,7 +44,7 @@ impl UdpLink {
         let r = flow.last.as_mut()?;
         let s = &self.socks[r.sock];
         let twin = s.twin.as_ref()?;
-        if r.twin {
+        if flow.peers[r.sock] == Some(r.to) {
             return Some(twin.as_raw_fd());
         }
         if !r.connectable {
@@ -66,7 +66,6 @@ impl UdpLink {
             return None;
         }
         flow.peers[r.sock] = Some(r.to);
-        r.twin = true;
         Some(twin.as_raw_fd())
     }
 }
