@@ -10,7 +10,7 @@ mod udp_common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort, CONNECT_AFTER};
+use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort, CONNECT_AFTER, QUIET_EVERY};
 use softverbs::soft::link::Link;
 use udp_common::*;
 
@@ -257,8 +257,8 @@ fn an_rc_ping_pong_rides_the_twins() {
 }
 
 /// While the twin takes the traffic, idle probes read the quiet bound
-/// socket only every fourth time: a datagram from another peer still
-/// comes within four probes.
+/// socket only every [`QUIET_EVERY`]th time: a datagram from another peer
+/// still comes within that many probes.
 #[test]
 fn another_peer_is_heard_beside_a_busy_twin() {
     let (a, b, c) = (bind_lo(LO4, true), bind_lo(LO4, true), bind_lo(LO4, true));
@@ -267,13 +267,13 @@ fn another_peer_is_heard_beside_a_busy_twin() {
     let mut calls = 0;
     for round in 0..4u32 {
         // Idle probes: the bound socket goes quiet.
-        for _ in 0..200 {
+        for _ in 0..1000 {
             a.recv(64, &mut |_| panic!("nothing was sent"));
             calls += 1;
         }
         send_n(&c, &a, round, 1);
         let mut got = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..QUIET_EVERY {
             a.recv(64, &mut |d| {
                 got.push((d.src, u32::from_be_bytes(d.data[12..16].try_into().unwrap())))
             });
@@ -284,9 +284,12 @@ fn another_peer_is_heard_beside_a_busy_twin() {
         }
         assert_eq!(got, [(ip_of(&c), round)], "round {round}");
     }
-    // Two sockets a probe, less the skipped reads of the bound one.
+    // Every probe reads the twin; the bound socket is read on the 64
+    // probes after each datagram it had (and the first 64), then every
+    // QUIET_EVERY-th: about 1.12 reads a probe here, 1.29 if it were read
+    // every 4th.
     let st = a.stats();
-    assert!(st.rx_syscalls < 2 * calls * 3 / 4, "{calls} probes: {st:?}");
+    assert!(st.rx_syscalls < calls * 6 / 5, "{calls} probes: {st:?}");
 }
 
 /// A device bound to every address of `lo` has a twin per address: an

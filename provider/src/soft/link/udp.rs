@@ -113,10 +113,10 @@
 //! connected socket), which the receive path reads first. Each empty
 //! receive call costs ~0.3–0.5 µs here, and a datagram that lands while
 //! the other socket is read waits for that call; so once the bound socket
-//! stayed empty for 64 idle probes, probes read it every fourth time only,
-//! and a datagram from another peer waits up to three more probes of the
-//! twin (a probe that finds one, and any call that reads batches, reads
-//! both). When the twin connects (or moves to another destination), what
+//! stayed empty for 64 idle probes, probes read it every
+//! [`QUIET_EVERY`]th time only, and a datagram from another peer waits up
+//! to 15 more probes of the twin (a probe that finds one, and any call that
+//! reads batches, reads both). When the twin connects (or moves to another destination), what
 //! its peer sent before may still wait on the bound socket and be read
 //! after newer datagrams on the twin, once; RC takes that as a loss and
 //! resends (a ping-pong has one datagram in flight and never sees it).
@@ -164,6 +164,7 @@ use crate::soft::proto::{Counters, Datagram, Transmit};
 use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
 
+pub use rx::QUIET_EVERY;
 pub use sys::RX_BATCH;
 pub use twin::CONNECT_AFTER;
 
