@@ -91,4 +91,7 @@ RUSTFLAGS="-Cprofile-use=$out/merged.profdata" \
     cargo build --release -q --target-dir "$out/use" -p softverbs-emulator
 # It runs.
 timeout 60 "$out/use/release/softverbs" perf send_lat -s 8 -n 1000 >/dev/null
+# What it was built from, for benches/run_peers.sh, which measures this
+# build beside target/release only while the sources are still these.
+bash "$here/source_state.sh" >"$out/use/SOURCE_STATE"
 echo "$out/use/release/softverbs"

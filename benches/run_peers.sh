@@ -31,7 +31,8 @@
 # --link shm`, in MiB/s (UCX prints MB/s of 2^20 bytes).
 #
 # The CLI measured is target/release/softverbs, or $SOFTVERBS_BIN; when
-# benches/pgo.sh has left its build in target/pgo, that one is measured too.
+# benches/pgo.sh has left its build in target/pgo, that one is measured too
+# if it was built from the sources as they are now (benches/source_state.sh).
 #
 # usage: benches/run_peers.sh [rounds (5)] [anchors dir]
 set -euo pipefail
@@ -50,7 +51,15 @@ gcc -O2 -march=native -I "$anchors" -o "$tmp/udp_modes" "$here/kernel/udp_modes.
 (cd "$root" && cargo build --release -q)
 builds=("${SOFTVERBS_BIN:-$root/target/release/softverbs}")
 pgo="$root/target/pgo/use/release/softverbs"
-[ -x "$pgo" ] && [ -z "${SOFTVERBS_BIN:-}" ] && builds+=("$pgo")
+if [ -x "$pgo" ] && [ -z "${SOFTVERBS_BIN:-}" ]; then
+    # Only a PGO build of these very sources: one left from another commit
+    # (or from before an edit) would be measured under the same name.
+    if [ "$(cat "$root/target/pgo/use/SOURCE_STATE" 2>/dev/null)" = "$(bash "$here/source_state.sh")" ]; then
+        builds+=("$pgo")
+    else
+        echo "== skipping the PGO build in target/pgo: built from other sources (run benches/pgo.sh again)"
+    fi
+fi
 for i in "${!builds[@]}"; do echo "== softverbs build $i: ${builds[$i]}"; done
 
 have() { command -v "$1" >/dev/null 2>&1; }
