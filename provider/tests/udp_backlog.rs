@@ -161,19 +161,7 @@ fn a_full_send_buffer_backlogs_in_order_and_loses_nothing() {
     cfg.port = UdpPort::Fixed(ROCEV2_UDP_PORT);
     let link = UdpLink::bind(&cfg).expect("bind on the veth address");
     for fd in link.poll_fds() {
-        let small: libc::c_int = 4096;
-        // SAFETY: `fd` is the link's socket, alive; `small` is a c_int
-        // of the size given.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                std::ptr::addr_of!(small).cast(),
-                std::mem::size_of::<libc::c_int>() as u32,
-            )
-        };
-        assert_eq!(r, 0);
+        udp_common::set_int_sockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4096);
     }
     let mut spent = 0usize;
     for seq in 0..EACH {

@@ -136,20 +136,13 @@ fn no_third_socket_joins_the_port() {
     let a = bind_lo(LO4, true);
     let local = a.local_addrs()[0];
     assert!(std::net::UdpSocket::bind(local).is_err());
-    // SAFETY: plain socket calls on a descriptor this test owns; the
-    // option and address point at live values of the sizes given.
-    let (bound, fd) = unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
-        assert!(fd >= 0);
-        let one: libc::c_int = 1;
-        let r = libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEPORT,
-            std::ptr::addr_of!(one).cast(),
-            std::mem::size_of::<libc::c_int>() as u32,
-        );
-        assert_eq!(r, 0);
+    // SAFETY: a plain socket call.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+    assert!(fd >= 0);
+    set_int_sockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+    // SAFETY: `fd` is this test's socket; the address points at a live
+    // sockaddr_in of the size given.
+    let bound = unsafe {
         let SocketAddr::V4(v4) = local else { unreachable!() };
         let sin = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
@@ -159,12 +152,11 @@ fn no_third_socket_joins_the_port() {
             },
             sin_zero: [0; 8],
         };
-        let r = libc::bind(
+        libc::bind(
             fd,
             std::ptr::addr_of!(sin).cast(),
             std::mem::size_of::<libc::sockaddr_in>() as u32,
-        );
-        (r, fd)
+        )
     };
     // SAFETY: `fd` is this test's and closed once.
     unsafe { libc::close(fd) };

@@ -20,6 +20,23 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 pub const LO6: IpAddr = IpAddr::V6(Ipv6Addr::LOCALHOST);
 
+/// Sets an integer socket option on `fd` (a socket the test owns or the
+/// link's, alive), asserting that the kernel took it.
+pub fn set_int_sockopt(fd: std::os::fd::RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) {
+    // SAFETY: `fd` is an open socket; the option points at a live c_int of
+    // the size given.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt({level}, {name}, {value})");
+}
+
 /// A unique device name (tests of one binary share the device list).
 pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);

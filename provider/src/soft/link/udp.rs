@@ -115,8 +115,8 @@
 //! the other socket is read waits for that call; so once the bound socket
 //! stayed empty for 64 idle probes, probes read it every
 //! [`QUIET_EVERY`]th time only, and a datagram from another peer waits up
-//! to 15 more probes of the twin (a probe that finds one, and any call
-//! that reads batches, reads both). When the twin connects (or moves to
+//! to `QUIET_EVERY - 1` more probes of the twin (a probe that finds one,
+//! and any call that reads batches, reads both). When the twin connects (or moves to
 //! another destination), what its peer sent before may still wait on the
 //! bound socket and be read after newer datagrams on the twin, once; RC
 //! takes that as a loss and resends (a ping-pong has one datagram in
