@@ -26,6 +26,7 @@
 
 mod completer;
 mod cq;
+mod fast;
 mod memops;
 mod mr;
 mod post;
@@ -103,6 +104,11 @@ pub struct CoreConfig {
     pub emit_icrc: bool,
     /// UDP destination port of RoCEv2 (4791).
     pub udp_port: u16,
+    /// Whether in-order single-packet RC SENDs and WRITEs take the receive
+    /// fast path (`proto/fast.rs`). It does what the general path does, a
+    /// little sooner; off, every packet goes the general way (the tests
+    /// compare the two).
+    pub fast_paths: bool,
 }
 
 impl CoreConfig {
@@ -118,6 +124,7 @@ impl CoreConfig {
             check_icrc: true,
             emit_icrc: true,
             udp_port: crate::soft::wire::ROCEV2_UDP_PORT,
+            fast_paths: true,
         }
     }
 }

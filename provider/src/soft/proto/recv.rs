@@ -48,6 +48,7 @@ pub struct Counters {
     pub tx_trains: u64,
     pub rx_trains: u64,
     pub rx_bad_train: u64,
+    pub rx_fast: u64,
 }
 
 impl Counters {
@@ -89,6 +90,7 @@ impl Counters {
             ("tx_trains", self.tx_trains),
             ("rx_trains", self.rx_trains),
             ("rx_bad_train", self.rx_bad_train),
+            ("rx_fast", self.rx_fast),
         ]
         .into_iter()
     }
@@ -110,6 +112,9 @@ impl Counters {
 impl Core {
     /// Handles one received UDP payload.
     pub fn handle_datagram(&mut self, now: Nanos, d: Datagram<'_>) {
+        if self.cfg.fast_paths && d.train.is_none() && self.fast_request(&d) {
+            return;
+        }
         self.counters.rx_packets += 1;
         let pkt = match Packet::parse(d.data) {
             Ok(p) => p,

@@ -685,7 +685,7 @@ impl Core {
     /// buffer): every SGE is checked whole, and the payload is written
     /// into the ranges the checks resolved. On an error nothing may have
     /// been written past a bad SGE, as with the two passes.
-    fn check_and_place(&self, qp: &Qp, wqe: &RecvWqe, data: &[u8]) -> Result<(), ()> {
+    pub(super) fn check_and_place(&self, qp: &Qp, wqe: &RecvWqe, data: &[u8]) -> Result<(), ()> {
         let mut done = 0;
         for s in &wqe.sgl {
             let r = self
@@ -729,7 +729,7 @@ impl Core {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn complete_recv(
+    pub(super) fn complete_recv(
         &mut self,
         qp: &Qp,
         wqe: &RecvWqe,

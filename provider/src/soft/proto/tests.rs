@@ -34,12 +34,18 @@ struct Node {
 }
 
 fn node(qp_type: QpType, mtu: Mtu) -> Node {
-    let cfg = CoreConfig::new(
+    node_with(qp_type, mtu, true)
+}
+
+/// [`node`], with the receive fast path on or off.
+fn node_with(qp_type: QpType, mtu: Mtu, fast_paths: bool) -> Node {
+    let mut cfg = CoreConfig::new(
         SoftDevice::default_attr(Guid(1)),
         SoftDevice::default_port_attr(),
         vec![Gid::from_ip(LOCAL)],
         7,
     );
+    cfg.fast_paths = fast_paths;
     let mut core = Core::new(cfg);
     let pd = core.alloc_pd(1).unwrap();
     let (cq, _) = core.create_cq(256, 0, 1).unwrap();
@@ -799,5 +805,6 @@ fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
 }
 
 mod ack_req;
+mod fast;
 mod go_back;
 mod trains;
