@@ -1,38 +1,48 @@
-//! The receive fast path: the request packets of a ping-pong, decoded
-//! straight from their bytes.
+//! Fast paths for the packets of a ping-pong: one-packet RC SENDs and
+//! RDMA WRITEs, sent and received.
 //!
-//! An RC SEND ONLY (with or without immediate data) or RDMA WRITE ONLY
-//! that arrives in order, from the QP's peer, on a QP in RTS (or an
-//! established RTR/SQD/SQE) with no message in progress, whose receive
-//! WQE (SEND, no SRQ) or remote range (WRITE) takes it as it is. For
-//! those, [`Core::handle_datagram`] built a [`ParsedPacket`] of every
+//! **Receiving.** An RC SEND ONLY (with or without immediate data) or
+//! RDMA WRITE ONLY that arrives in order, from the QP's peer, on a QP in
+//! RTS (or an established RTR/SQD/SQE) with no message in progress, whose
+//! receive WQE (SEND, no SRQ) or remote range (WRITE) takes it as it is.
+//! For those, [`Core::handle_datagram`] built a [`ParsedPacket`] of every
 //! optional header, dispatched on the opcode table, and carried the
-//! message through the responder's multi-packet state: about 220
+//! message through the responder's multi-packet state: about 230
 //! instructions of a round trip's 4,600 on the client of `perf send_lat
 //! --link shm -s 8` (callgrind). Here the fixed header layout of these
-//! four opcodes is read in place and the message is placed, completed
-//! and acknowledged with the responder's own helpers, in the order the
+//! opcodes is read in place and the message is placed, completed and
+//! acknowledged with the responder's own helpers, in the order the
 //! general path does it.
 //!
-//! Every check the general path makes on such a packet is made here, and
-//! any that fails (or any packet of another kind) leaves the engine
-//! untouched and returns `false`: the caller then runs the general path,
-//! which counts, answers and reports the packet exactly as before (a
-//! receive buffer that fails its key check may have been written in part
-//! by both, with the same bytes). [`CoreConfig::fast_paths`] turns the
-//! fast path off; the tests feed the same packets to an engine with and
-//! without it and compare everything they produce.
+//! **Sending.** The WQE `post_send` just queued on an RC QP in RTS, when
+//! it is the only one waiting and an inline SEND or WRITE (with or
+//! without immediate) of at most one MTU with no fence: the requester's
+//! loop (state, fence, read/atomic and window checks for each WQE, the
+//! segmentation and opcode-table lookups, a second turn to find nothing
+//! more) becomes one straight pass that builds the ONLY packet with the
+//! requester's own helpers.
+//!
+//! Every check the general path makes is made here, and any that fails
+//! (or any packet or WQE of another kind) leaves the engine untouched and
+//! returns `false`: the caller then runs the general path, which counts,
+//! answers and reports as before (a receive buffer that fails its key
+//! check may have been written in part by both, with the same bytes).
+//! [`CoreConfig::fast_paths`] turns both off; the tests run the same
+//! packets and work requests through an engine with and without them and
+//! compare everything they produce.
 //!
 //! [`ParsedPacket`]: crate::soft::wire::ParsedPacket
 //! [`CoreConfig::fast_paths`]: super::CoreConfig::fast_paths
 
 use crate::soft::wire::{
-    check_icrc, BthRepr, ImmDtRepr, IpPseudoHeader, Opcode, Pkey, RethRepr, Syndrome, UdpPorts, ICRC_LEN,
+    check_icrc, BthRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, Opcode, Pkey, Qpn, RethRepr, Syndrome, UdpPorts,
+    ICRC_LEN,
 };
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus};
 
-use super::qp::Qp;
-use super::{Core, Datagram};
+use super::qp::{Qp, WqeOp, WqeState};
+use super::requester::asks_ack;
+use super::{Core, Datagram, Nanos};
 
 /// The request kinds the fast path takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,5 +176,69 @@ impl Core {
             Ok(None) => true,
             Err(_) => false,
         }
+    }
+}
+
+impl Core {
+    /// Sends the WQE `post_send` just queued if it is the only one waiting
+    /// on `qp` (in RTS) and the send fast path takes it (see the module
+    /// docs), as one turn of the requester would; `false`: nothing was
+    /// changed, run the requester.
+    pub(super) fn fast_send_wqe(&mut self, qp: &mut Qp, now: Nanos) -> bool {
+        let idx = qp.req.send_next;
+        // (An RNR wait rewinds `send_next` to the WQE it stopped, so a new
+        // WQE is never alone then; checked first anyway, as the requester
+        // does.)
+        if qp.qp_type != QpType::Rc || qp.req.rnr_wait.is_some() || qp.req.send_offset != 0 || qp.sq.len() != idx + 1 {
+            return false;
+        }
+        let w = &qp.sq[idx];
+        let (opcode, write, imm) = match w.op {
+            WqeOp::Send => (Opcode::RcSendOnly, false, false),
+            WqeOp::SendImm => (Opcode::RcSendOnlyWithImmediate, false, true),
+            WqeOp::Write => (Opcode::RcRdmaWriteOnly, true, false),
+            WqeOp::WriteImm => (Opcode::RcRdmaWriteOnlyWithImmediate, true, true),
+            _ => return false,
+        };
+        let len = w.length as usize;
+        if w.inline.as_deref().is_none_or(|b| b.len() < len) {
+            return false;
+        }
+        if w.state != WqeState::Pending || w.npkts != 0 || w.fence || w.ud.is_some() || w.length > qp.mtu() {
+            return false;
+        }
+        let room = self.window_room(qp);
+        if room == 0 {
+            return false;
+        }
+        // The packet, as `send_one_packet` builds an ONLY packet (its AckReq
+        // bit below, once the policy has counted it).
+        let psn = qp.req.next_psn;
+        let dest_qpn = qp.attr.dest_qp_num;
+        let mut bth = BthRepr::new(opcode, Qpn::new(dest_qpn), psn);
+        bth.solicited = w.solicited && (!write || imm);
+        let reth = write.then_some(RethRepr {
+            va: w.remote.addr,
+            rkey: w.remote.rkey,
+            dma_len: w.length,
+        });
+        let immdt = imm.then_some(ImmDtRepr::from_be_value(w.imm));
+        bth.ack_req = asks_ack(qp, idx, 1, true, room <= 1, self.cfg.ack_every);
+        let headers = MessageHeaders::new(&bth, len, None, reth.as_ref(), immdt, None);
+        let mut data = self.message_packet(&headers, len);
+        let w = &mut qp.sq[idx];
+        if let Some(b) = w.inline.as_deref() {
+            data.extend_from_slice(&b[..len]);
+        }
+        w.first_psn = psn;
+        w.npkts = 1;
+        w.state = WqeState::Sent;
+        qp.req.next_psn = psn.next();
+        qp.req.send_next = idx + 1;
+        let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
+        self.queue_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data);
+        self.counters.tx_fast += 1;
+        self.arm_retransmit(qp, now, true);
+        true
     }
 }

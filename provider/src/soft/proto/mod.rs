@@ -104,10 +104,10 @@ pub struct CoreConfig {
     pub emit_icrc: bool,
     /// UDP destination port of RoCEv2 (4791).
     pub udp_port: u16,
-    /// Whether in-order single-packet RC SENDs and WRITEs take the receive
-    /// fast path (`proto/fast.rs`). It does what the general path does, a
-    /// little sooner; off, every packet goes the general way (the tests
-    /// compare the two).
+    /// Whether one-packet RC SENDs and WRITEs take the fast paths
+    /// (`proto/fast.rs`): received in order, or posted inline alone. They
+    /// do what the general paths do, a little sooner; off, everything goes
+    /// the general way (the tests compare the two).
     pub fast_paths: bool,
 }
 

@@ -27,8 +27,9 @@ impl Core {
         };
         let r = self.post_send_inner(&mut qp, wrs);
         // The requester runs on the QP already taken out (`run_requester`
-        // would put it back and take it again).
-        if qp.state() == QpState::Rts {
+        // would put it back and take it again); a lone one-packet inline
+        // SEND or WRITE goes by the fast path (`fast.rs`).
+        if qp.state() == QpState::Rts && !(self.cfg.fast_paths && self.fast_send_wqe(&mut qp, now)) {
             self.requester(&mut qp, now);
         }
         self.put_qp(qp);

@@ -49,6 +49,7 @@ pub struct Counters {
     pub rx_trains: u64,
     pub rx_bad_train: u64,
     pub rx_fast: u64,
+    pub tx_fast: u64,
 }
 
 impl Counters {
@@ -91,6 +92,7 @@ impl Counters {
             ("rx_trains", self.rx_trains),
             ("rx_bad_train", self.rx_bad_train),
             ("rx_fast", self.rx_fast),
+            ("tx_fast", self.tx_fast),
         ]
         .into_iter()
     }

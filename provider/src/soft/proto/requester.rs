@@ -74,7 +74,7 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 /// hardware that coalesces ACK requests. This takes the ACK off the critical
 /// path of a ping-pong that signals only every Nth send (perftest's
 /// `ib_send_lat`): one datagram per message instead of two.
-fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, closes: bool, ack_every: u32) -> bool {
+pub(super) fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, closes: bool, ack_every: u32) -> bool {
     qp.req.unasked_pkts = qp.req.unasked_pkts.saturating_add(pkts);
     if last {
         qp.req.unasked_wqes = qp.req.unasked_wqes.saturating_add(1);
@@ -201,7 +201,7 @@ impl Core {
     /// sent before it too. The resend of the packet the requester went back
     /// to always goes: the responder waits for it, and its ACK proves the
     /// copies before it gone.
-    fn window_room(&self, qp: &Qp) -> u32 {
+    pub(super) fn window_room(&self, qp: &Qp) -> u32 {
         let next = next_packet_psn(qp);
         let oldest = window_start(qp);
         let inflight = match qp.req.go_back {

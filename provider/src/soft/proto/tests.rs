@@ -37,15 +37,20 @@ fn node(qp_type: QpType, mtu: Mtu) -> Node {
     node_with(qp_type, mtu, true)
 }
 
-/// [`node`], with the receive fast path on or off.
+/// [`node`], with the fast paths on or off.
 fn node_with(qp_type: QpType, mtu: Mtu, fast_paths: bool) -> Node {
+    node_cfg(qp_type, mtu, |c| c.fast_paths = fast_paths)
+}
+
+/// [`node`], with its engine's configuration changed by `tune`.
+fn node_cfg(qp_type: QpType, mtu: Mtu, tune: impl FnOnce(&mut CoreConfig)) -> Node {
     let mut cfg = CoreConfig::new(
         SoftDevice::default_attr(Guid(1)),
         SoftDevice::default_port_attr(),
         vec![Gid::from_ip(LOCAL)],
         7,
     );
-    cfg.fast_paths = fast_paths;
+    tune(&mut cfg);
     let mut core = Core::new(cfg);
     let pd = core.alloc_pd(1).unwrap();
     let (cq, _) = core.create_cq(256, 0, 1).unwrap();

@@ -1,9 +1,10 @@
-//! The receive fast path (`super::super::fast`) against the general path:
-//! the same packets go into two engines, one with `fast_paths` off, and
-//! everything the two produce must be the same: completions, packets
-//! sent, memory, counters (but `rx_fast`) and the responder's state. Each
-//! case also says how many packets the fast path must have taken, so that
-//! a fast path that never runs fails too.
+//! The fast paths (`super::super::fast`) against the general paths: the
+//! same packets and work requests go into two engines, one with
+//! `fast_paths` off, and everything the two produce must be the same:
+//! completions, packets sent, memory, counters (but `rx_fast` and
+//! `tx_fast`), the responder's and the requester's state, the send queue
+//! and the timer. Each case also says how many packets or WQEs the fast
+//! paths must have taken, so that a fast path that never runs fails too.
 
 use super::*;
 
@@ -11,16 +12,20 @@ use super::*;
 #[derive(Debug, PartialEq)]
 struct Observed {
     wcs: Vec<WorkCompletion>,
-    sent: Vec<(IpAddr, Vec<u8>)>,
-    mem: Vec<u8>,
+    sent: Vec<(IpAddr, u16, Vec<u8>)>,
+    mem: u64,
     counters: Counters,
     resp: String,
+    req: String,
+    sq: String,
     rq: usize,
+    timer: (Option<Nanos>, Option<Nanos>),
     state: QpState,
 }
 
-/// Observes `n`; also returns how many packets its fast path took.
-fn observe(n: &mut Node) -> (Observed, u64) {
+/// Observes `n`; also returns how many packets and WQEs its receive and
+/// send fast paths took.
+fn observe(n: &mut Node) -> (Observed, [u64; 2]) {
     let mut wcs = Vec::new();
     loop {
         let got = n.cqes();
@@ -31,14 +36,48 @@ fn observe(n: &mut Node) -> (Observed, u64) {
     }
     let mut sent = Vec::new();
     while let Some(t) = n.core.poll_transmit() {
-        sent.push((t.dst, t.data));
+        sent.push((t.dst, t.src_port, t.data));
     }
-    let mut mem = vec![0; 8192];
-    n.mem.read_at(0, &mut mem).unwrap();
+    let mut bytes = vec![0; 8192];
+    n.mem.read_at(0, &mut bytes).unwrap();
+    // FNV-1a of the first 8 KiB: a difference shows without pages of bytes.
+    let mem = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    });
     let mut counters = n.core.counters().clone();
-    let fast = std::mem::take(&mut counters.rx_fast);
+    let fast = [
+        std::mem::take(&mut counters.rx_fast),
+        std::mem::take(&mut counters.tx_fast),
+    ];
+    let timer = n.core.poll_timeout();
     let qp = n.core.qps.get(n.qpn - QPN_BASE).unwrap();
-    let (resp, rq) = (format!("{:?}", qp.resp), qp.rq.len());
+    // The send queue without local addresses (each engine has its own
+    // memory).
+    let sq = qp
+        .sq
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {:?} {:?} {} {:?} {} {} {} {} {:?} {:?} {} {}",
+                w.wr_id,
+                w.op,
+                w.remote,
+                w.imm,
+                w.inline,
+                w.length,
+                w.signaled,
+                w.fence,
+                w.solicited,
+                w.state,
+                w.first_psn,
+                w.npkts,
+                w.resp_pkts
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let (resp, req, rq) = (format!("{:?}", qp.resp), format!("{:?}", qp.req), qp.rq.len());
+    let timer = (qp.timer, timer);
     let state = n.state();
     (
         Observed {
@@ -47,25 +86,44 @@ fn observe(n: &mut Node) -> (Observed, u64) {
             mem,
             counters,
             resp,
+            req,
+            sq,
             rq,
+            timer,
             state,
         },
         fast,
     )
 }
 
-/// Runs `script` on an engine with the fast path and on one without,
-/// checks that both produced the same, and that the fast path took
-/// `fast` packets.
-fn both(fast: u64, script: impl Fn(&mut Node)) {
-    let mut a = node_with(QpType::Rc, Mtu::Mtu1024, true);
-    let mut b = node_with(QpType::Rc, Mtu::Mtu1024, false);
+/// Runs `script` on an engine of a `qp_type` QP (configured by `tune`)
+/// with the fast paths and on one without, checks that both produced the
+/// same, and returns how many packets and WQEs the fast paths took.
+fn run_both(qp_type: QpType, tune: impl Fn(&mut CoreConfig), script: impl Fn(&mut Node)) -> [u64; 2] {
+    let mut a = node_cfg(qp_type, Mtu::Mtu1024, |c| {
+        tune(c);
+        c.fast_paths = true;
+    });
+    let mut b = node_cfg(qp_type, Mtu::Mtu1024, |c| {
+        tune(c);
+        c.fast_paths = false;
+    });
     script(&mut a);
     script(&mut b);
     let (oa, fa) = observe(&mut a);
     let (ob, fb) = observe(&mut b);
-    assert_eq!(oa, ob, "the fast path and the general path differ");
-    assert_eq!((fa, fb), (fast, 0), "packets the fast path took");
+    assert_eq!(oa, ob, "the fast paths and the general paths differ");
+    assert_eq!(fb, [0, 0], "fast paths ran while off");
+    fa
+}
+
+/// [`run_both`] on an RC QP: the receive fast path took `fast` packets.
+fn both(fast: u64, script: impl Fn(&mut Node)) {
+    assert_eq!(
+        run_both(QpType::Rc, |_| {}, script)[0],
+        fast,
+        "packets the fast path took"
+    );
 }
 
 fn send_only(n: &Node, psn: u32, imm: Option<u32>, solicited: bool, ack_req: bool) -> PacketRepr {
@@ -273,4 +331,123 @@ fn a_qp_in_error_goes_the_general_way() {
         n.inject(0, &send_only(n, RQ_PSN, None, false, true), b"late");
         n.inject(0, &write_only(n, RQ_PSN, 0, 4, n.rkey), b"late");
     });
+}
+
+/// Posts an inline WR of `len` bytes.
+fn post_inline(n: &mut Node, wr_id: u64, op: SendOp<'_>, len: usize, flags: SendFlags) {
+    let data = payload(len, wr_id as u8);
+    let sgl = [Sge::inline(&data)];
+    let wr = SendWr::new(wr_id, op, &sgl).flags(flags | SendFlags::INLINE);
+    n.core.post_send(0, n.qpn, &[wr]).unwrap();
+}
+
+/// A remote buffer (the same in both engines: it goes on the wire).
+fn remote(_n: &Node) -> RemoteAddr {
+    RemoteAddr {
+        addr: 0x7f00_0000_1000,
+        rkey: 0x4242,
+    }
+}
+
+#[test]
+fn lone_inline_sends_and_writes_match_the_requester() {
+    for len in [0usize, 1, 3, 4, 8, 64] {
+        for flags in [
+            SendFlags::empty(),
+            SendFlags::SIGNALED,
+            SendFlags::SOLICITED,
+            SendFlags::SIGNALED | SendFlags::SOLICITED,
+        ] {
+            let fast = run_both(
+                QpType::Rc,
+                |_| {},
+                |n| {
+                    let r = remote(n);
+                    post_inline(n, 1, SendOp::Send, len, flags);
+                    post_inline(n, 2, SendOp::SendWithImm { imm: 0x0102_0304 }, len, flags);
+                    post_inline(n, 3, SendOp::Write { remote: r }, len, flags);
+                    post_inline(n, 4, SendOp::WriteWithImm { remote: r, imm: 9 }, len, flags);
+                    // The peer acknowledges the lot: the signaled ones complete.
+                    n.inject(5, &ack(n.qpn, SQ_PSN + 3, Syndrome::ACK), &[]);
+                },
+            );
+            assert_eq!(fast, [0, 4]);
+        }
+    }
+}
+
+#[test]
+fn the_ack_request_policy_and_the_window_match_the_requester() {
+    // Unsignaled sends until the queue is half full and an eighth of it
+    // went by without asking, and past `ack_every`.
+    let fast = run_both(
+        QpType::Rc,
+        |c| c.ack_every = 5,
+        |n| {
+            for k in 0..24 {
+                post_inline(n, k, SendOp::Send, 8, SendFlags::empty());
+            }
+            // Half of them acknowledged: the rest stay sent, waiting.
+            n.inject(5, &ack(n.qpn, SQ_PSN + 11, Syndrome::ACK), &[]);
+        },
+    );
+    assert_eq!(fast, [0, 24]);
+    // A window of three packets: the third closes it (and asks), the
+    // fourth waits for the ACK, which sends it by the general path.
+    let fast = run_both(
+        QpType::Rc,
+        |c| c.max_inflight_packets = 3,
+        |n| {
+            for k in 0..3 {
+                post_inline(n, k, SendOp::Send, 8, SendFlags::empty());
+            }
+            post_inline(n, 3, SendOp::Send, 8, SendFlags::SIGNALED);
+            n.inject(5, &ack(n.qpn, SQ_PSN + 2, Syndrome::ACK), &[]);
+        },
+    );
+    assert_eq!(fast, [0, 3]);
+}
+
+#[test]
+fn other_work_requests_go_to_the_requester() {
+    // Not inline; fenced (also behind a READ); two WRs in one post; after
+    // an RNR NAK; on a UC QP.
+    let fast = run_both(
+        QpType::Rc,
+        |_| {},
+        |n| {
+            n.post_send(0, 1, SendOp::Send, 0, 8);
+            post_inline(n, 2, SendOp::Send, 8, SendFlags::FENCE | SendFlags::SIGNALED);
+            let (a, b) = (payload(8, 1), payload(8, 2));
+            let (sa, sb) = ([Sge::inline(&a)], [Sge::inline(&b)]);
+            let wrs = [
+                SendWr::new(3, SendOp::Send, &sa).flags(SendFlags::INLINE),
+                SendWr::new(4, SendOp::Send, &sb).flags(SendFlags::INLINE | SendFlags::SIGNALED),
+            ];
+            n.core.post_send(0, n.qpn, &wrs).unwrap();
+            let r = remote(n);
+            n.post_send(0, 5, SendOp::Read { remote: r }, 512, 8);
+            // A fenced SEND waits for the READ before it.
+            post_inline(n, 6, SendOp::Send, 8, SendFlags::FENCE | SendFlags::SIGNALED);
+        },
+    );
+    assert_eq!(fast, [0, 0]);
+    let fast = run_both(
+        QpType::Rc,
+        |_| {},
+        |n| {
+            post_inline(n, 1, SendOp::Send, 8, SendFlags::SIGNALED);
+            n.inject(1, &ack(n.qpn, SQ_PSN, Syndrome::RnrNak { timer: 14 }), &[]);
+            post_inline(n, 2, SendOp::Send, 8, SendFlags::SIGNALED);
+        },
+    );
+    assert_eq!(fast, [0, 1]);
+    let fast = run_both(
+        QpType::Uc,
+        |_| {},
+        |n| {
+            post_inline(n, 1, SendOp::Send, 8, SendFlags::SIGNALED);
+        },
+    );
+    assert_eq!(fast, [0, 0]);
 }
