@@ -78,9 +78,14 @@ impl Cq {
     }
 
     pub(crate) fn poll(&mut self, out: &mut [WorkCompletion]) -> usize {
-        let n = out.len().min(self.queue.len());
-        for (slot, wc) in out.iter_mut().zip(self.queue.drain(..n)) {
+        // One `pop_front` per completion: a `drain` (its iterator and the
+        // fix-up when it is dropped) cost ~30 instructions per poll, most
+        // of them for a single completion.
+        let mut n = 0;
+        for slot in out.iter_mut() {
+            let Some(wc) = self.queue.pop_front() else { break };
             *slot = wc;
+            n += 1;
         }
         n
     }
