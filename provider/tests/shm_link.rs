@@ -56,6 +56,23 @@ fn send_one(a: &Side, b: &Side, i: u64, len: u32) {
     assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
 }
 
+/// An 8-byte inline SEND from `a` to `b`: a lone one-packet message,
+/// which the send fast path takes (and in inline mode hands to the link
+/// at once).
+fn send_inline(a: &Side, b: &Side, i: u64) {
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(200 + i, &sge)]).unwrap();
+    let payload = (i ^ 0x1234_5678_9abc_def0).to_le_bytes();
+    let sge = [Sge::inline(&payload)];
+    a.qp.post_send(&[SendWr::new(i, SendOp::Send, &sge).flags(SendFlags::SIGNALED | SendFlags::INLINE)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (200 + i, WcStatus::Success, 8));
+    assert_eq!(b.mr.to_vec(0, 8).unwrap(), payload);
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status), (i, WcStatus::Success));
+}
+
 fn traffic(engine_a: EngineMode, engine_b: EngineMode, mode: ShmMode) -> (Arc<ShmLink>, Arc<ShmLink>) {
     let ((da, la), (db, lb)) = (shm_device(mode, engine_a), shm_device(mode, engine_b));
     let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
@@ -63,6 +80,17 @@ fn traffic(engine_a: EngineMode, engine_b: EngineMode, mode: ShmMode) -> (Arc<Sh
     for (i, len) in [8u32, 1000, 5000, 1, 8192].into_iter().enumerate() {
         send_one(&a, &b, i as u64, len);
         send_one(&b, &a, 50 + i as u64, len);
+    }
+    for i in 0..3 {
+        send_inline(&a, &b, 20 + i);
+        send_inline(&b, &a, 70 + i);
+    }
+    // Their packets left at once from an inline engine, never from a
+    // progress thread's (which sends them itself).
+    for (d, engine) in [(&da, engine_a), (&db, engine_b)] {
+        let c = d.shared().counters();
+        let expected = if engine == EngineMode::Inline { 3 } else { 0 };
+        assert_eq!((c.tx_fast, c.tx_eager), (3, expected), "{engine:?} {c:?}");
     }
     // A 1 MiB RDMA WRITE: 256 packets in a 512-slot ring.
     let data: Vec<u8> = (0..1 << 20).map(|k: u32| (k % 251) as u8).collect();

@@ -67,7 +67,7 @@ use crossbeam_queue::SegQueue;
 
 use super::link::Link;
 use super::proto::train::{TrainIn, TrainRoute};
-use super::proto::{Core, CoreEvent, CqId, Datagram, Nanos, Transmit};
+use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, Nanos, Transmit};
 use crate::verbs::AsyncEvent;
 
 pub use progress::EngineMode;
@@ -162,6 +162,9 @@ pub struct DeviceShared {
     sinks: Mutex<HashMap<u32, Weak<dyn EventSink>>>,
     /// Whether the link has its own receive path (sockets).
     network: bool,
+    /// Whether the link takes the send fast path's packets at once
+    /// ([`Link::send_now`]).
+    sends_now: bool,
     /// The link's descriptors.
     link_fds: Vec<RawFd>,
     progress: progress::Progress,
@@ -200,6 +203,7 @@ impl Drop for DeviceShared {
 impl DeviceShared {
     pub(crate) fn new(name: String, addrs: Vec<IpAddr>, mut core: Core, link: Arc<dyn Link>) -> Arc<DeviceShared> {
         let link_fds = link.poll_fds();
+        let sends_now = !link_fds.is_empty() && link.sends_now();
         core.set_train_route(Arc::new(LinkRoute(Arc::downgrade(&link))));
         let dev = Arc::new(DeviceShared {
             name,
@@ -209,6 +213,7 @@ impl DeviceShared {
             link,
             sinks: Mutex::new(HashMap::new()),
             network: !link_fds.is_empty(),
+            sends_now,
             link_fds,
             progress: progress::Progress::new(),
             held: Mutex::new(acks::HeldAcks::default()),
@@ -265,6 +270,31 @@ impl DeviceShared {
     /// Runs `f` on the engine, then drives every device the work reached.
     pub(crate) fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
         self.run_verb(false, f, |_| false, false).0
+    }
+
+    /// [`Self::with_core`] for posting sends: in inline mode, on a link
+    /// that takes packets at once and with no ACK held back, `f` gets an
+    /// [`Egress`] to that link, by which the send fast path's packet
+    /// leaves before the rest of the verb runs
+    /// ([`Core::post_send_eager`]).
+    pub(crate) fn with_core_eager<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos, Option<Egress<'_>>) -> R) -> R {
+        let eager = self.sends_now && !self.progress.threaded();
+        let link = &self.link;
+        self.run_verb(
+            false,
+            |c, now| {
+                // Held ACKs wait in the engine's list, which the packet
+                // would overtake; the general turn sends them in order.
+                if eager && self.held_none.load(Ordering::Relaxed) {
+                    f(c, now, Some(&mut |t: &Transmit| link.send_now(t)))
+                } else {
+                    f(c, now, None)
+                }
+            },
+            |_| false,
+            false,
+        )
+        .0
     }
 
     /// Runs a verb that only changes the engine's local state and sends

@@ -775,7 +775,11 @@ impl QpOps for SoftQp {
     #[inline]
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
-        let r = self.pd.ctx.dev.with_core(|c, now| c.post_send(now, self.qpn, wrs));
+        let r = self
+            .pd
+            .ctx
+            .dev
+            .with_core_eager(|c, now, egress| c.post_send_eager(now, self.qpn, wrs, egress));
         let posted = match &r {
             Ok(()) => wrs.len(),
             Err(e) => e.index,

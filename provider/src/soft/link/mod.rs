@@ -63,6 +63,21 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         super::engine::put_scratch(txs);
     }
 
+    /// Sends `t` at once, if this link can without queueing it anywhere
+    /// (the send fast path's [`Egress`](crate::soft::proto::Egress)), and
+    /// returns `true`; otherwise does nothing and returns `false`, and the
+    /// caller sends it the usual way. The caller keeps `t`'s buffer. Only
+    /// links whose [`Link::sends_now`] is true are asked.
+    fn send_now(&self, t: &Transmit) -> bool {
+        let _ = t;
+        false
+    }
+
+    /// Whether [`Link::send_now`] can send at all.
+    fn sends_now(&self) -> bool {
+        false
+    }
+
     /// Hands up to about `budget` received datagrams to `f`, without
     /// blocking; returns how many were read. Only network links receive
     /// (an in-process link delivers into inboxes instead).

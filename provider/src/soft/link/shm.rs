@@ -403,6 +403,15 @@ impl Channel {
         published
     }
 
+    /// Publishes datagram `t` now if the channel is up, nothing waits in
+    /// its backlog and the ring has room (or drops it, counted, if it can
+    /// never go, as [`Channel::send`] does); `false`: nothing was done.
+    fn send_now(&self, t: &Transmit, stats: &Stats) -> bool {
+        let mut tx = lock(&self.tx);
+        let tx = &mut *tx;
+        self.state() == UP && tx.backlog.is_empty() && self.push(&mut tx.prod, &mut tx.exports, t, stats).is_ok()
+    }
+
     /// The rings an end writes and reads: the connector writes ring 0.
     const fn rings(connector: bool) -> (usize, usize) {
         if connector {
@@ -868,6 +877,14 @@ impl Link for ShmLink {
 
     fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
         self.send_single(t, spent);
+    }
+
+    fn send_now(&self, t: &Transmit) -> bool {
+        self.send_at_once(t)
+    }
+
+    fn sends_now(&self) -> bool {
+        true
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {

@@ -20,7 +20,11 @@
 //! loop (state, fence, read/atomic and window checks for each WQE, the
 //! segmentation and opcode-table lookups, a second turn to find nothing
 //! more) becomes one straight pass that builds the ONLY packet with the
-//! requester's own helpers.
+//! requester's own helpers. With an [`Egress`] (the engine's link, in
+//! inline mode) the packet leaves as soon as it is built, before the
+//! retransmission timer is armed and the verb unwinds, and without the
+//! transmit queue and the link's general send path between
+//! (`tx_eager`): the peer may be reading it while this side finishes.
 //!
 //! Every check the general path makes is made here, and any that fails
 //! (or any packet or WQE of another kind) leaves the engine untouched and
@@ -42,7 +46,7 @@ use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus};
 
 use super::qp::{Qp, WqeOp, WqeState};
 use super::requester::asks_ack;
-use super::{Core, Datagram, Nanos};
+use super::{Core, Datagram, Egress, Nanos};
 
 /// The request kinds the fast path takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +188,7 @@ impl Core {
     /// on `qp` (in RTS) and the send fast path takes it (see the module
     /// docs), as one turn of the requester would; `false`: nothing was
     /// changed, run the requester.
-    pub(super) fn fast_send_wqe(&mut self, qp: &mut Qp, now: Nanos) -> bool {
+    pub(super) fn fast_send_wqe(&mut self, qp: &mut Qp, now: Nanos, egress: Option<Egress<'_>>) -> bool {
         let idx = qp.req.send_next;
         // (An RNR wait rewinds `send_next` to the WQE it stopped, so a new
         // WQE is never alone then; checked first anyway, as the requester
@@ -243,7 +247,16 @@ impl Core {
         qp.req.next_psn = psn.next();
         qp.req.send_next = idx + 1;
         let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
-        self.queue_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data);
+        if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data, None) {
+            // Nothing queued before it: out now (see `post_send_eager`).
+            let sent = self.tx.is_empty() && egress.is_some_and(|send| send(&t));
+            if sent {
+                self.counters.tx_eager += 1;
+                self.recycle_buffer(t.data);
+            } else {
+                self.tx.push_back(t);
+            }
+        }
         self.counters.tx_fast += 1;
         self.arm_retransmit(qp, now, true);
         true

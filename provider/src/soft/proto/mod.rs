@@ -148,6 +148,13 @@ pub struct Transmit {
     pub train: Option<Box<train::TrainOut>>,
 }
 
+/// The hook by which [`Core::post_send_eager`] hands a datagram to the
+/// driver's link the moment the send fast path has built it: it sends the
+/// datagram (whose buffer the engine keeps for its next packet) and
+/// returns `true`, or does nothing and returns `false` (the datagram is
+/// then queued as usual).
+pub type Egress<'a> = &'a mut dyn FnMut(&Transmit) -> bool;
+
 /// Its UDP payload (links hand `Transmit`s to the kernel as they are).
 impl AsRef<[u8]> for Transmit {
     fn as_ref(&self) -> &[u8] {

@@ -10,7 +10,7 @@ use crate::verbs::{
 
 use super::mr::MrTable;
 use super::qp::{post_err, LocalOp, Qp, RecvWqe, SendWqe, SgeRaw, UdTarget, WqeOp, WqeState};
-use super::{Core, Nanos};
+use super::{Core, Egress, Nanos};
 
 impl Core {
     /// `ibv_post_send`.
@@ -21,7 +21,28 @@ impl Core {
     /// for the QP type, too many SGEs, inline too large or on an opcode
     /// without payload, misaligned atomic, inline-only SGE without INLINE,
     /// missing UD destination), `ENOMEM` (queue full).
+    #[inline]
     pub fn post_send(&mut self, now: Nanos, qpn: u32, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.post_send_eager(now, qpn, wrs, None)
+    }
+
+    /// [`Core::post_send`], with an [`Egress`]: the packet of a WR that
+    /// the send fast path takes goes to `egress` as soon as it is built if
+    /// nothing waits in the transmit queue before it (so that datagrams
+    /// leave in the order the engine made them), and the rest of the verb
+    /// (the retransmission timer, putting the QP back) runs after it left.
+    /// A packet `egress` refuses is queued as without it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Core::post_send`].
+    pub fn post_send_eager(
+        &mut self,
+        now: Nanos,
+        qpn: u32,
+        wrs: &[SendWr<'_>],
+        egress: Option<Egress<'_>>,
+    ) -> std::result::Result<(), PostError> {
         let Some(mut qp) = self.take_qp(qpn) else {
             return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
         };
@@ -29,7 +50,7 @@ impl Core {
         // The requester runs on the QP already taken out (`run_requester`
         // would put it back and take it again); a lone one-packet inline
         // SEND or WRITE goes by the fast path (`fast.rs`).
-        if qp.state() == QpState::Rts && !(self.cfg.fast_paths && self.fast_send_wqe(&mut qp, now)) {
+        if qp.state() == QpState::Rts && !(self.cfg.fast_paths && self.fast_send_wqe(&mut qp, now, egress)) {
             self.requester(&mut qp, now);
         }
         self.put_qp(qp);

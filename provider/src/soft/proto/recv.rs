@@ -50,6 +50,7 @@ pub struct Counters {
     pub rx_bad_train: u64,
     pub rx_fast: u64,
     pub tx_fast: u64,
+    pub tx_eager: u64,
 }
 
 impl Counters {
@@ -93,6 +94,7 @@ impl Counters {
             ("rx_bad_train", self.rx_bad_train),
             ("rx_fast", self.rx_fast),
             ("tx_fast", self.tx_fast),
+            ("tx_eager", self.tx_eager),
         ]
         .into_iter()
     }

@@ -484,12 +484,30 @@ impl Core {
         sgid_index: u8,
         dst: IpAddr,
         payload_len: usize,
-        mut data: Vec<u8>,
+        data: Vec<u8>,
         train: Option<Box<TrainOut>>,
     ) {
-        let Some(src) = self.cfg.gids.get(sgid_index as usize).map(|g| g.to_ip()) else {
-            return;
-        };
+        if let Some(t) = self.finish_packet(local_qpn, remote_qpn, sgid_index, dst, payload_len, data, train) {
+            self.tx.push_back(t);
+        }
+    }
+
+    /// The datagram [`Core::queue_packet_with`] queues: `data` padded,
+    /// with its ICRC, addressed, and counted; `None` (nothing counted)
+    /// without a source GID at `sgid_index`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn finish_packet(
+        &mut self,
+        local_qpn: u32,
+        remote_qpn: u32,
+        sgid_index: u8,
+        dst: IpAddr,
+        payload_len: usize,
+        mut data: Vec<u8>,
+        train: Option<Box<TrainOut>>,
+    ) -> Option<Transmit> {
+        let src = self.cfg.gids.get(sgid_index as usize)?.to_ip();
         // Pad (0-3 bytes) and the ICRC's place, zeroed by fixed-size
         // copies (`resize` called `memset`, ~30 instructions a packet).
         let pad = crate::soft::wire::pad_len(payload_len);
@@ -507,14 +525,14 @@ impl Core {
             }
         }
         self.counters.tx_packets += 1;
-        self.tx.push_back(Transmit {
+        Some(Transmit {
             src,
             dst,
             src_port: ports.src,
             dst_port: ports.dst,
             data,
             train,
-        });
+        })
     }
 
     /// Emits one packet with a payload given as a slice.

@@ -11,8 +11,8 @@ use crate::soft::wire::{
     RethRepr, Syndrome, UdpPorts,
 };
 use crate::verbs::{
-    AccessFlags, AhAttr, Gid, Guid, MemorySource, MrMemory, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr,
-    RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Gid, Guid, MemorySource, MrMemory, Mtu, PostError, QpAttr, QpAttrMask, QpCap, QpState, QpType,
+    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use super::*;
@@ -31,6 +31,11 @@ struct Node {
     mem: Arc<MemorySource>,
     lkey: u32,
     rkey: u32,
+    /// How [`Node::post_wrs`] posts: `None` with `post_send`, `Some(take)`
+    /// with `post_send_eager` and an egress that takes every packet (into
+    /// `taken`) or refuses every one.
+    eager: Option<bool>,
+    taken: Vec<Transmit>,
 }
 
 fn node(qp_type: QpType, mtu: Mtu) -> Node {
@@ -145,6 +150,8 @@ fn node_cfg(qp_type: QpType, mtu: Mtu, tune: impl FnOnce(&mut CoreConfig)) -> No
         mem,
         lkey,
         rkey,
+        eager: None,
+        taken: Vec::new(),
     }
 }
 
@@ -156,7 +163,22 @@ impl Node {
     fn post_send(&mut self, now: Nanos, wr_id: u64, op: SendOp<'_>, off: u64, len: u32) {
         let sgl = [self.sge(off, len)];
         let wr = SendWr::new(wr_id, op, &sgl).flags(SendFlags::SIGNALED);
-        self.core.post_send(now, self.qpn, &[wr]).unwrap();
+        self.post_wrs(now, &[wr]).unwrap();
+    }
+
+    /// Posts `wrs` as [`Node::eager`] says.
+    fn post_wrs(&mut self, now: Nanos, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(take) = self.eager else {
+            return self.core.post_send(now, self.qpn, wrs);
+        };
+        let taken = &mut self.taken;
+        let mut egress = |t: &Transmit| {
+            if take {
+                taken.push(t.clone());
+            }
+            take
+        };
+        self.core.post_send_eager(now, self.qpn, wrs, Some(&mut egress))
     }
 
     fn post_recv(&mut self, wr_id: u64, off: u64, len: u32) {

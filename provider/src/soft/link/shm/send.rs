@@ -104,6 +104,25 @@ impl ShmLink {
         }
     }
 
+    /// [`Link::send_now`]: `t` into the ring of its destination's channel
+    /// if that channel is up and takes it now (nothing backlogged, room in
+    /// the ring), and the peer's doorbell rung if it sleeps. A datagram
+    /// for a peer without a channel, a train, or any datagram after the
+    /// device detached goes the usual way.
+    pub(super) fn send_at_once(&self, t: &Transmit) -> bool {
+        if t.train.is_some() || self.detached.load(Ordering::Relaxed) {
+            return false;
+        }
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        match routes.get(&t.dst) {
+            Some(Route::Chan(c)) if c.send_now(t, &self.stats) => {
+                c.kick(&self.stats);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Puts `t` into its channel's ring (or backlog), or says it goes by
     /// UDP.
     fn route_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) -> Routed {

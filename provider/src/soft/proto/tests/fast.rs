@@ -1,10 +1,13 @@
 //! The fast paths (`super::super::fast`) against the general paths: the
-//! same packets and work requests go into two engines, one with
-//! `fast_paths` off, and everything the two produce must be the same:
-//! completions, packets sent, memory, counters (but `rx_fast` and
-//! `tx_fast`), the responder's and the requester's state, the send queue
-//! and the timer. Each case also says how many packets or WQEs the fast
-//! paths must have taken, so that a fast path that never runs fails too.
+//! same packets and work requests go into four engines: one with
+//! `fast_paths` off, and three with them on that post sends with
+//! `post_send`, or with `post_send_eager` and an egress that takes every
+//! packet or refuses every one. Everything they produce must be the same:
+//! completions, packets sent (taken by the egress, then queued), memory,
+//! counters (but `rx_fast`, `tx_fast` and `tx_eager`), the responder's and
+//! the requester's state, the send queue and the timer. Each case also
+//! says how many packets or WQEs the fast paths must have taken (and the
+//! taking egress), so that a fast path that never runs fails too.
 
 use super::*;
 
@@ -24,8 +27,8 @@ struct Observed {
 }
 
 /// Observes `n`; also returns how many packets and WQEs its receive and
-/// send fast paths took.
-fn observe(n: &mut Node) -> (Observed, [u64; 2]) {
+/// send fast paths took, and how many packets its egress took.
+fn observe(n: &mut Node) -> (Observed, [u64; 3]) {
     let mut wcs = Vec::new();
     loop {
         let got = n.cqes();
@@ -34,7 +37,9 @@ fn observe(n: &mut Node) -> (Observed, [u64; 2]) {
         }
         wcs.extend(got);
     }
-    let mut sent = Vec::new();
+    // The egress takes a packet only when none is queued (tests do not
+    // drain the queue before this): all it took went out first.
+    let mut sent: Vec<_> = n.taken.drain(..).map(|t| (t.dst, t.src_port, t.data)).collect();
     while let Some(t) = n.core.poll_transmit() {
         sent.push((t.dst, t.src_port, t.data));
     }
@@ -48,6 +53,7 @@ fn observe(n: &mut Node) -> (Observed, [u64; 2]) {
     let fast = [
         std::mem::take(&mut counters.rx_fast),
         std::mem::take(&mut counters.tx_fast),
+        std::mem::take(&mut counters.tx_eager),
     ];
     let timer = n.core.poll_timeout();
     let qp = n.core.qps.get(n.qpn - QPN_BASE).unwrap();
@@ -96,24 +102,33 @@ fn observe(n: &mut Node) -> (Observed, [u64; 2]) {
     )
 }
 
-/// Runs `script` on an engine of a `qp_type` QP (configured by `tune`)
-/// with the fast paths and on one without, checks that both produced the
-/// same, and returns how many packets and WQEs the fast paths took.
-fn run_both(qp_type: QpType, tune: impl Fn(&mut CoreConfig), script: impl Fn(&mut Node)) -> [u64; 2] {
-    let mut a = node_cfg(qp_type, Mtu::Mtu1024, |c| {
-        tune(c);
-        c.fast_paths = true;
-    });
-    let mut b = node_cfg(qp_type, Mtu::Mtu1024, |c| {
-        tune(c);
-        c.fast_paths = false;
-    });
-    script(&mut a);
-    script(&mut b);
-    let (oa, fa) = observe(&mut a);
-    let (ob, fb) = observe(&mut b);
-    assert_eq!(oa, ob, "the fast paths and the general paths differ");
-    assert_eq!(fb, [0, 0], "fast paths ran while off");
+/// Runs `script` on engines of a `qp_type` QP (configured by `tune`)
+/// with the fast paths (posting without an egress, with one that takes
+/// every packet, with one that refuses every one) and on one without,
+/// checks that all produced the same, and returns how many packets and
+/// WQEs the fast paths took and how many packets the taking egress took.
+fn run_both(qp_type: QpType, tune: impl Fn(&mut CoreConfig), script: impl Fn(&mut Node)) -> [u64; 3] {
+    let engine = |fast_paths: bool, eager: Option<bool>| {
+        let mut n = node_cfg(qp_type, Mtu::Mtu1024, |c| {
+            tune(c);
+            c.fast_paths = fast_paths;
+        });
+        n.eager = eager;
+        script(&mut n);
+        observe(&mut n)
+    };
+    let (ob, fb) = engine(false, None);
+    assert_eq!(fb, [0, 0, 0], "fast paths ran while off");
+    let (oa, fa) = engine(true, Some(true));
+    assert_eq!(
+        oa, ob,
+        "the fast paths (packets taken at once) and the general paths differ"
+    );
+    for eager in [None, Some(false)] {
+        let (o, f) = engine(true, eager);
+        assert_eq!(o, ob, "the fast paths (egress {eager:?}) and the general paths differ");
+        assert_eq!(f, [fa[0], fa[1], 0], "fast paths with egress {eager:?}");
+    }
     fa
 }
 
@@ -338,7 +353,7 @@ fn post_inline(n: &mut Node, wr_id: u64, op: SendOp<'_>, len: usize, flags: Send
     let data = payload(len, wr_id as u8);
     let sgl = [Sge::inline(&data)];
     let wr = SendWr::new(wr_id, op, &sgl).flags(flags | SendFlags::INLINE);
-    n.core.post_send(0, n.qpn, &[wr]).unwrap();
+    n.post_wrs(0, &[wr]).unwrap();
 }
 
 /// A remote buffer (the same in both engines: it goes on the wire).
@@ -371,7 +386,7 @@ fn lone_inline_sends_and_writes_match_the_requester() {
                     n.inject(5, &ack(n.qpn, SQ_PSN + 3, Syndrome::ACK), &[]);
                 },
             );
-            assert_eq!(fast, [0, 4]);
+            assert_eq!(fast, [0, 4, 4]);
         }
     }
 }
@@ -391,7 +406,7 @@ fn the_ack_request_policy_and_the_window_match_the_requester() {
             n.inject(5, &ack(n.qpn, SQ_PSN + 11, Syndrome::ACK), &[]);
         },
     );
-    assert_eq!(fast, [0, 24]);
+    assert_eq!(fast, [0, 24, 24]);
     // A window of three packets: the third closes it (and asks), the
     // fourth waits for the ACK, which sends it by the general path.
     let fast = run_both(
@@ -405,7 +420,7 @@ fn the_ack_request_policy_and_the_window_match_the_requester() {
             n.inject(5, &ack(n.qpn, SQ_PSN + 2, Syndrome::ACK), &[]);
         },
     );
-    assert_eq!(fast, [0, 3]);
+    assert_eq!(fast, [0, 3, 3]);
 }
 
 #[test]
@@ -424,14 +439,14 @@ fn other_work_requests_go_to_the_requester() {
                 SendWr::new(3, SendOp::Send, &sa).flags(SendFlags::INLINE),
                 SendWr::new(4, SendOp::Send, &sb).flags(SendFlags::INLINE | SendFlags::SIGNALED),
             ];
-            n.core.post_send(0, n.qpn, &wrs).unwrap();
+            n.post_wrs(0, &wrs).unwrap();
             let r = remote(n);
             n.post_send(0, 5, SendOp::Read { remote: r }, 512, 8);
             // A fenced SEND waits for the READ before it.
             post_inline(n, 6, SendOp::Send, 8, SendFlags::FENCE | SendFlags::SIGNALED);
         },
     );
-    assert_eq!(fast, [0, 0]);
+    assert_eq!(fast, [0, 0, 0]);
     let fast = run_both(
         QpType::Rc,
         |_| {},
@@ -441,7 +456,7 @@ fn other_work_requests_go_to_the_requester() {
             post_inline(n, 2, SendOp::Send, 8, SendFlags::SIGNALED);
         },
     );
-    assert_eq!(fast, [0, 1]);
+    assert_eq!(fast, [0, 1, 1]);
     let fast = run_both(
         QpType::Uc,
         |_| {},
@@ -449,5 +464,29 @@ fn other_work_requests_go_to_the_requester() {
             post_inline(n, 1, SendOp::Send, 8, SendFlags::SIGNALED);
         },
     );
-    assert_eq!(fast, [0, 0]);
+    assert_eq!(fast, [0, 0, 0]);
+}
+
+/// A packet queued before the fast path's (here the ACK a received SEND
+/// asked for) keeps its place: the fast path's packet is queued behind it,
+/// not handed to the egress.
+#[test]
+fn a_queued_packet_keeps_the_egress_waiting() {
+    let fast = run_both(
+        QpType::Rc,
+        |_| {},
+        |n| {
+            n.post_recv(1, 0, 64);
+            n.inject(0, &send_only(n, RQ_PSN, None, false, true), b"ask");
+            post_inline(n, 2, SendOp::Send, 8, SendFlags::SIGNALED);
+        },
+    );
+    assert_eq!(fast, [1, 1, 0]);
+    // Alone, the same send is taken.
+    let fast = run_both(
+        QpType::Rc,
+        |_| {},
+        |n| post_inline(n, 2, SendOp::Send, 8, SendFlags::SIGNALED),
+    );
+    assert_eq!(fast, [0, 1, 1]);
 }
