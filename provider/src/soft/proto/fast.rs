@@ -247,7 +247,7 @@ impl Core {
         qp.req.next_psn = psn.next();
         qp.req.send_next = idx + 1;
         let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
-        if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data, None) {
+        if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
             // Nothing queued before it: out now (see `post_send_eager`).
             let sent = self.tx.is_empty() && egress.is_some_and(|send| send(&t));
             if sent {

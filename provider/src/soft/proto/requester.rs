@@ -487,15 +487,15 @@ impl Core {
         data: Vec<u8>,
         train: Option<Box<TrainOut>>,
     ) {
-        if let Some(t) = self.finish_packet(local_qpn, remote_qpn, sgid_index, dst, payload_len, data, train) {
+        if let Some(mut t) = self.finish_packet(local_qpn, remote_qpn, sgid_index, dst, payload_len, data) {
+            t.train = train;
             self.tx.push_back(t);
         }
     }
 
-    /// The datagram [`Core::queue_packet_with`] queues: `data` padded,
-    /// with its ICRC, addressed, and counted; `None` (nothing counted)
-    /// without a source GID at `sgid_index`.
-    #[allow(clippy::too_many_arguments)]
+    /// The datagram [`Core::queue_packet`] queues: `data` padded, with its
+    /// ICRC, addressed, and counted; `None` (nothing counted) without a
+    /// source GID at `sgid_index`.
     #[inline(always)]
     pub(super) fn finish_packet(
         &mut self,
@@ -505,7 +505,6 @@ impl Core {
         dst: IpAddr,
         payload_len: usize,
         mut data: Vec<u8>,
-        train: Option<Box<TrainOut>>,
     ) -> Option<Transmit> {
         let src = self.cfg.gids.get(sgid_index as usize)?.to_ip();
         // Pad (0-3 bytes) and the ICRC's place, zeroed by fixed-size
@@ -531,7 +530,7 @@ impl Core {
             src_port: ports.src,
             dst_port: ports.dst,
             data,
-            train,
+            train: None,
         })
     }
 
