@@ -67,7 +67,7 @@ use crossbeam_queue::SegQueue;
 
 use super::link::Link;
 use super::proto::train::{TrainIn, TrainRoute};
-use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, Nanos, Transmit};
+use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Transmit};
 use crate::verbs::AsyncEvent;
 
 pub use progress::EngineMode;
@@ -286,7 +286,11 @@ impl DeviceShared {
                 // Held ACKs wait in the engine's list, which the packet
                 // would overtake; the general turn sends them in order.
                 if eager && self.held_none.load(Ordering::Relaxed) {
-                    f(c, now, Some(&mut |t: &Transmit| link.send_now(t)))
+                    f(
+                        c,
+                        now,
+                        Some(&mut |t: &Transmit, hint: &mut LinkHint| link.send_now(t, hint)),
+                    )
                 } else {
                     f(c, now, None)
                 }

@@ -111,7 +111,7 @@ use super::udp::UdpLink;
 use super::Link;
 use crate::soft::engine::{process_now, DeviceShared};
 use crate::soft::proto::train::TrainCaps;
-use crate::soft::proto::{Counters, Datagram, Nanos, Transmit};
+use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Transmit};
 use crate::verbs::Gid;
 use ring::{Consumer, Producer, PushError, Region, Slot, SlotMeta};
 use trains::Exports;
@@ -494,6 +494,8 @@ pub struct ShmLink {
     listener_fds: Vec<RawFd>,
     doorbell: OwnedFd,
     routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
+    /// This link among all (for QPs' route hints) and the routes' version.
+    route_tag: (u64, AtomicU64),
     chans: RwLock<Vec<Arc<Channel>>>,
     /// Channels up (cheap check on the receive path).
     up: AtomicU64,
@@ -542,6 +544,7 @@ impl ShmLink {
             listener_fds,
             doorbell: sys::eventfd()?,
             routes: RwLock::new(HashMap::default()),
+            route_tag: (send::next_link_id(), AtomicU64::new(0)),
             chans: RwLock::new(Vec::new()),
             up: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -639,7 +642,10 @@ impl ShmLink {
     }
 
     fn routes_w(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Route, super::iphash::IpHash>> {
-        self.routes.write().unwrap_or_else(|p| p.into_inner())
+        let routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        // Every QP's route hint is stale from now on (`send.rs`).
+        self.route_tag.1.fetch_add(1, Ordering::AcqRel);
+        routes
     }
 
     fn chans_r(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Channel>>> {
@@ -879,8 +885,8 @@ impl Link for ShmLink {
         self.send_single(t, spent);
     }
 
-    fn send_now(&self, t: &Transmit) -> bool {
-        self.send_at_once(t)
+    fn send_now(&self, t: &Transmit, hint: &mut LinkHint) -> bool {
+        self.send_at_once(t, hint)
     }
 
     fn sends_now(&self) -> bool {

@@ -249,7 +249,7 @@ impl Core {
         let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
         if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
             // Nothing queued before it: out now (see `post_send_eager`).
-            let sent = self.tx.is_empty() && egress.is_some_and(|send| send(&t));
+            let sent = self.tx.is_empty() && egress.is_some_and(|send| send(&t, &mut qp.link_hint));
             if sent {
                 self.counters.tx_eager += 1;
                 self.recycle_buffer(t.data);

@@ -152,8 +152,39 @@ pub struct Transmit {
 /// driver's link the moment the send fast path has built it: it sends the
 /// datagram (whose buffer the engine keeps for its next packet) and
 /// returns `true`, or does nothing and returns `false` (the datagram is
-/// then queued as usual).
-pub type Egress<'a> = &'a mut dyn FnMut(&Transmit) -> bool;
+/// then queued as usual). The [`LinkHint`] is the sending QP's.
+pub type Egress<'a> = &'a mut dyn FnMut(&Transmit, &mut LinkHint) -> bool;
+
+/// What a link remembers about where a QP's datagrams go, kept with the QP
+/// and handed back with each of its datagrams on the send fast path
+/// ([`Egress`]), so that the link need not look the route up again (the
+/// shared-memory link keeps the peer's channel here). Opaque to the
+/// engine; the link checks it is still good before it uses it, and
+/// replaces it when not.
+#[derive(Default)]
+pub struct LinkHint(Option<Box<dyn std::any::Any + Send>>);
+
+impl LinkHint {
+    /// The hint, if one of type `T` is set.
+    pub fn get<T: 'static>(&self) -> Option<&T> {
+        self.0.as_deref().and_then(|h| h.downcast_ref())
+    }
+
+    /// Replaces the hint.
+    pub fn set<T: Send + 'static>(&mut self, hint: T) {
+        self.0 = Some(Box::new(hint));
+    }
+}
+
+impl std::fmt::Debug for LinkHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "LinkHint(set)"
+        } else {
+            "LinkHint(none)"
+        })
+    }
+}
 
 /// Its UDP payload (links hand `Transmit`s to the kernel as they are).
 impl AsRef<[u8]> for Transmit {

@@ -307,6 +307,8 @@ pub(crate) struct Qp {
     /// Spare buffers for inline data, likewise (as many as the send queue
     /// holds).
     pub(crate) spare_inline: Vec<Vec<u8>>,
+    /// The link's hint for this QP's datagrams ([`super::LinkHint`]).
+    pub(crate) link_hint: super::LinkHint,
 }
 
 impl Qp {
@@ -461,6 +463,7 @@ impl Core {
             timer: None,
             spare: Vec::new(),
             spare_inline: Vec::new(),
+            link_hint: super::LinkHint::default(),
         });
         let id = self.qps.insert(qp);
         let qpn = id + QPN_BASE;

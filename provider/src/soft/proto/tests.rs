@@ -172,7 +172,7 @@ impl Node {
             return self.core.post_send(now, self.qpn, wrs);
         };
         let taken = &mut self.taken;
-        let mut egress = |t: &Transmit| {
+        let mut egress = |t: &Transmit, _: &mut LinkHint| {
             if take {
                 taken.push(t.clone());
             }

@@ -4,6 +4,25 @@
 
 use super::*;
 
+/// A QP's route on a shared-memory link, kept in its [`LinkHint`]: the
+/// channel to `dst` (`None`: none, the datagram goes the usual way) as the
+/// route table of link `link` had it at `version`. Holding the channel
+/// keeps it (and its mapping) alive until the hint is replaced or the QP
+/// destroyed; a channel that went down meanwhile refuses datagrams
+/// (`Channel::send_now`), and its replacement changes the version.
+pub(super) struct RouteHint {
+    pub(super) link: u64,
+    pub(super) version: u64,
+    pub(super) dst: IpAddr,
+    pub(super) chan: Option<Arc<Channel>>,
+}
+
+/// A number no other shared-memory link of this process has.
+pub(super) fn next_link_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Where [`ShmLink::route_one`] put a datagram.
 enum Routed {
     /// Into this channel's ring or backlog; the channel is up and its
@@ -109,13 +128,41 @@ impl ShmLink {
     /// the ring), and the peer's doorbell rung if it sleeps. A datagram
     /// for a peer without a channel, a train, or any datagram after the
     /// device detached goes the usual way.
-    pub(super) fn send_at_once(&self, t: &Transmit) -> bool {
+    ///
+    /// The route comes from the QP's `hint` while it is good (same link,
+    /// same destination, no route changed since: [`RouteHint`]), else from
+    /// the route table, and is kept in the hint: a QP's datagrams skip the
+    /// table's lock and lookup, two locked instructions and ~60 others
+    /// per datagram.
+    pub(super) fn send_at_once(&self, t: &Transmit, hint: &mut LinkHint) -> bool {
         if t.train.is_some() || self.detached.load(Ordering::Relaxed) {
             return false;
         }
-        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-        match routes.get(&t.dst) {
-            Some(Route::Chan(c)) if c.send_now(t, &self.stats) => {
+        let (link, version) = (self.route_tag.0, &self.route_tag.1);
+        let chan = match hint.get::<RouteHint>() {
+            Some(h) if h.link == link && h.dst == t.dst && h.version == version.load(Ordering::Acquire) => &h.chan,
+            _ => {
+                // Read before the table: a change after this read makes
+                // the hint stale at once.
+                let version = version.load(Ordering::Acquire);
+                let chan = match self.routes.read().unwrap_or_else(|p| p.into_inner()).get(&t.dst) {
+                    Some(Route::Chan(c)) => Some(c.clone()),
+                    _ => None,
+                };
+                hint.set(RouteHint {
+                    link,
+                    version,
+                    dst: t.dst,
+                    chan,
+                });
+                match hint.get::<RouteHint>() {
+                    Some(h) => &h.chan,
+                    None => return false,
+                }
+            }
+        };
+        match chan {
+            Some(c) if c.send_now(t, &self.stats) => {
                 c.kick(&self.stats);
                 true
             }

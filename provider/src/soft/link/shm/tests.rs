@@ -13,6 +13,8 @@ use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
 use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 
+mod send;
+
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 fn link() -> Arc<ShmLink> {
@@ -789,60 +791,6 @@ fn send_one_goes_through_the_ring_or_is_counted() {
     a.send_one(t, &mut drop);
     assert_eq!(stat(&a, "shm_tx_no_channel"), 1);
     assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
-}
-
-/// `send_now` (the send fast path's egress) publishes a datagram on a
-/// channel that is up and takes it at once, and leaves everything else to
-/// the usual path, doing nothing: no channel, a train, a backlog (which
-/// the datagram would overtake), a detached device.
-#[test]
-fn send_now_takes_only_what_can_go_at_once() {
-    let (a, b) = pair(true, true);
-    assert!(a.sends_now());
-    let before = stat(&a, "shm_tx_datagrams");
-    assert!(a.send_now(&dgram(&a, &b, b"at once", None)));
-    let got = pump_until(&a, &b, 1);
-    assert_eq!(got.iter().map(|g| g.data.as_slice()).collect::<Vec<_>>(), [b"at once"]);
-    assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
-    // No channel: nothing done, nothing counted.
-    let mut t = dgram(&a, &b, b"nowhere", None);
-    t.dst = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
-    assert!(!a.send_now(&t));
-    assert_eq!(stat(&a, "shm_tx_no_channel"), 0);
-    // A train goes the usual way.
-    let (_m, shared) = buffer(4096, 1);
-    assert!(!a.send_now(&dgram(&a, &b, b"hdr", Some(train(4, &[(&shared, 0, 4096)])))));
-    // Fill the ring until the usual path backlogs: then `send_now` must
-    // not overtake what waits.
-    let mut queued = 0;
-    let backlogged = stat(&a, "shm_tx_backlogged");
-    while stat(&a, "shm_tx_backlogged") == backlogged {
-        a.send_one(dgram(&a, &b, b"fill", None), &mut drop);
-        queued += 1;
-        assert!(queued < 1_000_000, "the ring never filled");
-    }
-    let published = stat(&a, "shm_tx_datagrams");
-    assert!(!a.send_now(&dgram(&a, &b, b"late", None)));
-    // `b` reads, and `a` has not retried its backlog yet: the ring has
-    // room now, but what waits goes first.
-    let mut got = Vec::new();
-    let start = Instant::now();
-    while got.is_empty() && start.elapsed() < Duration::from_secs(10) {
-        pump(&b, &mut got);
-    }
-    assert!(!got.is_empty());
-    assert!(!a.send_now(&dgram(&a, &b, b"late", None)));
-    assert_eq!(stat(&a, "shm_tx_datagrams"), published);
-    // Once the backlog went, it goes at once again.
-    got.extend(pump_until(&a, &b, queued - got.len()));
-    assert_eq!(got.len(), queued);
-    assert!(got.iter().all(|g| g.data == b"fill"));
-    assert!(a.send_now(&dgram(&a, &b, b"again", None)));
-    let got = pump_until(&a, &b, 1);
-    assert_eq!(got.iter().map(|g| g.data.as_slice()).collect::<Vec<_>>(), [b"again"]);
-    // After the device detached, nothing goes at once.
-    a.detached.store(true, Ordering::Relaxed);
-    assert!(!a.send_now(&dgram(&a, &b, b"gone", None)));
 }
 
 /// Sends `msg` with `fds` to `l`'s rendezvous socket, as a connector.
