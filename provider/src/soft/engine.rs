@@ -67,7 +67,7 @@ use crossbeam_queue::SegQueue;
 
 use super::link::Link;
 use super::proto::train::{TrainIn, TrainRoute};
-use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Transmit};
+use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::AsyncEvent;
 
 pub use progress::EngineMode;
@@ -289,7 +289,7 @@ impl DeviceShared {
                     f(
                         c,
                         now,
-                        Some(&mut |t: &Transmit, hint: &mut LinkHint| link.send_now(t, hint)),
+                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| link.send_now(t, hint)),
                     )
                 } else {
                     f(c, now, None)

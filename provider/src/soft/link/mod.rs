@@ -66,11 +66,10 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// Sends `t` at once, if this link can without queueing it anywhere
     /// (the send fast path's [`Egress`](crate::soft::proto::Egress)), and
     /// returns `true`; otherwise does nothing and returns `false`, and the
-    /// caller sends it the usual way. The caller keeps `t`'s buffer. Only
-    /// links whose [`Link::sends_now`] is true are asked. `hint` is the
-    /// sending QP's, for the link to keep its route in
-    /// ([`LinkHint`](crate::soft::proto::LinkHint)).
-    fn send_now(&self, t: &Transmit, hint: &mut super::proto::LinkHint) -> bool {
+    /// caller sends it the usual way. Only links whose [`Link::sends_now`]
+    /// is true are asked. `hint` is the sending QP's, for the link to keep
+    /// its route in ([`LinkHint`](crate::soft::proto::LinkHint)).
+    fn send_now(&self, t: &super::proto::Outgoing<'_>, hint: &mut super::proto::LinkHint) -> bool {
         let _ = (t, hint);
         false
     }

@@ -111,7 +111,7 @@ use super::udp::UdpLink;
 use super::Link;
 use crate::soft::engine::{process_now, DeviceShared};
 use crate::soft::proto::train::TrainCaps;
-use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Transmit};
+use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;
 use ring::{Consumer, Producer, PushError, Region, Slot, SlotMeta};
 use trains::Exports;
@@ -403,15 +403,6 @@ impl Channel {
         published
     }
 
-    /// Publishes datagram `t` now if the channel is up, nothing waits in
-    /// its backlog and the ring has room (or drops it, counted, if it can
-    /// never go, as [`Channel::send`] does); `false`: nothing was done.
-    fn send_now(&self, t: &Transmit, stats: &Stats) -> bool {
-        let mut tx = lock(&self.tx);
-        let tx = &mut *tx;
-        self.state() == UP && tx.backlog.is_empty() && self.push(&mut tx.prod, &mut tx.exports, t, stats).is_ok()
-    }
-
     /// The rings an end writes and reads: the connector writes ring 0.
     const fn rings(connector: bool) -> (usize, usize) {
         if connector {
@@ -446,7 +437,13 @@ impl Channel {
         if let Some(train) = &t.train {
             return self.push_train(prod, exports, &meta, &t.data, train, stats);
         }
-        match prod.push(&self.region, &meta, &t.data) {
+        self.pushed(prod.push(&self.region, &meta, &t.data), stats)
+    }
+
+    /// Counts what a push of a datagram did; `Err`: keep it (full ring, or
+    /// the channel just died of a corrupt index).
+    fn pushed(&self, r: Result<(), PushError>, stats: &Stats) -> Result<(), ()> {
+        match r {
             Ok(()) => {
                 bump(&stats.tx_datagrams);
                 Ok(())
@@ -461,16 +458,6 @@ impl Channel {
                 self.kill();
                 Err(())
             }
-        }
-    }
-
-    /// Rings the peer's doorbell if it sleeps.
-    fn kick(&self, stats: &Stats) {
-        let Some(peer) = self.peer.get() else { return };
-        let sleeping = Producer::consumer_sleeping(&self.region, Channel::rings(self.connector).0);
-        if sleeping {
-            bump(&stats.doorbells);
-            sys::ring(peer.doorbell.as_raw_fd());
         }
     }
 }
@@ -885,7 +872,7 @@ impl Link for ShmLink {
         self.send_single(t, spent);
     }
 
-    fn send_now(&self, t: &Transmit, hint: &mut LinkHint) -> bool {
+    fn send_now(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
         self.send_at_once(t, hint)
     }
 

@@ -21,10 +21,12 @@
 //! segmentation and opcode-table lookups, a second turn to find nothing
 //! more) becomes one straight pass that builds the ONLY packet with the
 //! requester's own helpers. With an [`Egress`] (the engine's link, in
-//! inline mode) the packet leaves as soon as it is built, before the
-//! retransmission timer is armed and the verb unwinds, and without the
-//! transmit queue and the link's general send path between
-//! (`tx_eager`): the peer may be reading it while this side finishes.
+//! inline mode, when the link computes the ICRC or needs none) the packet
+//! leaves as soon as its headers are built, in pieces (headers, the WQE's
+//! inline bytes, pad): no buffer, no datagram, no transmit queue, no
+//! general send path between (`tx_eager`), and the WQE's bookkeeping, the
+//! retransmission timer and the verb's unwinding come after: the peer may
+//! be reading it while this side finishes.
 //!
 //! Every check the general path makes is made here, and any that fails
 //! (or any packet or WQE of another kind) leaves the engine untouched and
@@ -39,14 +41,14 @@
 //! [`CoreConfig::fast_paths`]: super::CoreConfig::fast_paths
 
 use crate::soft::wire::{
-    check_icrc, BthRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, Opcode, Pkey, Qpn, RethRepr, Syndrome, UdpPorts,
-    ICRC_LEN,
+    check_icrc, pad_len, BthRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, Opcode, Pkey, Qpn, RethRepr, Syndrome,
+    UdpPorts, ICRC_LEN,
 };
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus};
 
 use super::qp::{Qp, WqeOp, WqeState};
-use super::requester::asks_ack;
-use super::{Core, Datagram, Egress, Nanos};
+use super::requester::{asks_ack, entropy_port};
+use super::{Core, Datagram, Egress, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,27 +238,46 @@ impl Core {
         let immdt = imm.then_some(ImmDtRepr::from_be_value(w.imm));
         bth.ack_req = asks_ack(qp, idx, 1, true, room <= 1, self.cfg.ack_every);
         let headers = MessageHeaders::new(&bth, len, None, reth.as_ref(), immdt, None);
-        let mut data = self.message_packet(&headers, len);
-        let w = &mut qp.sq[idx];
-        if let Some(b) = w.inline.as_deref() {
-            data.extend_from_slice(&b[..len]);
+        let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
+        // Nothing queued before it: out now, in pieces, as `finish_packet`
+        // would have built it (see `post_send_eager`). With an ICRC to
+        // compute, or refused, it is built and queued.
+        let mut sent = false;
+        if let (Some(send), Some(gid), false) = (egress, self.cfg.gids.get(sgid_index as usize), self.cfg.emit_icrc) {
+            if self.tx.is_empty() {
+                let tail = [0; 3 + ICRC_LEN];
+                let out = Outgoing {
+                    src: gid.to_ip(),
+                    dst,
+                    src_port: entropy_port(qp.qpn, dest_qpn),
+                    dst_port: self.cfg.udp_port,
+                    parts: [
+                        headers.as_bytes(),
+                        qp.sq[idx].inline.as_deref().map_or(&[][..], |b| &b[..len]),
+                        &tail[..pad_len(len) + ICRC_LEN],
+                    ],
+                };
+                sent = send(&out, &mut qp.link_hint);
+            }
         }
+        if sent {
+            self.counters.tx_packets += 1;
+            self.counters.tx_eager += 1;
+        } else {
+            let mut data = self.message_packet(&headers, len);
+            if let Some(b) = qp.sq[idx].inline.as_deref() {
+                data.extend_from_slice(&b[..len]);
+            }
+            if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
+                self.tx.push_back(t);
+            }
+        }
+        let w = &mut qp.sq[idx];
         w.first_psn = psn;
         w.npkts = 1;
         w.state = WqeState::Sent;
         qp.req.next_psn = psn.next();
         qp.req.send_next = idx + 1;
-        let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
-        if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
-            // Nothing queued before it: out now (see `post_send_eager`).
-            let sent = self.tx.is_empty() && egress.is_some_and(|send| send(&t, &mut qp.link_hint));
-            if sent {
-                self.counters.tx_eager += 1;
-                self.recycle_buffer(t.data);
-            } else {
-                self.tx.push_back(t);
-            }
-        }
         self.counters.tx_fast += 1;
         self.arm_retransmit(qp, now, true);
         true

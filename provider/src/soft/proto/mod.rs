@@ -149,11 +149,63 @@ pub struct Transmit {
 }
 
 /// The hook by which [`Core::post_send_eager`] hands a datagram to the
-/// driver's link the moment the send fast path has built it: it sends the
-/// datagram (whose buffer the engine keeps for its next packet) and
-/// returns `true`, or does nothing and returns `false` (the datagram is
-/// then queued as usual). The [`LinkHint`] is the sending QP's.
-pub type Egress<'a> = &'a mut dyn FnMut(&Transmit, &mut LinkHint) -> bool;
+/// driver's link the moment the send fast path has its pieces, before
+/// any buffer holds it: it sends the datagram and returns `true`, or does
+/// nothing and returns `false` (the datagram is then built and queued as
+/// usual). The [`LinkHint`] is the sending QP's.
+pub type Egress<'a> = &'a mut dyn FnMut(&Outgoing<'_>, &mut LinkHint) -> bool;
+
+/// A datagram in pieces, as the send fast path hands it to an [`Egress`]:
+/// its UDP payload is `parts` one after the other (headers, payload, then
+/// the pad and the ICRC's place). It carries no train.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port.
+    pub dst_port: u16,
+    /// The UDP payload, in order.
+    pub parts: [&'a [u8]; 3],
+}
+
+impl<'a> Outgoing<'a> {
+    /// `t` as one piece (`t` must carry no train: the pieces cannot).
+    pub fn whole(t: &'a Transmit) -> Outgoing<'a> {
+        Outgoing {
+            src: t.src,
+            dst: t.dst,
+            src_port: t.src_port,
+            dst_port: t.dst_port,
+            parts: [&t.data, &[], &[]],
+        }
+    }
+
+    /// Bytes of the UDP payload.
+    pub fn len(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+
+    /// Whether the UDP payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The same datagram in one buffer.
+    pub fn to_transmit(&self) -> Transmit {
+        Transmit {
+            src: self.src,
+            dst: self.dst,
+            src_port: self.src_port,
+            dst_port: self.dst_port,
+            data: self.parts.concat(),
+            train: None,
+        }
+    }
+}
 
 /// What a link remembers about where a QP's datagrams go, kept with the QP
 /// and handed back with each of its datagrams on the send fast path

@@ -27,11 +27,12 @@ impl Core {
     }
 
     /// [`Core::post_send`], with an [`Egress`]: the packet of a WR that
-    /// the send fast path takes goes to `egress` as soon as it is built if
-    /// nothing waits in the transmit queue before it (so that datagrams
-    /// leave in the order the engine made them), and the rest of the verb
-    /// (the retransmission timer, putting the QP back) runs after it left.
-    /// A packet `egress` refuses is queued as without it.
+    /// the send fast path takes goes to `egress`, in pieces, as soon as its
+    /// headers are built if nothing waits in the transmit queue before it
+    /// (so that datagrams leave in the order the engine made them) and the
+    /// engine computes no ICRC; the rest of the verb (the WQE's state, the
+    /// retransmission timer, putting the QP back) runs after it left. A
+    /// packet `egress` refuses is built and queued as without it.
     ///
     /// # Errors
     ///

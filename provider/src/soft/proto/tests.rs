@@ -172,9 +172,9 @@ impl Node {
             return self.core.post_send(now, self.qpn, wrs);
         };
         let taken = &mut self.taken;
-        let mut egress = |t: &Transmit, _: &mut LinkHint| {
+        let mut egress = |t: &Outgoing<'_>, _: &mut LinkHint| {
             if take {
-                taken.push(t.clone());
+                taken.push(t.to_transmit());
             }
             take
         };

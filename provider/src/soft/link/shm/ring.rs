@@ -553,7 +553,26 @@ impl Producer {
         data: &[u8],
         ext: &[u8],
     ) -> Result<(), PushError> {
-        if data.len() + ext.len() > MAX_PAYLOAD {
+        self.push_parts(region, meta, kind, &[data], ext)
+    }
+
+    /// [`Producer::push_ext`] with the slot's bytes before the extension
+    /// given in pieces (`parts`, one after the other): a datagram is
+    /// copied into the slot straight from where its pieces are.
+    ///
+    /// # Errors
+    ///
+    /// [`PushError`]; nothing was written then.
+    pub fn push_parts(
+        &mut self,
+        region: &Region,
+        meta: &SlotMeta,
+        kind: u16,
+        parts: &[&[u8]],
+        ext: &[u8],
+    ) -> Result<(), PushError> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len + ext.len() > MAX_PAYLOAD {
             return Err(PushError::TooLong);
         }
         if self.room(region, 1)? == 0 {
@@ -567,7 +586,7 @@ impl Producer {
             (FLAG_ADDRS, SLOT_DATA_ADDRS)
         };
         // Lengths fit u16: checked above against MAX_PAYLOAD.
-        let h = slot_header(self.head, data.len() as u16, ext.len() as u16, kind, flags, meta);
+        let h = slot_header(self.head, len as u16, ext.len() as u16, kind, flags, meta);
         let lens = u32::from_ne_bytes(h[4..8].try_into().unwrap_or([0; 4]));
         let rest = u64::from_ne_bytes(h[8..16].try_into().unwrap_or([0; 8]));
         // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
@@ -575,8 +594,9 @@ impl Producer {
         // stays in it: the header after the `seq` word (aligned volatile
         // stores at 4..16), the addresses at 16..48, and the bytes at
         // `at..at + len + ext <= SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN`
-        // (checked above against MAX_PAYLOAD); `data` and `ext` are
-        // private memory, so the copies do not overlap.
+        // (checked above against MAX_PAYLOAD; `len` is the sum of the
+        // parts, which are copied one after the other); the parts and
+        // `ext` are private memory, so the copies do not overlap.
         unsafe {
             std::ptr::write_volatile(slot.add(4).cast::<u32>(), lens);
             std::ptr::write_volatile(slot.add(8).cast::<u64>(), rest);
@@ -591,8 +611,12 @@ impl Producer {
             }
             // A plain copy: the peer may read these bytes concurrently
             // (a broken peer), which can only garble what it reads.
-            std::ptr::copy_nonoverlapping(data.as_ptr(), slot.add(at), data.len());
-            std::ptr::copy_nonoverlapping(ext.as_ptr(), slot.add(at + data.len()), ext.len());
+            let mut to = slot.add(at);
+            for p in parts {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), to, p.len());
+                to = to.add(p.len());
+            }
+            std::ptr::copy_nonoverlapping(ext.as_ptr(), to, ext.len());
         }
         region
             .seq_word(self.ring, self.head)

@@ -126,16 +126,16 @@ impl ShmLink {
     /// [`Link::send_now`]: `t` into the ring of its destination's channel
     /// if that channel is up and takes it now (nothing backlogged, room in
     /// the ring), and the peer's doorbell rung if it sleeps. A datagram
-    /// for a peer without a channel, a train, or any datagram after the
-    /// device detached goes the usual way.
+    /// for a peer without a channel, or any datagram after the device
+    /// detached goes the usual way.
     ///
     /// The route comes from the QP's `hint` while it is good (same link,
     /// same destination, no route changed since: [`RouteHint`]), else from
     /// the route table, and is kept in the hint: a QP's datagrams skip the
     /// table's lock and lookup, two locked instructions and ~60 others
     /// per datagram.
-    pub(super) fn send_at_once(&self, t: &Transmit, hint: &mut LinkHint) -> bool {
-        if t.train.is_some() || self.detached.load(Ordering::Relaxed) {
+    pub(super) fn send_at_once(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
+        if self.detached.load(Ordering::Relaxed) {
             return false;
         }
         let (link, version) = (self.route_tag.0, &self.route_tag.1);
@@ -198,6 +198,38 @@ impl ShmLink {
                 Routed::Done
             }
             None => Routed::Udp(t),
+        }
+    }
+}
+
+impl Channel {
+    /// Publishes datagram `t` now if the channel is up, nothing waits in
+    /// its backlog and the ring has room (or drops it, counted, if it can
+    /// never go, as [`Channel::send`] does); `false`: nothing was done.
+    fn send_now(&self, t: &Outgoing<'_>, stats: &Stats) -> bool {
+        let mut tx = lock(&self.tx);
+        if self.state() != UP || !tx.backlog.is_empty() {
+            return false;
+        }
+        let meta = SlotMeta {
+            src: t.src,
+            dst: t.dst,
+            src_port: t.src_port,
+            dst_port: t.dst_port,
+        };
+        let r = tx
+            .prod
+            .push_parts(&self.region, &meta, ring::KIND_DATAGRAM, &t.parts, &[]);
+        self.pushed(r, stats).is_ok()
+    }
+
+    /// Rings the peer's doorbell if it sleeps.
+    pub(super) fn kick(&self, stats: &Stats) {
+        let Some(peer) = self.peer.get() else { return };
+        let sleeping = Producer::consumer_sleeping(&self.region, Channel::rings(self.connector).0);
+        if sleeping {
+            bump(&stats.doorbells);
+            sys::ring(peer.doorbell.as_raw_fd());
         }
     }
 }
