@@ -47,7 +47,7 @@ use crate::soft::wire::{
 use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus};
 
 use super::qp::{Qp, WqeOp, WqeState};
-use super::requester::{asks_ack, entropy_port};
+use super::requester::asks_ack;
 use super::{Core, Datagram, Egress, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
@@ -243,14 +243,14 @@ impl Core {
         // would have built it (see `post_send_eager`). With an ICRC to
         // compute, or refused, it is built and queued.
         let mut sent = false;
-        if let (Some(send), Some(gid), false) = (egress, self.cfg.gids.get(sgid_index as usize), self.cfg.emit_icrc) {
-            if self.tx.is_empty() {
+        if let Some(send) = egress.filter(|_| self.tx.is_empty() && !self.cfg.emit_icrc) {
+            if let Some((src, ports)) = self.packet_addr(qp.qpn, dest_qpn, sgid_index) {
                 let tail = [0; 3 + ICRC_LEN];
                 let out = Outgoing {
-                    src: gid.to_ip(),
+                    src,
                     dst,
-                    src_port: entropy_port(qp.qpn, dest_qpn),
-                    dst_port: self.cfg.udp_port,
+                    src_port: ports.src,
+                    dst_port: ports.dst,
                     parts: [
                         headers.as_bytes(),
                         qp.sq[idx].inline.as_deref().map_or(&[][..], |b| &b[..len]),

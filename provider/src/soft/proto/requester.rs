@@ -493,6 +493,19 @@ impl Core {
         }
     }
 
+    /// The source address and UDP ports of a packet between QPs
+    /// `local_qpn` and `remote_qpn` from source GID `sgid_index`; `None`
+    /// without such a GID.
+    #[inline(always)]
+    pub(super) fn packet_addr(&self, local_qpn: u32, remote_qpn: u32, sgid_index: u8) -> Option<(IpAddr, UdpPorts)> {
+        let src = self.cfg.gids.get(sgid_index as usize)?.to_ip();
+        let ports = UdpPorts {
+            src: entropy_port(local_qpn, remote_qpn),
+            dst: self.cfg.udp_port,
+        };
+        Some((src, ports))
+    }
+
     /// The datagram [`Core::queue_packet`] queues: `data` padded, with its
     /// ICRC, addressed, and counted; `None` (nothing counted) without a
     /// source GID at `sgid_index`.
@@ -506,7 +519,7 @@ impl Core {
         payload_len: usize,
         mut data: Vec<u8>,
     ) -> Option<Transmit> {
-        let src = self.cfg.gids.get(sgid_index as usize)?.to_ip();
+        let (src, ports) = self.packet_addr(local_qpn, remote_qpn, sgid_index)?;
         // Pad (0-3 bytes) and the ICRC's place, zeroed by fixed-size
         // copies (`resize` called `memset`, ~30 instructions a packet).
         let pad = crate::soft::wire::pad_len(payload_len);
@@ -514,10 +527,6 @@ impl Core {
             data.extend_from_slice(&[0; 3][..pad]);
         }
         data.extend_from_slice(&[0; crate::soft::wire::ICRC_LEN]);
-        let ports = UdpPorts {
-            src: entropy_port(local_qpn, remote_qpn),
-            dst: self.cfg.udp_port,
-        };
         if self.cfg.emit_icrc {
             if let Some(ip) = IpPseudoHeader::between(src, dst) {
                 let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut data);
