@@ -481,8 +481,10 @@ pub struct ShmLink {
     listener_fds: Vec<RawFd>,
     doorbell: OwnedFd,
     routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
-    /// This link among all (for QPs' route hints) and the routes' version.
-    route_tag: (u64, AtomicU64),
+    /// This link among all, and the version of `routes` (bumped by every
+    /// change): what a QP's route hint is checked against (`send.rs`).
+    link_id: u64,
+    route_version: AtomicU64,
     chans: RwLock<Vec<Arc<Channel>>>,
     /// Channels up (cheap check on the receive path).
     up: AtomicU64,
@@ -531,7 +533,8 @@ impl ShmLink {
             listener_fds,
             doorbell: sys::eventfd()?,
             routes: RwLock::new(HashMap::default()),
-            route_tag: (send::next_link_id(), AtomicU64::new(0)),
+            link_id: send::next_link_id(),
+            route_version: AtomicU64::new(0),
             chans: RwLock::new(Vec::new()),
             up: AtomicU64::new(0),
             calls: AtomicU64::new(0),
@@ -631,7 +634,7 @@ impl ShmLink {
     fn routes_w(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Route, super::iphash::IpHash>> {
         let routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
         // Every QP's route hint is stale from now on (`send.rs`).
-        self.route_tag.1.fetch_add(1, Ordering::AcqRel);
+        self.route_version.fetch_add(1, Ordering::AcqRel);
         routes
     }
 

@@ -184,16 +184,6 @@ impl<'a> Outgoing<'a> {
         }
     }
 
-    /// Bytes of the UDP payload.
-    pub fn len(&self) -> usize {
-        self.parts.iter().map(|p| p.len()).sum()
-    }
-
-    /// Whether the UDP payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The same datagram in one buffer.
     pub fn to_transmit(&self) -> Transmit {
         Transmit {

@@ -138,7 +138,7 @@ impl ShmLink {
         if self.detached.load(Ordering::Relaxed) {
             return false;
         }
-        let (link, version) = (self.route_tag.0, &self.route_tag.1);
+        let (link, version) = (self.link_id, &self.route_version);
         let chan = match hint.get::<RouteHint>() {
             Some(h) if h.link == link && h.dst == t.dst && h.version == version.load(Ordering::Acquire) => &h.chan,
             _ => {

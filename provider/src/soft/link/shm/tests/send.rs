@@ -115,9 +115,8 @@ fn a_route_hint_serves_while_it_is_good() {
     c.send(dgram(&c, &b, b"hello", None));
     assert_eq!(pump_until(&c, &b, 1).len(), 1);
     // (Its routes at the same version as `a`'s, as may happen.)
-    c.route_tag
-        .1
-        .store(a.route_tag.1.load(Ordering::Relaxed), Ordering::Relaxed);
+    c.route_version
+        .store(a.route_version.load(Ordering::Relaxed), Ordering::Relaxed);
     assert!(c.send_now_hinted(&dgram(&c, &b, b"from c", None), &mut h));
     assert!(h
         .get::<RouteHint>()
