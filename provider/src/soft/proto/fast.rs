@@ -14,19 +14,21 @@
 //! acknowledged with the responder's own helpers, in the order the
 //! general path does it.
 //!
-//! **Sending.** The WQE `post_send` just queued on an RC QP in RTS, when
-//! it is the only one waiting and an inline SEND or WRITE (with or
-//! without immediate) of at most one MTU with no fence: the requester's
-//! loop (state, fence, read/atomic and window checks for each WQE, the
-//! segmentation and opcode-table lookups, a second turn to find nothing
-//! more) becomes one straight pass that builds the ONLY packet with the
-//! requester's own helpers. With an [`Egress`] (the engine's link, in
-//! inline mode, when the link computes the ICRC or needs none) the packet
-//! leaves as soon as its headers are built, in pieces (headers, the WQE's
-//! inline bytes, pad): no buffer, no datagram, no transmit queue, no
-//! general send path between (`tx_eager`), and the WQE's bookkeeping, the
-//! retransmission timer and the verb's unwinding come after: the peer may
-//! be reading it while this side finishes.
+//! **Sending.** A lone inline SEND or WRITE (with or without immediate)
+//! of at most one MTU with no fence, posted on an RC QP in RTS whose send
+//! queue has nothing else waiting: the requester's loop (state, fence,
+//! read/atomic and window checks for each WQE, the segmentation and
+//! opcode-table lookups, a second turn to find nothing more) becomes one
+//! straight pass that builds the ONLY packet with the requester's own
+//! helpers. With an [`Egress`] (the engine's link, in inline mode, when
+//! the link computes the ICRC or needs none) the packet leaves as soon as
+//! its headers are built, in pieces (headers, the inline bytes, pad): no
+//! buffer, no datagram, no transmit queue, no general send path between
+//! (`tx_eager`). It leaves before the WQE exists, straight from the WR's
+//! checks ([`Core::fast_post_direct`]): the WQE (queued already sent),
+//! the retransmission timer and the verb's unwinding come after, while the
+//! peer may be reading it. Posted without an egress, or refused by it, the
+//! WQE is queued first and [`Core::fast_send_wqe`] sends it.
 //!
 //! Every check the general path makes is made here, and any that fails
 //! (or any packet or WQE of another kind) leaves the engine untouched and
@@ -40,15 +42,18 @@
 //! [`ParsedPacket`]: crate::soft::wire::ParsedPacket
 //! [`CoreConfig::fast_paths`]: super::CoreConfig::fast_paths
 
+use crate::soft::wire::Psn;
 use crate::soft::wire::{
     check_icrc, pad_len, BthRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, Opcode, Pkey, Qpn, RethRepr, Syndrome,
     UdpPorts, ICRC_LEN,
 };
-use crate::verbs::{AccessFlags, QpState, QpType, WcFlags, WcOpcode, WcStatus};
+use crate::verbs::{
+    AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcFlags, WcOpcode, WcStatus,
+};
 
-use super::qp::{Qp, WqeOp, WqeState};
-use super::requester::asks_ack;
-use super::{Core, Datagram, Egress, Nanos, Outgoing};
+use super::qp::{Qp, SendWqe, WqeOp, WqeState};
+use super::requester::{asks_ack, asks_ack_queued};
+use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,7 +190,175 @@ impl Core {
     }
 }
 
+/// The ONLY packet of a one-packet SEND or WRITE, by the rules of the
+/// requester's `message_headers` (written out: going through it and the
+/// opcode table cost this path ~80 instructions; the tests compare the
+/// bytes for every opcode and flag).
+struct Only {
+    opcode: Opcode,
+    write: bool,
+    imm: Option<u32>,
+    solicited: bool,
+    remote: RemoteAddr,
+    len: u32,
+}
+
+impl Only {
+    /// The packet of a WQE of `op`, or `None` for an operation the fast
+    /// path leaves to the requester.
+    fn of(op: WqeOp, imm: u32, solicited: bool, remote: RemoteAddr, len: u32) -> Option<Only> {
+        let (opcode, write, with_imm) = match op {
+            WqeOp::Send => (Opcode::RcSendOnly, false, false),
+            WqeOp::SendImm => (Opcode::RcSendOnlyWithImmediate, false, true),
+            WqeOp::Write => (Opcode::RcRdmaWriteOnly, true, false),
+            WqeOp::WriteImm => (Opcode::RcRdmaWriteOnlyWithImmediate, true, true),
+            _ => return None,
+        };
+        Some(Only {
+            opcode,
+            write,
+            imm: with_imm.then_some(imm),
+            solicited,
+            remote,
+            len,
+        })
+    }
+
+    /// Its headers, as `send_one_packet` builds them.
+    fn headers(&self, dest_qpn: u32, psn: Psn, ack_req: bool) -> MessageHeaders {
+        let mut bth = BthRepr::new(self.opcode, Qpn::new(dest_qpn), psn);
+        bth.solicited = self.solicited && (!self.write || self.imm.is_some());
+        bth.ack_req = ack_req;
+        let reth = self.write.then_some(RethRepr {
+            va: self.remote.addr,
+            rkey: self.remote.rkey,
+            dma_len: self.len,
+        });
+        let immdt = self.imm.map(ImmDtRepr::from_be_value);
+        MessageHeaders::new(&bth, self.len as usize, None, reth.as_ref(), immdt, None)
+    }
+}
+
 impl Core {
+    /// Posts `wr` by the send fast path before any WQE is built, when the
+    /// send fast path would take it and `send` takes its packet: the
+    /// packet leaves, in pieces, straight from the checks, and the WQE is
+    /// queued after, already sent. `false`: nothing was changed (the
+    /// inline buffer taken is given back), post it the usual way.
+    ///
+    /// Every check `post_send_inner` makes on such a WR passes here first,
+    /// so that the WR it leaves would have been posted; the WQE is the one
+    /// `post_send_inner` builds, with the state [`Core::fast_send_wqe`]
+    /// gives it. The ACK-request policy and the window see the queue as
+    /// they would with the WQE in it (the window does not count a WQE not
+    /// yet started; the policy is told the queue's length).
+    pub(super) fn fast_post_direct(&mut self, qp: &mut Qp, now: Nanos, wr: &SendWr<'_>, send: Egress<'_>) -> bool {
+        let idx = qp.sq.len();
+        let flags = wr.send_flags;
+        if qp.qp_type != QpType::Rc
+            || qp.state() != QpState::Rts
+            || !flags.contains(SendFlags::INLINE)
+            || flags.contains(SendFlags::FENCE)
+            || qp.req.rnr_wait.is_some()
+            || qp.req.send_offset != 0
+            || qp.req.send_next != idx
+            || idx >= qp.cap.max_send_wr as usize
+            || qp.cap.max_send_sge == 0
+            || !self.tx.is_empty()
+            || self.cfg.emit_icrc
+        {
+            return false;
+        }
+        let (op, remote, imm) = match wr.op {
+            SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0),
+            SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm),
+            SendOp::Write { remote } => (WqeOp::Write, remote, 0),
+            SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm),
+            _ => return false,
+        };
+        let [sge] = wr.sg_list else { return false };
+        let len = sge.length();
+        if len > qp.cap.max_inline_data || u64::from(len) > u64::from(self.cfg.port.max_msg_sz) || len > qp.mtu() {
+            return false;
+        }
+        let solicited = flags.contains(SendFlags::SOLICITED);
+        let Some(only) = Only::of(op, imm, solicited, remote, len) else {
+            return false;
+        };
+        let room = self.window_room(qp);
+        if room == 0 {
+            return false;
+        }
+        let mut data = qp.take_inline(len as usize);
+        if !sge.append_direct(&mut data) && !self.append_from_mr(sge, &mut data) {
+            qp.recycle_inline(Some(data));
+            return false;
+        }
+        let signaled = qp.sq_sig_all || flags.contains(SendFlags::SIGNALED);
+        let unasked = (qp.req.unasked_pkts, qp.req.unasked_wqes);
+        let ack_req = asks_ack_queued(qp, idx + 1, signaled, 1, true, room <= 1, self.cfg.ack_every);
+        let psn = qp.req.next_psn;
+        let headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
+        if !self.egress_only(qp.qpn, &qp.attr, &mut qp.link_hint, [headers.as_bytes(), &data], send) {
+            (qp.req.unasked_pkts, qp.req.unasked_wqes) = unasked;
+            qp.recycle_inline(Some(data));
+            return false;
+        }
+        let sgl = qp.take_vec();
+        qp.sq.push_back(SendWqe {
+            wr_id: wr.wr_id,
+            op,
+            remote,
+            imm,
+            compare: 0,
+            swap_add: 0,
+            sgl,
+            inline: Some(data),
+            length: len,
+            signaled,
+            fence: false,
+            solicited,
+            ud: None,
+            local: None,
+            state: WqeState::Sent,
+            first_psn: psn,
+            npkts: 1,
+            resp_pkts: 0,
+        });
+        self.counters.tx_packets += 1;
+        self.counters.tx_eager += 1;
+        self.fast_sent(qp, now, psn);
+        true
+    }
+
+    /// Hands the ONLY packet (`pieces`: its headers and payload) to `send`,
+    /// with the pad and the ICRC's place, addressed as `finish_packet`
+    /// addresses it; `false`: not sent.
+    fn egress_only(&self, qpn: u32, attr: &QpAttr, hint: &mut LinkHint, pieces: [&[u8]; 2], send: Egress<'_>) -> bool {
+        let dest_qpn = attr.dest_qp_num;
+        let Some((src, ports)) = self.packet_addr(qpn, dest_qpn, attr.ah_attr.grh.sgid_index) else {
+            return false;
+        };
+        let tail = [0; 3 + ICRC_LEN];
+        let out = Outgoing {
+            src,
+            dst: attr.ah_attr.grh.dgid.to_ip(),
+            src_port: ports.src,
+            dst_port: ports.dst,
+            parts: [pieces[0], pieces[1], &tail[..pad_len(pieces[1].len()) + ICRC_LEN]],
+        };
+        send(&out, hint)
+    }
+
+    /// The requester's state after the fast path sent the ONLY packet of
+    /// the WQE at `send_next`, with PSN `psn`.
+    fn fast_sent(&mut self, qp: &mut Qp, now: Nanos, psn: Psn) {
+        qp.req.next_psn = psn.next();
+        qp.req.send_next += 1;
+        self.counters.tx_fast += 1;
+        self.arm_retransmit(qp, now, true);
+    }
+
     /// Sends the WQE `post_send` just queued if it is the only one waiting
     /// on `qp` (in RTS) and the send fast path takes it (see the module
     /// docs), as one turn of the requester would; `false`: nothing was
@@ -199,17 +372,6 @@ impl Core {
             return false;
         }
         let w = &qp.sq[idx];
-        // The opcode and extension headers of its ONLY packet, by the rules
-        // of the requester's `message_headers` (written out: going through
-        // it and the opcode table cost this path ~80 instructions; the tests
-        // compare the bytes for every opcode and flag).
-        let (opcode, write, imm) = match w.op {
-            WqeOp::Send => (Opcode::RcSendOnly, false, false),
-            WqeOp::SendImm => (Opcode::RcSendOnlyWithImmediate, false, true),
-            WqeOp::Write => (Opcode::RcRdmaWriteOnly, true, false),
-            WqeOp::WriteImm => (Opcode::RcRdmaWriteOnlyWithImmediate, true, true),
-            _ => return false,
-        };
         let len = w.length as usize;
         if w.inline.as_deref().is_none_or(|b| b.len() < len)
             || w.state != WqeState::Pending
@@ -220,54 +382,36 @@ impl Core {
         {
             return false;
         }
+        let Some(only) = Only::of(w.op, w.imm, w.solicited, w.remote, w.length) else {
+            return false;
+        };
         let room = self.window_room(qp);
         if room == 0 {
             return false;
         }
         // The packet, as `send_one_packet` builds an ONLY packet (its AckReq
-        // bit below, once the policy has counted it).
+        // bit once the policy has counted it).
         let psn = qp.req.next_psn;
-        let dest_qpn = qp.attr.dest_qp_num;
-        let mut bth = BthRepr::new(opcode, Qpn::new(dest_qpn), psn);
-        bth.solicited = w.solicited && (!write || imm);
-        let reth = write.then_some(RethRepr {
-            va: w.remote.addr,
-            rkey: w.remote.rkey,
-            dma_len: w.length,
-        });
-        let immdt = imm.then_some(ImmDtRepr::from_be_value(w.imm));
-        bth.ack_req = asks_ack(qp, idx, 1, true, room <= 1, self.cfg.ack_every);
-        let headers = MessageHeaders::new(&bth, len, None, reth.as_ref(), immdt, None);
-        let (dst, sgid_index) = (qp.attr.ah_attr.grh.dgid.to_ip(), qp.attr.ah_attr.grh.sgid_index);
+        let ack_req = asks_ack(qp, idx, 1, true, room <= 1, self.cfg.ack_every);
+        let headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
         // Nothing queued before it: out now, in pieces, as `finish_packet`
         // would have built it (see `post_send_eager`). With an ICRC to
         // compute, or refused, it is built and queued.
-        let mut sent = false;
-        if let Some(send) = egress.filter(|_| self.tx.is_empty() && !self.cfg.emit_icrc) {
-            if let Some((src, ports)) = self.packet_addr(qp.qpn, dest_qpn, sgid_index) {
-                let tail = [0; 3 + ICRC_LEN];
-                let out = Outgoing {
-                    src,
-                    dst,
-                    src_port: ports.src,
-                    dst_port: ports.dst,
-                    parts: [
-                        headers.as_bytes(),
-                        qp.sq[idx].inline.as_deref().map_or(&[][..], |b| &b[..len]),
-                        &tail[..pad_len(len) + ICRC_LEN],
-                    ],
-                };
-                sent = send(&out, &mut qp.link_hint);
-            }
-        }
+        let inline = qp.sq[idx].inline.as_deref().map_or(&[][..], |b| &b[..len]);
+        let sent = match egress.filter(|_| self.tx.is_empty() && !self.cfg.emit_icrc) {
+            Some(send) => self.egress_only(qp.qpn, &qp.attr, &mut qp.link_hint, [headers.as_bytes(), inline], send),
+            None => false,
+        };
         if sent {
             self.counters.tx_packets += 1;
             self.counters.tx_eager += 1;
         } else {
+            let (dest_qpn, dst) = (qp.attr.dest_qp_num, qp.attr.ah_attr.grh.dgid.to_ip());
             let mut data = self.message_packet(&headers, len);
             if let Some(b) = qp.sq[idx].inline.as_deref() {
                 data.extend_from_slice(&b[..len]);
             }
+            let sgid_index = qp.attr.ah_attr.grh.sgid_index;
             if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
                 self.tx.push_back(t);
             }
@@ -276,10 +420,7 @@ impl Core {
         w.first_psn = psn;
         w.npkts = 1;
         w.state = WqeState::Sent;
-        qp.req.next_psn = psn.next();
-        qp.req.send_next = idx + 1;
-        self.counters.tx_fast += 1;
-        self.arm_retransmit(qp, now, true);
+        self.fast_sent(qp, now, psn);
         true
     }
 }

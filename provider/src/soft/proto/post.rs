@@ -30,9 +30,10 @@ impl Core {
     /// the send fast path takes goes to `egress`, in pieces, as soon as its
     /// headers are built if nothing waits in the transmit queue before it
     /// (so that datagrams leave in the order the engine made them) and the
-    /// engine computes no ICRC; the rest of the verb (the WQE's state, the
-    /// retransmission timer, putting the QP back) runs after it left. A
-    /// packet `egress` refuses is built and queued as without it.
+    /// engine computes no ICRC; the rest of the verb (for a lone WR even
+    /// building its WQE, then the retransmission timer, putting the QP
+    /// back) runs after it left. A packet `egress` refuses is built and
+    /// queued as without it.
     ///
     /// # Errors
     ///
@@ -47,6 +48,14 @@ impl Core {
         let Some(mut qp) = self.take_qp(qpn) else {
             return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
         };
+        let mut egress = egress;
+        // A lone WR the send fast path takes leaves before its WQE is built.
+        if let ([wr], Some(send)) = (wrs, egress.as_mut()) {
+            if self.cfg.fast_paths && self.fast_post_direct(&mut qp, now, wr, &mut **send) {
+                self.put_qp(qp);
+                return Ok(());
+            }
+        }
         let r = self.post_send_inner(&mut qp, wrs);
         // The requester runs on the QP already taken out (`run_requester`
         // would put it back and take it again); a lone one-packet inline
@@ -447,7 +456,7 @@ impl Core {
 
     /// Reads an MR-made SGE's bytes through the MR table (inline sends: the
     /// lkey is not access-checked, as with ibverbs' INLINE).
-    fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
+    pub(super) fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
         if s.length() == 0 {
             return true;
         }

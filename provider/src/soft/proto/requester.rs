@@ -75,15 +75,29 @@ pub(crate) fn entropy_port(a: u32, b: u32) -> u16 {
 /// path of a ping-pong that signals only every Nth send (perftest's
 /// `ib_send_lat`): one datagram per message instead of two.
 pub(super) fn asks_ack(qp: &mut Qp, idx: usize, pkts: u32, last: bool, closes: bool, ack_every: u32) -> bool {
+    let signaled = last && qp.sq[idx].signaled;
+    asks_ack_queued(qp, qp.sq.len(), signaled, pkts, last, closes, ack_every)
+}
+
+/// [`asks_ack`] for a WQE that is not in the send queue yet: `sq_len`
+/// counts it, `signaled` is its own.
+pub(super) fn asks_ack_queued(
+    qp: &mut Qp,
+    sq_len: usize,
+    signaled: bool,
+    pkts: u32,
+    last: bool,
+    closes: bool,
+    ack_every: u32,
+) -> bool {
     qp.req.unasked_pkts = qp.req.unasked_pkts.saturating_add(pkts);
     if last {
         qp.req.unasked_wqes = qp.req.unasked_wqes.saturating_add(1);
     }
     let max_wr = qp.cap.max_send_wr as usize;
-    let frees_slots = 2 * qp.sq.len() >= max_wr && 8 * qp.req.unasked_wqes as usize >= max_wr;
-    let ask = closes
-        || qp.req.unasked_pkts >= ack_every
-        || (last && (qp.sq[idx].signaled || frees_slots || qp.state() == QpState::Sqd));
+    let frees_slots = 2 * sq_len >= max_wr && 8 * qp.req.unasked_wqes as usize >= max_wr;
+    let ask =
+        closes || qp.req.unasked_pkts >= ack_every || (last && (signaled || frees_slots || qp.state() == QpState::Sqd));
     if ask {
         qp.req.unasked_pkts = 0;
         qp.req.unasked_wqes = 0;

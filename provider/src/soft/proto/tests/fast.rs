@@ -10,6 +10,7 @@
 //! taking egress), so that a fast path that never runs fails too.
 
 use super::*;
+use crate::verbs::ErrorKind;
 
 /// What an engine produced.
 #[derive(Debug, PartialEq)]
@@ -492,4 +493,52 @@ fn a_queued_packet_keeps_the_egress_waiting() {
         |n| post_inline(n, 2, SendOp::Send, 8, SendFlags::SIGNALED),
     );
     assert_eq!(fast, [0, 1, 1]);
+}
+
+/// The send fast path posts a lone WR before its WQE exists: it must take
+/// inline bytes through an MR as `post_send` does, and leave every WR that
+/// `post_send` rejects to it, sending nothing.
+#[test]
+fn inline_through_an_mr_and_rejected_posts_match_the_requester() {
+    let fast = run_both(
+        QpType::Rc,
+        |_| {},
+        |n| {
+            // As perftest posts: the bytes are read through the MR.
+            n.mem.write_at(256, &payload(8, 7)).unwrap();
+            let sgl = [n.sge(256, 8)];
+            let wr = SendWr::new(1, SendOp::Send, &sgl).flags(SendFlags::INLINE | SendFlags::SIGNALED);
+            n.post_wrs(0, &[wr]).unwrap();
+            let rejected = |n: &mut Node, wr: SendWr<'_>, kind: ErrorKind| {
+                let e = n.post_wrs(0, &[wr]).unwrap_err();
+                assert_eq!((e.index, e.error.kind()), (0, kind), "{e}");
+            };
+            // An SGE under a key that names no MR.
+            let bad = [Sge::checked(n.mem.addr() + 256, 8, n.lkey ^ 0x100)];
+            rejected(
+                n,
+                SendWr::new(2, SendOp::Send, &bad).flags(SendFlags::INLINE),
+                ErrorKind::InvalidArgument,
+            );
+            // More than max_inline_data (64).
+            let big = payload(65, 1);
+            let sgl = [Sge::inline(&big)];
+            rejected(
+                n,
+                SendWr::new(3, SendOp::Send, &sgl).flags(SendFlags::INLINE),
+                ErrorKind::InvalidArgument,
+            );
+            // The send queue full (32 WRs, none acknowledged).
+            for k in 0..31 {
+                post_inline(n, 10 + k, SendOp::Send, 8, SendFlags::empty());
+            }
+            let sgl = [Sge::inline(&big[..8])];
+            rejected(
+                n,
+                SendWr::new(50, SendOp::Send, &sgl).flags(SendFlags::INLINE),
+                ErrorKind::NoMemory,
+            );
+        },
+    );
+    assert_eq!(fast, [0, 32, 32]);
 }
