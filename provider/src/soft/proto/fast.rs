@@ -47,10 +47,9 @@ use crate::soft::wire::{
     check_icrc, pad_len, BthRepr, ImmDtRepr, IpPseudoHeader, MessageHeaders, Opcode, Pkey, Qpn, RethRepr, Syndrome,
     UdpPorts, ICRC_LEN,
 };
-use crate::verbs::{
-    AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcFlags, WcOpcode, WcStatus,
-};
+use crate::verbs::{AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus};
 
+use super::post::wqe_fields;
 use super::qp::{Qp, SendWqe, WqeOp, WqeState};
 use super::requester::{asks_ack, asks_ack_queued};
 use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
@@ -269,13 +268,9 @@ impl Core {
         {
             return false;
         }
-        let (op, remote, imm) = match wr.op {
-            SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0),
-            SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm),
-            SendOp::Write { remote } => (WqeOp::Write, remote, 0),
-            SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm),
-            _ => return false,
-        };
+        // (`Only::of` below takes SENDs and WRITEs, with or without
+        // immediate data, and nothing else.)
+        let (op, remote, imm, _, _) = wqe_fields(wr.op);
         let [sge] = wr.sg_list else { return false };
         let len = sge.length();
         if len > qp.cap.max_inline_data || u64::from(len) > u64::from(self.cfg.port.max_msg_sz) || len > qp.mtu() {
@@ -406,12 +401,12 @@ impl Core {
             self.counters.tx_packets += 1;
             self.counters.tx_eager += 1;
         } else {
-            let (dest_qpn, dst) = (qp.attr.dest_qp_num, qp.attr.ah_attr.grh.dgid.to_ip());
             let mut data = self.message_packet(&headers, len);
             if let Some(b) = qp.sq[idx].inline.as_deref() {
                 data.extend_from_slice(&b[..len]);
             }
-            let sgid_index = qp.attr.ah_attr.grh.sgid_index;
+            let grh = &qp.attr.ah_attr.grh;
+            let (dest_qpn, dst, sgid_index) = (qp.attr.dest_qp_num, grh.dgid.to_ip(), grh.sgid_index);
             if let Some(t) = self.finish_packet(qp.qpn, dest_qpn, sgid_index, dst, len, data) {
                 self.tx.push_back(t);
             }

@@ -86,19 +86,7 @@ impl Core {
                     format!("{:?} is not valid on a {} QP", wr.op, qp.qp_type),
                 ));
             }
-            let (op, remote, imm, compare, swap_add) = match wr.op {
-                SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0, 0, 0),
-                SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm, 0, 0),
-                SendOp::SendWithInv { rkey } => (WqeOp::SendInv, RemoteAddr::default(), rkey, 0, 0),
-                SendOp::Write { remote } => (WqeOp::Write, remote, 0, 0, 0),
-                SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm, 0, 0),
-                SendOp::Read { remote } => (WqeOp::Read, remote, 0, 0, 0),
-                SendOp::CompareSwap { remote, compare, swap } => (WqeOp::CompSwap, remote, 0, compare, swap),
-                SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, remote, 0, 0, add),
-                SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
-                SendOp::RegMr { .. } => (WqeOp::RegMr, RemoteAddr::default(), 0, 0, 0),
-                SendOp::BindMw { .. } => (WqeOp::BindMw, RemoteAddr::default(), 0, 0, 0),
-            };
+            let (op, remote, imm, compare, swap_add) = wqe_fields(wr.op);
             let local = match wr.op {
                 SendOp::LocalInv { key } => Some(LocalOp::Inv { key }),
                 SendOp::RegMr { mr, key, access } => {
@@ -467,6 +455,25 @@ impl Core {
         // Appended in place: resizing first zeroed the bytes the copy
         // then overwrote (a `memset` call per inline send).
         r.append_to(s.length() as usize, dst).is_ok()
+    }
+}
+
+/// The WQE's operation and the operation's fields a send WR carries:
+/// `(op, remote, imm, compare, swap_add)`, `imm` being the immediate data,
+/// the rkey to invalidate or the key of a LOCAL_INV.
+pub(super) fn wqe_fields(op: SendOp<'_>) -> (WqeOp, RemoteAddr, u32, u64, u64) {
+    match op {
+        SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0, 0, 0),
+        SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm, 0, 0),
+        SendOp::SendWithInv { rkey } => (WqeOp::SendInv, RemoteAddr::default(), rkey, 0, 0),
+        SendOp::Write { remote } => (WqeOp::Write, remote, 0, 0, 0),
+        SendOp::WriteWithImm { remote, imm } => (WqeOp::WriteImm, remote, imm, 0, 0),
+        SendOp::Read { remote } => (WqeOp::Read, remote, 0, 0, 0),
+        SendOp::CompareSwap { remote, compare, swap } => (WqeOp::CompSwap, remote, 0, compare, swap),
+        SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, remote, 0, 0, add),
+        SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
+        SendOp::RegMr { .. } => (WqeOp::RegMr, RemoteAddr::default(), 0, 0, 0),
+        SendOp::BindMw { .. } => (WqeOp::BindMw, RemoteAddr::default(), 0, 0, 0),
     }
 }
 
