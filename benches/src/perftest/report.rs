@@ -190,19 +190,34 @@ pub fn lat_header(duration: bool) -> String {
     format!("{}\n", if duration { RESULT_FMT_LAT_DUR } else { RESULT_FMT_LAT })
 }
 
-/// One latency row (perftest's `REPORT_FMT_LAT`).
-pub fn lat_row(r: &LatResult) -> String {
+/// One latency row (perftest's `REPORT_FMT_LAT`), its figures with
+/// `digits` decimal places (perftest's 2 unless `--digits`).
+pub fn lat_row(r: &LatResult, digits: usize) -> String {
     format!(
-        " {:<7} {}          {:<7.2}        {:<7.2}      {:<7.2}  \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2} \t\t{:<7.2}\n",
-        r.size, r.iters, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p99_9
+        " {:<7} {}          {:<7.d$}        {:<7.d$}      {:<7.d$}  \t       {:<7.d$}     \t{:<7.d$}\t\t{:<7.d$} \t\t{:<7.d$}\n",
+        r.size,
+        r.iters,
+        r.t_min,
+        r.t_max,
+        r.t_typical,
+        r.t_avg,
+        r.t_stdev,
+        r.p99,
+        r.p99_9,
+        d = digits
     )
 }
 
-/// One `-D` latency row (perftest's `REPORT_FMT_LAT_DUR`).
-pub fn lat_dur_row(r: &LatDurResult) -> String {
+/// One `-D` latency row (perftest's `REPORT_FMT_LAT_DUR`), the average
+/// with `digits` decimal places.
+pub fn lat_dur_row(r: &LatDurResult, digits: usize) -> String {
     format!(
-        " {:<7}       {}            {:<7.2}        {:<7.2}\n",
-        r.size, r.iters, r.t_avg, r.tps
+        " {:<7}       {}            {:<7.d$}        {:<7.2}\n",
+        r.size,
+        r.iters,
+        r.t_avg,
+        r.tps,
+        d = digits
     )
 }
 
@@ -422,8 +437,13 @@ mod tests {
             p99_9: 4.0,
         };
         assert_eq!(
-            lat_row(&l),
+            lat_row(&l, 2),
             " 2       1000          0.91           4.50         0.95     \t       0.97        \t0.10   \t\t1.50    \t\t4.00   \n"
+        );
+        // --digits 3: every latency figure to the nanosecond.
+        assert_eq!(
+            lat_row(&LatResult { t_typical: 0.2954, ..l }, 3),
+            " 2       1000          0.910          4.500        0.295    \t       0.970       \t0.100  \t\t1.500   \t\t4.000  \n"
         );
         assert!(lat_header(false).starts_with(" #bytes #iterations    t_min[usec]"));
         let d = LatDurResult {
@@ -432,7 +452,14 @@ mod tests {
             t_avg: 1.0,
             tps: 5.0,
         };
-        assert_eq!(lat_dur_row(&d), " 2             10            1.00           5.00   \n");
+        assert_eq!(
+            lat_dur_row(&d, 2),
+            " 2             10            1.00           5.00   \n"
+        );
+        assert_eq!(
+            lat_dur_row(&d, 3),
+            " 2             10            1.000          5.00   \n"
+        );
     }
 
     #[test]

@@ -225,8 +225,8 @@ fn header(p: &Params) -> String {
 fn row_text(p: &Params, r: &Row) -> String {
     match r {
         Row::Bw(b) => report::bw_row(b, p.report_gbits),
-        Row::Lat(l) => report::lat_row(l),
-        Row::LatDur(l) => report::lat_dur_row(l),
+        Row::Lat(l) => report::lat_row(l, p.digits),
+        Row::LatDur(l) => report::lat_dur_row(l, p.digits),
     }
 }
 
