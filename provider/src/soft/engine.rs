@@ -354,85 +354,102 @@ impl DeviceShared {
         flush_acks: bool,
     ) -> (R, usize) {
         let mut received = 0;
-        // A spare Vec only once there is something to send (most verbs,
-        // posting a receive or an empty poll, send nothing).
-        let mut out = Vec::new();
-        let mut events = Vec::new();
         let threaded = self.progress.threaded();
         // One clock read per verb: everything this verb does (including
         // driving the in-process devices its packets reach) happens "now".
         let now = self.now();
-        let r = {
-            let mut core = self.lock();
-            // Inline mode reads the link when polling, and before any due
-            // timer runs: an ACK waiting in the socket must not let a
-            // retransmission timer expire.
-            if self.network && !threaded && (rx || core.poll_timeout().is_some_and(|t| t <= now)) {
-                let c = &mut *core;
-                received = self
-                    .link
-                    .recv(super::link::udp::RX_BATCH, &mut |d| c.handle_datagram(now, d));
+        let mut core = self.lock();
+        // Inline mode reads the link when polling, and before any due
+        // timer runs: an ACK waiting in the socket must not let a
+        // retransmission timer expire.
+        if self.network && !threaded && (rx || core.poll_timeout().is_some_and(|t| t <= now)) {
+            let c = &mut *core;
+            received = self
+                .link
+                .recv(super::link::udp::RX_BATCH, &mut |d| c.handle_datagram(now, d));
+        }
+        Self::progress_locked(&mut core, &self.inbox, now);
+        let r = f(&mut core, now);
+        let hold = hold_acks(&r);
+        if !threaded
+            && self.network
+            && core.at_most_one_transmit()
+            && self.held_none.load(Ordering::Relaxed)
+            && !(hold && core.peek_transmit().is_some_and(acks::is_plain_ack))
+        {
+            // At most one datagram and no event (nearly every verb of
+            // a ping-pong), and no ACK held or to hold: straight to the
+            // link, without the transmit list, the ACK sorting (which
+            // would leave it as it is) and the event dispatch that a
+            // verb producing more needs. (Network links have no timers
+            // of other devices to run: see `drive_due`.)
+            if let Some(t) = core.poll_transmit() {
+                self.link.send_one(t, &mut |b| core.recycle_buffer(b));
             }
-            Self::progress_locked(&mut core, &self.inbox, now);
-            let r = f(&mut core, now);
-            let hold = hold_acks(&r);
-            if !threaded
-                && self.network
-                && core.at_most_one_transmit()
-                && self.held_none.load(Ordering::Relaxed)
-                && !(hold && core.peek_transmit().is_some_and(acks::is_plain_ack))
-            {
-                // At most one datagram and no event (nearly every verb of
-                // a ping-pong), and no ACK held or to hold: straight to the
-                // link, without the transmit list, the ACK sorting (which
-                // would leave it as it is) and the event dispatch that a
-                // verb producing more needs. (Network links have no timers
-                // of other devices to run: see `drive_due`.)
-                if let Some(t) = core.poll_transmit() {
-                    self.link.send_one(t, &mut |b| core.recycle_buffer(b));
-                }
-                return (r, received);
+            return (r, received);
+        }
+        self.finish_verb(core, now, hold, flush_acks, threaded);
+        (r, received)
+    }
+
+    /// The rest of [`Self::run_verb`] for a verb that produced more than
+    /// one datagram, events, or ACKs to hold or flush: sends what the
+    /// engine produced (holding or flushing ACKs), dispatches the events,
+    /// and drives the devices its packets reached. Kept out of line: every
+    /// verb inlines `run_verb`, and this part, which a ping-pong's verbs
+    /// rarely run, made each of them too large for LLVM to inline the
+    /// per-message helpers they call.
+    #[inline(never)]
+    fn finish_verb(
+        self: &Arc<Self>,
+        mut core: MutexGuard<'_, Core>,
+        now: Nanos,
+        hold: bool,
+        flush_acks: bool,
+        threaded: bool,
+    ) {
+        // A spare Vec only once there is something to send (most verbs,
+        // posting a receive or an empty poll, send nothing).
+        let mut out = Vec::new();
+        let mut events = Vec::new();
+        if threaded && core.has_transmit() && self.progress.awake.load(Ordering::SeqCst) {
+            // The progress thread is spinning: it sends on its next
+            // turn, and this thread makes no system call.
+            self.progress.pending.store(true, Ordering::Release);
+            while let Some(e) = core.poll_event() {
+                events.push(e);
             }
-            if threaded && core.has_transmit() && self.progress.awake.load(Ordering::SeqCst) {
-                // The progress thread is spinning: it sends on its next
-                // turn, and this thread makes no system call.
-                self.progress.pending.store(true, Ordering::Release);
-                while let Some(e) = core.poll_event() {
-                    events.push(e);
-                }
-            } else {
-                Self::drain_locked(&mut core, &mut out, &mut events);
-                if self.network && !threaded {
-                    let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                    held.sort(&mut out, now, hold, flush_acks);
-                    self.held_none.store(held.is_empty(), Ordering::Relaxed);
-                }
+        } else {
+            Self::drain_locked(&mut core, &mut out, &mut events);
+            if self.network && !threaded {
+                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+                held.sort(&mut out, now, hold, flush_acks);
+                self.held_none.store(held.is_empty(), Ordering::Relaxed);
             }
-            if threaded {
-                let deadline = core.poll_timeout();
-                self.progress.set_deadline(deadline);
-                if !self.progress.awake.load(Ordering::SeqCst) {
-                    self.progress.wake_for(deadline);
-                }
+        }
+        if threaded {
+            let deadline = core.poll_timeout();
+            self.progress.set_deadline(deadline);
+            if !self.progress.awake.load(Ordering::SeqCst) {
+                self.progress.wake_for(deadline);
             }
-            if self.network && !out.is_empty() {
-                Self::send_recycling(&self.link, &mut core, &mut out);
-            }
-            if out.is_empty() && out.capacity() > 0 {
-                // Everything left: the list goes back to the engine.
-                core.give_tx_list(std::mem::take(&mut out));
-            }
-            if !threaded {
-                self.link.note_deadline(core.poll_timeout());
-            }
-            r
-        };
+        }
+        if self.network && !out.is_empty() {
+            Self::send_recycling(&self.link, &mut core, &mut out);
+        }
+        if out.is_empty() && out.capacity() > 0 {
+            // Everything left: the list goes back to the engine.
+            core.give_tx_list(std::mem::take(&mut out));
+        }
+        if !threaded {
+            self.link.note_deadline(core.poll_timeout());
+        }
+        drop(core);
         self.dispatch_events(events);
         self.send_all(out, now);
         if !threaded && !self.network {
             self.drive_due(now);
         }
-        (r, received)
     }
 
     /// Drives the other devices of this link whose timers are due and that
