@@ -291,6 +291,81 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         },
     ));
     out.push(Case::new(
+        "post.recv.rq_full_one_at_a_time",
+        "receives posted one per call fill the queue at max_recv_wr; the next fails with ENOMEM at WR 0 and posts nothing; a consumed receive makes room again",
+        "DESIGN §3.3 (queue full: ENOMEM)",
+        &[],
+        |env: &Env| {
+            let cfg = PairConfig {
+                cap: QpCap {
+                    max_recv_wr: 8,
+                    ..PairConfig::default().cap
+                },
+                ..PairConfig::default()
+            };
+            let p = Pair::new(&env.a, &env.b, cfg)?;
+            let n = p.b.qp.cap().max_recv_wr as u64;
+            if n > 4096 {
+                crate::skip!("the device granted {n} receive WRs for 8");
+            }
+            for i in 0..n {
+                p.b.post_recv(i, 0, 64)?;
+            }
+            let sge = [p.b.mr.sge(0, 64)?];
+            expect_post_err(
+                p.b.qp.post_recv(&[RecvWr::new(n, &sge)]),
+                0,
+                ErrorKind::NoMemory,
+                "post_recv into a full queue",
+            )?;
+            // One receive consumed: room for exactly one more.
+            let one = [p.a.mr.sge(0, 8)?];
+            p.a.post(SendWr::new(100, SendOp::Send, &one).flags(SendFlags::SIGNALED))?;
+            let wc = expect_one(&p.b.rcq, "the receive the send consumed")?;
+            check_wc(&wc, 0, WcStatus::Success, Some(WcOpcode::Recv), "first receive")?;
+            expect_one(&p.a.scq, "the send")?;
+            p.b.post_recv(n + 1, 0, 64)?;
+            expect_post_err(
+                p.b.qp.post_recv(&[RecvWr::new(n + 2, &sge)]),
+                0,
+                ErrorKind::NoMemory,
+                "post_recv into the queue full again",
+            )?;
+            p.b.move_to(QpState::Err)?;
+            let wcs = expect_n(&p.b.rcq, n as usize, "flushed receives")?;
+            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+            ensure_eq!(
+                ids,
+                (1..n).chain([n + 1]).collect::<Vec<_>>(),
+                "flushed receives (the posted ones, in order; none of the rejected)"
+            );
+            expect_quiet(&p.b.rcq, "after the flushes")
+        },
+    ));
+    out.push(Case::new(
+        "post.recv.alone_too_many_sges",
+        "a lone receive WR with more SGEs than max_recv_sge fails with EINVAL at WR 0 and posts nothing",
+        "DESIGN §3.3 (too many SGEs: EINVAL)",
+        &[],
+        |env: &Env| {
+            let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
+            let n = p.b.qp.cap().max_recv_sge as usize + 1;
+            let many: Vec<Sge<'_>> = (0..n).map(|i| p.b.mr.sge(64 * i as u64, 64)).collect::<Result<_>>()?;
+            expect_post_err(
+                p.b.qp.post_recv(&[RecvWr::new(1, &many)]),
+                0,
+                ErrorKind::InvalidArgument,
+                "post_recv",
+            )?;
+            p.b.post_recv(2, 0, 64)?;
+            p.b.move_to(QpState::Err)?;
+            let wcs = collect(&p.b.rcq, QUIET)?;
+            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+            ensure_eq!(ids, vec![2], "receives flushed (the rejected one was not posted)");
+            Ok(())
+        },
+    ));
+    out.push(Case::new(
         "post.send.bad_first_wr_posts_nothing",
         "when the first WR of a list is rejected, none of the list is posted",
         "DESIGN §3.3 (nothing after the bad WR is posted); ibv_post_send(3) bad_wr",

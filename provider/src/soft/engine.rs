@@ -68,7 +68,7 @@ use crossbeam_queue::SegQueue;
 use super::link::Link;
 use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
-use crate::verbs::AsyncEvent;
+use crate::verbs::{AsyncEvent, PostError, RecvWr};
 
 pub use progress::EngineMode;
 
@@ -321,6 +321,18 @@ impl DeviceShared {
             self.with_core(|_, _| ());
         }
         r
+    }
+
+    /// `ibv_post_recv`: a lone WR that needs nothing but queueing
+    /// ([`Core::post_recv_one`]) takes the lock and nothing else; the rest
+    /// goes by [`Self::with_core_local`].
+    pub(crate) fn post_recv(self: &Arc<Self>, qpn: u32, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        if let [wr] = wrs {
+            if self.lock().post_recv_one(qpn, wr) {
+                return Ok(());
+            }
+        }
+        self.with_core_local(|c| c.post_recv(qpn, wrs))
     }
 
     /// Like [`Self::with_core`], and sends every ACK held back for

@@ -807,7 +807,7 @@ impl QpOps for SoftQp {
     #[inline]
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
-        self.pd.ctx.dev.with_core_local(|c| c.post_recv(self.qpn, wrs))
+        self.pd.ctx.dev.post_recv(self.qpn, wrs)
     }
 
     fn bind_mw(&self, mw: &Arc<dyn MwOps>, wr_id: u64, bind: &MwBindInfo<'_>, flags: SendFlags) -> Result<u32> {
