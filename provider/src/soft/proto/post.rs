@@ -490,6 +490,13 @@ impl Core {
         if s.length() == 0 {
             return true;
         }
+        if self
+            .mrs
+            .read_plain(s.lkey(), s.addr(), u64::from(s.length()), dst)
+            .is_some()
+        {
+            return true;
+        }
         let Some(e) = self.mrs.get(s.lkey()) else { return false };
         let Ok(r) = MrTable::resolve(e, s.addr(), u64::from(s.length())) else {
             return false;

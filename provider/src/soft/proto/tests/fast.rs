@@ -235,6 +235,14 @@ fn receive_errors_go_the_general_way() {
         n.core.post_recv(n.qpn, &[RecvWr::new(6, &sgl)]).unwrap();
         n.inject(0, &send_only(n, RQ_PSN, None, false, true), b"short");
     });
+    // A receive SGE that runs past the end of its MR, the message short
+    // enough to fit in the MR: every SGE is checked whole.
+    both(0, |n| {
+        let end = n.mem.addr() + n.mem.len() as u64;
+        let sgl = [Sge::checked(end - 8, 16, n.lkey)];
+        n.core.post_recv(n.qpn, &[RecvWr::new(7, &sgl)]).unwrap();
+        n.inject(0, &send_only(n, RQ_PSN, None, false, true), b"short");
+    });
     // An SRQ-less QP whose message is in progress: a SEND ONLY inside a
     // multi-packet SEND is an opcode sequence error.
     both(0, |n| {
