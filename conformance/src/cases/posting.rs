@@ -259,18 +259,8 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         "DESIGN §3.3 (queue full: ENOMEM)",
         &[],
         |env: &Env| {
-            let cfg = PairConfig {
-                cap: QpCap {
-                    max_recv_wr: 8,
-                    ..PairConfig::default().cap
-                },
-                ..PairConfig::default()
-            };
-            let p = Pair::new(&env.a, &env.b, cfg)?;
+            let p = small_rq_pair(env)?;
             let n = p.b.qp.cap().max_recv_wr as usize;
-            if n > 4096 {
-                crate::skip!("the device granted {n} receive WRs for 8");
-            }
             let sge = [p.b.mr.sge(0, 64)?];
             let wrs: Vec<RecvWr<'_>> = (0..n + 1).map(|i| RecvWr::new(i as u64, &sge)).collect();
             expect_post_err(
@@ -296,18 +286,8 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         "DESIGN §3.3 (queue full: ENOMEM)",
         &[],
         |env: &Env| {
-            let cfg = PairConfig {
-                cap: QpCap {
-                    max_recv_wr: 8,
-                    ..PairConfig::default().cap
-                },
-                ..PairConfig::default()
-            };
-            let p = Pair::new(&env.a, &env.b, cfg)?;
-            let n = p.b.qp.cap().max_recv_wr as u64;
-            if n > 4096 {
-                crate::skip!("the device granted {n} receive WRs for 8");
-            }
+            let p = small_rq_pair(env)?;
+            let n = u64::from(p.b.qp.cap().max_recv_wr);
             for i in 0..n {
                 p.b.post_recv(i, 0, 64)?;
             }
@@ -552,4 +532,22 @@ fn boundaries(out: &mut Vec<Case>) {
             Ok(())
         },
     ));
+}
+
+/// A connected pair whose side B asked for 8 receive WRs (skipped when
+/// the device grants over 4096: the cases fill the queue).
+fn small_rq_pair(env: &Env) -> std::result::Result<Pair, Stop> {
+    let cfg = PairConfig {
+        cap: QpCap {
+            max_recv_wr: 8,
+            ..PairConfig::default().cap
+        },
+        ..PairConfig::default()
+    };
+    let p = Pair::new(&env.a, &env.b, cfg)?;
+    let n = p.b.qp.cap().max_recv_wr;
+    if n > 4096 {
+        crate::skip!("the device granted {n} receive WRs for 8");
+    }
+    Ok(p)
 }

@@ -408,16 +408,11 @@ impl MrTable {
         data: &[u8],
     ) -> Option<()> {
         let e = self.get(key)?;
-        let Backing::Plain(memory) = &e.backing else {
-            return None;
-        };
-        let end = addr.checked_add(len)?;
-        if e.pd != pd || !e.access.contains(need) || addr < e.iova || end > e.iova.saturating_add(e.len) {
+        if e.pd != pd || !e.access.contains(need) {
             return None;
         }
-        memory
-            .try_write(usize::try_from(addr - e.iova).ok()?, data)
-            .then_some(())
+        let (memory, offset) = Self::plain_at(e, addr, len)?;
+        memory.try_write(offset, data).then_some(())
     }
 
     /// [`MrTable::resolve`] of `len` bytes at `addr` under `key` and the
@@ -427,7 +422,15 @@ impl MrTable {
     /// outside it.
     #[inline]
     pub(crate) fn read_plain(&self, key: u32, addr: u64, len: u64, dst: &mut Vec<u8>) -> Option<()> {
-        let e = self.get(key)?;
+        let (memory, offset) = Self::plain_at(self.get(key)?, addr, len)?;
+        memory.try_append(offset, usize::try_from(len).ok()?, dst).then_some(())
+    }
+
+    /// The memory and offset behind `len` bytes at `addr` of `e`, a plain
+    /// MR's entry; `None` for another registration or a range that is not
+    /// wholly in the MR (the checks of [`MrTable::resolve`]).
+    #[inline]
+    fn plain_at(e: &MrEntry, addr: u64, len: u64) -> Option<(&Arc<MemorySource>, usize)> {
         let Backing::Plain(memory) = &e.backing else {
             return None;
         };
@@ -435,9 +438,7 @@ impl MrTable {
         if addr < e.iova || end > e.iova.saturating_add(e.len) {
             return None;
         }
-        memory
-            .try_append(usize::try_from(addr - e.iova).ok()?, usize::try_from(len).ok()?, dst)
-            .then_some(())
+        Some((memory, usize::try_from(addr - e.iova).ok()?))
     }
 
     /// Checks a remote access under `rkey` by `qpn` (of PD `pd`): MRs,
