@@ -300,6 +300,11 @@ pub struct PerfArgs {
     #[arg(long = "digits", value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u8).range(0..=6))]
     pub digits: u8,
+    /// Latency tests: switch softverbs::soft::ab per block of N iterations
+    /// and print the median of either arm's blocks (an experiment inside
+    /// one run; needs a build with the `ab` feature)
+    #[arg(long = "ab", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ab: Option<u64>,
     /// Also save the report as JSON in FILE
     #[arg(long = "out_json", value_name = "FILE", num_args = 0..=1,
           default_missing_value = "perftest_out.json")]
@@ -424,6 +429,8 @@ pub struct Params {
     pub report_gbits: bool,
     /// Decimal places of the latency figures.
     pub digits: usize,
+    /// Blocks of the in-run A/B switch (`--ab`).
+    pub ab: Option<u64>,
     /// JSON report file.
     pub out_json: Option<String>,
     /// Device.
@@ -618,6 +625,7 @@ impl Params {
             peak: !a.no_peak && iters <= PEAK_MAX_ITERS && duration.is_none(),
             report_gbits: a.report_gbits,
             digits: usize::from(a.digits),
+            ab: a.ab,
             out_json,
             ib_dev: a.ib_dev.clone(),
             peer_dev: a.peer_dev.clone(),

@@ -22,7 +22,7 @@ use softverbs::verbs::{SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use super::args::{AtomicType, Connection, Params, VerbKind};
 use super::bw::{check_wc, Phases, EVENT_WAIT_MS};
 use super::resources::{Dest, Side, DEF_QKEY};
-use super::stats::{lat_dur_result, lat_result, LatDurResult, LatResult};
+use super::stats::{ab_medians, lat_dur_result, lat_result, LatDurResult, LatResult};
 use super::{Agent, Clock, PerfError, Step, VerbsContext};
 
 /// A latency result of either kind.
@@ -202,7 +202,17 @@ impl<'a> LatAgent<'a> {
                     self.rtt_factor(),
                 )))
             }
-            None => lat_result(self.size, &self.posted, self.rtt_factor()).map(LatOutcome::Iters),
+            None => {
+                if let Some(b) = self.p.ab {
+                    if let Some((on, off)) = ab_medians(&self.posted, self.rtt_factor(), b) {
+                        eprintln!(
+                            "ab: blocks of {b}: on {on:.4} µs, off {off:.4} µs, on/off {:.4}",
+                            on / off
+                        );
+                    }
+                }
+                lat_result(self.size, &self.posted, self.rtt_factor()).map(LatOutcome::Iters)
+            }
         }
     }
 
@@ -384,6 +394,9 @@ impl Agent for LatAgent<'_> {
                     progressed: false,
                 });
             }
+            if let Some(b) = self.p.ab {
+                softverbs::soft::ab::set((self.scnt / b).is_multiple_of(2));
+            }
             let got = self.poll_send()?;
             if got > 0 {
                 progressed = true;
@@ -407,6 +420,11 @@ impl Agent for LatAgent<'_> {
         }
 
         // Write/send ping-pong.
+        if let Some(b) = self.p.ab {
+            // The arm of the round trip under way: the receive it waits
+            // for, the answer's post_recv and post_send (`--ab`).
+            softverbs::soft::ab::set((self.rcnt / b).is_multiple_of(2));
+        }
         if self.waiting_recv && self.try_receive()? {
             self.rcnt += 1;
             self.waiting_recv = false;

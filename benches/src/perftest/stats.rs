@@ -130,6 +130,24 @@ pub struct LatResult {
 /// perftest drops this many of the largest samples (`LAT_MEASURE_TAIL`).
 pub const LAT_MEASURE_TAIL: usize = 2;
 
+/// The median one-way times (µs, as [`lat_result`]'s) of the round trips
+/// in the blocks of `block` iterations that `perf --ab` ran with the
+/// switch on (even blocks) and off (odd blocks); `None` until both arms
+/// have a sample.
+pub fn ab_medians(posted: &[u64], rtt_factor: f64, block: u64) -> Option<(f64, f64)> {
+    let mut arms: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for (i, w) in posted.windows(2).enumerate() {
+        let arm = usize::from(!(i as u64 / block.max(1)).is_multiple_of(2));
+        arms[arm].push(w[1].saturating_sub(w[0]) as f64 / 1000.0 / rtt_factor);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let [mut on, mut off] = arms;
+    Some((median(&mut on)?, median(&mut off)?))
+}
+
 /// perftest's latency report from the post times of `iters` ping-pongs
 /// (`posted[i+1] − posted[i]` is one round trip), divided by `rtt_factor`
 /// (2 for send and write: half the round trip; 1 for read and atomic).
@@ -198,6 +216,20 @@ pub fn lat_dur_result(size: u64, iters: u64, window_ns: u64, rtt_factor: f64) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ab_medians_split_by_block() {
+        // Blocks of 2 round trips: 1,000 ns in the even blocks, 3,000 in
+        // the odd ones (post times in ns; one way is half of each).
+        let mut posted = vec![0u64];
+        for i in 0..12u64 {
+            let rtt = if (i / 2) % 2 == 0 { 1000 } else { 3000 };
+            posted.push(posted[posted.len() - 1] + rtt);
+        }
+        assert_eq!(ab_medians(&posted, 2.0, 2), Some((0.5, 1.5)));
+        // One block only: no arm to compare with.
+        assert_eq!(ab_medians(&posted[..3], 2.0, 2), None);
+    }
 
     #[test]
     fn bw_average_and_peak() {

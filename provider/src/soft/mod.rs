@@ -10,6 +10,7 @@
 //! - [`device`]: soft devices, their attributes, and the provider that lists
 //!   them; the verbs objects over the engine live in a private module.
 
+pub mod ab;
 pub mod device;
 pub mod engine;
 pub mod link;
