@@ -130,15 +130,22 @@ pub struct LatResult {
 /// perftest drops this many of the largest samples (`LAT_MEASURE_TAIL`).
 pub const LAT_MEASURE_TAIL: usize = 2;
 
+/// Each iteration's time in µs (`posted[i+1] − posted[i]`, in ns, over
+/// `rtt_factor`).
+fn one_way_times(posted: &[u64], rtt_factor: f64) -> impl Iterator<Item = f64> + '_ {
+    posted
+        .windows(2)
+        .map(move |w| w[1].saturating_sub(w[0]) as f64 / 1000.0 / rtt_factor)
+}
+
 /// The median one-way times (µs, as [`lat_result`]'s) of the round trips
 /// in the blocks of `block` iterations that `perf --ab` ran with the
 /// switch on (even blocks) and off (odd blocks); `None` until both arms
 /// have a sample.
 pub fn ab_medians(posted: &[u64], rtt_factor: f64, block: u64) -> Option<(f64, f64)> {
     let mut arms: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for (i, w) in posted.windows(2).enumerate() {
-        let arm = usize::from(!(i as u64 / block.max(1)).is_multiple_of(2));
-        arms[arm].push(w[1].saturating_sub(w[0]) as f64 / 1000.0 / rtt_factor);
+    for (i, t) in one_way_times(posted, rtt_factor).enumerate() {
+        arms[usize::from(!(i as u64 / block.max(1)).is_multiple_of(2))].push(t);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -157,10 +164,7 @@ pub fn lat_result(size: u64, posted: &[u64], rtt_factor: f64) -> Option<LatResul
     if posted.len() < 5 {
         return None;
     }
-    let mut delta: Vec<f64> = posted
-        .windows(2)
-        .map(|w| w[1].saturating_sub(w[0]) as f64 / 1000.0 / rtt_factor)
-        .collect();
+    let mut delta: Vec<f64> = one_way_times(posted, rtt_factor).collect();
     delta.sort_by(f64::total_cmp);
     let n = delta.len() - LAT_MEASURE_TAIL;
     let median = if (n - 1) % 2 == 1 {

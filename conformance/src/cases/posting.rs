@@ -269,15 +269,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
                 ErrorKind::NoMemory,
                 "post_recv of max_recv_wr + 1",
             )?;
-            p.b.move_to(QpState::Err)?;
-            let wcs = expect_n(&p.b.rcq, n, "flushed receives")?;
-            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
-            ensure_eq!(
-                ids,
-                (0..n as u64).collect::<Vec<_>>(),
-                "flushed receives (the posted ones, in order)"
-            );
-            expect_quiet(&p.b.rcq, "after the flushes")
+            expect_flushed_in_order(&p, (0..n as u64).collect())
         },
     ));
     out.push(Case::new(
@@ -311,15 +303,8 @@ pub(crate) fn register(out: &mut Vec<Case>) {
                 ErrorKind::NoMemory,
                 "post_recv into the queue full again",
             )?;
-            p.b.move_to(QpState::Err)?;
-            let wcs = expect_n(&p.b.rcq, n as usize, "flushed receives")?;
-            let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
-            ensure_eq!(
-                ids,
-                (1..n).chain([n + 1]).collect::<Vec<_>>(),
-                "flushed receives (the posted ones, in order; none of the rejected)"
-            );
-            expect_quiet(&p.b.rcq, "after the flushes")
+            // The posted ones, in order; none of the rejected.
+            expect_flushed_in_order(&p, (1..n).chain([n + 1]).collect())
         },
     ));
     out.push(Case::new(
@@ -550,4 +535,14 @@ fn small_rq_pair(env: &Env) -> std::result::Result<Pair, Stop> {
         crate::skip!("the device granted {n} receive WRs for 8");
     }
     Ok(p)
+}
+
+/// Moves side B to ERR and checks that exactly the receives `ids` were
+/// flushed, in that order.
+fn expect_flushed_in_order(p: &Pair, ids: Vec<u64>) -> Check {
+    p.b.move_to(QpState::Err)?;
+    let wcs = expect_n(&p.b.rcq, ids.len(), "flushed receives")?;
+    let got: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    ensure_eq!(got, ids, "flushed receives (the posted ones, in order)");
+    expect_quiet(&p.b.rcq, "after the flushes")
 }

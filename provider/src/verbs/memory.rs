@@ -549,10 +549,11 @@ impl MemorySource {
     ///
     /// `EINVAL` if the range is outside the memory.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
-        check_range(offset, src.len(), self.len())?;
-        // SAFETY: as in read_at.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr().add(offset), src.len()) };
-        Ok(())
+        if self.try_write(offset, src) {
+            Ok(())
+        } else {
+            check_range(offset, src.len(), self.len())
+        }
     }
 
     /// Appends `len` bytes at `offset` to `dst` (one copy, no zeroing of
@@ -562,10 +563,11 @@ impl MemorySource {
     ///
     /// `EINVAL` if the range is outside the memory.
     pub fn append_to(&self, offset: usize, len: usize, dst: &mut Vec<u8>) -> Result<()> {
-        check_range(offset, len, self.len())?;
-        // SAFETY: in bounds (checked); valid as in read_at.
-        unsafe { append_from_ptr(self.ptr().add(offset), len, dst) };
-        Ok(())
+        if self.try_append(offset, len, dst) {
+            Ok(())
+        } else {
+            check_range(offset, len, self.len())
+        }
     }
 
     fn atomic_at(&self, offset: usize) -> Result<&AtomicU64> {

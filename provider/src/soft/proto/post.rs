@@ -242,11 +242,7 @@ impl Core {
                 }
                 Some(data)
             } else {
-                sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
-                    addr: s.addr(),
-                    len: s.length(),
-                    lkey: s.lkey(),
-                }));
+                sgl.extend(wr.sg_list.iter().map(SgeRaw::of));
                 None
             };
             let signaled = qp.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
@@ -305,12 +301,7 @@ impl Core {
         let Some(qp) = qpn.checked_sub(QPN_BASE).and_then(|id| self.qps.get_mut(id)) else {
             return false;
         };
-        if qp.srq.is_some()
-            || matches!(qp.state(), QpState::Reset | QpState::Err)
-            || qp.rq.len() >= qp.cap.max_recv_wr as usize
-            || wr.sg_list.len() > qp.cap.max_recv_sge as usize
-            || wr.sg_list.iter().any(|s| s.is_inline_only())
-        {
+        if qp.state() == QpState::Err || recv_refusal(qp, wr).is_some() {
             return false;
         }
         let mut sgl = qp.take_vec();
@@ -318,11 +309,7 @@ impl Core {
             // The usual receive, built in place (`RecvWqe::new` is a call
             // and a loop).
             [s] => {
-                sgl.push(SgeRaw {
-                    addr: s.addr(),
-                    len: s.length(),
-                    lkey: s.lkey(),
-                });
+                sgl.push(SgeRaw::of(s));
                 RecvWqe {
                     wr_id: wr.wr_id,
                     sgl,
@@ -337,45 +324,8 @@ impl Core {
 
     fn post_recv_inner(&mut self, qp: &mut Qp, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
-            if qp.srq.is_some() {
-                return Err(post_err(
-                    i,
-                    Verb::PostRecv,
-                    ErrorKind::InvalidArgument,
-                    "this QP receives through its SRQ",
-                ));
-            }
-            if qp.state() == QpState::Reset {
-                return Err(post_err(
-                    i,
-                    Verb::PostRecv,
-                    ErrorKind::InvalidArgument,
-                    "post_recv in RESET",
-                ));
-            }
-            if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
-                return Err(post_err(
-                    i,
-                    Verb::PostRecv,
-                    ErrorKind::InvalidArgument,
-                    format!("{} SGEs exceed max_recv_sge {}", wr.sg_list.len(), qp.cap.max_recv_sge),
-                ));
-            }
-            if wr.sg_list.iter().any(|s| s.is_inline_only()) {
-                return Err(post_err(
-                    i,
-                    Verb::PostRecv,
-                    ErrorKind::InvalidArgument,
-                    "a receive cannot use an inline-only SGE",
-                ));
-            }
-            if qp.rq.len() >= qp.cap.max_recv_wr as usize {
-                return Err(post_err(
-                    i,
-                    Verb::PostRecv,
-                    ErrorKind::NoMemory,
-                    format!("receive queue full ({} WRs)", qp.cap.max_recv_wr),
-                ));
+            if let Some(refusal) = recv_refusal(qp, wr) {
+                return Err(refusal.post_err(i, qp, wr));
             }
             let sgl = qp.take_vec();
             qp.rq.push_back(RecvWqe::new(wr, sgl));
@@ -384,6 +334,60 @@ impl Core {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a receive WR cannot be queued on a QP as it stands (the checks of
+/// `ibv_post_recv`, in the order they are reported).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RecvRefusal {
+    Srq,
+    Reset,
+    TooManySges,
+    InlineSge,
+    Full,
+}
+
+/// The first check `wr` fails on `qp`, if any (a QP in ERR takes the WR,
+/// and flushes it).
+#[inline]
+fn recv_refusal(qp: &Qp, wr: &RecvWr<'_>) -> Option<RecvRefusal> {
+    if qp.srq.is_some() {
+        Some(RecvRefusal::Srq)
+    } else if qp.state() == QpState::Reset {
+        Some(RecvRefusal::Reset)
+    } else if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+        Some(RecvRefusal::TooManySges)
+    } else if wr.sg_list.iter().any(|s| s.is_inline_only()) {
+        Some(RecvRefusal::InlineSge)
+    } else if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+        Some(RecvRefusal::Full)
+    } else {
+        None
+    }
+}
+
+impl RecvRefusal {
+    /// The error `ibv_post_recv` reports for WR `index`.
+    #[cold]
+    fn post_err(self, index: usize, qp: &Qp, wr: &RecvWr<'_>) -> PostError {
+        let (kind, detail): (ErrorKind, std::borrow::Cow<'static, str>) = match self {
+            RecvRefusal::Srq => (ErrorKind::InvalidArgument, "this QP receives through its SRQ".into()),
+            RecvRefusal::Reset => (ErrorKind::InvalidArgument, "post_recv in RESET".into()),
+            RecvRefusal::TooManySges => (
+                ErrorKind::InvalidArgument,
+                format!("{} SGEs exceed max_recv_sge {}", wr.sg_list.len(), qp.cap.max_recv_sge).into(),
+            ),
+            RecvRefusal::InlineSge => (
+                ErrorKind::InvalidArgument,
+                "a receive cannot use an inline-only SGE".into(),
+            ),
+            RecvRefusal::Full => (
+                ErrorKind::NoMemory,
+                format!("receive queue full ({} WRs)", qp.cap.max_recv_wr).into(),
+            ),
+        };
+        post_err(index, Verb::PostRecv, kind, detail)
     }
 }
 

@@ -41,6 +41,18 @@ pub(crate) struct SgeRaw {
     pub(crate) lkey: u32,
 }
 
+impl SgeRaw {
+    /// The engine's copy of a work request's SGE.
+    #[inline]
+    pub(crate) fn of(s: &crate::verbs::Sge<'_>) -> SgeRaw {
+        SgeRaw {
+            addr: s.addr(),
+            len: s.length(),
+            lkey: s.lkey(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WqeOp {
     Send,
@@ -162,11 +174,7 @@ impl RecvWqe {
     /// The engine's copy of a receive WR, its SGEs stored in `sgl` (a
     /// recycled vector on the QP path).
     pub(crate) fn new(wr: &crate::verbs::RecvWr<'_>, mut sgl: Vec<SgeRaw>) -> RecvWqe {
-        sgl.extend(wr.sg_list.iter().map(|s| SgeRaw {
-            addr: s.addr(),
-            len: s.length(),
-            lkey: s.lkey(),
-        }));
+        sgl.extend(wr.sg_list.iter().map(SgeRaw::of));
         let length = sgl.iter().map(|s| u64::from(s.len)).sum();
         RecvWqe {
             wr_id: wr.wr_id,
