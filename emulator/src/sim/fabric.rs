@@ -378,8 +378,8 @@ impl Fabric {
         Gid::from_ip(self.nodes[node.0].addr)
     }
 
-    /// Lets `node` send multi-packet RC SENDs and WRITEs from shareable
-    /// buffers (64 KiB and more) as trains (`softverbs::soft::proto::train`):
+    /// Lets `node` send RC SENDs and WRITEs of 2 KiB or more from
+    /// shareable buffers as trains (`softverbs::soft::proto::train`):
     /// one packet standing for the message, which faults drop, duplicate,
     /// delay and reorder like any other.
     pub fn enable_trains(&mut self, node: NodeId) {
@@ -768,6 +768,11 @@ struct AllTrains;
 impl train::TrainRoute for AllTrains {
     fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
         // In-process delivery reads shareable buffers only.
-        train::TrainCaps::SHARED
+        // Trains of one packet too, as to a shared-memory peer, so that
+        // faults hit those as well.
+        train::TrainCaps {
+            one_packet: true,
+            ..train::TrainCaps::SHARED
+        }
     }
 }

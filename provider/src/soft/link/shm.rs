@@ -64,15 +64,16 @@
 //!
 //! # Trains
 //!
-//! A train ([`crate::soft::proto::train`]) is a multi-packet message sent
-//! as its ONLY packet, with the payload left in the sender's
+//! A train ([`crate::soft::proto::train`]) is a message of 2 KiB or more
+//! sent as its ONLY packet, with the payload left in the sender's
 //! [`SharedMemory`](crate::verbs::SharedMemory) buffers (sealed memfds:
 //! a file per large buffer, shared slabs for small ones); the receiver maps
 //! those files and its engine copies the message once. Both ends announce
 //! trains in the capability word of the hello and the answer; a channel
 //! carries them only if both did ([`ShmLink::set_trains`] turns the offer
 //! off), and [`Link::train_caps`] allows them only for a destination routed to
-//! such a channel while it is up.
+//! such a channel while it is up; trains of one packet only if the peer
+//! said it takes them (`CAP_TRAINS1`).
 //!
 //! Other registered memory (caller-owned ranges, buffers past the
 //! shareable limit [`SHARE_MAX_LIVE`](crate::verbs::memory::SHARE_MAX_LIVE) or
@@ -169,6 +170,9 @@ const CAP_CMA: u32 = 2;
 /// Capability: this end read the peer's probe and accepts trains of the
 /// peer's process memory.
 const CAP_CMA_READ: u32 = 4;
+/// Capability: this end takes trains of one packet (earlier versions took
+/// trains of two packets or more and drop one of one as malformed).
+const CAP_TRAINS1: u32 = 8;
 const _: () = assert!(25 + 16 * MAX_GIDS <= OFF_CAPS && OFF_CAPS + 4 <= OFF_PROBE && OFF_PROBE + 16 <= MSG_LEN);
 /// An exported buffer: this magic, its token (u64 LE), its length (u64
 /// LE), 8 zero bytes; the memfd rides along (SCM_RIGHTS).
@@ -276,6 +280,8 @@ struct Peer {
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,
+    /// The peer takes trains of one packet ([`CAP_TRAINS1`]).
+    one_packet: bool,
 }
 
 /// Metadata of forget slots (the consumer does not look at it).
@@ -955,6 +961,7 @@ impl Link for ShmLink {
                 TrainCaps {
                     shared: !(process && self.force_cma.load(Ordering::Relaxed)),
                     process,
+                    one_packet: c.peer.get().is_some_and(|p| p.one_packet),
                 }
             }
             _ => TrainCaps::NONE,

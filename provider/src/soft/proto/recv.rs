@@ -183,8 +183,10 @@ impl Core {
             }
         }
         if let Some(t) = d.train {
-            // Only RC SEND/WRITE messages of more than one packet travel as
-            // trains, as an ONLY packet standing for all of them.
+            // Only RC SEND/WRITE messages (and READ responses) travel as
+            // trains, as an ONLY packet standing for all their packets; a
+            // train of one packet is taken (see `TrainCaps::one_packet`),
+            // one without payload is not.
             let kind_ok = if request {
                 matches!(pkt.info.kind, OpKind::Send | OpKind::Write)
             } else {
@@ -194,7 +196,7 @@ impl Core {
                 && qp.qp_type == QpType::Rc
                 && pkt.info.position == Position::Only
                 && pkt.payload.is_empty()
-                && t.npkts() > 1
+                && !t.is_empty()
                 && t.npkts() == packets_for(t.len(), qp.mtu());
             if !ok {
                 self.counters.rx_bad_train += 1;

@@ -379,16 +379,16 @@ impl Core {
     }
 
     /// The train WQE `idx` can go as ([`super::train`]): an RC SEND or
-    /// WRITE of several packets and at least [`TRAIN_MIN_LEN`] bytes, not
-    /// inline, whose every byte lies in memory the route to the
-    /// destination carries trains of ([`super::train::TrainCaps`]; process
-    /// memory only from [`TRAIN_PROCESS_MIN_LEN`] bytes on).
+    /// WRITE of at least [`TRAIN_MIN_LEN`] bytes, not inline, whose every
+    /// byte lies in memory the route to the destination carries trains of
+    /// ([`super::train::TrainCaps`]; process memory only from
+    /// [`TRAIN_PROCESS_MIN_LEN`] bytes on; one packet only where the
+    /// receiver takes that).
     fn train_for(&self, qp: &Qp, idx: usize) -> Option<TrainOut> {
         let w = &qp.sq[idx];
         if qp.qp_type != QpType::Rc
             || w.inline.is_some()
             || w.length < TRAIN_MIN_LEN
-            || w.npkts < 2
             || !matches!(
                 w.op,
                 WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
@@ -397,6 +397,9 @@ impl Core {
             return None;
         }
         let caps = self.train_caps_to(qp, w.length)?;
+        if w.npkts < 2 && !caps.one_packet {
+            return None;
+        }
         let mut pieces: Vec<TrainPiece> = Vec::new();
         self.mrs
             .for_each_piece(&w.sgl, qp.pd, 0, w.length as usize, AccessFlags::empty(), |r, _, n| {

@@ -428,7 +428,7 @@ impl Core {
     fn send_read_responses(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32) -> bool {
         let mtu = qp.mtu();
         let npkts = super::requester::packets_for(len, mtu);
-        if npkts > 1 && self.send_read_train(qp, psn, va, rkey, len, npkts) {
+        if self.send_read_train(qp, psn, va, rkey, len, npkts) {
             return true;
         }
         for i in 0..npkts {
@@ -479,11 +479,15 @@ impl Core {
 
     /// Sends the responses of a read as one train (a READ_RESPONSE_ONLY
     /// standing for `npkts` PSNs from `psn`) when the requester can read
-    /// this memory; `false` to send packets instead.
+    /// this memory (and takes a train of one packet, if `npkts` is 1);
+    /// `false` to send packets instead.
     fn send_read_train(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32, npkts: u32) -> bool {
         let Some(caps) = self.train_caps_to(qp, len) else {
             return false;
         };
+        if npkts < 2 && !caps.one_packet {
+            return false;
+        }
         let Ok(Some(r)) = self
             .mrs
             .check_remote(rkey, qp.pd, qp.qpn, va, u64::from(len), AccessFlags::REMOTE_READ)

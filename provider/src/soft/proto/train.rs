@@ -1,5 +1,5 @@
-//! Trains: a multi-packet SEND or RDMA WRITE sent as one request whose
-//! payload stays in the sender's memory, for links whose receiver can read
+//! Trains: a SEND or RDMA WRITE of at least [`TRAIN_MIN_LEN`] bytes sent
+//! as one request whose payload stays in the sender's memory, for links whose receiver can read
 //! that memory directly (the in-process link and the shared-memory link
 //! for [`SharedMemory`] buffers; the shared-memory link also for any
 //! registered memory where the receiver may read the sender's address
@@ -12,7 +12,10 @@
 //! takes at the path MTU: PSNs, the outstanding-packet window, ACK
 //! coalescing, duplicate and sequence handling stay exactly those of the
 //! packet-by-packet message, so the requester's completion and
-//! retransmission logic is unchanged. The responder checks the train like
+//! retransmission logic is unchanged. A message of one packet goes as a
+//! train only where the receiver said it takes such trains
+//! ([`TrainCaps::one_packet`]; earlier receivers took trains of two
+//! packets or more). The responder checks the train like
 //! the packets it replaces (whole range up front, length against the DMA
 //! length or the receive buffer, `npkts` against its own MTU), places the
 //! payload piece by piece in order with the last bytes written last, and
@@ -41,6 +44,11 @@ use crate::verbs::{MappedPiece, SharedMemory};
 /// the shared-memory link 14,947 against 5,844 at 8 KiB (MTU 4096), 5,918
 /// against 1,655 at 4 KiB and 3,611 against 2,794 at 2 KiB (MTU 1024),
 /// equal at 1 KiB (MTU 512); in one process 12,134 against 7,665 at 8 KiB.
+/// Messages of one packet (MTU 4096; 6 alternating rounds of 1 s each,
+/// per-round ratio): 1.64x at 4 KiB, 1.15x at 2 KiB, 0.93-0.95x at 1 and
+/// 1.5 KiB (no gain there). In one process (`perf write_bw`, embedded)
+/// trains of one packet gained nothing at 4 KiB (0.96x, 8 rounds): the
+/// in-process link sends them only of several packets.
 pub const TRAIN_MIN_LEN: u32 = 2 * 1024;
 
 /// Messages shorter than this carry no [`TrainPiece::Process`] ranges (they
@@ -63,6 +71,10 @@ pub struct TrainCaps {
     /// ([`TrainPiece::Process`]): the receiver was verified to be able to
     /// read this process's memory.
     pub process: bool,
+    /// Trains of one packet (messages that fit the path MTU, from
+    /// [`TRAIN_MIN_LEN`] bytes): the receiver takes them. Without it only
+    /// messages of several packets go as trains.
+    pub one_packet: bool,
 }
 
 impl TrainCaps {
@@ -70,16 +82,20 @@ impl TrainCaps {
     pub const NONE: TrainCaps = TrainCaps {
         shared: false,
         process: false,
+        one_packet: false,
     };
-    /// Trains of shareable buffers only.
+    /// Trains of shareable buffers only, of several packets.
     pub const SHARED: TrainCaps = TrainCaps {
         shared: true,
         process: false,
+        one_packet: false,
     };
-    /// Trains of shareable buffers and of any registered memory.
+    /// Trains of shareable buffers and of any registered memory, of
+    /// several packets.
     pub const ALL: TrainCaps = TrainCaps {
         shared: true,
         process: true,
+        one_packet: false,
     };
 
     /// Whether any train can go.

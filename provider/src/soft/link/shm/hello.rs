@@ -15,6 +15,9 @@
 //!   the probe is the address and value of a word of its memory.
 //! - [`CAP_CMA_READ`]: this end read the peer's probe (below): the peer
 //!   may send it trains of the peer's process memory.
+//! - [`CAP_TRAINS1`]: this end takes trains of one packet (a message that
+//!   fits the MTU). Without it (a build of this ring version from before)
+//!   the peer sends only messages of several packets as trains.
 //!
 //! # Probe (cross-memory attach)
 //!
@@ -54,7 +57,7 @@ use std::sync::Arc;
 use super::ring::{self, Region};
 use super::{
     bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
-    CAP_TRAINS, HELLO, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE, UP,
+    CAP_TRAINS, CAP_TRAINS1, HELLO, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE, UP,
 };
 use crate::soft::engine::process_now;
 use crate::soft::proto::Nanos;
@@ -112,11 +115,11 @@ impl ShmLink {
         m
     }
 
-    /// The capabilities this end offers: trains (and process-memory
-    /// trains) if [`ShmLink::set_trains`] is on.
-    fn offer_caps(&self) -> u32 {
+    /// The capabilities this end offers: trains (process-memory trains,
+    /// trains of one packet) if [`ShmLink::set_trains`] is on.
+    pub(super) fn offer_caps(&self) -> u32 {
         if self.offer_trains.load(Ordering::Relaxed) {
-            CAP_TRAINS | CAP_CMA
+            CAP_TRAINS | CAP_CMA | CAP_TRAINS1
         } else {
             0
         }
@@ -223,7 +226,13 @@ impl ShmLink {
         c.stream.set_nonblocking(true)?;
         let c = Arc::new(c);
         let trains = offer && Self::parse_caps(&m) & CAP_TRAINS != 0;
-        let _ = c.peer.set(Peer { gids, doorbell, trains });
+        let one_packet = trains && Self::parse_caps(&m) & CAP_TRAINS1 != 0;
+        let _ = c.peer.set(Peer {
+            gids,
+            doorbell,
+            trains,
+            one_packet,
+        });
         c.state.store(UP, Ordering::Release);
         // The connector may sleep: wake it to read the answer.
         if let Some(p) = c.peer.get() {
@@ -272,7 +281,13 @@ impl ShmLink {
                         .prod
                         .push_ext(&c.region, &NO_META, ring::KIND_CAPS, &[], &ext);
                 }
-                let _ = c.peer.set(Peer { gids, doorbell, trains });
+                let one_packet = trains && caps & CAP_TRAINS1 != 0;
+                let _ = c.peer.set(Peer {
+                    gids,
+                    doorbell,
+                    trains,
+                    one_packet,
+                });
                 c.state.store(UP, Ordering::Release);
                 self.up.fetch_add(1, Ordering::Relaxed);
                 self.route_peer(c);

@@ -652,16 +652,14 @@ fn the_cma_probe_is_verified_both_ways() {
     for c in [&ca, &cb] {
         assert!(c.cma_rx.load(Ordering::Relaxed) && c.cma_tx.load(Ordering::Relaxed));
     }
-    assert_eq!(a.train_caps(ip(&b)), TrainCaps::ALL);
-    assert_eq!(b.train_caps(ip(&a)), TrainCaps::ALL);
+    let all = TrainCaps {
+        one_packet: true,
+        ..TrainCaps::ALL
+    };
+    assert_eq!(a.train_caps(ip(&b)), all);
+    assert_eq!(b.train_caps(ip(&a)), all);
     a.set_force_cma(true);
-    assert_eq!(
-        a.train_caps(ip(&b)),
-        TrainCaps {
-            shared: false,
-            process: true
-        }
-    );
+    assert_eq!(a.train_caps(ip(&b)), TrainCaps { shared: false, ..all });
     assert!(a.peer_lines()[0].contains(" cma rx tx"), "{:?}", a.peer_lines());
     assert_eq!(stat(&a, "shm_cma_probe_failed") + stat(&b, "shm_cma_probe_failed"), 0);
     // The probe itself: right address and value only.
@@ -723,7 +721,13 @@ fn process_memory_trains_are_read_across() {
     assert!(pump_nothing(&a, &b).is_empty());
     assert_eq!(stat(&b, "shm_rx_bad_train"), 1);
     channel(&a).cma_tx.store(false, Ordering::Relaxed);
-    assert_eq!(a.train_caps(ip(&b)), TrainCaps::SHARED);
+    assert_eq!(
+        a.train_caps(ip(&b)),
+        TrainCaps {
+            one_packet: true,
+            ..TrainCaps::SHARED
+        }
+    );
     a.send(dgram(&a, &b, b"ONLY", Some(t)));
     assert_eq!(stat(&a, "shm_tx_train_dropped"), 1);
     drop(heap);
@@ -822,6 +826,11 @@ fn drive_until_stat(l: &ShmLink, name: &str, n: u64) {
 /// hello), which must be this version's; the answer goes back with
 /// `magic`. Returns the connection, to keep it open.
 fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> UnixStream {
+    answer_with(l, m, dst, magic, 0)
+}
+
+/// [`answer_as`] with capabilities `caps` in the answer.
+fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> UnixStream {
     let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
     let listener = UnixListener::bind_addr(&name).unwrap();
     let mut t = dgram(l, m, b"to a peer", None);
@@ -831,7 +840,7 @@ fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> UnixStre
     let mut hello = [0u8; MSG_LEN];
     let (n, fds) = sys::recv_fds(s.as_raw_fd(), &mut hello, 2).unwrap();
     assert_eq!((n, &hello[..8], fds.len()), (MSG_LEN, &HELLO[..], 2));
-    let mut answer = m.hello(ANSWER, Gid::from_ip(dst), 0);
+    let mut answer = m.hello(ANSWER, Gid::from_ip(dst), caps);
     answer[..8].copy_from_slice(magic);
     sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
     s
@@ -871,6 +880,26 @@ fn a_peer_of_another_ring_version_gets_no_channel() {
     drive_until(&l, |l| l.is_shm_peer(Gid::from_ip(new_peer)));
     assert!(l.is_shm_peer(Gid::from_ip(new_peer)), "{:?}", l.peer_lines());
     assert_eq!(stat(&l, "shm_channels_refused"), 2);
+}
+
+/// A peer that offers trains but not trains of one packet (this ring
+/// version before `CAP_TRAINS1`) gets trains of several packets only; one
+/// that offers both gets both, and its hello says so.
+#[test]
+fn trains_of_one_packet_go_only_to_peers_that_take_them() {
+    let (l, m) = (link(), link());
+    for (k, caps) in [CAP_TRAINS, CAP_TRAINS | CAP_TRAINS1].into_iter().enumerate() {
+        let peer = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 80 + k as u8));
+        let _s = answer_with(&l, &m, peer, ANSWER, caps);
+        drive_until(&l, |l| l.is_shm_peer(Gid::from_ip(peer)));
+        assert!(l.is_shm_peer(Gid::from_ip(peer)), "{:?}", l.peer_lines());
+        let got = l.train_caps(peer);
+        assert!(got.shared && !got.process, "{got:?}");
+        assert_eq!(got.one_packet, caps & CAP_TRAINS1 != 0, "caps {caps:#x}");
+    }
+    // This end offers both.
+    let caps = ShmLink::parse_caps(&l.hello(HELLO, m.gids[0], l.offer_caps()));
+    assert_eq!(caps & (CAP_TRAINS | CAP_TRAINS1), CAP_TRAINS | CAP_TRAINS1);
 }
 
 /// With `Only` and a channel up, the UDP socket is read on the slow

@@ -3,18 +3,21 @@
 
 use super::*;
 
-/// A train route that says yes (or no) to every destination.
-struct Route(bool);
+/// A train route that gives every destination the same capabilities.
+struct Route(train::TrainCaps);
 
 impl train::TrainRoute for Route {
     fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
-        if self.0 {
-            train::TrainCaps::SHARED
-        } else {
-            train::TrainCaps::NONE
-        }
+        self.0
     }
 }
+
+/// Shareable buffers, trains of one packet too (a shared-memory peer
+/// that takes them).
+const ONE_TOO: train::TrainCaps = train::TrainCaps {
+    one_packet: true,
+    ..train::TrainCaps::SHARED
+};
 
 /// A shareable source buffer holding `len` bytes of a pattern.
 fn train_source(len: usize, seed: u8) -> MrMemory {
@@ -161,8 +164,8 @@ fn malformed_trains_are_dropped_and_counted_without_touching_memory() {
     let mut bad: Vec<(QpType, Header, u32, usize)> = Vec::new();
     // npkts does not match the length at the MTU.
     bad.push((QpType::Rc, Box::new(|n| write_only(n, RQ_PSN, 0, 8192)), 7, 8192));
-    // A train standing for one packet.
-    bad.push((QpType::Rc, Box::new(|n| write_only(n, RQ_PSN, 0, 1000)), 1, 1000));
+    // A train without payload (one packet at any MTU).
+    bad.push((QpType::Rc, Box::new(|n| write_only(n, RQ_PSN, 0, 0)), 1, 0));
     // Not an ONLY packet.
     bad.push((
         QpType::Rc,
@@ -216,7 +219,12 @@ fn malformed_trains_are_dropped_and_counted_without_touching_memory() {
 fn the_requester_sends_a_train_only_where_the_route_allows() {
     for route in [true, false] {
         let mut n = node(QpType::Rc, Mtu::Mtu1024);
-        n.core.set_train_route(Arc::new(Route(route)));
+        let caps = if route {
+            train::TrainCaps::SHARED
+        } else {
+            train::TrainCaps::NONE
+        };
+        n.core.set_train_route(Arc::new(Route(caps)));
         n.post_send(
             0,
             1,
@@ -247,7 +255,7 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
         let wc = n.cqes();
         assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
         // Short messages never go as trains: below the threshold (two
-        // packets at this MTU), nor one packet at any length.
+        // packets at this MTU).
         n.post_send(2, 2, SendOp::Send, 0, crate::soft::proto::train::TRAIN_MIN_LEN - 1);
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
@@ -256,12 +264,106 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
     }
 }
 
+/// A message of one packet from [`train::TRAIN_MIN_LEN`] bytes (4 KiB at
+/// MTU 4096, the usual storage I/O) goes as a train where the receiver
+/// takes trains of one packet, as a packet where it does not; the
+/// receiver places it once and ACKs its PSN, and answers a one-packet
+/// READ with a train the same way.
+#[test]
+fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
+    for caps in [ONE_TOO, train::TrainCaps::SHARED] {
+        let mut n = node(QpType::Rc, Mtu::Mtu4096);
+        n.core.set_train_route(Arc::new(Route(caps)));
+        let remote = RemoteAddr { addr: 0x1000, rkey: 9 };
+        n.post_send(0, 1, SendOp::Write { remote }, 0, 4096);
+        let t = n.core.poll_transmit().expect("a packet");
+        assert!(n.core.poll_transmit().is_none());
+        let p = Packet::parse(&t.data).unwrap();
+        assert_eq!(p.headers.bth.opcode, Opcode::RcRdmaWriteOnly);
+        if caps.one_packet {
+            let tr = t.train.as_ref().expect("a train");
+            assert_eq!((tr.npkts, tr.len()), (1, 4096));
+            assert!(p.payload.is_empty());
+        } else {
+            assert!(t.train.is_none());
+            assert_eq!(p.payload.len(), 4096);
+        }
+        n.inject(1, &ack(n.qpn, SQ_PSN, Syndrome::ACK), &[]);
+        let wc = n.cqes();
+        assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
+        // Below the threshold, one packet goes as a packet either way.
+        n.post_send(2, 2, SendOp::Send, 0, train::TRAIN_MIN_LEN - 1);
+        assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
+
+        // Responder: a one-packet READ of shareable memory.
+        let mut n = node(QpType::Rc, Mtu::Mtu4096);
+        n.core.set_train_route(Arc::new(Route(caps)));
+        let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
+        h.reth = Some(RethRepr {
+            va: n.mem.addr() + 8,
+            rkey: n.rkey,
+            dma_len: 3000,
+        });
+        n.inject(0, &h, &[]);
+        let t = n.core.poll_transmit().expect("a response");
+        assert!(n.core.poll_transmit().is_none());
+        let p = Packet::parse(&t.data).unwrap();
+        assert_eq!(p.headers.bth.opcode, Opcode::RcRdmaReadResponseOnly);
+        match &t.train {
+            Some(tr) => {
+                assert!(caps.one_packet);
+                assert_eq!((tr.npkts, tr.len(), p.payload.len()), (1, 3000, 0));
+            }
+            None => assert!(!caps.one_packet && p.payload.len() == 3000),
+        }
+    }
+
+    // The receiving end: a WRITE train of one packet lands once and is
+    // ACKed at its PSN; the next PSN follows it; its retransmission is a
+    // duplicate.
+    let mut n = node(QpType::Rc, Mtu::Mtu4096);
+    let src = train_source(4096, 7);
+    n.inject_train(0, &write_only(&n, RQ_PSN, 64, 4096), 1, &src, 4096);
+    let mut want = vec![0u8; 4096];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(64, 4096), want);
+    let acks = n.sent();
+    assert_eq!(
+        (acks.len(), acks[0].0.bth.psn.value(), aeth_of(&acks[0].0)),
+        (1, RQ_PSN, Syndrome::ACK)
+    );
+    assert_eq!((n.core.counters().rx_trains, n.core.counters().rx_bad_train), (1, 0));
+    n.post_recv(1, 30_000, 64);
+    n.inject(1, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN + 1), b"next");
+    assert_eq!(n.cqes().len(), 1);
+    n.mem.write_at(64, &[0xee; 8]).unwrap();
+    n.sent();
+    n.inject_train(2, &write_only(&n, RQ_PSN, 64, 4096), 1, &src, 4096);
+    assert_eq!(n.read_mem(64, 8), [0xee; 8]);
+    assert_eq!(n.core.counters().rx_duplicates, 1);
+
+    // A READ's one-packet response train completes it once, with its data.
+    let mut n = node(QpType::Rc, Mtu::Mtu4096);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
+    n.post_send(0, 1, SendOp::Read { remote }, 200, 3000);
+    assert_eq!(n.sent().len(), 1);
+    let src = train_source(3000, 9);
+    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
+    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
+    n.inject_train(1, &r, 1, &src, 3000);
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 3000));
+    let mut want = vec![0u8; 3000];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(200, 3000), want);
+}
+
 #[test]
 fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
     // Responder side: a 40,000-byte read of shareable memory (the node's
     // 64 KiB MR) is answered by one READ_RESPONSE_ONLY train.
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
-    n.core.set_train_route(Arc::new(Route(true)));
+    n.core.set_train_route(Arc::new(Route(train::TrainCaps::SHARED)));
     let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
     h.reth = Some(RethRepr {
         va: n.mem.addr() + 100,
