@@ -253,6 +253,17 @@ fn req(opcode: Opcode, qpn: u32, psn: u32) -> PacketRepr {
     PacketRepr::new(b)
 }
 
+/// A READ request to `n`'s QP for `len` bytes at `va_off` of its MR.
+fn read_req(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
+    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, psn);
+    h.reth = Some(RethRepr {
+        va: n.mem.addr() + va_off,
+        rkey: n.rkey,
+        dma_len: len,
+    });
+    h
+}
+
 fn ack(qpn: u32, psn: u32, syndrome: Syndrome) -> PacketRepr {
     let mut h = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, Qpn::new(qpn), Psn::new(psn)));
     h.aeth = Some(AethRepr { syndrome, msn: 0 });
@@ -385,12 +396,7 @@ fn reads_are_answered_in_mtu_packets_and_replayed_when_duplicated() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
     n.mem.write_at(8192, &data).unwrap();
-    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
-    h.reth = Some(RethRepr {
-        va: n.mem.addr() + 8192,
-        rkey: n.rkey,
-        dma_len: 2500,
-    });
+    let h = read_req(&n, RQ_PSN, 8192, 2500);
     n.inject(0, &h, &[]);
     let out = n.sent();
     let ops: Vec<_> = out.iter().map(|(h, _)| h.bth.opcode).collect();

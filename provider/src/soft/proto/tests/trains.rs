@@ -66,6 +66,26 @@ impl Node {
     }
 }
 
+/// Posts a READ of `len` bytes at `n` and answers it with one train of
+/// `npkts` packets from a fresh source: it completes once, with the
+/// data. Returns the node, the train's packet and its source.
+fn read_done_by_train(mtu: Mtu, len: u32, npkts: u32, seed: u8) -> (Node, PacketRepr, MrMemory) {
+    let mut n = node(QpType::Rc, mtu);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
+    n.post_send(0, 1, SendOp::Read { remote }, 200, len);
+    assert_eq!(n.sent().len(), 1);
+    let src = train_source(len as usize, seed);
+    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
+    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
+    n.inject_train(1, &r, npkts, &src, len as usize);
+    let wc = n.cqes();
+    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, len));
+    let mut want = vec![0u8; len as usize];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(200, len as usize), want);
+    (n, r, src)
+}
+
 fn write_only(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
     let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, psn);
     h.reth = Some(RethRepr {
@@ -298,13 +318,7 @@ fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
         // Responder: a one-packet READ of shareable memory.
         let mut n = node(QpType::Rc, Mtu::Mtu4096);
         n.core.set_train_route(Arc::new(Route(caps)));
-        let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
-        h.reth = Some(RethRepr {
-            va: n.mem.addr() + 8,
-            rkey: n.rkey,
-            dma_len: 3000,
-        });
-        n.inject(0, &h, &[]);
+        n.inject(0, &read_req(&n, RQ_PSN, 8, 3000), &[]);
         let t = n.core.poll_transmit().expect("a response");
         assert!(n.core.poll_transmit().is_none());
         let p = Packet::parse(&t.data).unwrap();
@@ -343,19 +357,7 @@ fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
     assert_eq!(n.core.counters().rx_duplicates, 1);
 
     // A READ's one-packet response train completes it once, with its data.
-    let mut n = node(QpType::Rc, Mtu::Mtu4096);
-    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
-    n.post_send(0, 1, SendOp::Read { remote }, 200, 3000);
-    assert_eq!(n.sent().len(), 1);
-    let src = train_source(3000, 9);
-    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
-    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
-    n.inject_train(1, &r, 1, &src, 3000);
-    let wc = n.cqes();
-    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 3000));
-    let mut want = vec![0u8; 3000];
-    src.read(0, &mut want).unwrap();
-    assert_eq!(n.read_mem(200, 3000), want);
+    read_done_by_train(Mtu::Mtu4096, 3000, 1, 9);
 }
 
 #[test]
@@ -364,13 +366,7 @@ fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
     // 64 KiB MR) is answered by one READ_RESPONSE_ONLY train.
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     n.core.set_train_route(Arc::new(Route(train::TrainCaps::SHARED)));
-    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN);
-    h.reth = Some(RethRepr {
-        va: n.mem.addr() + 100,
-        rkey: n.rkey,
-        dma_len: 40_000,
-    });
-    n.inject(0, &h, &[]);
+    n.inject(0, &read_req(&n, RQ_PSN, 100, 40_000), &[]);
     let mut txs = Vec::new();
     while let Some(t) = n.core.poll_transmit() {
         txs.push(t);
@@ -386,37 +382,20 @@ fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
     assert!(p.headers.aeth.is_some());
     // A duplicate request for the rest (from the 11th packet) is answered
     // from saved state by a train of the remaining 30 packets.
-    let mut d = req(Opcode::RcRdmaReadRequest, n.qpn, RQ_PSN + 10);
-    d.reth = Some(RethRepr {
-        va: n.mem.addr() + 100 + 10_240,
-        rkey: n.rkey,
-        dma_len: 40_000 - 10_240,
-    });
-    n.inject(1, &d, &[]);
+    n.inject(1, &read_req(&n, RQ_PSN + 10, 100 + 10_240, 40_000 - 10_240), &[]);
     let t = n.core.poll_transmit().unwrap();
     assert_eq!(t.train.as_ref().map(|t| t.npkts), Some(30));
     assert_eq!(Packet::parse(&t.data).unwrap().headers.bth.psn.value(), RQ_PSN + 10);
 
     // Requester side: the train completes the read once, with its data.
-    let mut n = node(QpType::Rc, Mtu::Mtu1024);
-    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
-    n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
-    assert_eq!(n.sent().len(), 1);
-    let src = train_source(40_000, 5);
-    let mut r = ack(n.qpn, SQ_PSN, Syndrome::ACK);
-    r.bth.opcode = Opcode::RcRdmaReadResponseOnly;
-    n.inject_train(1, &r, 40, &src, 40_000);
-    let wc = n.cqes();
-    assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, 40_000));
-    let mut want = vec![0u8; 40_000];
-    src.read(0, &mut want).unwrap();
-    assert_eq!(n.read_mem(200, 40_000), want);
+    let (mut n, r, src) = read_done_by_train(Mtu::Mtu1024, 40_000, 40, 5);
     // The same train again is stale: nothing more completes.
     n.inject_train(2, &r, 40, &src, 40_000);
     assert!(n.cqes().is_empty());
 
     // A train that does not cover the rest of the read is a bad response.
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let remote = RemoteAddr { addr: 0x9000, rkey: 7 };
     n.post_send(0, 1, SendOp::Read { remote }, 200, 40_000);
     n.sent();
     n.inject_train(1, &r, 39, &src, 39_000);
