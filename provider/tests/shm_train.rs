@@ -255,3 +255,74 @@ fn raw_memory_goes_as_cma_trains() {
     da.remove();
     db.remove();
 }
+
+/// At MTU 4096, messages of one packet from 2 KiB (a 4 KiB WRITE, a
+/// 3,000-byte SEND, a 2,500-byte READ's response) go as trains between
+/// two shared-memory links that both take them; a 2,047-byte WRITE goes as
+/// a packet. Data and one completion each.
+#[test]
+fn messages_of_one_packet_go_as_trains() {
+    let ((da, la), (db, lb)) = (
+        shm_device(EngineMode::Inline, true),
+        shm_device(EngineMode::Inline, true),
+    );
+    let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    // The first message opens the channel (and goes as a packet).
+    let sge = [b.mr.sge(0, 64).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
+    let sge = [a.mr.sge(0, 64).unwrap()];
+    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(wait_one(&b.rcq, &[&a.scq]).status, WcStatus::Success);
+    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    let caps = la.train_caps(b.gid.to_ip());
+    assert!(caps.shared && caps.one_packet, "{caps:?}");
+    let trains = |l: &ShmLink| (stat(l, "shm_tx_trains"), stat(l, "shm_rx_trains"));
+
+    // WRITE of 4 KiB, then of 2,047 bytes (below the threshold).
+    let data = pattern(4096, 0x51);
+    a.mr.write(8192, &data).unwrap();
+    write_to(&a, &b, 2, &[a.mr.sge(8192, 4096).unwrap()], 4096);
+    assert_eq!(b.mr.to_vec(4096, 4096).unwrap(), data);
+    assert_eq!((trains(&la), trains(&lb)), ((1, 0), (0, 1)));
+    write_to(&a, &b, 3, &[a.mr.sge(8192, 2047).unwrap()], 65536);
+    assert_eq!(b.mr.to_vec(65536, 2047).unwrap(), data[..2047].to_vec());
+    assert_eq!((trains(&la), trains(&lb)), ((1, 0), (0, 1)));
+
+    // SEND of 3,000 bytes into an 8 KiB receive buffer.
+    let data = pattern(3000, 0x62);
+    a.mr.write(16384, &data).unwrap();
+    let sge = [b.mr.sge(131072, 8192).unwrap()];
+    b.qp.post_recv(&[RecvWr::new(4, &sge)]).unwrap();
+    let sge = [a.mr.sge(16384, 3000).unwrap()];
+    a.qp.post_send(&[SendWr::new(4, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let r = wait_one(&b.rcq, &[&a.scq]);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (4, WcStatus::Success, 3000));
+    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    assert_eq!(b.mr.to_vec(131072, 3000).unwrap(), data);
+    assert_eq!((trains(&la), trains(&lb)), ((2, 0), (0, 2)));
+
+    // READ of 2,500 bytes of b: its response is b's train.
+    let data = pattern(2500, 0x73);
+    b.mr.write(200_000, &data).unwrap();
+    let remote = RemoteAddr {
+        addr: b.mr.addr() + 200_000,
+        rkey: b.mr.rkey(),
+    };
+    let sge = [a.mr.sge(300_000, 2500).unwrap()];
+    a.qp.post_send(&[SendWr::new(5, SendOp::Read { remote }, &sge).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    let s = wait_one(&a.scq, &[&b.rcq]);
+    assert_eq!((s.wr_id, s.status, s.byte_len), (5, WcStatus::Success, 2500));
+    assert_eq!(a.mr.to_vec(300_000, 2500).unwrap(), data);
+    assert_eq!((trains(&la), trains(&lb)), ((2, 1), (1, 2)));
+    quiet(&a, &b);
+
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    drop((a, b));
+    da.remove();
+    db.remove();
+}
