@@ -65,14 +65,9 @@ fn quiet(a: &Side, b: &Side) {
     assert!(more.is_empty(), "{more:?}");
 }
 
-/// A 1 MiB RDMA WRITE, a 1 MiB SEND and a SEND of two pieces from `a` to
-/// `b` (4 KiB MTU), each checked for its data and for exactly one
-/// completion; returns the links.
-fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
-    let ((da, la), (db, lb)) = (shm_device(engine, trains), shm_device(engine, trains));
-    let (a, b) = (side(&da, 4 << 20, 100), side(&db, 4 << 20, 9000));
-    connect(&a, &b, Mtu::Mtu4096);
-    // The first message opens the channel (and goes as packets).
+/// Sends `b` a first message from `a`, which opens the channel (and goes
+/// as a packet), and waits for both completions.
+fn open_channel(a: &Side, b: &Side) {
     let sge = [b.mr.sge(0, 64).unwrap()];
     b.qp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
     let sge = [a.mr.sge(0, 64).unwrap()];
@@ -80,6 +75,16 @@ fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLin
         .unwrap();
     assert_eq!(wait_one(&b.rcq, &[&a.scq]).status, WcStatus::Success);
     assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+}
+
+/// A 1 MiB RDMA WRITE, a 1 MiB SEND and a SEND of two pieces from `a` to
+/// `b` (4 KiB MTU), each checked for its data and for exactly one
+/// completion; returns the links.
+fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
+    let ((da, la), (db, lb)) = (shm_device(engine, trains), shm_device(engine, trains));
+    let (a, b) = (side(&da, 4 << 20, 100), side(&db, 4 << 20, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    open_channel(&a, &b);
     assert_eq!(la.train_caps(b.gid.to_ip()).any(), trains);
 
     // RDMA WRITE of 1 MiB at offset 4096 of a, to offset 8192 of b.
@@ -268,14 +273,7 @@ fn messages_of_one_packet_go_as_trains() {
     );
     let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
     connect(&a, &b, Mtu::Mtu4096);
-    // The first message opens the channel (and goes as a packet).
-    let sge = [b.mr.sge(0, 64).unwrap()];
-    b.qp.post_recv(&[RecvWr::new(1, &sge)]).unwrap();
-    let sge = [a.mr.sge(0, 64).unwrap()];
-    a.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
-        .unwrap();
-    assert_eq!(wait_one(&b.rcq, &[&a.scq]).status, WcStatus::Success);
-    assert_eq!(wait_one(&a.scq, &[&b.rcq]).status, WcStatus::Success);
+    open_channel(&a, &b);
     let caps = la.train_caps(b.gid.to_ip());
     assert!(caps.shared && caps.one_packet, "{caps:?}");
     let trains = |l: &ShmLink| (stat(l, "shm_tx_trains"), stat(l, "shm_rx_trains"));
