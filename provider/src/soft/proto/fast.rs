@@ -5,8 +5,11 @@
 //! RDMA WRITE ONLY that arrives in order, from the QP's peer, on a QP in
 //! RTS (or an established RTR/SQD/SQE) with no message in progress, whose
 //! receive WQE (SEND, no SRQ) or remote range (WRITE) takes it as it is.
-//! For those, [`Core::handle_datagram`] built a [`ParsedPacket`] of every
-//! optional header, dispatched on the opcode table, and carried the
+//! The same holds for a WRITE ONLY train (a message of any length, copied
+//! once from the sender's memory: `super::train`), which `perf write_bw`
+//! over the shared-memory link receives once per message. For those,
+//! [`Core::handle_datagram`] built a [`ParsedPacket`] of every optional
+//! header, dispatched on the opcode table, and carried the
 //! message through the responder's multi-packet state: about 230
 //! instructions of a round trip's 4,600 on the client of `perf send_lat
 //! --link shm -s 8` (callgrind). Here the fixed header layout of these
@@ -51,7 +54,8 @@ use crate::verbs::{AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, 
 
 use super::post::wqe_fields;
 use super::qp::{Qp, SendWqe, WqeOp, WqeState};
-use super::requester::{asks_ack, asks_ack_queued};
+use super::requester::{asks_ack, asks_ack_queued, packets_for};
+use super::train::TrainIn;
 use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
@@ -93,6 +97,12 @@ impl Core {
         let Some(payload) = rest.get(..rest.len().wrapping_sub(usize::from(bth.pad_count))) else {
             return false;
         };
+        // Of trains, WRITE ONLY packets only: SEND trains go the general
+        // way.
+        let train = d.train.as_ref();
+        if train.is_some() && !matches!(kind, Kind::Write { .. }) {
+            return false;
+        }
         if !bth.pkey.matches(Pkey::DEFAULT) {
             return false;
         }
@@ -115,22 +125,29 @@ impl Core {
             && d.src == qp.attr.ah_attr.grh.dgid.to_ip()
             && qp.resp.epsn == bth.psn
             && qp.resp.recv.is_none()
-            && qp.resp.write.is_none();
+            && qp.resp.write.is_none()
+            // What `dispatch` checks of a train.
+            && train.is_none_or(|t| payload.is_empty() && !t.is_empty() && t.npkts() == packets_for(t.len(), qp.mtu()));
         let done = ok
             && match kind {
                 Kind::Send { imm } => self.fast_send(&mut qp, payload, imm, bth.solicited),
-                Kind::Write { reth } => self.fast_write(&qp, payload, reth),
+                Kind::Write { reth } => self.fast_write(&qp, payload, train, reth),
             };
         if done {
             self.counters.rx_packets += 1;
             self.counters.rx_fast += 1;
+            if train.is_some() {
+                self.counters.rx_trains += 1;
+            }
             // As `handle_request` after an in-order request that went
-            // through.
+            // through (a train takes its packets' PSNs and is
+            // acknowledged at its last).
+            let last = bth.psn.wrapping_add(train.map_or(1, |t| t.npkts()) - 1);
             qp.resp.nak_sent = false;
             qp.resp.msn = (qp.resp.msn + 1) & 0x00ff_ffff;
-            qp.resp.epsn = bth.psn.next();
+            qp.resp.epsn = last.next();
             if bth.ack_req {
-                self.send_ack(&mut qp, bth.psn, Syndrome::ACK);
+                self.send_ack(&mut qp, last, Syndrome::ACK);
             }
         }
         self.put_qp(qp);
@@ -166,23 +183,22 @@ impl Core {
         true
     }
 
-    /// Writes a WRITE ONLY whose payload is its whole DMA length into
-    /// memory the QP may write; `false` if the general path must.
-    fn fast_write(&self, qp: &Qp, payload: &[u8], reth: RethRepr) -> bool {
-        if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE)
-            || payload.len() as u64 != u64::from(reth.dma_len)
-        {
+    /// Writes a WRITE ONLY whose payload (or `train`, for a train) is its
+    /// whole DMA length into memory the QP may write; `false` if the
+    /// general path must.
+    fn fast_write(&self, qp: &Qp, payload: &[u8], train: Option<&TrainIn<'_>>, reth: RethRepr) -> bool {
+        let len = train.map_or(payload.len() as u64, |t| u64::from(t.len()));
+        if !qp.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) || len != u64::from(reth.dma_len) {
             return false;
         }
-        match self.mrs.check_remote(
-            reth.rkey,
-            qp.pd,
-            qp.qpn,
-            reth.va,
-            payload.len() as u64,
-            AccessFlags::REMOTE_WRITE,
-        ) {
-            Ok(Some(r)) => r.write(payload).is_ok(),
+        match self
+            .mrs
+            .check_remote(reth.rkey, qp.pd, qp.qpn, reth.va, len, AccessFlags::REMOTE_WRITE)
+        {
+            Ok(Some(r)) => match train {
+                Some(t) => r.write_train(t, 0, len as usize).is_ok(),
+                None => r.write(payload).is_ok(),
+            },
             Ok(None) => true,
             Err(_) => false,
         }

@@ -116,7 +116,7 @@ impl Counters {
 impl Core {
     /// Handles one received UDP payload.
     pub fn handle_datagram(&mut self, now: Nanos, d: Datagram<'_>) {
-        if self.cfg.fast_paths && d.train.is_none() && self.fast_request(&d) {
+        if self.cfg.fast_paths && self.fast_request(&d) {
             return;
         }
         self.counters.rx_packets += 1;

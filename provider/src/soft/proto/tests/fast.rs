@@ -216,6 +216,51 @@ fn writes_match_the_general_path() {
     }
 }
 
+/// WRITE ONLY trains (a message copied once from the sender's memory):
+/// of one packet and of several, acknowledged or not, then the next
+/// packet; and the trains the fast path leaves to the general one (a
+/// duplicate, a gap, a bad rkey, a length that is not the DMA length, a
+/// packet count that does not match the MTU, a SEND train).
+#[test]
+fn write_trains_match_the_general_path() {
+    let src = super::trains::train_source(8192, 5);
+    for (len, npkts) in [(1000u32, 1u32), (4000, 4), (8000, 8)] {
+        for ack_req in [false, true] {
+            both(2, |n| {
+                let mut h = write_only(n, RQ_PSN, 100, len, n.rkey);
+                h.bth.ack_req = ack_req;
+                n.inject_train(0, &h, npkts, &src, len as usize);
+                let h = write_only(n, RQ_PSN + npkts, 0, 8, n.rkey);
+                n.inject(1, &h, &payload(8, 9));
+            });
+        }
+    }
+    // In order, then again (a duplicate), then past a gap.
+    both(1, |n| {
+        let h = write_only(n, RQ_PSN, 0, 2000, n.rkey);
+        n.inject_train(0, &h, 2, &src, 2000);
+        n.inject_train(1, &h, 2, &src, 2000);
+        let h = write_only(n, RQ_PSN + 5, 0, 2000, n.rkey);
+        n.inject_train(2, &h, 2, &src, 2000);
+    });
+    both(0, |n| {
+        let h = write_only(n, RQ_PSN, 0, 2000, n.rkey ^ 0x80);
+        n.inject_train(0, &h, 2, &src, 2000);
+    });
+    both(0, |n| {
+        let h = write_only(n, RQ_PSN, 0, 2001, n.rkey);
+        n.inject_train(0, &h, 2, &src, 2000);
+    });
+    both(0, |n| {
+        let h = write_only(n, RQ_PSN, 0, 2000, n.rkey);
+        n.inject_train(0, &h, 3, &src, 2000);
+    });
+    both(0, |n| {
+        n.post_recv(1, 0, 4096);
+        n.inject_train(0, &send_only(n, RQ_PSN, None, false, true), 2, &src, 2000);
+    });
+}
+
 #[test]
 fn receive_errors_go_the_general_way() {
     // No receive WQE (RNR NAK), then the retry once one is posted.

@@ -20,7 +20,7 @@ const ONE_TOO: train::TrainCaps = train::TrainCaps {
 };
 
 /// A shareable source buffer holding `len` bytes of a pattern.
-fn train_source(len: usize, seed: u8) -> MrMemory {
+pub(super) fn train_source(len: usize, seed: u8) -> MrMemory {
     let m = MrMemory::new(len.max(crate::verbs::SHARE_MIN)).unwrap();
     let bytes: Vec<u8> = (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -33,7 +33,7 @@ fn train_source(len: usize, seed: u8) -> MrMemory {
 impl Node {
     /// Feeds a train from the peer: `h` is its ONLY packet, `src` holds
     /// the payload.
-    fn inject_train(&mut self, now: Nanos, h: &PacketRepr, npkts: u32, src: &MrMemory, len: usize) {
+    pub(super) fn inject_train(&mut self, now: Nanos, h: &PacketRepr, npkts: u32, src: &MrMemory, len: usize) {
         self.inject_train_of(now, h, npkts, &[(src, len)]);
     }
 
