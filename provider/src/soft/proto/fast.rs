@@ -54,7 +54,7 @@ use crate::verbs::{AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, 
 
 use super::post::wqe_fields;
 use super::qp::{Qp, SendWqe, WqeOp, WqeState};
-use super::requester::{asks_ack, asks_ack_queued, packets_for};
+use super::requester::{asks_ack, asks_ack_queued};
 use super::train::TrainIn;
 use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
 
@@ -127,7 +127,7 @@ impl Core {
             && qp.resp.recv.is_none()
             && qp.resp.write.is_none()
             // What `dispatch` checks of a train.
-            && train.is_none_or(|t| payload.is_empty() && !t.is_empty() && t.npkts() == packets_for(t.len(), qp.mtu()));
+            && train.is_none_or(|t| t.fits(payload.len(), qp.mtu()));
         let done = ok
             && match kind {
                 Kind::Send { imm } => self.fast_send(&mut qp, payload, imm, bth.solicited),

@@ -6,7 +6,7 @@
 use crate::soft::wire::{check_icrc, Direction, IpPseudoHeader, OpKind, Packet, Pkey, Position, Transport, UdpPorts};
 use crate::verbs::{QpState, QpType};
 
-use super::requester::{packets_for, transport_of};
+use super::requester::transport_of;
 use super::{Core, Datagram, Nanos};
 
 /// Per-device packet counters (shown by `softverbs devinfo`).
@@ -195,9 +195,7 @@ impl Core {
             let ok = kind_ok
                 && qp.qp_type == QpType::Rc
                 && pkt.info.position == Position::Only
-                && pkt.payload.is_empty()
-                && !t.is_empty()
-                && t.npkts() == packets_for(t.len(), qp.mtu());
+                && t.fits(pkt.payload.len(), qp.mtu());
             if !ok {
                 self.counters.rx_bad_train += 1;
                 return;

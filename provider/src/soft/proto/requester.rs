@@ -396,10 +396,7 @@ impl Core {
         {
             return None;
         }
-        let caps = self.train_caps_to(qp, w.length)?;
-        if w.npkts < 2 && !caps.one_packet {
-            return None;
-        }
+        let caps = self.train_caps_to(qp, w.length, w.npkts)?;
         let mut pieces: Vec<TrainPiece> = Vec::new();
         self.mrs
             .for_each_piece(&w.sgl, qp.pd, 0, w.length as usize, AccessFlags::empty(), |r, _, n| {
@@ -413,16 +410,17 @@ impl Core {
         Some(TrainOut { npkts: w.npkts, pieces })
     }
 
-    /// What a train of `len` bytes to `qp`'s peer may carry now; `None`
-    /// if no train may go there.
-    pub(crate) fn train_caps_to(&self, qp: &Qp, len: u32) -> Option<super::train::TrainCaps> {
+    /// What a train of `len` bytes in `npkts` packets to `qp`'s peer may
+    /// carry now; `None` if no train may go there (one of one packet only
+    /// where the peer takes those).
+    pub(crate) fn train_caps_to(&self, qp: &Qp, len: u32, npkts: u32) -> Option<super::train::TrainCaps> {
         let route = self.train_route.as_ref()?;
         if len < TRAIN_MIN_LEN {
             return None;
         }
         let mut caps = route.0.train_caps(qp.attr.ah_attr.grh.dgid.to_ip());
         caps.process &= len >= TRAIN_PROCESS_MIN_LEN;
-        caps.any().then_some(caps)
+        (caps.any() && (npkts > 1 || caps.one_packet)).then_some(caps)
     }
 
     /// Queues WQE `idx` as one train: its ONLY packet, without payload.

@@ -482,12 +482,9 @@ impl Core {
     /// this memory (and takes a train of one packet, if `npkts` is 1);
     /// `false` to send packets instead.
     fn send_read_train(&mut self, qp: &mut Qp, psn: Psn, va: u64, rkey: u32, len: u32, npkts: u32) -> bool {
-        let Some(caps) = self.train_caps_to(qp, len) else {
+        let Some(caps) = self.train_caps_to(qp, len, npkts) else {
             return false;
         };
-        if npkts < 2 && !caps.one_packet {
-            return false;
-        }
         let Ok(Some(r)) = self
             .mrs
             .check_remote(rkey, qp.pd, qp.qpn, va, u64::from(len), AccessFlags::REMOTE_READ)

@@ -256,6 +256,13 @@ impl<'a> TrainIn<'a> {
         self.len == 0
     }
 
+    /// Whether the train's ONLY packet (with `payload_len` bytes of its
+    /// own) can stand for the message at path MTU `mtu`: no payload in the
+    /// packet, some in the train, and `npkts` the packets of its length.
+    pub(crate) fn fits(&self, payload_len: usize, mtu: u32) -> bool {
+        payload_len == 0 && !self.is_empty() && self.npkts == super::requester::packets_for(self.len, mtu)
+    }
+
     /// The payload bytes `offset..offset+len` if they lie in one piece.
     pub(crate) fn contiguous(&self, offset: u64, len: usize) -> Option<MappedPiece<'a>> {
         let mut skip = offset;
