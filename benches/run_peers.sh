@@ -25,6 +25,13 @@
 # lost). A peer whose tool is missing is skipped with a line saying how
 # to get it (Debian: apt-get install ucx-utils libfabric-bin).
 #
+# Last, the shared-memory issue's goals (#11), per build: the 8-byte send
+# one way at or below 0.3 µs, below libfabric's shm provider and within 2x
+# UCX; with PEERS_BW=1, WRITE at 64 KiB and 1 MiB at least 0.8x memcpy.
+# Each line says met or MISSED on the medians (the bandwidth and peer
+# goals as the ratio of the rows' medians) and in how many rounds the
+# goal held on that round's own figures.
+#
 # With PEERS_BW=1, also RDMA WRITE bandwidth over shm at 64 KiB and 1 MiB:
 # single-thread memcpy of that size (memcpy_bw.c, best of 3), UCX
 # `ucp_put_bw` over posix shared memory, and `softverbs perf write_bw
@@ -214,4 +221,39 @@ for link in $links; do
                 'BEGIN { if (p > 0 && s > 0) printf "%-36s %6.2f x   %s\n", n, s / p, per; else printf "%-36s    n/a\n", n }'
         done
     done
+done
+
+# goal LABEL OP LIMIT ROW [PEER]: whether ROW's median (or its ratio to
+# PEER's median) is OP LIMIT (OP one of <=, <, >=), and in how many rounds
+# that round's figure (or ratio) was.
+goal() {
+    local label=$1 op=$2 limit=$3 a=$4 b=${5:-} m
+    if [ -n "$b" ]; then
+        paste -d ' ' "$a" "$b" | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' >"$tmp/goal"
+        m="$(awk -v x="$(median "$a")" -v y="$(median "$b")" 'BEGIN { if (x + 0 > 0 && y + 0 > 0) printf "%.3f", x / y; else print "nan" }')"
+    else
+        grep -v nan "$a" >"$tmp/goal" || true
+        m="$(median "$a")"
+    fi
+    awk -v m="$m" -v op="$op" -v lim="$limit" -v label="$label" '
+        function ok(x) { return op == "<=" ? x + 0 <= lim + 0 : op == "<" ? x + 0 < lim + 0 : x + 0 >= lim + 0 }
+        { n++; if (ok($1)) k++ }
+        END {
+            v = (m == "nan" || n == 0) ? "n/a" : ok(m) ? "met" : "MISSED"
+            printf "%-46s %-6s median %s; held in %d of %d rounds\n", label, v, m, k, n
+        }' "$tmp/goal"
+}
+
+echo
+echo "== the shared-memory issue's goals (#11)"
+for i in "${!builds[@]}"; do
+    s="$tmp/shm_softverbs$i"
+    goal "build $i: 8-byte send one way <= 0.3 µs" "<=" 0.3 "$s"
+    have fi_pingpong && goal "build $i: / libfabric shm < 1" "<" 1 "$s" "$tmp/shm_libfabric"
+    have ucx_perftest && goal "build $i: / UCX posix <= 2" "<=" 2 "$s" "$tmp/shm_ucx"
+    if [ "${PEERS_BW:-0}" = 1 ]; then
+        for size in 65536 1048576; do
+            goal "build $i: write_bw $size / memcpy >= 0.8" ">=" 0.8 "$tmp/bw${size}_softverbs$i" "$tmp/bw${size}_memcpy"
+        done
+    fi
 done
