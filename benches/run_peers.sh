@@ -191,6 +191,9 @@ for r in $(seq 1 "$rounds"); do
     done
 done
 
+# ratios A B: round by round, A's figure over B's (rounds where either
+# failed left out).
+ratios() { paste -d ' ' "$1" "$2" | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }'; }
 median() { grep -v nan "$1" | sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo
@@ -213,8 +216,7 @@ for link in $links; do
             # Then the same ratio round by round (both rows measured in the
             # same round): its median and range, and in how many rounds
             # softverbs' figure was the smaller one.
-            paste -d ' ' "$tmp/${link}_softverbs$i" "$tmp/${row/:/_}" \
-                | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' >"$tmp/ratios"
+            ratios "$tmp/${link}_softverbs$i" "$tmp/${row/:/_}" >"$tmp/ratios"
             per="$(sort -g "$tmp/ratios" | awk -v m="$(median "$tmp/ratios")" '{ a[NR] = $1; if ($1 < 1) k++ }
                 END { if (NR) printf "per round: median %.2f, %.2f-%.2f, smaller in %d of %d", m, a[1], a[NR], k, NR }')"
             awk -v s="$mine" -v p="$peer" -v n="$link:softverbs$i / ${row#*:}" -v per="$per" \
@@ -229,7 +231,7 @@ done
 goal() {
     local label=$1 op=$2 limit=$3 a=$4 b=${5:-} m
     if [ -n "$b" ]; then
-        paste -d ' ' "$a" "$b" | awk '$1 != "nan" && $2 != "nan" && $2 > 0 { print $1 / $2 }' >"$tmp/goal"
+        ratios "$a" "$b" >"$tmp/goal"
         m="$(awk -v x="$(median "$a")" -v y="$(median "$b")" 'BEGIN { if (x + 0 > 0 && y + 0 > 0) printf "%.3f", x / y; else print "nan" }')"
     else
         grep -v nan "$a" >"$tmp/goal" || true
