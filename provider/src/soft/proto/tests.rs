@@ -253,15 +253,21 @@ fn req(opcode: Opcode, qpn: u32, psn: u32) -> PacketRepr {
     PacketRepr::new(b)
 }
 
-/// A READ request to `n`'s QP for `len` bytes at `va_off` of its MR.
-fn read_req(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
-    let mut h = req(Opcode::RcRdmaReadRequest, n.qpn, psn);
+/// A request of `opcode` with a RETH to `n`'s QP: `len` bytes at `va_off`
+/// of its MR, under `rkey`.
+fn reth_req(n: &Node, opcode: Opcode, psn: u32, va_off: u64, len: u32, rkey: u32) -> PacketRepr {
+    let mut h = req(opcode, n.qpn, psn);
     h.reth = Some(RethRepr {
         va: n.mem.addr() + va_off,
-        rkey: n.rkey,
+        rkey,
         dma_len: len,
     });
     h
+}
+
+/// A READ request to `n`'s QP for `len` bytes at `va_off` of its MR.
+fn read_req(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
+    reth_req(n, Opcode::RcRdmaReadRequest, psn, va_off, len, n.rkey)
 }
 
 fn ack(qpn: u32, psn: u32, syndrome: Syndrome) -> PacketRepr {

@@ -159,13 +159,7 @@ fn send_only(n: &Node, psn: u32, imm: Option<u32>, solicited: bool, ack_req: boo
 }
 
 fn write_only(n: &Node, psn: u32, off: u64, dma_len: u32, rkey: u32) -> PacketRepr {
-    let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, psn);
-    h.reth = Some(RethRepr {
-        va: n.mem.addr() + off,
-        rkey,
-        dma_len,
-    });
-    h
+    reth_req(n, Opcode::RcRdmaWriteOnly, psn, off, dma_len, rkey)
 }
 
 fn payload(len: usize, seed: u8) -> Vec<u8> {

@@ -80,20 +80,19 @@ fn read_done_by_train(mtu: Mtu, len: u32, npkts: u32, seed: u8) -> (Node, Packet
     n.inject_train(1, &r, npkts, &src, len as usize);
     let wc = n.cqes();
     assert_eq!((wc.len(), wc[0].status, wc[0].byte_len), (1, WcStatus::Success, len));
-    let mut want = vec![0u8; len as usize];
-    src.read(0, &mut want).unwrap();
-    assert_eq!(n.read_mem(200, len as usize), want);
+    assert_landed(&n, &src, 200, len as usize);
     (n, r, src)
 }
 
 fn write_only(n: &Node, psn: u32, va_off: u64, len: u32) -> PacketRepr {
-    let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, psn);
-    h.reth = Some(RethRepr {
-        va: n.mem.addr() + va_off,
-        rkey: n.rkey,
-        dma_len: len,
-    });
-    h
+    reth_req(n, Opcode::RcRdmaWriteOnly, psn, va_off, len, n.rkey)
+}
+
+/// The first `len` bytes of `src` are in `n`'s MR at `mem_off`.
+fn assert_landed(n: &Node, src: &MrMemory, mem_off: usize, len: usize) {
+    let mut want = vec![0u8; len];
+    src.read(0, &mut want).unwrap();
+    assert_eq!(n.read_mem(mem_off, len), want);
 }
 
 #[test]
@@ -101,9 +100,7 @@ fn a_write_train_lands_once_takes_its_psns_and_acks_its_last() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     let src = train_source(20_000, 3);
     n.inject_train(0, &write_only(&n, RQ_PSN, 100, 20_000), 20, &src, 20_000);
-    let mut want = vec![0u8; 20_000];
-    src.read(0, &mut want).unwrap();
-    assert_eq!(n.read_mem(100, 20_000), want);
+    assert_landed(&n, &src, 100, 20_000);
     let acks = n.sent();
     assert_eq!(acks.len(), 1);
     assert_eq!(
@@ -338,9 +335,7 @@ fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
     let mut n = node(QpType::Rc, Mtu::Mtu4096);
     let src = train_source(4096, 7);
     n.inject_train(0, &write_only(&n, RQ_PSN, 64, 4096), 1, &src, 4096);
-    let mut want = vec![0u8; 4096];
-    src.read(0, &mut want).unwrap();
-    assert_eq!(n.read_mem(64, 4096), want);
+    assert_landed(&n, &src, 64, 4096);
     let acks = n.sent();
     assert_eq!(
         (acks.len(), acks[0].0.bth.psn.value(), aeth_of(&acks[0].0)),
