@@ -1,12 +1,14 @@
 //! The soft provider: a verbs device implemented in software that speaks
 //! RoCEv2 over datagram links.
 //!
-//! Layers, bottom up (see DESIGN §2):
+//! Layers, bottom up (see `docs/design.md` §2):
 //! - [`wire`]: RoCEv2 headers, opcode table and ICRC. No I/O, no `unsafe`.
 //! - [`proto`]: the sans-IO engine of a device (QPs, MRs, CQs, SRQs, the
 //!   RC/UC/UD transport). No I/O, no clock, no threads.
-//! - [`link`]: datagram links between devices (in-process for now).
-//! - [`engine`]: drives `proto` over a link in real time (inline progress).
+//! - [`link`]: datagram links between devices: in-process, UDP, and shared
+//!   memory between processes of one host.
+//! - [`engine`]: drives `proto` over a link in real time (inline progress,
+//!   or a progress thread).
 //! - [`device`]: soft devices, their attributes, and the provider that lists
 //!   them; the verbs objects over the engine live in a private module.
 

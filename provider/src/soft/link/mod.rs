@@ -3,8 +3,9 @@
 //! A link moves [`Transmit`]s from one device's engine to the device that
 //! owns the destination address. The in-process link ([`inproc`]) joins
 //! devices of one process through their inboxes; the UDP link ([`udp`])
-//! joins processes and hosts through the kernel's UDP stack. Later links
-//! (shared memory) implement the same trait.
+//! joins processes and hosts through the kernel's UDP stack; the
+//! shared-memory link ([`shm`]) joins processes of one host through rings
+//! in shared memory and falls back to UDP for everyone else.
 //!
 //! The engine calls a link in this order (see [`crate::soft::engine`]):
 //! [`Link::recv`] to feed received datagrams to the engine (network links;
