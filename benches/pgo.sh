@@ -9,7 +9,7 @@
 # per round trip. With a profile, LLVM moves the cold blocks out of the
 # hot functions, places hot code together and inlines by what is hot: the
 # same run takes 2-3 misses and ~20 % fewer instructions, and the message
-# path is faster (figures in README.md, "Figures").
+# path is faster (figures in benches/RESULTS.md).
 #
 # Steps: an instrumented build (target/pgo/gen), a training run of the
 # CLI's own benchmarks between two processes over both links and in one
