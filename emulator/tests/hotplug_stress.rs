@@ -35,7 +35,7 @@
 //! chains and removal delays from a seeded RNG. The seed is printed at the
 //! start and in every failure; `SOFTVERBS_STRESS_SEED=<seed>` replays the
 //! same choices (thread interleavings are the machine's),
-//! `SOFTVERBS_STRESS_ROUNDS=<n>` runs more rounds (default 24, a few
+//! `SOFTVERBS_STRESS_ROUNDS=<n>` runs more rounds (default 96, a few
 //! seconds; hundreds on demand).
 
 use std::collections::VecDeque;
@@ -53,16 +53,16 @@ use softverbs::soft::link::Link;
 use softverbs::soft::SoftDeviceConfig;
 use softverbs::subsystem::{DeviceRef, DeviceState, NamespaceId, SoftFactory, Subsystem, SubsystemConfig};
 use softverbs::verbs::{
-    AccessFlags, Context, Cq, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr,
-    EventType, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, Context, Cq, EventType, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, RemoteAddr, SendFlags, SendOp,
+    SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use softverbs_emulator::netns::traffic::{connect_rc, first_gid};
 use softverbs_emulator::netns::{NetnsDriver, VirtualNetns};
 
 /// Anything longer means a hang, not a slow machine.
 const HANG: Duration = Duration::from_secs(20);
-/// Rounds when `SOFTVERBS_STRESS_ROUNDS` is not set: two per combination.
-const DEFAULT_ROUNDS: usize = 24;
+/// Rounds when `SOFTVERBS_STRESS_ROUNDS` is not set: eight per combination.
+const DEFAULT_ROUNDS: usize = 96;
 /// Send queue depth (the window of requests not yet retired).
 const SQ_DEPTH: u32 = 16;
 /// Receive queue depth.
@@ -151,13 +151,21 @@ fn cells() -> Vec<Cell> {
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+    )
 }
 
 /// A unique device name (the soft provider's device list is per process).
 fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}{}_{}", std::process::id() % 100_000, N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}{}_{}",
+        std::process::id() % 100_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 // ---------------------------------------------------------------------------
@@ -227,7 +235,9 @@ impl SqLedger {
         let signaled = self.outstanding[pos].1;
         if wc.status == WcStatus::Success {
             if self.errored {
-                return Err(format!("send wr {seq} succeeded after an error completion on its queue"));
+                return Err(format!(
+                    "send wr {seq} succeeded after an error completion on its queue"
+                ));
             }
             if !signaled {
                 return Err(format!("unsignaled send wr {seq} produced a success completion"));
@@ -235,10 +245,16 @@ impl SqLedger {
         } else {
             let allowed = wc.status == WcStatus::WrFlushErr || (!self.errored && wc.status == WcStatus::RetryExcErr);
             if !allowed {
-                return Err(format!("send wr {seq} completed with {} (errored before: {})", wc.status, self.errored));
+                return Err(format!(
+                    "send wr {seq} completed with {} (errored before: {})",
+                    wc.status, self.errored
+                ));
             }
             if !removing {
-                return Err(format!("send wr {seq} completed with {} before any removal: {wc:?}", wc.status));
+                return Err(format!(
+                    "send wr {seq} completed with {} before any removal: {wc:?}",
+                    wc.status
+                ));
             }
             if self.errored && pos != 0 {
                 return Err(format!(
@@ -317,7 +333,11 @@ impl RqLedger {
                 self.errored = true;
                 self.flushed += 1;
             }
-            s => return Err(format!("receive wr {seq} completed with {s} (removal begun: {removing})")),
+            s => {
+                return Err(format!(
+                    "receive wr {seq} completed with {s} (removal begun: {removing})"
+                ))
+            }
         }
         Ok(())
     }
@@ -528,11 +548,17 @@ impl End {
         let objs = self.objs.as_ref().expect("live");
         let mut total = 0;
         loop {
-            let n = objs.cq.poll(&mut self.wc).map_err(|e| format!("{}: poll: {e}", self.label))?;
+            let n = objs
+                .cq
+                .poll(&mut self.wc)
+                .map_err(|e| format!("{}: poll: {e}", self.label))?;
             let removing = removing.load(Ordering::SeqCst);
             for wc in &self.wc[..n] {
                 if wc.qp_num != self.qpn {
-                    return Err(format!("{}: completion of QP {:#x} on our CQ: {wc:?}", self.label, wc.qp_num));
+                    return Err(format!(
+                        "{}: completion of QP {:#x} on our CQ: {wc:?}",
+                        self.label, wc.qp_num
+                    ));
                 }
                 let r = if wc.wr_id & RECV_BIT != 0 {
                     self.rq.complete(wc, removing, &objs.mr)
@@ -659,12 +685,7 @@ fn check_delivered(from: &End, to: &End) -> Result<(), String> {
 /// One traffic thread: a QP on each device, connected to each other,
 /// traffic both ways until both devices went; each side closes as soon as
 /// its device goes.
-fn traffic(
-    mut ends: [End; 2],
-    mut rng: Rng,
-    start: &Barrier,
-    removing: &AtomicBool,
-) -> Result<Tally, String> {
+fn traffic(mut ends: [End; 2], mut rng: Rng, start: &Barrier, removing: &AtomicBool) -> Result<Tally, String> {
     start.wait();
     let t0 = Instant::now();
     loop {
@@ -787,7 +808,12 @@ fn remove(sub: &Arc<Subsystem>, name: &str) -> Action {
 }
 
 /// A soft device's configuration on `link`.
-fn config(link: LinkKind, engine: EngineMode, fabric: &Arc<InprocFabric>, rng: &mut Rng) -> Result<SoftDeviceConfig, String> {
+fn config(
+    link: LinkKind,
+    engine: EngineMode,
+    fabric: &Arc<InprocFabric>,
+    rng: &mut Rng,
+) -> Result<SoftDeviceConfig, String> {
     let name = unique("hs");
     let cfg = match link {
         LinkKind::Inproc => {
@@ -803,7 +829,11 @@ fn config(link: LinkKind, engine: EngineMode, fabric: &Arc<InprocFabric>, rng: &
             let udp = bind_udp()?;
             let addrs = udp.gids().iter().map(|g| g.to_ip()).collect();
             let link: Arc<dyn Link> = if link == LinkKind::Shm {
-                let mode = if rng.below(2) == 0 { ShmMode::Only } else { ShmMode::Auto };
+                let mode = if rng.below(2) == 0 {
+                    ShmMode::Only
+                } else {
+                    ShmMode::Auto
+                };
                 ShmLink::new(udp, mode).map_err(|e| format!("shm link: {e}"))?
             } else {
                 udp
@@ -873,7 +903,10 @@ fn move_round(cell: Cell, rng: &mut Rng) -> Result<Tally, String> {
     // the two devices are in different namespaces (different networks).
     let mv = |ifname: &'static str| -> Action {
         let drv = drv.clone();
-        Box::new(move || drv.link_set_netns(ifname, "blue").map_err(|e| format!("move {ifname}: {e}")))
+        Box::new(move || {
+            drv.link_set_netns(ifname, "blue")
+                .map_err(|e| format!("move {ifname}: {e}"))
+        })
     };
     let mut tally = phase(&sub, &a, &b, vec![mv("ifa"), mv("ifb")], rng).map_err(|e| format!("phase 1: {e}"))?;
     let blue = drv.netns("blue").expect("created");
@@ -887,7 +920,9 @@ fn move_round(cell: Cell, rng: &mut Rng) -> Result<Tally, String> {
     // is deleted (both move back) or each is removed at its own time.
     let actions: Vec<Action> = if rng.below(2) == 0 {
         let drv = drv.clone();
-        vec![Box::new(move || drv.del_netns("blue").map_err(|e| format!("del_netns blue: {e}")))]
+        vec![Box::new(move || {
+            drv.del_netns("blue").map_err(|e| format!("del_netns blue: {e}"))
+        })]
     } else {
         vec![remove(&sub, &a), remove(&sub, &b)]
     };
@@ -947,5 +982,8 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
     );
     // The rounds did what they are for: traffic flowed, and removals cut
     // into it.
-    assert!(total.delivered > 0 && total.flushed > 0 && total.silent > 0, "{total:?}");
+    assert!(
+        total.delivered > 0 && total.flushed > 0 && total.silent > 0,
+        "{total:?}"
+    );
 }

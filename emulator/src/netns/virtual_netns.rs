@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
-use softverbs::soft::link::inproc::InprocFabric;
 use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::inproc::InprocFabric;
 use softverbs::soft::link::Link;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
