@@ -685,7 +685,13 @@ fn check_delivered(from: &End, to: &End) -> Result<(), String> {
 /// One traffic thread: a QP on each device, connected to each other,
 /// traffic both ways until both devices went; each side closes as soon as
 /// its device goes.
-fn traffic(mut ends: [End; 2], mut rng: Rng, start: &Barrier, removing: &AtomicBool) -> Result<Tally, String> {
+fn traffic(
+    mut ends: [End; 2],
+    mut rng: Rng,
+    start: &Barrier,
+    removing: &AtomicBool,
+    failed: &AtomicBool,
+) -> Result<Tally, String> {
     start.wait();
     let t0 = Instant::now();
     loop {
@@ -705,6 +711,10 @@ fn traffic(mut ends: [End; 2], mut rng: Rng, start: &Barrier, removing: &AtomicB
         }
         if open == 0 && ends.iter().all(|e| e.objs.is_none()) {
             break;
+        }
+        if failed.load(Ordering::SeqCst) {
+            // A removal or move failed: the device stays; stop here.
+            return Err("stopped: a removal failed".into());
         }
         if t0.elapsed() > HANG {
             return Err("the devices never went away".into());
@@ -736,6 +746,7 @@ fn phase(sub: &Subsystem, a: &str, b: &str, actions: Vec<Action>, rng: &mut Rng)
     let threads = 1 + rng.below(3) as usize;
     let start = Arc::new(Barrier::new(threads + actions.len()));
     let removing = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicBool::new(false));
     // Every thread's objects exist before anything starts.
     let mut pairs = Vec::new();
     for t in 0..threads {
@@ -748,20 +759,24 @@ fn phase(sub: &Subsystem, a: &str, b: &str, actions: Vec<Action>, rng: &mut Rng)
     let workers: Vec<_> = pairs
         .into_iter()
         .map(|ends| {
-            let (trng, start, removing) = (rng.fork(), start.clone(), removing.clone());
-            thread::spawn(move || traffic(ends, trng, &start, &removing))
+            let (trng, start, removing, failed) = (rng.fork(), start.clone(), removing.clone(), failed.clone());
+            thread::spawn(move || traffic(ends, trng, &start, &removing, &failed))
         })
         .collect();
     let removers: Vec<_> = actions
         .into_iter()
         .map(|act| {
             let delay = Duration::from_micros(rng.below(MAX_DELAY_US));
-            let (start, removing) = (start.clone(), removing.clone());
+            let (start, removing, failed) = (start.clone(), removing.clone(), failed.clone());
             thread::spawn(move || {
                 start.wait();
                 thread::sleep(delay);
                 removing.store(true, Ordering::SeqCst);
-                act()
+                let r = act();
+                if r.is_err() {
+                    failed.store(true, Ordering::SeqCst);
+                }
+                r
             })
         })
         .collect();
@@ -986,4 +1001,161 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
         total.delivered > 0 && total.flushed > 0 && total.silent > 0,
         "{total:?}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Real network namespaces: UDP devices on a veth pair, moved between
+// namespaces with the Linux driver (needs root).
+
+/// What one test made on the host, removed on every path.
+#[cfg(target_os = "linux")]
+struct HostCleanup {
+    drv: Arc<softverbs_emulator::netns::LinuxNetns>,
+    link: String,
+    netns: Vec<String>,
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for HostCleanup {
+    fn drop(&mut self) {
+        // Deleting one veth end deletes both (and unplugs their devices);
+        // namespaces last, once nothing of ours is in them.
+        let _ = self.drv.del_link(&self.link);
+        for n in &self.netns {
+            let _ = self.drv.del_netns(n);
+        }
+    }
+}
+
+/// One round over real namespaces: devices on both veth ends, traffic, then
+/// each device's interface moves to another namespace or the device is
+/// removed, at its own time; where both moved, traffic again on the new
+/// instances (across namespaces, over the veth) until each is moved or
+/// removed once more; then the devices that are left are removed.
+#[cfg(target_os = "linux")]
+fn linux_round(
+    drv: &Arc<softverbs_emulator::netns::LinuxNetns>,
+    ifs: [&str; 2],
+    netns: &[String],
+    rng: &mut Rng,
+) -> Result<Tally, String> {
+    let sub = drv.subsystem().clone();
+    let names = [unique("hsl"), unique("hsl")];
+    for (n, i) in names.iter().zip(ifs) {
+        drv.add_device(n, i).map_err(|e| format!("add {n} on {i}: {e}"))?;
+    }
+    let act = |dev: &str, ifname: &str, rng: &mut Rng| -> Action {
+        let (drv, dev, ifname) = (drv.clone(), dev.to_string(), ifname.to_string());
+        if rng.below(3) == 0 {
+            return Box::new(move || {
+                let r = drv.del_device(&dev).map_err(|e| format!("remove {dev}: {e}"))?;
+                if r.stragglers.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("removing {dev}: {r}"))
+                }
+            });
+        }
+        // Another namespace than the one the interface is in now.
+        let here = drv.link_netns(&ifname);
+        let others: Vec<&String> = netns.iter().filter(|n| drv.netns(n) != here).collect();
+        let to = others[rng.below(others.len() as u64) as usize].clone();
+        Box::new(move || {
+            drv.link_set_netns(&ifname, &to)
+                .map_err(|e| format!("move {ifname} ({dev}) to {to}: {e}"))
+        })
+    };
+    let mut tally = Tally::default();
+    for phase_no in 1..=2 {
+        if names.iter().any(|n| sub.device(n).is_err()) {
+            break;
+        }
+        let actions = vec![act(&names[0], ifs[0], rng), act(&names[1], ifs[1], rng)];
+        tally += phase(&sub, &names[0], &names[1], actions, rng).map_err(|e| format!("phase {phase_no}: {e}"))?;
+    }
+    for n in &names {
+        if sub.device(n).is_ok() {
+            drv.del_device(n).map_err(|e| format!("remove {n}: {e}"))?;
+        }
+    }
+    Ok(tally)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn every_wr_completes_once_across_real_namespace_moves() {
+    use softverbs_emulator::netns::LinuxNetns;
+
+    if let Err(why) = LinuxNetns::check_privileges() {
+        println!("SKIP: hotplug stress over real namespaces needs root ({why})");
+        return;
+    }
+    // Each round builds UDP devices inside real namespaces: a quarter of
+    // the rounds of the other test, at least two per engine mode.
+    let rounds = env_u64("SOFTVERBS_STRESS_ROUNDS").map_or(6, |n| (n as usize).div_ceil(4).max(3));
+    let seed = env_u64("SOFTVERBS_STRESS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    eprintln!(
+        "hotplug stress over real namespaces: {rounds} round(s), seed {seed} (replay: SOFTVERBS_STRESS_SEED={seed})"
+    );
+    let engines = [
+        EngineMode::Inline,
+        EngineMode::ProgressThread { spin: Duration::ZERO },
+        EngineMode::progress_thread(),
+    ];
+    let pid = std::process::id() % 100_000;
+    // Not the same stream as the other test's for the same seed.
+    let mut rng = Rng(seed ^ 0x006c_696e_7578);
+    let mut total = Tally::default();
+    let t0 = Instant::now();
+    for (e, engine) in engines.into_iter().enumerate() {
+        let sub = Arc::new(Subsystem::new(SubsystemConfig {
+            removal_deadline: HANG,
+            ..SubsystemConfig::default()
+        }));
+        let drv = Arc::new(LinuxNetns::with_engine(sub, engine).expect("linux namespace driver"));
+        let (a, b) = (format!("hs{pid}{e}a"), format!("hs{pid}{e}b"));
+        let netns: Vec<String> = (1..=2).map(|i| format!("hsn{pid}{e}{i}")).collect();
+        let _cleanup = HostCleanup {
+            drv: drv.clone(),
+            link: a.clone(),
+            netns: netns.clone(),
+        };
+        for n in &netns {
+            drv.add_netns(n).unwrap_or_else(|e| panic!("add netns {n}: {e}"));
+        }
+        let third = (pid % 250) as u8 + 1;
+        let (addr_a, addr_b) = (
+            IpAddr::from([10, 66 + e as u8, third, 1]),
+            IpAddr::from([10, 66 + e as u8, third, 2]),
+        );
+        drv.add_veth(&a, addr_a, &b, addr_b)
+            .unwrap_or_else(|err| panic!("veth {a} <-> {b}: {err}"));
+        let mut all = vec![softverbs_emulator::netns::INIT_NETNS.to_string()];
+        all.extend(netns.iter().cloned());
+        for round in (e..rounds).step_by(engines.len()) {
+            let mut rrng = rng.fork();
+            match linux_round(&drv, [&a, &b], &all, &mut rrng) {
+                Ok(t) => total += t,
+                Err(err) => panic!(
+                    "round {round} ({engine:?} engine, UDP over veth, real namespaces) failed; replay with \
+                     SOFTVERBS_STRESS_SEED={seed}:\n{err}"
+                ),
+            }
+        }
+    }
+    eprintln!(
+        "hotplug stress over real namespaces: {rounds} round(s) in {:?}: {} WRs posted, {} completions ({} \
+         flushed), {} unsignaled retired silently, {} messages delivered",
+        t0.elapsed(),
+        total.posted,
+        total.completions,
+        total.flushed,
+        total.silent,
+        total.delivered
+    );
+    assert!(total.delivered > 0 && total.flushed > 0, "{total:?}");
 }
