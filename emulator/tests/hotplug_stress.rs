@@ -969,6 +969,7 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
     let cells = cells();
     let mut rng = Rng(seed);
     let mut total = Tally::default();
+    let mut per_cell = vec![Tally::default(); cells.len()];
     let t0 = Instant::now();
     for round in 0..rounds {
         let cell = cells[round % cells.len()];
@@ -978,7 +979,10 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
             RemovalKind::NetnsMove => move_round(cell, &mut rrng),
         };
         match r {
-            Ok(t) => total += t,
+            Ok(t) => {
+                total += t;
+                per_cell[round % cells.len()] += t;
+            }
             Err(e) => panic!(
                 "round {round} ({:?} link, {:?} engine, {:?}) failed; replay with SOFTVERBS_STRESS_SEED={seed}:\n{e}",
                 cell.link, cell.engine, cell.removal
@@ -995,6 +999,12 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
         total.silent,
         total.delivered
     );
+    for (c, t) in cells.iter().zip(&per_cell) {
+        eprintln!(
+            "  {:?} link, {:?} engine, {:?}: {} WRs posted, {} flushed, {} delivered",
+            c.link, c.engine, c.removal, t.posted, t.flushed, t.delivered
+        );
+    }
     // The rounds did what they are for: traffic flowed, and removals cut
     // into it.
     assert!(
