@@ -382,6 +382,8 @@ struct End {
     /// Sends are signaled one time in `signal_every` (and always when the
     /// window fills).
     signal_every: u64,
+    /// The first PSN of this end's sends.
+    psn: u32,
     wc: Vec<WorkCompletion>,
 }
 
@@ -422,6 +424,7 @@ impl End {
             sq: SqLedger::default(),
             rq: RqLedger::default(),
             signal_every: [1, 2, 4, 8, 16][rng.below(5) as usize],
+            psn: rng.below(1 << 24) as u32,
             wc: vec![WorkCompletion::default(); 16],
         })
     }
@@ -438,8 +441,11 @@ impl End {
             addr: pm.addr(),
             rkey: pm.rkey(),
         };
-        // Both directions start at PSN 0x100 + QPN (any fixed choice works).
-        connect_rc(&self.objs().qp, gid, peer.qpn, 0x100 + peer.qpn, 0x100 + self.qpn)
+        // Random first PSNs, as applications pick them: a late packet of an
+        // earlier connection to the same address and QP number (a device
+        // of an earlier round, on the same interface) then falls outside
+        // the window instead of landing in it.
+        connect_rc(&self.objs().qp, gid, peer.qpn, peer.psn, self.psn)
             .map_err(|e| format!("{}: connect: {e}", self.label))
     }
 
