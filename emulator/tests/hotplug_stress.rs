@@ -168,6 +168,29 @@ fn unique(prefix: &str) -> String {
     )
 }
 
+/// Waits (a bounded time) until this process has no progress thread left
+/// of a device whose name starts with `prefix` (threads are named
+/// `softverbs-<device>`, cut to 15 bytes by the kernel); returns how many
+/// are left. Every device of a test is gone by its end, so none may be.
+fn progress_threads_left(prefix: &str) -> usize {
+    let want = format!("softverbs-{prefix}");
+    let count = || {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| {
+                d.filter_map(|t| t.ok())
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                    .filter(|c| c.starts_with(&want))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let t0 = Instant::now();
+    while count() > 0 && t0.elapsed() < HANG {
+        thread::sleep(Duration::from_millis(10));
+    }
+    count()
+}
+
 // ---------------------------------------------------------------------------
 // Ledgers.
 
@@ -939,7 +962,8 @@ fn move_round(cell: Cell, rng: &mut Rng) -> Result<Tally, String> {
     }
     // Phase 2: traffic on the new instances in `blue`, until the namespace
     // is deleted (both move back) or each is removed at its own time.
-    let actions: Vec<Action> = if rng.below(2) == 0 {
+    let del_ns = rng.below(2) == 0;
+    let actions: Vec<Action> = if del_ns {
         let drv = drv.clone();
         vec![Box::new(move || {
             drv.del_netns("blue").map_err(|e| format!("del_netns blue: {e}"))
@@ -948,12 +972,23 @@ fn move_round(cell: Cell, rng: &mut Rng) -> Result<Tally, String> {
         vec![remove(&sub, &a), remove(&sub, &b)]
     };
     tally += phase(&sub, &a, &b, actions, rng).map_err(|e| format!("phase 2: {e}"))?;
+    // After the namespace's deletion both devices are back home; after
+    // their removal, neither is left.
     for d in [&a, &b] {
-        if let Ok(dev) = sub.device(d) {
-            if dev.namespace() != NamespaceId::INIT {
-                return Err(format!("{d} is in {} after blue was deleted", dev.namespace()));
+        match (del_ns, sub.device(d)) {
+            (true, Ok(dev)) if dev.namespace() == NamespaceId::INIT && dev.state() == DeviceState::Live => {
+                drv.del_device(d).map_err(e)?;
             }
-            drv.del_device(d).map_err(e)?;
+            (true, Ok(dev)) => {
+                return Err(format!(
+                    "{d} is {:?} in {} after blue was deleted",
+                    dev.state(),
+                    dev.namespace()
+                ))
+            }
+            (true, Err(x)) => return Err(format!("{d} did not come back when blue was deleted: {x}")),
+            (false, Ok(dev)) => return Err(format!("{d} is still there ({:?}) after its removal", dev.state())),
+            (false, Err(_)) => {}
         }
     }
     Ok(tally)
@@ -1011,6 +1046,13 @@ fn every_wr_completes_once_in_order_across_randomized_hotplug() {
             c.link, c.engine, c.removal, t.posted, t.flushed, t.delivered
         );
     }
+    // Every device went, and so did its progress thread (devices here are
+    // named hs…, those of the real-namespace test hl…).
+    assert_eq!(
+        progress_threads_left("hs"),
+        0,
+        "progress threads of removed devices remain"
+    );
     // The rounds did what they are for: traffic flowed, and removals cut
     // into it.
     assert!(
@@ -1056,7 +1098,7 @@ fn linux_round(
     rng: &mut Rng,
 ) -> Result<Tally, String> {
     let sub = drv.subsystem().clone();
-    let names = [unique("hsl"), unique("hsl")];
+    let names = [unique("hl"), unique("hl")];
     for (n, i) in names.iter().zip(ifs) {
         drv.add_device(n, i).map_err(|e| format!("add {n} on {i}: {e}"))?;
     }
@@ -1172,6 +1214,11 @@ fn every_wr_completes_once_across_real_namespace_moves() {
         total.flushed,
         total.silent,
         total.delivered
+    );
+    assert_eq!(
+        progress_threads_left("hl"),
+        0,
+        "progress threads of removed devices remain"
     );
     assert!(total.delivered > 0 && total.flushed > 0, "{total:?}");
 }
