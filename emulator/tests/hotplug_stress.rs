@@ -5,7 +5,10 @@
 //! mode, over the in-process, UDP and shared-memory links, and devices that
 //! go away at random times: removed, or moved to another namespace through
 //! the virtual namespace driver (and, after the move, traffic on the new
-//! instances until a second removal or namespace deletion takes them).
+//! instances until a second removal or namespace deletion takes them). A
+//! second test does the same with UDP devices on a veth pair moved between
+//! real network namespaces by the Linux driver (root only; it prints a
+//! `SKIP:` line otherwise).
 //!
 //! For every queue the test keeps a ledger and checks the verbs contract:
 //!
@@ -28,7 +31,12 @@
 //!   silent success, and it was never delivered.
 //! - after removal a post still completes once (a flush), and destroying
 //!   every object succeeds; the removal reports no straggler, because every
-//!   thread let go of its objects when it saw its device go.
+//!   thread let go of its objects when it saw its device go; at the end no
+//!   progress thread of a removed device is left.
+//!
+//! (The ledger of `softverbs_emulator::netns::traffic` assumes every request
+//! is signaled; selective signaling needs the one here, which also takes
+//! the peer's deliveries as evidence.)
 //!
 //! Each round picks its link, engine and removal kind in turn (so a few
 //! rounds cover every combination) and its thread count, signaling rates,
