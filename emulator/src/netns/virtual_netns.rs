@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::inproc::InprocFabric;
 use softverbs::soft::link::Link;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
@@ -64,16 +65,25 @@ impl VState {
 pub struct VirtualNetns {
     sub: Arc<Subsystem>,
     state: Arc<Mutex<VState>>,
+    /// How the engines of the devices it creates make progress.
+    engine: EngineMode,
 }
 
 impl VirtualNetns {
     /// A driver feeding `subsystem`, with only the initial namespace.
     pub fn new(subsystem: Arc<Subsystem>) -> VirtualNetns {
+        VirtualNetns::with_engine(subsystem, EngineMode::Inline)
+    }
+
+    /// A driver feeding `subsystem` whose devices (and every instance a
+    /// move brings up) run their engines in `engine` mode.
+    pub fn with_engine(subsystem: Arc<Subsystem>, engine: EngineMode) -> VirtualNetns {
         let mut st = VState::default();
         st.netns.insert(INIT_NETNS.to_string(), NamespaceId::INIT);
         VirtualNetns {
             sub: subsystem,
             state: Arc::new(Mutex::new(st)),
+            engine,
         }
     }
 
@@ -203,7 +213,10 @@ impl NetnsDriver for VirtualNetns {
         };
         let ns = device_namespace(&self.sub, ns);
         let factory = Arc::new(VirtualFactory {
-            config: SoftDeviceConfig::new(name, addr),
+            config: SoftDeviceConfig {
+                engine: self.engine,
+                ..SoftDeviceConfig::new(name, addr)
+            },
             state: self.state.clone(),
         });
         let info = self.sub.add_device(factory, ns)?;

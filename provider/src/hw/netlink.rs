@@ -575,15 +575,55 @@ mod tests {
         );
     }
 
+    /// Whether this kernel has the RDMA core loaded (a module or built in:
+    /// `ib_core` has parameters, so it is under `/sys/module` either way).
+    /// `NETLINK_RDMA` is registered by `ib_core` and by nothing else.
+    fn ib_core_loaded() -> bool {
+        std::path::Path::new("/sys/module/ib_core").exists()
+    }
+
+    /// The live queries against this machine's kernel, checked against what
+    /// sysfs says independently: without `ib_core` both fail with exactly
+    /// `EPROTONOSUPPORT` (the socket's protocol is not registered); with it
+    /// the mode matches the `ib_core` parameter (the same variable `rdma
+    /// system set netns` changes) and every device listed is a distinct,
+    /// named entry of `/sys/class/infiniband` with its uverbs node query
+    /// answered. (`ib_core` is checked after the queries: opening the
+    /// socket may load it.)
     #[test]
-    fn live_queries_fail_cleanly_without_an_rdma_subsystem() {
-        match netns_mode() {
-            Ok(m) => println!("RDMA netns mode: {m}"),
-            Err(e) => println!("SKIP netlink netns mode: {e}"),
+    fn live_queries_agree_with_sysfs() {
+        let mode = netns_mode();
+        let devs = devices();
+        if !ib_core_loaded() {
+            for (what, e) in [("netns_mode", mode.err()), ("devices", devs.err())] {
+                let e = e.unwrap_or_else(|| panic!("{what} answered without an RDMA core in the kernel"));
+                assert_eq!(e.raw_os_error(), Some(libc::EPROTONOSUPPORT), "{what}: {e}");
+            }
+            println!("no RDMA core in this kernel: both queries fail with EPROTONOSUPPORT");
+            return;
         }
-        match devices() {
-            Ok(d) => println!("{} RDMA device(s) over netlink", d.len()),
-            Err(e) => println!("SKIP netlink devices: {e}"),
+        let mode = mode.expect("RDMA netlink with ib_core loaded");
+        match crate::hw::sysfs::netns_mode(std::path::Path::new("/sys")) {
+            Ok(param) => assert_eq!(mode, param, "netlink and the ib_core parameter disagree"),
+            Err(e) => println!("SKIP comparing the mode with the ib_core parameter: {e}"),
         }
+        let devs = devs.expect("RDMA netlink device dump");
+        let mut names = std::collections::BTreeSet::new();
+        let mut indexes = std::collections::BTreeSet::new();
+        for d in &devs {
+            assert!(!d.name.is_empty(), "{d:?}");
+            assert!(names.insert(d.name.clone()), "device {} listed twice", d.name);
+            assert!(indexes.insert(d.index), "index {} listed twice", d.index);
+            assert!(d.ports.is_none_or(|p| p >= 1), "{d:?}");
+            // sysfs shows the namespace it was mounted in, which for a test
+            // process is its own.
+            assert!(
+                std::path::Path::new("/sys/class/infiniband").join(&d.name).exists(),
+                "{} is not in /sys/class/infiniband",
+                d.name
+            );
+            uverbs_chardev(d.index).unwrap_or_else(|e| panic!("uverbs node of {}: {e}", d.name));
+        }
+        println!("RDMA netns mode {mode}; {} device(s): {names:?}", devs.len());
     }
 }

@@ -14,6 +14,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 const RTM_NEWLINK: u16 = 16;
@@ -287,10 +288,15 @@ pub(crate) fn parse(mut buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
 }
 
 /// An rtnetlink socket, answering for the namespace it was opened in.
+/// Shared by the driver's threads: one request and its replies at a time.
 #[derive(Debug)]
 pub(crate) struct Rtnl {
     fd: OwnedFd,
     seq: AtomicU32,
+    /// Held from a request's send to its last reply: two threads reading
+    /// one socket would each take (and drop, as another sequence number)
+    /// the other's replies.
+    exchange: Mutex<()>,
 }
 
 /// How long a request waits for the kernel's answer (never reached unless
@@ -353,12 +359,14 @@ impl Rtnl {
         Ok(Rtnl {
             fd,
             seq: AtomicU32::new(1),
+            exchange: Mutex::new(()),
         })
     }
 
     /// Sends `msg` and collects the replies of its sequence number until
     /// the end of the dump or the acknowledgement.
     fn request(&self, msg: Msg) -> io::Result<Vec<Reply>> {
+        let _one = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let bytes = msg.finish(seq);
         // SAFETY: sending from a buffer of the length passed.

@@ -73,7 +73,9 @@ pub(crate) struct Progress {
     /// The engine's next deadline, refreshed at the end of every engine
     /// section (lets the spinning thread skip the lock when idle).
     pub(crate) deadline: AtomicU64,
-    waker: OnceLock<Waker>,
+    /// Shared with the thread, which keeps it registered with its poller
+    /// for as long as it runs (see [`run`]).
+    waker: OnceLock<Arc<Waker>>,
     stop: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -143,14 +145,14 @@ impl DeviceShared {
             poll.registry()
                 .register(&mut SourceFd(fd), Token(i), Interest::READABLE)?;
         }
-        let waker = Waker::new(poll.registry(), WAKER)?;
-        let _ = self.progress.waker.set(waker);
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let _ = self.progress.waker.set(waker.clone());
         self.progress.awake.store(true, Ordering::SeqCst);
         let _ = self.progress.mode.set(mode);
         let weak = Arc::downgrade(self);
         let handle = std::thread::Builder::new()
             .name(format!("softverbs-{}", self.name))
-            .spawn(move || run(weak, poll, spin))?;
+            .spawn(move || run(weak, poll, spin, waker))?;
         *self.progress.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         Ok(())
     }
@@ -191,7 +193,13 @@ impl DeviceShared {
 }
 
 /// The progress thread.
-fn run(dev: Weak<DeviceShared>, mut poll: Poll, spin: Duration) {
+/// The progress thread. It holds the device weakly and its waker strongly:
+/// the device's last reference may be the one this thread drops on its way
+/// to sleep, and the device's drop wakes the thread (`Progress::stop`); if
+/// the waker went with the device, its eventfd would leave the poller with
+/// that wake-up pending, and a thread asleep without a deadline would never
+/// wake again.
+fn run(dev: Weak<DeviceShared>, mut poll: Poll, spin: Duration, _waker: Arc<Waker>) {
     let mut events = Events::with_capacity(16);
     let mut idle_since = Instant::now();
     loop {
