@@ -80,14 +80,17 @@ pub struct Expectation {
 }
 
 /// The file name of the expectation of `backend` on device `device`:
-/// `soft.txt`, or `hw-<driver>.txt` with the device name's trailing digits
-/// and underscores removed (`mlx5_0` → `hw-mlx5.txt`, `rxe0` →
-/// `hw-rxe.txt`).
+/// `soft.txt`, or `hw-<driver>.txt` with the device name's instance
+/// number (trailing digits, and the `_` before them) removed (`mlx5_0` →
+/// `hw-mlx5.txt`, `rxe0` → `hw-rxe.txt`).
 pub fn file_name(backend: BackendKind, device: &str) -> String {
     match backend {
         BackendKind::Soft => "soft.txt".to_string(),
         BackendKind::Hardware => {
-            let driver = device.trim_end_matches(|c: char| c.is_ascii_digit() || c == '_');
+            // The instance number, then the one separator before it
+            // (`mlx5_0` → `mlx5`, `hfi1_0` → `hfi1`).
+            let driver = device.trim_end_matches(|c: char| c.is_ascii_digit());
+            let driver = driver.strip_suffix('_').unwrap_or(driver);
             let driver = if driver.is_empty() { device } else { driver };
             format!("hw-{driver}.txt")
         }
@@ -329,6 +332,7 @@ mod tests {
         assert_eq!(file_name(BackendKind::Hardware, "mlx5_0"), "hw-mlx5.txt");
         assert_eq!(file_name(BackendKind::Hardware, "rxe0"), "hw-rxe.txt");
         assert_eq!(file_name(BackendKind::Hardware, "siw_eth1"), "hw-siw_eth.txt");
+        assert_eq!(file_name(BackendKind::Hardware, "hfi1_0"), "hw-hfi1.txt");
         assert_eq!(file_name(BackendKind::Hardware, "0"), "hw-0.txt");
     }
 }

@@ -703,7 +703,9 @@ impl Core {
     ///   complete with WR_FLUSH_ERR, and a modify SQE→RTS resumes sending.
     ///   The next message takes the PSN after the last packet sent, so a
     ///   UC responder that saw part of the failed message drops that part
-    ///   when the next message starts.
+    ///   when the next message starts. No async event is raised: the
+    ///   error completion is the report (IBTA defines no affiliated event
+    ///   for SQE).
     pub(crate) fn complete_send_error(&mut self, qp: &mut Qp, status: WcStatus, vendor_err: u32) {
         let resume_psn = super::requester::next_packet_psn(qp);
         if let Some(w) = qp.sq.pop_front() {
