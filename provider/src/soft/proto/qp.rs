@@ -687,10 +687,6 @@ impl Core {
         qp.req.send_offset = 0;
         qp.req.rd_atomic_inflight = 0;
         qp.req.retrans_at = None;
-        qp.req.go_back = None;
-        qp.req.unasked_pkts = 0;
-        qp.req.unasked_wqes = 0;
-        qp.attr.sq_draining = false;
     }
 
     /// Completes the WQE at the front of the send queue with an error and
