@@ -34,8 +34,13 @@ fn a_uc_send_error_enters_sqe_flushes_the_send_queue_and_keeps_receiving() {
             SendWr::new(4, SendOp::Send, &good),
         ];
         n.post_wrs(0, &wrs).unwrap();
+        let wc = n.cqes();
+        assert!(
+            wc.iter().all(|w| w.qp_num == n.qpn && w.opcode == WcOpcode::Send),
+            "error and flush completions carry the QP number and the opcode: {wc:?}"
+        );
         assert_eq!(
-            statuses(&n.cqes()),
+            statuses(&wc),
             vec![
                 (1, WcStatus::Success),
                 (2, WcStatus::LocProtErr),
@@ -120,4 +125,27 @@ fn an_rc_send_error_goes_to_err_and_flushes_the_receive_queue() {
         vec![(1, WcStatus::LocProtErr), (100, WcStatus::WrFlushErr)]
     );
     assert_eq!(state(&n), QpState::Err);
+}
+
+#[test]
+fn a_type1_bind_posted_in_sqe_is_accepted_and_flushed() {
+    let mut n = node(QpType::Uc, Mtu::Mtu1024);
+    let bad = [bad_sge(&n)];
+    n.post_wrs(0, &[SendWr::new(1, SendOp::Send, &bad).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(statuses(&n.cqes()), vec![(1, WcStatus::LocProtErr)]);
+    assert_eq!(state(&n), QpState::Sqe);
+    let pd = n.core.alloc_pd(1).unwrap();
+    let mw = n.core.alloc_mw(pd, crate::verbs::MwType::Type1).unwrap();
+    let addr = n.mem.addr();
+    let key = n
+        .core
+        .bind_mw_type1(1, n.qpn, mw, n.lkey, addr, 64, AccessFlags::REMOTE_READ, 9, true)
+        .unwrap();
+    assert_ne!(key, mw, "the bind returns the window's next key");
+    let wc = n.cqes();
+    assert_eq!(statuses(&wc), vec![(9, WcStatus::WrFlushErr)]);
+    assert_eq!(wc[0].opcode, WcOpcode::BindMw);
+    assert_eq!(state(&n), QpState::Sqe);
+    assert!(n.sent().is_empty());
 }
