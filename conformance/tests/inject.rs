@@ -21,7 +21,7 @@ fn ud_side(ctx: &Context, cfg: &PairConfig) -> Side {
 }
 
 #[test]
-fn an_injected_packet_reaches_the_qp_and_a_malformed_one_is_counted() {
+fn an_injected_packet_reaches_the_qp_and_one_failing_a_check_is_counted() {
     let devs = softverbs::soft::embedded_default().unwrap();
     let (dev_a, dev_b) = (devs[0].device(), devs[1].device());
     let shared: &Arc<softverbs::soft::DeviceShared> = devs[1].shared();

@@ -128,7 +128,7 @@ fn an_rc_send_error_goes_to_err_and_flushes_the_receive_queue() {
 }
 
 #[test]
-fn a_type1_bind_posted_in_sqe_is_accepted_and_flushed() {
+fn a_type1_bind_posted_in_sqe_or_err_is_accepted_and_flushed() {
     let mut n = node(QpType::Uc, Mtu::Mtu1024);
     let bad = [bad_sge(&n)];
     n.post_wrs(0, &[SendWr::new(1, SendOp::Send, &bad).flags(SendFlags::SIGNALED)])
@@ -148,4 +148,14 @@ fn a_type1_bind_posted_in_sqe_is_accepted_and_flushed() {
     assert_eq!(wc[0].opcode, WcOpcode::BindMw);
     assert_eq!(state(&n), QpState::Sqe);
     assert!(n.sent().is_empty());
+    // In ERR the same: accepted and flushed.
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    n.core.modify_qp(2, n.qpn, &err, QpAttrMask::STATE).unwrap();
+    n.core
+        .bind_mw_type1(3, n.qpn, mw, n.lkey, addr, 64, AccessFlags::REMOTE_READ, 10, true)
+        .unwrap();
+    assert_eq!(statuses(&n.cqes()), vec![(10, WcStatus::WrFlushErr)]);
 }
