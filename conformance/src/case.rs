@@ -18,8 +18,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use softverbs::verbs::{
-    AccessFlags, AtomicCap, BackendKind, Context, DestroyError, DeviceAttr, DeviceCapFlags, Error, ErrorKind, PortAttr,
-    PostError, QpCap, QpInitAttr, QpType,
+    AccessFlags, AtomicCap, BackendKind, Context, DestroyError, Device, DeviceAttr, DeviceCapFlags, Error, ErrorKind,
+    PortAttr, PostError, QpCap, QpInitAttr, QpType,
 };
 
 /// A device capability a case may need. A case whose capabilities the device
@@ -216,6 +216,11 @@ pub struct Env {
     pub device_a: String,
     /// Device name of side B.
     pub device_b: String,
+    /// Side A's device (for what goes below the verbs API, such as
+    /// [`crate::harness::inject_packet`]).
+    pub dev_a: Device,
+    /// Side B's device.
+    pub dev_b: Device,
 }
 
 impl Env {

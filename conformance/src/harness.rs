@@ -671,3 +671,66 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .map(|i| (i as u32).wrapping_mul(31).wrapping_add(u32::from(seed) * 7 + 1) as u8)
         .collect()
 }
+
+/// The UDP source port of packets [`inject_packet`] crafts.
+pub const INJECT_SRC_PORT: u16 = 0xc0de;
+
+/// Delivers a crafted RoCEv2 packet (`headers` and `payload`, emitted with
+/// its ICRC) to `device` as if its link had received it from the address
+/// of `src`: for responder-side rules a conforming requester never
+/// violates, so the verbs API cannot produce the packet (a misaligned
+/// atomic, say). The packet goes through every check of the device's
+/// receive path; its consequences (answers, completions, async events)
+/// happen before this returns.
+///
+/// Soft provider only ([`softverbs::soft::DeviceShared::inject_datagram`]):
+/// on any other backend the case is skipped, since nothing here can put a
+/// crafted packet on a NIC's wire.
+///
+/// # Errors
+///
+/// [`Stop::Skip`] on a backend other than the soft provider;
+/// [`Stop::Fail`] if the packet cannot be built (headers inconsistent with
+/// the payload, or `src` and the device in different IP families).
+pub fn inject_packet(device: &Device, src: Gid, headers: &softverbs::soft::wire::PacketRepr, payload: &[u8]) -> Check {
+    use softverbs::soft::wire::{fill_icrc, IpPseudoHeader, UdpPorts};
+    let shared = injectable(device)?.shared().clone();
+    let src_ip = src.to_ip();
+    let Some(&dst) = shared.addrs().first() else {
+        return Err(Stop::Fail(format!("{} has no address to inject to", device.name())));
+    };
+    let mut buf = vec![0; headers.packet_len(payload.len())];
+    headers
+        .emit(payload, &mut buf)
+        .map_err(|e| Stop::Fail(format!("building the injected packet: {e:?}")))?;
+    let ip = IpPseudoHeader::between(src_ip, dst)
+        .ok_or_else(|| Stop::Fail(format!("cannot inject from {src_ip} to {dst}: different IP families")))?;
+    let ports = UdpPorts {
+        src: INJECT_SRC_PORT,
+        dst: shared.roce_port(),
+    };
+    fill_icrc(&ip, ports, &mut buf).map_err(|e| Stop::Fail(format!("ICRC of the injected packet: {e:?}")))?;
+    shared.inject_datagram(src_ip, INJECT_SRC_PORT, buf);
+    Ok(())
+}
+
+/// Skips the case unless [`inject_packet`] can reach `device` (a soft
+/// provider device): for cases to call before they set anything up.
+///
+/// # Errors
+///
+/// [`Stop::Skip`] on any other backend, with the reason.
+pub fn require_injection(device: &Device) -> Check {
+    injectable(device).map(|_| ())
+}
+
+fn injectable(device: &Device) -> std::result::Result<&softverbs::soft::SoftDevice, Stop> {
+    softverbs::verbs::backend::downcast::<softverbs::soft::SoftDevice, _>(device.ops()).ok_or_else(|| {
+        Stop::Skip(format!(
+            "needs raw packet injection, which only the soft provider offers ({} is a {} device: nothing here \
+             can put a crafted packet on its wire)",
+            device.name(),
+            device.backend()
+        ))
+    })
+}

@@ -7,6 +7,9 @@
 //!   report (table, JSON, JUnit).
 //! - [`divergence`]: known divergences per backend and device, and known
 //!   soft-provider bugs.
+//! - [`expectation`]: the committed expectation per backend (every
+//!   case's pass, skip reason or known divergence) the suite's own test
+//!   compares a run against.
 //! - [`harness`]: building blocks the cases share (connected pairs,
 //!   completion and event waits).
 //!
@@ -27,6 +30,7 @@
 pub mod case;
 pub mod cases;
 pub mod divergence;
+pub mod expectation;
 pub mod harness;
 pub mod runner;
 

@@ -298,6 +298,8 @@ fn execute(target: &Target, caps: &Arc<Caps>, case: Arc<Case>, timeout: Duration
         backend: target.backend,
         device_a: target.a.name().to_string(),
         device_b: target.b.name().to_string(),
+        dev_a: target.a.clone(),
+        dev_b: target.b.clone(),
     };
     let (tx, rx) = mpsc::channel();
     let name = format!("case {}", case.id);

@@ -1,5 +1,12 @@
 //! The whole conformance suite against the soft provider (the embedded
-//! default pair), plus checks of the suite itself: ids, counts, reports.
+//! default pair), compared with its committed expectation
+//! (`conformance/expected/soft.txt`: every case's pass, skip reason or
+//! known divergence), plus checks of the suite itself: ids, counts,
+//! reports. With the `hardware` feature, the same comparison on a hardware
+//! device when there is one (`conformance/expected/hw-<driver>.txt`).
+//!
+//! `SOFTVERBS_CONFORMANCE_WRITE=1` writes the expectation from the run
+//! instead of comparing (see `softverbs_conformance::expectation`).
 //!
 //! One test runs every case in sequence (the cases share the process-wide
 //! soft devices and some measure quiet periods, so they are not run in
@@ -11,14 +18,11 @@ use softverbs::verbs::BackendKind;
 use softverbs_conformance::case::valid_id;
 use softverbs_conformance::cases;
 use softverbs_conformance::divergence::{KNOWN_DIVERGENCES, KNOWN_SOFT_BUGS};
-use softverbs_conformance::runner::{self, RunOptions, Target, Verdict};
+use softverbs_conformance::expectation;
+use softverbs_conformance::runner::{self, Report, RunOptions, Target, Verdict};
 
-#[test]
-fn soft_provider_passes_the_conformance_suite() {
-    let target = Target::soft_default().expect("embedded soft devices");
-    let report = runner::run(&target, cases::all(), &RunOptions::default(), &mut |_| {}).expect("run the suite");
-    let summary = report.summary();
-    println!("{} (in {:.2} s)", summary.line(), report.duration.as_secs_f64());
+/// The failures of a run and stale soft-bug entries, as problem lines.
+fn problems_of(report: &Report) -> Vec<String> {
     let mut problems = Vec::new();
     for c in report.failures() {
         problems.push(format!("FAILED {}: {} [{}]", c.id, c.detail, c.rule));
@@ -27,7 +31,7 @@ fn soft_provider_passes_the_conformance_suite() {
         let stale = report
             .cases
             .iter()
-            .filter(|c| bug.matches(BackendKind::Soft, &report.device_a, &c.id))
+            .filter(|c| bug.matches(report.backend, &report.device_a, &c.id))
             .any(|c| c.verdict == Verdict::Pass);
         if stale {
             problems.push(format!(
@@ -36,9 +40,18 @@ fn soft_provider_passes_the_conformance_suite() {
             ));
         }
     }
+    problems
+}
+
+/// Fails the test on failed cases, then on any difference from the
+/// committed expectation of the run's backend and device.
+fn check_against_expectation(report: &Report) {
+    let summary = report.summary();
+    println!("{} (in {:.2} s)", summary.line(), report.duration.as_secs_f64());
     for c in report.cases.iter().filter(|c| c.verdict == Verdict::KnownDivergence) {
-        println!("known soft bug {}: {}", c.id, c.detail);
+        println!("known divergence {}: {}", c.id, c.detail);
     }
+    let problems = problems_of(report);
     assert!(
         problems.is_empty(),
         "{} problem(s) ({}):\n{}",
@@ -46,7 +59,59 @@ fn soft_provider_passes_the_conformance_suite() {
         summary.line(),
         problems.join("\n")
     );
-    assert!(summary.passed >= 120, "only {} cases passed", summary.passed);
+    let path = expectation::dir().join(expectation::file_name(report.backend, &report.device_a));
+    match expectation::check_or_write(report, &path) {
+        Ok(line) => println!("{line}"),
+        Err(diff) => panic!("{diff}"),
+    }
+}
+
+#[test]
+fn soft_provider_matches_its_conformance_expectation() {
+    let target = Target::soft_default().expect("embedded soft devices");
+    let report = runner::run(&target, cases::all(), &RunOptions::default(), &mut |_| {}).expect("run the suite");
+    assert_eq!(report.backend, BackendKind::Soft);
+    check_against_expectation(&report);
+}
+
+/// The suite on a hardware device, compared with
+/// `conformance/expected/hw-<driver>.txt`. The device is
+/// `SOFTVERBS_CONFORMANCE_HW_DEVICE` or the first one listed (both sides on
+/// it); without a device the test prints a SKIP line and passes.
+#[cfg(feature = "hardware")]
+#[test]
+fn hardware_device_matches_its_conformance_expectation() {
+    let devices = match softverbs::verbs::devices(Some(BackendKind::Hardware)) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("SKIP: no hardware RDMA device to run the conformance suite on ({e})");
+            return;
+        }
+    };
+    let wanted = std::env::var("SOFTVERBS_CONFORMANCE_HW_DEVICE").ok();
+    let device = match &wanted {
+        Some(name) => devices.into_iter().find(|d| d.name() == name.as_str()),
+        None => devices.into_iter().next(),
+    };
+    let Some(device) = device else {
+        match wanted {
+            Some(name) => panic!("SOFTVERBS_CONFORMANCE_HW_DEVICE names {name}, which is not an RDMA device here"),
+            None => {
+                println!(
+                    "SKIP: no hardware RDMA device to run the conformance suite on (none in /sys/class/infiniband)"
+                );
+                return;
+            }
+        }
+    };
+    let report = runner::run(
+        &Target::single(device),
+        cases::all(),
+        &RunOptions::default(),
+        &mut |_| {},
+    )
+    .expect("run the suite on the hardware device");
+    check_against_expectation(&report);
 }
 
 #[test]

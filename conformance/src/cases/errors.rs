@@ -506,6 +506,17 @@ fn drops(out: &mut Vec<Case>) {
         let tl = t.name().to_lowercase();
         let caps: &[Cap] = if t == QpType::Uc { &[Cap::Uc] } else { &[Cap::Ud] };
         out.push(Case::new(
+            format!("err.{tl}.sqe.receive_continues_and_rts_recovers"),
+            format!(
+                "a {t} send error completes LOC_PROT_ERR and takes the QP to SQE: the rest of the send queue and \
+                 sends posted in SQE flush, receives still complete, and SQE->RTS sends again"
+            ),
+            "IBTA 10.3.1 (Send Queue Error state: UD and UC; the receive queue keeps working); IBTA 11.2.4.2 \
+             (SQE->RTS)",
+            caps,
+            move |env: &Env| send_queue_error(env, t),
+        ));
+        out.push(Case::new(
             format!("err.{tl}.no_recv_dropped"),
             format!("a {t} send with no receive posted completes SUCCESS at the sender and is dropped; the next message is received"),
             "DESIGN §3.4 (no receive posted, UD/UC: SUCCESS, message dropped)",
@@ -677,16 +688,155 @@ fn peer_gone(out: &mut Vec<Case>) {
     ));
     out.push(Case::new(
         "err.rc.atomic.misaligned_at_responder",
-        "a misaligned atomic reaching the responder is NAK'd invalid request (REM_INV_REQ_ERR)",
-        "DESIGN §3.4 (misaligned atomic reaching the responder)",
+        "a misaligned atomic reaching the responder is NAK'd invalid request: the requester completes \
+         REM_INV_REQ_ERR, both QPs go to ERR, the responder hears QP_REQ_ERR and its memory is untouched",
+        "DESIGN §3.4 (misaligned atomic reaching the responder: REM_INV_REQ_ERR, both to ERR); IBTA 9.4.5 \
+         (atomic VA must be 8-byte aligned), 9.7.5.2.7",
         &[Cap::Atomics],
-        |_env: &Env| {
-            crate::skip!(
-                "not reachable through the verbs API: post_send rejects a misaligned atomic before it reaches \
-                 the wire (see post.send.atomic_misaligned_remote); this needs raw packet injection"
-            )
-        },
+        misaligned_atomic_at_responder,
     ));
+}
+
+/// A local protection error on a UC or UD QP: SQE, not ERR (IBTA 10.3.1).
+/// A backend that takes the QP to ERR instead is skipped, as the SQE rows
+/// of the state table are (`qp.state.<t>.sqe_to_*`).
+fn send_queue_error(env: &Env, t: QpType) -> Check {
+    let c = super::data::Conn::new(env, t, Mtu::Mtu1024)?;
+    let p = &c.p;
+    let grh = if t == QpType::Ud { super::data::GRH } else { 0 };
+    p.a.post_recv(20, 4096, 1024)?;
+    p.b.post_recv(10, 0, 1024)?;
+    let other = env.a.alloc_pd()?;
+    let foreign = other.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+    let bad = [foreign.sge(0, 16)?];
+    p.a.mr.write(0, b"recovered")?;
+    let good = [p.a.mr.sge(0, 9)?];
+    let wrs = [
+        c.wr(1, SendOp::Send, &bad, SendFlags::SIGNALED),
+        c.wr(2, SendOp::Send, &good, SendFlags::SIGNALED),
+    ];
+    p.a.qp.post_send(&wrs)?;
+    let wc = expect_n(&p.a.scq, 2, "completions of the failed send and the one after it")?;
+    check_wc(&wc[0], 1, WcStatus::LocProtErr, None, "the send with a foreign lkey")?;
+    check_wc(&wc[1], 2, WcStatus::WrFlushErr, None, "the send queued behind it")?;
+    let state = p.a.state()?;
+    if state == QpState::Err {
+        crate::skip!("after a send error the backend moved the {t} QP to ERR, not SQE (only the device enters SQE)");
+    }
+    ensure_eq!(state, QpState::Sqe, "the sender after the send error");
+    // A send posted in SQE is accepted and flushed; nothing reaches B.
+    p.a.post(c.wr(3, SendOp::Send, &good, SendFlags::SIGNALED))?;
+    let wc = expect_one(&p.a.scq, "completion of a send posted in SQE")?;
+    check_wc(&wc, 3, WcStatus::WrFlushErr, None, "a send posted in SQE")?;
+    expect_quiet(&p.b.rcq, "the receiver while the sender is in SQE")?;
+    // The receive queue keeps working: B sends to A.
+    p.b.mr.write(2048, b"to A")?;
+    let back = [p.b.mr.sge(2048, 4)?];
+    let ah_ba = match t {
+        QpType::Ud => Some(p.b.ah_to(&p.a)?),
+        _ => None,
+    };
+    let mut wr = SendWr::new(30, SendOp::Send, &back).flags(SendFlags::SIGNALED);
+    if let Some(ah) = &ah_ba {
+        wr = wr.ud(ah, p.a.qp.qp_num(), p.cfg.qkey);
+    }
+    p.b.post(wr)?;
+    check_wc(
+        &expect_one(&p.b.scq, "B's send")?,
+        30,
+        WcStatus::Success,
+        None,
+        "B's send",
+    )?;
+    let r = expect_one(&p.a.rcq, "the receive of a QP in SQE")?;
+    check_wc(
+        &r,
+        20,
+        WcStatus::Success,
+        Some(WcOpcode::Recv),
+        "the receive of a QP in SQE",
+    )?;
+    ensure_eq!(
+        p.a.mr.to_vec(4096 + grh, 4)?,
+        b"to A".to_vec(),
+        "the message received in SQE"
+    );
+    expect_state(&p.a.qp, QpState::Sqe, "the sender after receiving")?;
+    // SQE->RTS with the bare STATE bit: sending works again.
+    p.a.move_to(QpState::Rts)?;
+    expect_state(&p.a.qp, QpState::Rts, "after SQE->RTS")?;
+    p.a.post(c.wr(4, SendOp::Send, &good, SendFlags::SIGNALED))?;
+    check_wc(
+        &expect_one(&p.a.scq, "the send after recovery")?,
+        4,
+        WcStatus::Success,
+        None,
+        "the send after recovery",
+    )?;
+    let r = expect_one(&p.b.rcq, "the receive of the send after recovery")?;
+    check_wc(
+        &r,
+        10,
+        WcStatus::Success,
+        Some(WcOpcode::Recv),
+        "the receive after recovery",
+    )?;
+    ensure_eq!(
+        p.b.mr.to_vec(grh, 9)?,
+        b"recovered".to_vec(),
+        "the message sent after recovery"
+    );
+    Ok(())
+}
+
+/// `post_send` rejects a misaligned atomic, so the request is crafted and
+/// injected (soft provider only; skipped elsewhere). A's QP is connected to
+/// a QP number B does not have, so the (aligned) atomic A posts is dropped
+/// at B; the crafted copy, misaligned, carries A's PSN to B's real QP,
+/// which is connected to A. B's NAK then answers A's own outstanding
+/// atomic, so both ends of the rule are checked.
+fn misaligned_atomic_at_responder(env: &Env) -> Check {
+    use softverbs::soft::wire::{AtomicEthRepr, BthRepr, Opcode, PacketRepr, Psn, Qpn};
+    require_injection(&env.dev_b)?;
+    let cfg = PairConfig::default();
+    let p = Pair::unconnected(&env.a, &env.b, cfg.clone())?;
+    // No QP on B has this number (QP numbers are allocated from the bottom).
+    let nowhere = 0x00ff_fff0;
+    p.a.to_init(&cfg)?;
+    p.b.to_init(&cfg)?;
+    qp_to_rtr(&p.a.qp, &cfg, p.a.gid_index, p.b.gid, nowhere, p.b.psn)?;
+    p.b.to_rtr(&cfg, &p.a)?;
+    p.a.to_rts(&cfg)?;
+    p.b.to_rts(&cfg)?;
+    p.b.post_recv(7, 0, 64)?;
+    p.b.mr.fill(0, 16, 0x5a)?;
+    let sink = [p.a.mr.sge(0, 8)?];
+    let op = SendOp::CompareSwap {
+        remote: p.b.mr.remote(0),
+        compare: 0,
+        swap: 1,
+    };
+    p.a.post(SendWr::new(1, op, &sink).flags(SendFlags::SIGNALED))?;
+    let mut bth = BthRepr::new(Opcode::RcCompareSwap, Qpn::new(p.b.qp.qp_num()), Psn::new(p.a.psn));
+    bth.ack_req = true;
+    let mut h = PacketRepr::new(bth);
+    h.atomic_eth = Some(AtomicEthRepr {
+        va: p.b.mr.addr() + 4,
+        rkey: p.b.mr.rkey(),
+        swap_add: 0x1111_2222_3333_4444,
+        compare: 0x5a5a_5a5a_5a5a_5a5a,
+    });
+    inject_packet(&env.dev_b, p.a.gid, &h, &[])?;
+    let wc = expect_one(&p.a.scq, "completion of the atomic B answered")?;
+    check_wc(&wc, 1, WcStatus::RemInvReqErr, None, "the requester")?;
+    expect_state(&p.a.qp, QpState::Err, "the requester after the NAK")?;
+    expect_state(&p.b.qp, QpState::Err, "the responder after the misaligned atomic")?;
+    let ev = wait_async(&env.b, WAIT, |e| e.event_type == EventType::QpReqErr)?;
+    ensure!(ev.is_some(), "the responder raised no QP_REQ_ERR async event");
+    let flushed = expect_one(&p.b.rcq, "the responder's receive, flushed")?;
+    check_wc(&flushed, 7, WcStatus::WrFlushErr, None, "the responder's receive")?;
+    ensure_eq!(p.b.mr.to_vec(0, 16)?, vec![0x5a; 16], "the responder's memory");
+    Ok(())
 }
 
 fn register_more(out: &mut Vec<Case>) {

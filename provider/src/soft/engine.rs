@@ -252,6 +252,42 @@ impl DeviceShared {
         self.inbox.push(tx);
     }
 
+    /// The UDP port the device takes RoCEv2 packets on (4791 unless
+    /// configured otherwise), as it enters the ICRC of packets to it.
+    pub fn roce_port(&self) -> u16 {
+        self.lock().config().udp_port
+    }
+
+    /// Hands the device one datagram as if its link had received it from
+    /// `src` (UDP source port `src_port`), addressed to the device's first
+    /// address and [`Self::roce_port`], and processes it now with whatever
+    /// it causes (answers are sent, completions and async events
+    /// delivered).
+    ///
+    /// `data` is the UDP payload: a RoCEv2 packet (BTH onwards, ICRC
+    /// last, computed over those addresses and ports). It goes through every check a datagram from the link goes
+    /// through (parsing, ICRC when the device checks it, QP, P_Key, Q_Key,
+    /// source address, PSN, keys), so a malformed one is dropped and
+    /// counted, never trusted. This is for tests that must put on the wire
+    /// what the verbs API cannot produce (the conformance suite's
+    /// responder-side checks, such as a misaligned atomic); anything that
+    /// can reach the device's link can send the same bytes.
+    pub fn inject_datagram(self: &Arc<Self>, src: IpAddr, src_port: u16, data: Vec<u8>) {
+        let dst_port = self.roce_port();
+        let Some(&dst) = self.addrs.first() else { return };
+        self.deliver(Transmit {
+            src,
+            dst,
+            src_port,
+            dst_port,
+            data,
+            train: None,
+        });
+        // A verb with no work of its own: it takes in the inbox, sends
+        // what the packet caused and dispatches its events.
+        self.with_core(|_, _| ());
+    }
+
     /// Locks the engine. Poisoning is survivable: the engine's invariants
     /// are restored by every method before it can panic, and a panic there
     /// is a bug we would rather report than turn into a second panic.

@@ -156,3 +156,144 @@ impl fmt::Display for RemovalReport {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The order of the removal sequence as consumers see it: the CM hooks
+    //! (step 3) before the clients' `remove` upcalls (step 4, reverse
+    //! registration order), DEVICE_FATAL (step 5) after both, and the
+    //! backend's revocation (step 2) before all of them. Each callback
+    //! records itself and whatever async events the consumer's context has
+    //! received so far, so an event raised earlier than documented shows up
+    //! in the log at the callback that saw it.
+
+    use std::sync::{Arc, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    use crate::soft::SoftDeviceConfig;
+    use crate::subsystem::{
+        Client, ClientScope, CmHook, DeviceRef, NamespaceId, RemovalReason, SoftFactory, Subsystem, SubsystemConfig,
+    };
+    use crate::verbs::{Context, ErrorKind, EventType};
+
+    /// What the callbacks share: the log and the consumer's context.
+    #[derive(Default)]
+    struct Shared {
+        log: Mutex<Vec<String>>,
+        ctx: Mutex<Option<Context>>,
+        waiter: Mutex<Option<JoinHandle<()>>>,
+    }
+
+    impl Shared {
+        fn push(&self, s: impl Into<String>) {
+            self.log.lock().unwrap().push(s.into());
+        }
+
+        /// Logs `who`, then every DEVICE_FATAL the context already holds,
+        /// and whether control verbs already fail with ENODEV.
+        fn callback(&self, who: &str) {
+            let ctx = self.ctx.lock().unwrap();
+            let Some(ctx) = ctx.as_ref() else {
+                self.push(format!("{who}: the context is gone"));
+                return;
+            };
+            let revoked = matches!(ctx.alloc_pd(), Err(e) if e.kind() == ErrorKind::NoDevice);
+            self.push(format!(
+                "{who}{}",
+                if revoked { "" } else { " (before the revocation)" }
+            ));
+            while let Ok(Some(e)) = ctx.get_async_event(Some(Duration::ZERO)) {
+                if e.event_type == EventType::DeviceFatal {
+                    self.push(format!("DEVICE_FATAL (already there at {who})"));
+                }
+            }
+        }
+    }
+
+    struct Hook(Arc<Shared>);
+
+    impl CmHook for Hook {
+        fn device_removal(&self, _device: &DeviceRef, _reason: RemovalReason) {
+            self.0.callback("cm_hook");
+        }
+    }
+
+    struct Probe {
+        name: &'static str,
+        shared: Arc<Shared>,
+        /// The last client to hear of the removal hands the context to a
+        /// consumer thread that waits for DEVICE_FATAL and then lets go.
+        hands_over: bool,
+    }
+
+    impl Client for Probe {
+        fn add(&self, _device: &DeviceRef) -> crate::verbs::Result<()> {
+            Ok(())
+        }
+
+        fn remove(&self, _device: &DeviceRef, _reason: RemovalReason) {
+            self.shared.callback(&format!("remove {}", self.name));
+            if !self.hands_over {
+                return;
+            }
+            let Some(ctx) = self.shared.ctx.lock().unwrap().take() else {
+                return;
+            };
+            let shared = self.shared.clone();
+            let waiter = std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while std::time::Instant::now() < deadline {
+                    match ctx.get_async_event(Some(Duration::from_millis(100))) {
+                        Ok(Some(e)) if e.event_type == EventType::DeviceFatal => {
+                            shared.push("DEVICE_FATAL");
+                            return;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            shared.push(format!("get_async_event failed: {e}"));
+                            return;
+                        }
+                    }
+                }
+                shared.push("no DEVICE_FATAL within 20 s");
+            });
+            *self.shared.waiter.lock().unwrap() = Some(waiter);
+        }
+    }
+
+    #[test]
+    fn cm_hooks_then_clients_in_reverse_then_device_fatal() {
+        let sub = Subsystem::new(SubsystemConfig::default());
+        let shared = Arc::new(Shared::default());
+        for (name, hands_over) in [("first", true), ("second", false)] {
+            let probe = Probe {
+                name,
+                shared: shared.clone(),
+                hands_over,
+            };
+            sub.register_client(name, ClientScope::All, Arc::new(probe)).unwrap();
+        }
+        sub.add_cm_hook(Arc::new(Hook(shared.clone())));
+        let cfg = SoftDeviceConfig::new("removal_order0", "127.83.207.1".parse().unwrap());
+        sub.add_device(SoftFactory::new(cfg), NamespaceId::INIT).unwrap();
+        let ctx = sub.device("removal_order0").unwrap().open("order consumer").unwrap();
+        *shared.ctx.lock().unwrap() = Some(ctx);
+        let report = sub.remove_device("removal_order0").unwrap();
+        let waiter = shared
+            .waiter
+            .lock()
+            .unwrap()
+            .take()
+            .expect("the last client started the waiter");
+        waiter.join().unwrap();
+        assert_eq!(
+            *shared.log.lock().unwrap(),
+            ["cm_hook", "remove second", "remove first", "DEVICE_FATAL"],
+            "the removal sequence as consumers see it"
+        );
+        assert_eq!(report.cm_hooks, 1);
+        assert_eq!(report.removed_clients, ["second", "first"]);
+        assert!(report.is_clean(), "{report}");
+    }
+}

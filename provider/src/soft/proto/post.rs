@@ -266,9 +266,13 @@ impl Core {
                 npkts: 0,
                 resp_pkts: 0,
             });
-            if qp.state() == QpState::Err {
+            match qp.state() {
                 // Posting to a QP in ERR succeeds and flushes (DESIGN §3.3).
-                self.flush_qp(qp);
+                QpState::Err => self.flush_qp(qp),
+                // In SQE the send queue flushes and nothing is sent until
+                // SQE→RTS; the receive queue is untouched (IBTA 10.3.1).
+                QpState::Sqe => self.flush_sq(qp),
+                _ => {}
             }
         }
         Ok(())
@@ -398,7 +402,7 @@ impl Core {
     ///
     /// # Errors
     ///
-    /// `EINVAL` if the QP is not RTS (or ERR, where it flushes), is UD, or
+    /// `EINVAL` if the QP is not RTS (or SQE or ERR, where it flushes), is UD, or
     /// the window is not type 1; `ENOMEM` if the send queue is full.
     #[allow(clippy::too_many_arguments)]
     pub fn bind_mw_type1(
@@ -439,7 +443,7 @@ impl Core {
                 InvalidArgument,
                 "memory windows cannot be bound through a UD QP"
             ))
-        } else if !matches!(qp.state(), QpState::Rts | QpState::Err) {
+        } else if !matches!(qp.state(), QpState::Rts | QpState::Sqe | QpState::Err) {
             Err(verr!(BindMw, InvalidArgument, "the QP must be in RTS to bind a window"))
         } else if qp.sq.len() >= qp.cap.max_send_wr as usize {
             Err(verr!(BindMw, NoMemory, "send queue full"))
@@ -480,8 +484,10 @@ impl Core {
             npkts: 0,
             resp_pkts: 0,
         });
-        if qp.state() == QpState::Err {
-            self.flush_qp(&mut qp);
+        match qp.state() {
+            QpState::Err => self.flush_qp(&mut qp),
+            QpState::Sqe => self.flush_sq(&mut qp),
+            _ => {}
         }
         self.put_qp(qp);
         self.run_requester(now, qpn);

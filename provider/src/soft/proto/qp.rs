@@ -642,23 +642,7 @@ impl Core {
     pub(crate) fn flush_qp(&mut self, qp: &mut Qp) {
         qp.attr.qp_state = QpState::Err;
         qp.attr.cur_qp_state = QpState::Err;
-        self.set_timer(qp, None);
-        qp.req.rnr_wait = None;
-        while let Some(w) = qp.sq.pop_front() {
-            let wc = WorkCompletion {
-                wr_id: w.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: w.op.wc_opcode(),
-                qp_num: qp.qpn,
-                ..WorkCompletion::default()
-            };
-            self.push_cqe(qp.send_cq, wc, false);
-            qp.recycle(w.sgl);
-        }
-        qp.req.send_next = 0;
-        qp.req.send_offset = 0;
-        qp.req.rd_atomic_inflight = 0;
-        qp.req.retrans_at = None;
+        self.flush_sq(qp);
         if let Some(p) = qp.resp.recv.take() {
             // A partially received message goes back to the front so it is
             // flushed in post order.
@@ -681,9 +665,45 @@ impl Core {
         }
     }
 
-    /// Completes the WQE at the front of the send queue with an error,
-    /// moves the QP to ERR and flushes the rest.
+    /// Completes every WQE of the send queue with WR_FLUSH_ERR, in post
+    /// order, and stops the requester (no timer, nothing in flight). The
+    /// receive queue and the QP's state are left alone: ERR flushes the
+    /// receive queue after this, SQE keeps receiving.
+    pub(crate) fn flush_sq(&mut self, qp: &mut Qp) {
+        self.set_timer(qp, None);
+        qp.req.rnr_wait = None;
+        while let Some(w) = qp.sq.pop_front() {
+            let wc = WorkCompletion {
+                wr_id: w.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: w.op.wc_opcode(),
+                qp_num: qp.qpn,
+                ..WorkCompletion::default()
+            };
+            self.push_cqe(qp.send_cq, wc, false);
+            qp.recycle(w.sgl);
+        }
+        qp.req.send_next = 0;
+        qp.req.send_offset = 0;
+        qp.req.rd_atomic_inflight = 0;
+        qp.req.retrans_at = None;
+    }
+
+    /// Completes the WQE at the front of the send queue with an error and
+    /// takes the QP where that error leads (IBTA 10.3.1):
+    ///
+    /// - RC: to ERR, everything outstanding flushing (send queue, then
+    ///   receive queue);
+    /// - UC and UD: to SQE (Send Queue Error). Only the send queue flushes;
+    ///   the receive queue keeps receiving, sends posted while in SQE
+    ///   complete with WR_FLUSH_ERR, and a modify SQE→RTS resumes sending.
+    ///   The next message takes the PSN after the last packet sent, so a
+    ///   UC responder that saw part of the failed message drops that part
+    ///   when the next message starts. No async event is raised: the
+    ///   error completion is the report (IBTA defines no affiliated event
+    ///   for SQE).
     pub(crate) fn complete_send_error(&mut self, qp: &mut Qp, status: WcStatus, vendor_err: u32) {
+        let resume_psn = super::requester::next_packet_psn(qp);
         if let Some(w) = qp.sq.pop_front() {
             let wc = WorkCompletion {
                 wr_id: w.wr_id,
@@ -696,6 +716,14 @@ impl Core {
             self.push_cqe(qp.send_cq, wc, false);
             qp.recycle(w.sgl);
         }
-        self.flush_qp(qp);
+        match qp.qp_type {
+            QpType::Rc => self.flush_qp(qp),
+            QpType::Uc | QpType::Ud => {
+                qp.attr.qp_state = QpState::Sqe;
+                qp.attr.cur_qp_state = QpState::Sqe;
+                qp.req.next_psn = resume_psn;
+                self.flush_sq(qp);
+            }
+        }
     }
 }
