@@ -153,9 +153,21 @@ const MSG_LEN: usize = 304;
 const MAX_GIDS: usize = 16;
 /// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
 /// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
-/// per slot, 16-byte slot headers).
-const HELLO: &[u8; 8] = b"SVSHMHI4";
-const ANSWER: &[u8; 8] = b"SVSHMOK4";
+/// per slot, 16-byte slot headers). 5: doorbells are unix datagram
+/// sockets (an eventfd could block the peer that rings it).
+const HELLO: &[u8; 8] = b"SVSHMHI5";
+const ANSWER: &[u8; 8] = b"SVSHMOK5";
+/// How long an accepted rendezvous connection may take to send its hello
+/// (a connector sends it right after connecting) before it is dropped
+/// (`shm_hello_timeouts`).
+pub const HELLO_NS: Nanos = 1_000_000_000;
+/// Connections a slow path accepts at most (the rest wait in the
+/// listener's backlog for the next one).
+const ACCEPTS_PER_TURN: usize = 8;
+/// Hellos a slow path reads and checks at most.
+const HELLOS_PER_TURN: usize = 4;
+/// Rings a receive turn takes from the doorbell at most.
+const DRAIN_MAX: usize = 64;
 /// Offset of the capability word (u32, little-endian) in a hello or an
 /// answer, after the GIDs.
 const OFF_CAPS: usize = 284;
@@ -235,6 +247,18 @@ struct Stats {
     tx_trains_cma: AtomicU64,
     rx_trains_cma: AtomicU64,
     cma_probe_failed: AtomicU64,
+    /// Accepted connections dropped for sending no hello in [`HELLO_NS`].
+    hello_timeouts: AtomicU64,
+    /// Accepted connections dropped unheard because
+    /// [`ShmLimits::max_pending_hellos`] newer ones waited.
+    hellos_dropped: AtomicU64,
+    /// Hellos and answers refused for a GID the peer could not prove.
+    refused_gid: AtomicU64,
+    /// Hellos and answers refused for a doorbell that is not a unix
+    /// datagram socket.
+    refused_doorbell: AtomicU64,
+    /// Doorbell rings that found the peer's doorbell full.
+    doorbells_full: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -272,11 +296,199 @@ struct RxSide {
 }
 
 /// The receiver's table of the peer's mapped buffers.
-type TokenMaps = HashMap<u64, MmapRaw, super::iphash::IpHash>;
+type TokenMaps = HashMap<u64, Mapped, super::iphash::IpHash>;
+
+/// A buffer of the peer mapped here, and its share of the device's
+/// [`ShmLimits`] (given back when it is unmapped).
+#[derive(Debug)]
+struct Mapped {
+    map: MmapRaw,
+    _charge: Charge,
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = MmapRaw;
+    fn deref(&self) -> &MmapRaw {
+        &self.map
+    }
+}
+
+/// Limits of one device's shared-memory link: what peers on this host can
+/// make it hold. A peer beyond them is refused (counted in
+/// `shm_refused_limit`, and a line on standard error at most once a
+/// second): a hello beyond [`max_channels`](Self::max_channels) gets no
+/// channel, a buffer export beyond [`max_mapped_bytes`](Self::max_mapped_bytes)
+/// or [`max_mapped_exports`](Self::max_mapped_exports) ends the channel
+/// that sent it (its destinations go back to UDP, or wait for a channel
+/// in [`ShmMode::Only`]).
+///
+/// Set with [`ShmLink::set_limits`], or when a link is made from
+/// [`LIMITS_ENV`]. What they bound: each channel holds four descriptors
+/// and maps its region ([`ring::REGION_LEN`], about 4.5 MiB, prefaulted:
+/// the ring's first lap would otherwise take a page fault per slot on
+/// both sides); a mapped buffer holds address space only (mapped lazily,
+/// never prefaulted: the engine touches only the pages it copies) and no
+/// descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmLimits {
+    /// Channels (being set up, up, or closing) at most.
+    pub max_channels: usize,
+    /// Bytes of address space mapped at most: channel regions and the
+    /// buffers peers exported for trains.
+    pub max_mapped_bytes: u64,
+    /// Buffers exported by peers mapped at most, over all channels (a
+    /// channel maps at most twice [`EXPORT_MAX`] anyway).
+    pub max_mapped_exports: usize,
+    /// Accepted connections that have not sent their hello yet, at most;
+    /// a new one pushes out the oldest (`shm_hellos_dropped`).
+    pub max_pending_hellos: usize,
+}
+
+impl Default for ShmLimits {
+    /// 64 channels, 1 TiB mapped, 4096 mapped buffers, 32 pending hellos:
+    /// room for many busy peers, far from what a process can hold (about
+    /// 300 MiB of regions, 300 descriptors).
+    fn default() -> ShmLimits {
+        ShmLimits {
+            max_channels: 64,
+            max_mapped_bytes: 1 << 40,
+            max_mapped_exports: 4096,
+            max_pending_hellos: 32,
+        }
+    }
+}
+
+impl ShmLimits {
+    /// Parses `channels=N,mapped=BYTES,exports=N,hellos=N` (any subset,
+    /// in any order; `BYTES` may end in `K`, `M`, `G` or `T`, powers of
+    /// 1024) over these limits.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the item that is not `key=number` with a known
+    /// key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use softverbs::soft::link::shm::ShmLimits;
+    ///
+    /// let l = ShmLimits::default().parse("channels=8,mapped=16G")?;
+    /// assert_eq!((l.max_channels, l.max_mapped_bytes), (8, 16 << 30));
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn parse(mut self, spec: &str) -> Result<ShmLimits, String> {
+        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad = || format!("shared-memory limit '{item}': expected channels|mapped|exports|hellos=NUMBER");
+            let (key, value) = item.split_once('=').ok_or_else(bad)?;
+            let value = value.trim();
+            let (digits, shift) = match value.char_indices().last() {
+                Some((i, 'K' | 'k')) => (&value[..i], 10),
+                Some((i, 'M' | 'm')) => (&value[..i], 20),
+                Some((i, 'G' | 'g')) => (&value[..i], 30),
+                Some((i, 'T' | 't')) => (&value[..i], 40),
+                _ => (value, 0),
+            };
+            let n = digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(1u64 << shift))
+                .ok_or_else(bad)?;
+            let count = || usize::try_from(n).map_err(|_| bad());
+            match key.trim() {
+                "channels" => self.max_channels = count()?,
+                "mapped" => self.max_mapped_bytes = n,
+                "exports" => self.max_mapped_exports = count()?,
+                "hellos" => self.max_pending_hellos = count()?,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Environment variable: limits a link made from then on takes
+/// ([`ShmLimits::parse`] over the defaults), e.g.
+/// `SOFTVERBS_SHM_LIMITS=channels=16,mapped=64G`. Malformed: the
+/// defaults, and a line on standard error.
+pub const LIMITS_ENV: &str = "SOFTVERBS_SHM_LIMITS";
+
+/// What a device's channels hold against its [`ShmLimits`], shared by the
+/// link and its channels (which charge it for what they map).
+#[derive(Debug)]
+struct Budget {
+    limits: Mutex<ShmLimits>,
+    mapped_bytes: AtomicU64,
+    mapped_exports: AtomicU64,
+    /// Peers refused for a limit.
+    refused: AtomicU64,
+    /// When the last refusal was logged ([`process_now`]; 0: never).
+    logged: AtomicU64,
+    /// The device, for the log line (its first GID).
+    label: String,
+}
+
+/// A share of a [`Budget`], given back when dropped.
+#[derive(Debug)]
+struct Charge {
+    budget: Arc<Budget>,
+    bytes: u64,
+    exports: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.mapped_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.budget.mapped_exports.fetch_sub(self.exports, Ordering::Relaxed);
+    }
+}
+
+impl Budget {
+    fn limits(&self) -> ShmLimits {
+        *lock(&self.limits)
+    }
+
+    /// Takes `bytes` of mapped memory and `exports` mapped buffers if the
+    /// limits allow both (`None`: they do not; nothing taken).
+    fn charge(self: &Arc<Self>, bytes: u64, exports: u64) -> Option<Charge> {
+        let l = self.limits();
+        let b = self.mapped_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let e = self.mapped_exports.fetch_add(exports, Ordering::Relaxed);
+        let charge = Charge {
+            budget: self.clone(),
+            bytes,
+            exports,
+        };
+        let fits = b.checked_add(bytes).is_some_and(|t| t <= l.max_mapped_bytes)
+            && e.saturating_add(exports) <= l.max_mapped_exports as u64;
+        // Dropping the charge gives it back.
+        fits.then_some(charge)
+    }
+
+    /// Counts a peer refused for a limit and says `what` on standard
+    /// error, in one line at most once a second.
+    fn refuse(&self, what: String) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = process_now().max(1);
+        let last = self.logged.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
+            && self
+                .logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            eprintln!(
+                "softverbs: shared-memory link of {}: {what} (shm_refused_limit {n}; raise with {LIMITS_ENV} or ShmLink::set_limits)",
+                self.label
+            );
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Peer {
     gids: Vec<IpAddr>,
+    /// Our socket connected to the peer's doorbell (`sys::bell_to`).
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,
@@ -315,12 +527,22 @@ struct Channel {
     /// The peer verified it can read this process's memory: trains may
     /// carry process-memory pieces.
     cma_tx: AtomicBool,
+    /// The device's budget, charged for the peer's buffers mapped here.
+    budget: Arc<Budget>,
+    /// The region's share of it.
+    _region_charge: Charge,
+    /// The GID a connector opened the channel to (proven by the
+    /// connection: the peer listens on its name).
+    target: Option<IpAddr>,
 }
 
 impl Channel {
-    fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool) -> Channel {
+    fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool, charge: Charge) -> Channel {
         let (tx_ring, rx_ring) = Channel::rings(connector);
         Channel {
+            budget: charge.budget.clone(),
+            _region_charge: charge,
+            target: None,
             stream,
             region,
             connector,
@@ -484,7 +706,10 @@ pub struct ShmLink {
     gids: Vec<Gid>,
     ips: Vec<IpAddr>,
     listeners: Mutex<Vec<UnixListener>>,
-    listener_fds: Vec<RawFd>,
+    /// An epoll descriptor holding the listeners and the connections
+    /// waiting for their hello, in the poll set: a hello that arrives
+    /// after its connection was accepted wakes a sleeping reader.
+    rendezvous: OwnedFd,
     doorbell: OwnedFd,
     routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
     /// This link among all, and the version of `routes` (bumped by every
@@ -509,6 +734,13 @@ pub struct ShmLink {
     /// channel allows it (see [`ShmLink::set_force_cma`]).
     force_cma: AtomicBool,
     last_prune: AtomicU64,
+    /// Accepted connections waiting for their hello (`shm/hello.rs`).
+    hellos: Mutex<VecDeque<hello::Pending>>,
+    /// The last slow path left rendezvous work for the next (its bounds
+    /// were reached): do not sleep. The epoll in the poll set would not
+    /// wake the reader for what was already there.
+    rendezvous_more: AtomicBool,
+    budget: Arc<Budget>,
     stats: Stats,
 }
 
@@ -529,15 +761,33 @@ impl ShmLink {
             l.set_nonblocking(true)?;
             listeners.push(l);
         }
-        let listener_fds = listeners.iter().map(|l| l.as_raw_fd()).collect();
+        let rendezvous = sys::epoll()?;
+        for l in &listeners {
+            sys::epoll_add(rendezvous.as_raw_fd(), l.as_raw_fd())?;
+        }
+        let mut limits = ShmLimits::default();
+        if let Some(spec) = std::env::var_os(LIMITS_ENV) {
+            match limits.parse(&spec.to_string_lossy()) {
+                Ok(l) => limits = l,
+                Err(e) => eprintln!("softverbs: {LIMITS_ENV}: {e}; using the defaults"),
+            }
+        }
+        let budget = Arc::new(Budget {
+            limits: Mutex::new(limits),
+            mapped_bytes: AtomicU64::new(0),
+            mapped_exports: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+            label: gids.first().map_or_else(String::new, |g| g.to_string()),
+        });
         Ok(Arc::new(ShmLink {
             ips: gids.iter().map(|g| g.to_ip()).collect(),
             gids,
             udp,
             mode,
             listeners: Mutex::new(listeners),
-            listener_fds,
-            doorbell: sys::eventfd()?,
+            rendezvous,
+            doorbell: sys::bell()?,
             routes: RwLock::new(HashMap::default()),
             link_id: send::next_link_id(),
             route_version: AtomicU64::new(0),
@@ -552,6 +802,9 @@ impl ShmLink {
             offer_trains: AtomicBool::new(std::env::var_os(TRAINS_ENV).is_none_or(|v| v != "0")),
             force_cma: AtomicBool::new(std::env::var_os(FORCE_CMA_ENV).is_some_and(|v| !v.is_empty() && v != "0")),
             last_prune: AtomicU64::new(0),
+            hellos: Mutex::new(VecDeque::new()),
+            rendezvous_more: AtomicBool::new(false),
+            budget,
             stats: Stats::default(),
         }))
     }
@@ -581,6 +834,17 @@ impl ShmLink {
     /// where the peer verified it can read this process.
     pub fn set_force_cma(&self, on: bool) {
         self.force_cma.store(on, Ordering::Relaxed);
+    }
+
+    /// Sets the limits on what peers can make this device hold (see
+    /// [`ShmLimits`]); they apply to what is set up or mapped from now on.
+    pub fn set_limits(&self, limits: ShmLimits) {
+        *lock(&self.budget.limits) = limits;
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> ShmLimits {
+        self.budget.limits()
     }
 
     /// Whether a shared-memory channel to `gid` is up.
@@ -710,23 +974,46 @@ impl ShmLink {
         self.last_slow.store(now, Ordering::Relaxed);
         let chans: Vec<Arc<Channel>> = self.chans_r().clone();
         let streams: Vec<RawFd> = chans.iter().map(|c| c.stream.as_raw_fd()).collect();
-        let mut accepted = Vec::new();
+        let accepted;
         let ready;
         {
-            // One `poll` tells which listeners have a connection waiting
-            // and which peers hung up: a busy receiver runs this path
-            // thousands of times a second, and an `accept` that finds
-            // nothing cost as much as the `poll`.
+            // One `poll` tells which listeners have a connection waiting,
+            // which peers hung up and which half-open connections sent
+            // their hello: a busy receiver runs this path thousands of
+            // times a second, and an `accept` that finds nothing cost as
+            // much as the `poll`. Nothing here waits, and the work is
+            // bounded ([`ACCEPTS_PER_TURN`], [`HELLOS_PER_TURN`]): the
+            // receive turn that runs it is the data path.
             let listeners = lock(&self.listeners);
+            let mut hellos = lock(&self.hellos);
             let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
-            ready = sys::readiness(&fds, &streams);
+            ready = sys::readiness(&fds, &streams, &[]);
+            let mut accepts = ACCEPTS_PER_TURN;
+            let mut more = false;
             for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
-                while let Ok((s, _)) = l.accept() {
-                    match self.accept_one(s) {
-                        Ok(c) => accepted.push(c),
-                        Err(_) => bump(&self.stats.refused),
+                loop {
+                    if accepts == 0 {
+                        more = true;
+                        break;
                     }
+                    let Ok((s, _)) = l.accept() else { break };
+                    accepts -= 1;
+                    self.admit(&mut hellos, s, now);
                 }
+            }
+            // A connector sends its hello right after connecting: it is
+            // usually there as soon as the connection is accepted (a
+            // second `poll`, only while connections wait for a hello).
+            accepted = if hellos.is_empty() {
+                Vec::new()
+            } else {
+                let waiting: Vec<RawFd> = hellos.iter().map(|p| p.stream.as_raw_fd()).collect();
+                let heard = sys::readiness(&[], &[], &waiting).hellos;
+                more |= heard.iter().filter(|h| **h).count() > HELLOS_PER_TURN;
+                self.hello_turn(&mut hellos, &heard, now)
+            };
+            if self.rendezvous_more.load(Ordering::Relaxed) != more {
+                self.rendezvous_more.store(more, Ordering::Relaxed);
             }
         }
         for c in accepted {
@@ -856,6 +1143,14 @@ impl ShmLink {
             ("shm_tx_trains_cma", g(&s.tx_trains_cma)),
             ("shm_rx_trains_cma", g(&s.rx_trains_cma)),
             ("shm_cma_probe_failed", g(&s.cma_probe_failed)),
+            ("shm_hello_timeouts", g(&s.hello_timeouts)),
+            ("shm_hellos_dropped", g(&s.hellos_dropped)),
+            ("shm_refused_gid", g(&s.refused_gid)),
+            ("shm_refused_doorbell", g(&s.refused_doorbell)),
+            ("shm_refused_limit", g(&self.budget.refused)),
+            ("shm_doorbells_full", g(&s.doorbells_full)),
+            ("shm_mapped_bytes", g(&self.budget.mapped_bytes)),
+            ("shm_mapped_exports", g(&self.budget.mapped_exports)),
         ]
     }
 }
@@ -907,7 +1202,7 @@ impl Link for ShmLink {
     fn prepare_sleep(&self) -> bool {
         // The wake-up that ends the sleep is a `woken`.
         self.woken();
-        let mut ok = true;
+        let mut ok = !self.rendezvous_more.load(Ordering::Relaxed);
         for c in self.chans_r().iter() {
             if c.state() == UP && c.peer.get().is_some() {
                 let mut rx = lock(&c.rx);
@@ -921,7 +1216,7 @@ impl Link for ShmLink {
 
     fn poll_fds(&self) -> Vec<RawFd> {
         let mut fds = self.udp.poll_fds();
-        fds.extend_from_slice(&self.listener_fds);
+        fds.push(self.rendezvous.as_raw_fd());
         fds.push(self.doorbell.as_raw_fd());
         fds
     }
@@ -978,6 +1273,7 @@ impl Link for ShmLink {
         // then and the peers see it), so that what the device sends while
         // it goes still arrives.
         lock(&self.listeners).clear();
+        lock(&self.hellos).clear();
         self.udp.detach(dev);
     }
 

@@ -46,22 +46,33 @@
 //! A lying peer gains nothing: its probe can only make us read its own
 //! memory, which the kernel enforces for every later read too.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::ring::{self, Region};
 use super::{
     bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
-    CAP_TRAINS, CAP_TRAINS1, HELLO, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE, UP,
+    CAP_TRAINS, CAP_TRAINS1, DEAD, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE,
+    UP,
 };
 use crate::soft::engine::process_now;
 use crate::soft::proto::Nanos;
 use crate::verbs::{Gid, MappedPiece};
+
+/// An accepted rendezvous connection waiting for its hello.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) stream: UnixStream,
+    /// The connector's process (`SO_PEERCRED`).
+    pid: u32,
+    /// When it was accepted.
+    since: Nanos,
+}
 
 /// The word of this process's memory peers read to verify that they may
 /// read this process's memory; non-zero once set.
@@ -160,14 +171,29 @@ impl ShmLink {
     }
 
     /// Connects to the device owning `gid` and sends the hello; the
-    /// channel is pending until the answer.
+    /// channel is pending until the answer. Never waits: a listener whose
+    /// backlog is full is as good as none.
     pub(super) fn connect_to(&self, gid: Gid) -> io::Result<Arc<Channel>> {
-        let addr = UnixAddr::from_abstract_name(rendezvous_name(gid).as_bytes())?;
-        let stream = UnixStream::connect_addr(&addr)?;
+        // Only a device of this host can answer, and its GIDs are
+        // addresses of this host: for any other GID, whoever listens on
+        // its name here is not the device that owns it.
+        if !self.udp.endpoint_of(gid).is_some_and(|ep| sys::is_local(ep.ip())) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "not an address of this host"));
+        }
+        let limits = self.budget.limits();
+        if self.chans_r().len() >= limits.max_channels {
+            self.budget.refuse(format!(
+                "no channel to {gid}: {} channels open (max_channels)",
+                limits.max_channels
+            ));
+            return Err(io::Error::other("channel limit"));
+        }
+        let stream = sys::connect_abstract(rendezvous_name(gid).as_bytes())?;
         let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
         if uid != sys::euid() {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
         }
+        let charge = self.charge_region(format_args!("GID {gid}"))?;
         let region = Region::create()?;
         let caps = self.offer_caps();
         let msg = self.hello(HELLO, gid, caps);
@@ -176,29 +202,117 @@ impl ShmLink {
             &msg,
             &[region.file().as_raw_fd(), self.doorbell.as_raw_fd()],
         )?;
-        stream.set_nonblocking(true)?;
-        Ok(Arc::new(Channel::new(
-            stream,
-            region,
-            true,
-            pid,
-            caps & CAP_TRAINS != 0,
-        )))
+        Ok(Arc::new(Channel {
+            target: Some(gid.to_ip()),
+            ..Channel::new(stream, region, true, pid, caps & CAP_TRAINS != 0, charge)
+        }))
     }
 
-    /// Accepts one connection: checks and maps the region, answers.
-    pub(super) fn accept_one(&self, stream: UnixStream) -> io::Result<Arc<Channel>> {
-        let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
-        if uid != sys::euid() {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
+    /// A channel region's share of the budget, or the refusal (counted
+    /// and logged) of the channel to `peer`.
+    fn charge_region(&self, peer: std::fmt::Arguments<'_>) -> io::Result<super::Charge> {
+        self.budget.charge(ring::REGION_LEN as u64, 0).ok_or_else(|| {
+            let limit = self.budget.limits().max_mapped_bytes;
+            self.budget.refuse(format!(
+                "no channel with {peer}: {limit} bytes mapped (max_mapped_bytes)"
+            ));
+            io::Error::other("mapped-bytes limit")
+        })
+    }
+
+    /// Takes a connection accepted on a rendezvous socket into the list of
+    /// those waiting for their hello, unless its process runs under
+    /// another uid. A full list drops its oldest entry (counted).
+    pub(super) fn admit(&self, hellos: &mut VecDeque<Pending>, stream: UnixStream, now: Nanos) {
+        match sys::peer_cred(stream.as_raw_fd()) {
+            Ok((pid, uid))
+                if uid == sys::euid()
+                    && stream.set_nonblocking(true).is_ok()
+                    && sys::epoll_add(self.rendezvous.as_raw_fd(), stream.as_raw_fd()).is_ok() =>
+            {
+                let max = self.budget.limits().max_pending_hellos.max(1);
+                while hellos.len() >= max {
+                    // Closing it takes it out of the epoll.
+                    hellos.pop_front();
+                    bump(&self.stats.hellos_dropped);
+                }
+                hellos.push_back(Pending {
+                    stream,
+                    pid,
+                    since: now,
+                });
+            }
+            _ => bump(&self.stats.refused),
         }
+    }
+
+    /// Reads the hellos that arrived (`ready`, per entry of `hellos`, from
+    /// the slow path's poll), at most [`HELLOS_PER_TURN`], and drops the
+    /// connections that stayed silent past [`HELLO_NS`]. Returns the
+    /// channels accepted. Nothing here waits.
+    pub(super) fn hello_turn(&self, hellos: &mut VecDeque<Pending>, ready: &[bool], now: Nanos) -> Vec<Arc<Channel>> {
+        let mut accepted = Vec::new();
+        let mut budget = HELLOS_PER_TURN;
+        let mut keep = VecDeque::with_capacity(hellos.len());
+        for (i, p) in std::mem::take(hellos).into_iter().enumerate() {
+            if budget > 0 && ready.get(i).copied().unwrap_or(false) {
+                budget -= 1;
+                // A channel keeps the stream: it must not wake us any more.
+                sys::epoll_del(self.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
+                match self.accept_one(p, now, accepted.len()) {
+                    Ok(Some(c)) => accepted.push(c),
+                    // Closed without a word: a device proving our GIDs
+                    // (`prove_gids`), or a process that changed its mind.
+                    Ok(None) => {}
+                    Err(_) => bump(&self.stats.refused),
+                }
+            } else if now.saturating_sub(p.since) > HELLO_NS {
+                bump(&self.stats.hello_timeouts);
+            } else {
+                keep.push_back(p);
+            }
+        }
+        *hellos = keep;
+        accepted
+    }
+
+    /// Whether the process `pid` owns each GID of `gids` but `except` (an
+    /// address already proven), and no other path reaches it: see "Trust"
+    /// in the parent module. Counts a refusal.
+    fn prove_gids(&self, gids: &[IpAddr], pid: u32, except: Option<IpAddr>, now: Nanos) -> bool {
+        let ok = gids.iter().filter(|ip| Some(**ip) != except).all(|ip| {
+            let gid = Gid::from_ip(*ip);
+            let elsewhere = {
+                let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+                match routes.get(ip) {
+                    Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
+                    Some(Route::Udp(until)) => now < *until,
+                    None => false,
+                }
+            };
+            !elsewhere
+                && self.udp.endpoint_of(gid).is_some_and(|ep| sys::is_local(ep.ip()))
+                && sys::connect_abstract(rendezvous_name(gid).as_bytes())
+                    .and_then(|s| sys::peer_cred(s.as_raw_fd()))
+                    .is_ok_and(|(owner, _)| owner == pid)
+        });
+        if !ok {
+            bump(&self.stats.refused_gid);
+        }
+        ok
+    }
+
+    /// Finishes an accepted connection whose hello arrived: checks it,
+    /// maps the region, answers. `Ok(None)`: the connection closed
+    /// without a word. `opened`: channels accepted in this turn so far.
+    fn accept_one(&self, p: Pending, now: Nanos, opened: usize) -> io::Result<Option<Arc<Channel>>> {
+        let Pending { stream, pid, .. } = p;
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        // The connector sends its hello right after connecting.
-        if !sys::wait_readable(stream.as_raw_fd(), 50) {
-            return Err(bad("no hello"));
-        }
         let mut m = [0u8; MSG_LEN];
         let (n, mut fds) = sys::recv_fds(stream.as_raw_fd(), &mut m, 2)?;
+        if n == 0 && fds.is_empty() {
+            return Ok(None);
+        }
         if n != MSG_LEN || &m[..8] != HELLO || fds.len() != 2 {
             return Err(bad("malformed hello"));
         }
@@ -211,19 +325,31 @@ impl ShmLink {
         if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
             return Err(bad("hello without usable GIDs"));
         }
-        let doorbell = fds.pop().ok_or_else(|| bad("no doorbell"))?;
+        let doorbell = sys::bell_to(&fds[1]).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
+        if !self.prove_gids(&gids, pid, None, now) {
+            return Err(bad("hello claims GIDs its process does not own"));
+        }
+        let limits = self.budget.limits();
+        if self.chans_r().len() + opened >= limits.max_channels {
+            self.budget.refuse(format!(
+                "no channel with pid {pid}: {} channels open (max_channels)",
+                limits.max_channels
+            ));
+            return Err(io::Error::other("channel limit"));
+        }
+        let charge = self.charge_region(format_args!("pid {pid}"))?;
+        fds.truncate(1);
         let file = std::fs::File::from(fds.pop().ok_or_else(|| bad("no region"))?);
         let region = Region::open(file)?;
         let mut caps = self.offer_caps();
         let offer = caps & CAP_TRAINS != 0;
-        let c = Channel::new(stream, region, false, pid, offer);
+        let c = Channel::new(stream, region, false, pid, offer, charge);
         if self.verify_cma(&c, &m) {
             c.cma_rx.store(true, Ordering::Relaxed);
             caps |= CAP_CMA_READ;
         }
         let answer = self.hello(ANSWER, Gid(target), caps);
         sys::send_fds(c.stream.as_raw_fd(), &answer, &[self.doorbell.as_raw_fd()])?;
-        c.stream.set_nonblocking(true)?;
         let c = Arc::new(c);
         let trains = offer && Self::parse_caps(&m) & CAP_TRAINS != 0;
         let one_packet = trains && Self::parse_caps(&m) & CAP_TRAINS1 != 0;
@@ -236,9 +362,11 @@ impl ShmLink {
         c.state.store(UP, Ordering::Release);
         // The connector may sleep: wake it to read the answer.
         if let Some(p) = c.peer.get() {
-            sys::ring(p.doorbell.as_raw_fd());
+            if !sys::ring(p.doorbell.as_raw_fd()) {
+                bump(&self.stats.doorbells_full);
+            }
         }
-        Ok(c)
+        Ok(Some(c))
     }
 
     /// Maps the peer GIDs of an up channel to it (unless another up
@@ -258,14 +386,23 @@ impl ShmLink {
     pub(super) fn poll_answer(&self, c: &Arc<Channel>, now: Nanos) {
         let mut m = [0u8; MSG_LEN];
         match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
-            Ok((MSG_LEN, mut fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
+            Ok((MSG_LEN, fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
                 let gids = Self::parse_gids(&m);
-                let Some(doorbell) = fds.pop() else { return };
-                if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
+                let usable = !gids.is_empty() && !gids.iter().any(|ip| self.ips.contains(ip));
+                // The GID we connected to is proven by the connection
+                // (its name's listener is the peer); the others must be.
+                let doorbell = match sys::bell_to(&fds[0]) {
+                    Ok(d) => Some(d),
+                    Err(_) => {
+                        bump(&self.stats.refused_doorbell);
+                        None
+                    }
+                };
+                let Some(doorbell) = doorbell.filter(|_| usable && self.prove_gids(&gids, c.pid, c.target, now)) else {
                     bump(&self.stats.refused);
                     c.kill();
                     return;
-                }
+                };
                 let caps = Self::parse_caps(&m);
                 let trains = c.offered && caps & CAP_TRAINS != 0;
                 if trains && caps & CAP_CMA_READ != 0 {

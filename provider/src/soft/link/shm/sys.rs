@@ -1,5 +1,5 @@
-//! System calls of the shared-memory link: memfd and seals, eventfd
-//! doorbells, descriptor passing (SCM_RIGHTS), peer credentials, pidfds
+//! System calls of the shared-memory link: memfd and seals, datagram
+//! socket doorbells, descriptor passing (SCM_RIGHTS), peer credentials, pidfds
 //! and hang-up detection.
 
 use std::fs::File;
@@ -38,27 +38,157 @@ pub(super) fn seals(f: &File) -> io::Result<libc::c_int> {
     cvt(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GET_SEALS) })
 }
 
-/// A non-blocking eventfd.
-pub(super) fn eventfd() -> io::Result<OwnedFd> {
+/// A doorbell: a non-blocking unix datagram socket bound to an
+/// automatic abstract name (the kernel picks one no other socket has).
+/// Its owner polls it; peers ring it from sockets of their own
+/// ([`bell_to`], [`ring`]).
+pub(super) fn bell() -> io::Result<OwnedFd> {
+    let fd = unix_socket(libc::SOCK_DGRAM)?;
+    // SAFETY: an all-zero sockaddr_un is valid; binding with only the
+    // family asks the kernel for an automatic abstract name.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let len = std::mem::size_of::<libc::sa_family_t>() as libc::socklen_t;
+    // SAFETY: `addr` is a live sockaddr_un and `len` does not exceed it.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(fd)
+}
+
+/// A new non-blocking, close-on-exec unix socket of type `ty`.
+fn unix_socket(ty: libc::c_int) -> io::Result<OwnedFd> {
     // SAFETY: plain system call; the descriptor is new and owned here.
-    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    let fd = cvt(unsafe { libc::socket(libc::AF_UNIX, ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: `fd` was just created and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Adds one to an eventfd (wakes its reader). Errors (a full counter)
-/// are harmless: the reader is awake then anyway.
-pub(super) fn ring(fd: RawFd) {
-    let one: u64 = 1;
-    // SAFETY: writes the 8 bytes of a live u64.
-    let _ = unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+fn sock_opt(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into a live c_int.
+    cvt(unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, opt, (&mut v as *mut libc::c_int).cast(), &mut len) })?;
+    Ok(v)
 }
 
-/// Resets an eventfd (non-blocking).
-pub(super) fn drain(fd: RawFd) {
-    let mut v: u64 = 0;
-    // SAFETY: reads at most 8 bytes into a live u64.
-    let _ = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+/// Checks that `peer_bell`, a descriptor a peer passed as its doorbell,
+/// is a unix datagram socket bound to an abstract name, and returns a
+/// socket of our own connected to that name, to ring the peer with.
+///
+/// The peer's descriptor is never written: it shares its file
+/// description with the peer, which could make it blocking at any time
+/// (`O_NONBLOCK` lives in the description), and an eventfd, the
+/// doorbell of earlier versions, blocks a writer whose counter the
+/// owner filled. Our socket's description is ours alone, and [`ring`]
+/// sends with `MSG_DONTWAIT`, which cannot block whatever the flags.
+///
+/// # Errors
+///
+/// `InvalidData` for anything else (a pipe, an eventfd, a stream socket,
+/// an unnamed or path-named socket); socket errors.
+pub(super) fn bell_to(peer_bell: &OwnedFd) -> io::Result<OwnedFd> {
+    let bad = || io::Error::new(io::ErrorKind::InvalidData, "doorbell is not a unix datagram socket");
+    let fd = peer_bell.as_raw_fd();
+    // SO_DOMAIN fails with ENOTSOCK for anything but a socket.
+    if sock_opt(fd, libc::SO_DOMAIN).map_err(|_| bad())? != libc::AF_UNIX
+        || sock_opt(fd, libc::SO_TYPE)? != libc::SOCK_DGRAM
+    {
+        return Err(bad());
+    }
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into a live sockaddr_un.
+    cvt(unsafe { libc::getsockname(fd, (&mut addr as *mut libc::sockaddr_un).cast(), &mut len) })?;
+    let family = std::mem::size_of::<libc::sa_family_t>();
+    // An abstract name: a NUL, then at least one byte.
+    if (len as usize) <= family + 1 || addr.sun_path[0] != 0 {
+        return Err(bad());
+    }
+    let ours = unix_socket(libc::SOCK_DGRAM)?;
+    // SAFETY: `addr` and `len` are what getsockname wrote (len bounded by
+    // the size of `addr`).
+    cvt(unsafe { libc::connect(ours.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(ours)
+}
+
+/// A new epoll descriptor (close-on-exec).
+pub(super) fn epoll() -> io::Result<OwnedFd> {
+    // SAFETY: plain system call; the descriptor is new and owned here.
+    let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: `fd` was just created and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds `fd` to epoll `ep`, level-triggered, for input and hang-ups: the
+/// epoll descriptor is readable while `fd` is.
+pub(super) fn epoll_add(ep: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+        u64: fd as u64,
+    };
+    // SAFETY: a live epoll_event; both descriptors are the caller's.
+    cvt(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+    Ok(())
+}
+
+/// Removes `fd` from epoll `ep` (closing it would too, but a descriptor
+/// that lives on must not wake the epoll's owner).
+pub(super) fn epoll_del(ep: RawFd, fd: RawFd) {
+    let mut ev = libc::epoll_event { events: 0, u64: 0 };
+    // SAFETY: a live epoll_event (ignored by DEL on current kernels).
+    let _ = unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+}
+
+/// Connects to the abstract unix stream name `name` without waiting: a
+/// listener whose backlog is full (one that never accepts) gives
+/// `WouldBlock` instead of holding the caller.
+pub(super) fn connect_abstract(name: &[u8]) -> io::Result<std::os::unix::net::UnixStream> {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path[1..].iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+    let fd = unix_socket(libc::SOCK_STREAM)?;
+    // SAFETY: `addr` is a live sockaddr_un, `len` within it.
+    cvt(unsafe { libc::connect(fd.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
+
+/// Rings a doorbell through our socket connected to it ([`bell_to`]):
+/// one byte, `MSG_DONTWAIT`, so it never blocks. Returns whether the byte
+/// went; a full doorbell (`EAGAIN`) means its owner has wake-ups waiting
+/// (it is awake, or will be when it polls) or is dead.
+pub(super) fn ring(fd: RawFd) -> bool {
+    let b = [1u8];
+    // SAFETY: sends one byte from a live buffer.
+    unsafe { libc::send(fd, b.as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) == 1 }
+}
+
+/// Empties our doorbell (non-blocking): reads the waiting rings, at most
+/// `max` of them (a peer ringing in a loop cannot keep the caller here;
+/// a left-over ring only makes the next sleep end at once).
+pub(super) fn drain(fd: RawFd, max: usize) {
+    let mut b = [0u8; 8];
+    for _ in 0..max {
+        // SAFETY: receives at most 8 bytes into a live buffer.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            break;
+        }
+    }
+}
+
+/// Whether `ip` is an address of this host (of this network namespace):
+/// whether a socket can be bound to it, which is the kernel's own test
+/// (all of `127.0.0.0/8` is local, for instance). A host set to bind
+/// non-local addresses (`net.ipv4.ip_nonlocal_bind`) passes everything.
+pub(super) fn is_local(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 /// Sends `data` and the descriptors `fds` on a unix stream socket.
@@ -167,32 +297,29 @@ pub(super) fn euid() -> u32 {
 }
 
 /// What one look at the slow path's descriptors found: which listeners
-/// have a connection waiting, which streams' peers closed or failed.
+/// have a connection waiting, which streams' peers closed or failed,
+/// which half-open rendezvous connections have something to read (a
+/// hello, or their end).
 pub(super) struct Readiness {
     pub(super) pending: Vec<bool>,
     pub(super) closed: Vec<bool>,
+    pub(super) hellos: Vec<bool>,
 }
 
-/// Polls listeners (for a waiting connection) and streams (for a peer
-/// that closed or failed) in one system call, without waiting: the slow
-/// path's look at the link's sockets, which used to cost an `accept` per
-/// listener and a `poll` per channel. A closed peer shows as
-/// `POLLRDHUP`, which the kernel reports even while data (descriptor
-/// messages) still waits in the socket, unlike a peek, which would see
-/// the data first; nothing is consumed.
-pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd]) -> Readiness {
+/// Polls listeners (for a waiting connection), streams (for a peer that
+/// closed or failed) and half-open connections (for their hello) in one
+/// system call, without waiting: the slow path's look at the link's
+/// sockets, which used to cost an `accept` per listener and a `poll` per
+/// channel. A closed peer shows as `POLLRDHUP`, which the kernel reports
+/// even while data (descriptor messages) still waits in the socket,
+/// unlike a peek, which would see the data first; nothing is consumed.
+pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd], hellos: &[RawFd]) -> Readiness {
+    let poll_fd = |events: libc::c_short| move |&fd: &RawFd| libc::pollfd { fd, events, revents: 0 };
     let mut fds: Vec<libc::pollfd> = listeners
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .chain(streams.iter().map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        }))
+        .map(poll_fd(libc::POLLIN))
+        .chain(streams.iter().map(poll_fd(libc::POLLRDHUP)))
+        .chain(hellos.iter().map(poll_fd(libc::POLLIN)))
         .collect();
     // SAFETY: `fds` is a live array of `fds.len()` pollfds; no waiting.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
@@ -202,7 +329,8 @@ pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd]) -> Readiness {
             p.revents = 0;
         }
     }
-    let (l, s) = fds.split_at(listeners.len());
+    let (l, rest) = fds.split_at(listeners.len());
+    let (s, h) = rest.split_at(streams.len());
     let hup = libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
     Readiness {
         pending: l
@@ -210,18 +338,8 @@ pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd]) -> Readiness {
             .map(|p| p.revents & (libc::POLLIN | libc::POLLERR) != 0)
             .collect(),
         closed: s.iter().map(|p| p.revents & hup != 0).collect(),
+        hellos: h.iter().map(|p| p.revents != 0).collect(),
     }
-}
-
-/// Waits up to `ms` milliseconds for `fd` to become readable.
-pub(super) fn wait_readable(fd: RawFd, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
 
 /// A pidfd for process `pid` (Linux 5.3+): it becomes readable when the

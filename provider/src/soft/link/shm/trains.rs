@@ -345,10 +345,25 @@ impl Channel {
             // Descriptors beyond the first are closed here.
             let fd = fds.into_iter().next();
             let full = maps.len() >= RX_MAPS_MAX && !maps.contains_key(&token);
-            match fd.filter(|_| !full).map(|fd| map_export(fd, len)) {
-                Some(Ok(map)) => {
+            // The device's limits (`ShmLimits`): beyond them the peer is
+            // refused like one whose buffer cannot be mapped.
+            let charge = fd.as_ref().filter(|_| !full).and_then(|_| {
+                let c = self.budget.charge(len, 1);
+                if c.is_none() {
+                    self.budget.refuse(format!(
+                        "ended the channel with pid {}: its buffer of {len} bytes is over the limits of mapped memory",
+                        self.pid
+                    ));
+                }
+                c
+            });
+            match charge
+                .and_then(|c| Some((fd?, c)))
+                .map(|(fd, c)| (map_export(fd, len), c))
+            {
+                Some((Ok(map), _charge)) => {
                     bump(&stats.rx_maps);
-                    maps.insert(token, map);
+                    maps.insert(token, super::Mapped { map, _charge });
                     if token == want {
                         return true;
                     }
