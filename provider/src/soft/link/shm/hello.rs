@@ -193,6 +193,15 @@ impl ShmLink {
         if uid != sys::euid() {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
         }
+        // Anyone of this uid can listen on a free name: the listener must
+        // be the device that receives the GID's datagrams.
+        if !self.owns_gid(pid, gid) {
+            bump(&self.stats.refused_gid);
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "listener does not own the GID",
+            ));
+        }
         let charge = self.charge_region(format_args!("GID {gid}"))?;
         let region = Region::create()?;
         let caps = self.offer_caps();
@@ -261,8 +270,7 @@ impl ShmLink {
                 sys::epoll_del(self.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
                 match self.accept_one(p, now, accepted.len()) {
                     Ok(Some(c)) => accepted.push(c),
-                    // Closed without a word: a device proving our GIDs
-                    // (`prove_gids`), or a process that changed its mind.
+                    // Closed without a word: nothing was asked.
                     Ok(None) => {}
                     Err(_) => bump(&self.stats.refused),
                 }
@@ -281,7 +289,6 @@ impl ShmLink {
     /// in the parent module. Counts a refusal.
     fn prove_gids(&self, gids: &[IpAddr], pid: u32, except: Option<IpAddr>, now: Nanos) -> bool {
         let ok = gids.iter().filter(|ip| Some(**ip) != except).all(|ip| {
-            let gid = Gid::from_ip(*ip);
             let elsewhere = {
                 let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
                 match routes.get(ip) {
@@ -290,16 +297,20 @@ impl ShmLink {
                     None => false,
                 }
             };
-            !elsewhere
-                && self.udp.endpoint_of(gid).is_some_and(|ep| sys::is_local(ep.ip()))
-                && sys::connect_abstract(rendezvous_name(gid).as_bytes())
-                    .and_then(|s| sys::peer_cred(s.as_raw_fd()))
-                    .is_ok_and(|(owner, _)| owner == pid)
+            !elsewhere && self.owns_gid(pid, Gid::from_ip(*ip))
         });
         if !ok {
             bump(&self.stats.refused_gid);
         }
         ok
+    }
+
+    /// Whether process `pid` owns `gid`: holds the UDP socket that
+    /// receives what is sent to it, on an address of this host.
+    pub(super) fn owns_gid(&self, pid: u32, gid: Gid) -> bool {
+        self.udp
+            .endpoint_of(gid)
+            .is_some_and(|ep| sys::is_local(ep.ip()) && sys::holds_udp(pid, ep))
     }
 
     /// Finishes an accepted connection whose hello arrived: checks it,
@@ -389,8 +400,8 @@ impl ShmLink {
             Ok((MSG_LEN, fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
                 let gids = Self::parse_gids(&m);
                 let usable = !gids.is_empty() && !gids.iter().any(|ip| self.ips.contains(ip));
-                // The GID we connected to is proven by the connection
-                // (its name's listener is the peer); the others must be.
+                // The GID we connected to was proven before the hello
+                // went (`connect_to`); the others must be now.
                 let doorbell = match sys::bell_to(&fds[0]) {
                     Ok(d) => Some(d),
                     Err(_) => {

@@ -342,6 +342,96 @@ pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd], hellos: &[RawFd]
     }
 }
 
+/// Descriptors of a process looked at, at most, to find its sockets:
+/// a peer with more is not believed (its GIDs stay unproven).
+const FD_SCAN_MAX: usize = 16_384;
+
+/// Whether process `pid` holds every UDP socket bound to `ep` on this
+/// host (network namespace), and there is one: the process receives
+/// what is sent to `ep`. Read from `/proc/net/udp{,6}` (sockets by local
+/// address, with their inode) and `/proc/<pid>/fd` (needs the access a
+/// same-uid, dumpable peer grants; otherwise `false`). A socket bound to
+/// the wildcard address on `ep`'s port counts as bound to `ep`.
+pub(super) fn holds_udp(pid: u32, ep: std::net::SocketAddr) -> bool {
+    let inodes = udp_inodes(ep);
+    if inodes.is_empty() || pid == 0 {
+        return false;
+    }
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let mut found = vec![false; inodes.len()];
+    for entry in dir.take(FD_SCAN_MAX).flatten() {
+        let Ok(link) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        let inode = link
+            .to_str()
+            .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
+        if let Some(k) = inode.and_then(|i| inodes.iter().position(|x| *x == i)) {
+            found[k] = true;
+            if found.iter().all(|f| *f) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// The inodes of the UDP sockets bound to `ep` (or to the wildcard
+/// address on its port), from `/proc/net/udp` and `/proc/net/udp6`.
+fn udp_inodes(ep: std::net::SocketAddr) -> Vec<u64> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let (v4, v6) = match ep.ip() {
+        IpAddr::V4(a) => (Some(a), a.to_ipv6_mapped()),
+        IpAddr::V6(a) => (a.to_ipv4_mapped(), a),
+    };
+    let mut out = Vec::new();
+    for (path, hex_len) in [("/proc/net/udp", 8), ("/proc/net/udp6", 32)] {
+        let Ok(table) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+                continue;
+            };
+            let Some((addr, port)) = local.split_once(':') else {
+                continue;
+            };
+            if addr.len() != hex_len || u16::from_str_radix(port, 16).ok() != Some(ep.port()) {
+                continue;
+            }
+            // The kernel prints each 32-bit word of the address as a
+            // number in host byte order.
+            let mut bytes = Vec::with_capacity(16);
+            for w in 0..hex_len / 8 {
+                match u32::from_str_radix(&addr[8 * w..8 * w + 8], 16) {
+                    Ok(x) => bytes.extend_from_slice(&x.to_ne_bytes()),
+                    Err(_) => break,
+                }
+            }
+            let matches = match bytes.len() {
+                4 => {
+                    let a = Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]);
+                    a.is_unspecified() || Some(a) == v4
+                }
+                16 => {
+                    let mut b = [0u8; 16];
+                    b.copy_from_slice(&bytes);
+                    let a = Ipv6Addr::from(b);
+                    a.is_unspecified() || a == v6
+                }
+                _ => false,
+            };
+            if let (true, Ok(i)) = (matches, inode.parse::<u64>()) {
+                out.push(i);
+            }
+        }
+    }
+    out
+}
+
 /// A pidfd for process `pid` (Linux 5.3+): it becomes readable when the
 /// process exits, whether or not its pid is reused afterwards.
 pub(super) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

@@ -822,15 +822,17 @@ fn drive_until_stat(l: &ShmLink, name: &str, n: u64) {
     assert_eq!(stat(l, name), n, "{:?}", l.shm_stats());
 }
 
-/// Plays the acceptor for `dst`: `l` sends it a datagram (and so its
-/// hello), which must be this version's; the answer goes back with
-/// `magic`. Returns the connection, to keep it open.
-fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> UnixStream {
+/// Plays the acceptor for `dst` (a standard GID: port 4791): `l` sends
+/// it a datagram (and so its hello), which must be this version's; the
+/// answer goes back with `magic`. Returns the connection, and the UDP
+/// socket that makes this process the owner of `dst`, to keep them open.
+fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> (UnixStream, std::net::UdpSocket) {
     answer_with(l, m, dst, magic, 0)
 }
 
 /// [`answer_as`] with capabilities `caps` in the answer.
-fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> UnixStream {
+fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> (UnixStream, std::net::UdpSocket) {
+    let udp = std::net::UdpSocket::bind((dst, 4791)).unwrap();
     let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
     let listener = UnixListener::bind_addr(&name).unwrap();
     let mut t = dgram(l, m, b"to a peer", None);
@@ -843,7 +845,7 @@ fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32
     let mut answer = m.hello(ANSWER, Gid::from_ip(dst), caps);
     answer[..8].copy_from_slice(magic);
     sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
-    s
+    (s, udp)
 }
 
 /// A peer of another ring version gets no channel, whichever end it is:
