@@ -20,19 +20,78 @@
 //! host" exactly: devices in other namespaces are reached by UDP.
 //!
 //! On the first datagram to a destination GID (not its own), a device
-//! tries to connect to that name. A refusal means "no shared memory
-//! there": the destination is remembered as UDP for [`RETRY_NS`]. On
-//! success it checks that the listener runs under its own uid, creates
-//! the channel region (a sealed memfd, [`ring`]) and an eventfd doorbell
-//! is passed along with it (SCM_RIGHTS) in a hello that names the target
-//! GID and its own GIDs. The acceptor (in its next receive turn; the
-//! listener is in its poll set) checks the uid, the target GID, the seals
-//! and the format, maps the region, answers with its own GIDs and
+//! tries to connect to that name, without waiting (a listener whose
+//! backlog is full counts as none), if the GID's UDP endpoint is an
+//! address of this host. A refusal means "no shared memory there": the
+//! destination is remembered as UDP for [`RETRY_NS`]. On success it checks
+//! that the listener runs under its own uid and owns the GID ("Trust"
+//! below), creates the channel region (a sealed memfd, [`ring`]) and
+//! passes it with its doorbell (SCM_RIGHTS) in a hello that names the
+//! target GID and its own GIDs. The acceptor never waits for a hello: its
+//! slow path accepts at most [`ACCEPTS_PER_TURN`] connections, keeps them
+//! (at most [`ShmLimits::max_pending_hellos`]; a new one pushes the oldest
+//! out, `shm_hellos_dropped`) in an epoll that is in the link's
+//! [`Link::poll_fds`], so that a hello arriving later wakes a sleeping
+//! reader, reads at most [`HELLOS_PER_TURN`] hellos per turn, and drops a
+//! connection silent for [`HELLO_NS`] (`shm_hello_timeouts`). It checks the
+//! uid, the target GID, the peer's GIDs, the doorbell, its limits, the
+//! seals and the format, maps the region, answers with its own GIDs and
 //! doorbell, and rings the connector's doorbell so that it sees the
 //! answer. Until the answer arrives the connector keeps sending by UDP
 //! ([`ShmMode::Auto`]) or holds the datagrams ([`ShmMode::Only`]). If two
 //! devices connect to each other at once, two channels exist; each side
 //! sends on one and reads both.
+//!
+//! # Trust
+//!
+//! *Who may talk to whom.* Only devices of processes with the same
+//! effective uid get a channel (`SO_PEERCRED`, filled in by the kernel, at
+//! both ends): a channel lets the peer write a ring this process reads
+//! and, with trains, hand it buffers to read, and abstract socket names
+//! have no file permissions to stand in for this check. Within the uid a
+//! peer is trusted with nothing more: what it writes in the ring is
+//! validated ([`ring`], `shm/trains.rs`), it cannot make this process block
+//! (doorbells, connects and hellos never wait on it), it cannot make it
+//! hold more than the device's [`ShmLimits`], and it carries only the
+//! traffic of GIDs it owns.
+//!
+//! *What a GID is, and who owns it.* A GID names a UDP endpoint (address
+//! and port, `udp.rs`); whoever receives that endpoint's datagrams owns
+//! the GID, for UDP as for us: it gets the traffic sent to the GID, and it
+//! can send from the GID's address. So a channel carries the traffic of a
+//! GID only if the peer process (the pid from `SO_PEERCRED`, which the
+//! peer cannot choose) holds every UDP socket bound to the GID's endpoint,
+//! and the endpoint's address is one of this host's (network namespace):
+//! the kernel's socket table (`/proc/net/udp`, `/proc/net/udp6`) and the
+//! peer's descriptors (`/proc/<pid>/fd`) say so. A channel thus gives a
+//! peer nothing UDP would not. The connector checks it for the GID it
+//! connects to (anyone of the uid can listen on a free rendezvous name,
+//! for example that of a UDP-only device or of a remote host's GID) and
+//! for the other GIDs of the answer; the acceptor for every GID of the
+//! hello. A GID this device reaches over another path now, a channel to
+//! another process or UDP (after a connect that found no device to make
+//! a channel with, for [`RETRY_NS`]; not after a channel ended, so that
+//! a peer that restarts gets its channel back at once), is not taken over
+//! either. A hello or answer with one unproven GID gets no
+//! channel (`shm_refused_gid`, and `shm_channels_refused`). Every
+//! datagram read from a channel must then come from one of the peer's
+//! GIDs and go to one of ours (`shm_rx_bad_addr`).
+//!
+//! *What this does not cover.* A process of the same uid that may ptrace
+//! this one (Yama `ptrace_scope` 0) can read and write its memory anyway;
+//! none of the above stops it, nor needs to. A peer whose descriptors
+//! `/proc` does not show (not dumpable, another pid namespace) cannot
+//! prove its GIDs, and its traffic goes by UDP. With
+//! `net.ipv4.ip_nonlocal_bind` set, every address counts as this host's,
+//! and only the socket check remains.
+//!
+//! # Limits
+//!
+//! [`ShmLimits`] bounds, per device, the channels, the bytes mapped
+//! (regions and peers' buffers) and the peers' buffers mapped; a peer
+//! beyond them is refused, counted (`shm_refused_limit`) and named on
+//! standard error in one line at most once a second. `shm_mapped_bytes`
+//! and `shm_mapped_exports` show what is held.
 //!
 //! # Doorbell
 //!
@@ -42,8 +101,21 @@
 //! ([`Link::prepare_sleep`]) it sets the flag in every ring it reads,
 //! issues a full fence and looks at the rings once more; the writer
 //! publishes, fences and reads the flag, so one of the two sees the
-//! other (no lost wake-up), and the writer then writes the reader's
-//! eventfd, which is in the reader's [`Link::poll_fds`].
+//! other (no lost wake-up), and the writer then rings the reader's
+//! doorbell, which is in the reader's [`Link::poll_fds`].
+//!
+//! A doorbell is a unix datagram socket bound to an automatic abstract
+//! name. The descriptor a peer passes is only looked at: it must be such
+//! a socket, and the ringer connects a socket of its own to its name and
+//! sends one byte with `MSG_DONTWAIT`. Writing the peer's descriptor
+//! itself could block: its flags (`O_NONBLOCK`) live in a file
+//! description the peer shares and can change at any time, and an
+//! eventfd (what earlier versions used) blocks a writer once its owner
+//! has filled the counter; Linux offers no per-call non-blocking write
+//! for eventfds (`pwritev2` with `RWF_NOWAIT` fails with `EOPNOTSUPP`)
+//! nor a way to reopen one with a description of our own. A full
+//! doorbell (`shm_doorbells_full`) means the reader has wake-ups waiting,
+//! or is dead.
 //!
 //! # Peer death and misbehaviour
 //!
@@ -163,9 +235,9 @@ const ANSWER: &[u8; 8] = b"SVSHMOK5";
 pub const HELLO_NS: Nanos = 1_000_000_000;
 /// Connections a slow path accepts at most (the rest wait in the
 /// listener's backlog for the next one).
-const ACCEPTS_PER_TURN: usize = 8;
+pub const ACCEPTS_PER_TURN: usize = 8;
 /// Hellos a slow path reads and checks at most.
-const HELLOS_PER_TURN: usize = 4;
+pub const HELLOS_PER_TURN: usize = 4;
 /// Rings a receive turn takes from the doorbell at most.
 const DRAIN_MAX: usize = 64;
 /// Offset of the capability word (u32, little-endian) in a hello or an
@@ -693,8 +765,10 @@ impl Channel {
 #[derive(Debug)]
 enum Route {
     Chan(Arc<Channel>),
-    /// No shared memory to this destination until then.
-    Udp(Nanos),
+    /// No shared memory to this destination until then; `true`: a
+    /// connect found no device to make a channel with (it is a UDP peer
+    /// now), `false`: its channel ended.
+    Udp(Nanos, bool),
 }
 
 /// A UDP link with shared-memory channels to devices on this host. See
@@ -894,7 +968,7 @@ impl ShmLink {
                     }
                     line
                 }
-                Route::Udp(_) => format!("{} udp", Gid::from_ip(*ip)),
+                Route::Udp(..) => format!("{} udp", Gid::from_ip(*ip)),
             })
             .collect();
         lines.sort();
@@ -930,7 +1004,7 @@ impl ShmLink {
                     }
                     now = process_now();
                 }
-                Some(Route::Udp(until)) => {
+                Some(Route::Udp(until, _)) => {
                     now = process_now();
                     if now < *until {
                         return None;
@@ -940,7 +1014,7 @@ impl ShmLink {
             }
         }
         if self.ips.contains(&dst) {
-            self.routes_w().insert(dst, Route::Udp(Nanos::MAX));
+            self.routes_w().insert(dst, Route::Udp(Nanos::MAX, false));
             return None;
         }
         let mut routes = self.routes_w();
@@ -950,7 +1024,7 @@ impl ShmLink {
                     return r;
                 }
             }
-            Some(Route::Udp(until)) if now < *until => return None,
+            Some(Route::Udp(until, _)) if now < *until => return None,
             _ => {}
         }
         match self.connect_to(Gid::from_ip(dst)) {
@@ -962,7 +1036,7 @@ impl ShmLink {
             }
             Err(_) => {
                 bump(&self.stats.connect_failed);
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS)));
+                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
                 None
             }
         }
@@ -990,11 +1064,11 @@ impl ShmLink {
             ready = sys::readiness(&fds, &streams, &[]);
             let mut accepts = ACCEPTS_PER_TURN;
             let mut more = false;
-            for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
+            'accept: for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
                 loop {
-                    if accepts == 0 {
+                    if accepts == 0 || !self.make_room(&mut hellos) {
                         more = true;
-                        break;
+                        break 'accept;
                     }
                     let Ok((s, _)) = l.accept() else { break };
                     accepts -= 1;
@@ -1069,7 +1143,7 @@ impl ShmLink {
             let mut routes = self.routes_w();
             for r in routes.values_mut() {
                 if matches!(r, Route::Chan(c) if c.state() == DEAD) {
-                    *r = Route::Udp(now.saturating_add(RETRY_NS));
+                    *r = Route::Udp(now.saturating_add(RETRY_NS), false);
                 }
             }
         }

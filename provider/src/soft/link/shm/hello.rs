@@ -72,6 +72,9 @@ pub(super) struct Pending {
     pid: u32,
     /// When it was accepted.
     since: Nanos,
+    /// It had nothing to read at the last look (one just accepted has
+    /// not been looked at).
+    silent: bool,
 }
 
 /// The word of this process's memory peers read to verify that they may
@@ -229,9 +232,31 @@ impl ShmLink {
         })
     }
 
+    /// Whether the list of connections waiting for their hello has room
+    /// for one more ([`ShmLimits::max_pending_hellos`](super::ShmLimits)),
+    /// made if need be by dropping the oldest one that had nothing to read
+    /// at the last look (counted): a silent connection loses its place to
+    /// a new one; one whose hello waits (beyond what a turn reads), or
+    /// that was not looked at yet, never.
+    pub(super) fn make_room(&self, hellos: &mut VecDeque<Pending>) -> bool {
+        if hellos.len() < self.budget.limits().max_pending_hellos.max(1) {
+            return true;
+        }
+        match hellos.iter().position(|p| p.silent) {
+            Some(i) => {
+                // Closing it takes it out of the epoll.
+                hellos.remove(i);
+                bump(&self.stats.hellos_dropped);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Takes a connection accepted on a rendezvous socket into the list of
-    /// those waiting for their hello, unless its process runs under
-    /// another uid. A full list drops its oldest entry (counted).
+    /// those waiting for their hello (which must have room:
+    /// [`ShmLink::make_room`]), unless its process runs under another
+    /// uid.
     pub(super) fn admit(&self, hellos: &mut VecDeque<Pending>, stream: UnixStream, now: Nanos) {
         match sys::peer_cred(stream.as_raw_fd()) {
             Ok((pid, uid))
@@ -239,16 +264,11 @@ impl ShmLink {
                     && stream.set_nonblocking(true).is_ok()
                     && sys::epoll_add(self.rendezvous.as_raw_fd(), stream.as_raw_fd()).is_ok() =>
             {
-                let max = self.budget.limits().max_pending_hellos.max(1);
-                while hellos.len() >= max {
-                    // Closing it takes it out of the epoll.
-                    hellos.pop_front();
-                    bump(&self.stats.hellos_dropped);
-                }
                 hellos.push_back(Pending {
                     stream,
                     pid,
                     since: now,
+                    silent: false,
                 });
             }
             _ => bump(&self.stats.refused),
@@ -263,8 +283,10 @@ impl ShmLink {
         let mut accepted = Vec::new();
         let mut budget = HELLOS_PER_TURN;
         let mut keep = VecDeque::with_capacity(hellos.len());
-        for (i, p) in std::mem::take(hellos).into_iter().enumerate() {
-            if budget > 0 && ready.get(i).copied().unwrap_or(false) {
+        for (i, mut p) in std::mem::take(hellos).into_iter().enumerate() {
+            let heard = ready.get(i).copied().unwrap_or(false);
+            p.silent = !heard;
+            if budget > 0 && heard {
                 budget -= 1;
                 // A channel keeps the stream: it must not wake us any more.
                 sys::epoll_del(self.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
@@ -274,7 +296,7 @@ impl ShmLink {
                     Ok(None) => {}
                     Err(_) => bump(&self.stats.refused),
                 }
-            } else if now.saturating_sub(p.since) > HELLO_NS {
+            } else if p.silent && now.saturating_sub(p.since) > HELLO_NS {
                 bump(&self.stats.hello_timeouts);
             } else {
                 keep.push_back(p);
@@ -293,7 +315,7 @@ impl ShmLink {
                 let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
                 match routes.get(ip) {
                     Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
-                    Some(Route::Udp(until)) => now < *until,
+                    Some(Route::Udp(until, udp_peer)) => *udp_peer && now < *until,
                     None => false,
                 }
             };

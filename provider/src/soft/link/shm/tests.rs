@@ -13,6 +13,7 @@ use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
 use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 
+mod rendezvous;
 mod send;
 
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
