@@ -508,3 +508,34 @@ fn limits_parse() {
         assert!(d.parse(bad).is_err(), "{bad}");
     }
 }
+
+/// A doorbell rung until full refuses more rings without blocking, a
+/// bounded drain takes no more than it may, a full one empties it, and it
+/// rings again after.
+#[test]
+fn a_doorbell_fills_without_blocking_and_drains_in_bounds() {
+    let bell = sys::bell().unwrap();
+    let ringer = sys::bell_to(&bell).unwrap();
+    let readable = || {
+        let mut p = libc::pollfd {
+            fd: bell.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no waiting.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    };
+    assert!(!readable());
+    let mut rung = 0;
+    while sys::ring(ringer.as_raw_fd()) {
+        rung += 1;
+        assert!(rung < 1_000_000, "the doorbell never filled");
+    }
+    assert!(rung >= 2, "{rung}");
+    sys::drain(bell.as_raw_fd(), 1);
+    assert!(readable(), "a drain of one took everything");
+    sys::drain(bell.as_raw_fd(), DRAIN_MAX.max(rung));
+    assert!(!readable(), "a full drain left rings");
+    assert!(sys::ring(ringer.as_raw_fd()));
+    assert!(readable());
+}
