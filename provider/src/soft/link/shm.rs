@@ -24,8 +24,7 @@
 //! backlog is full counts as none), if the GID's UDP endpoint is an
 //! address of this host. A refusal means "no shared memory there": the
 //! destination is remembered as UDP for [`RETRY_NS`]. On success it checks
-//! that the listener runs under its own uid and owns the GID ("Trust"
-//! below), creates the channel region (a sealed memfd, [`ring`]) and
+//! that the listener runs under its own uid, creates the channel region (a sealed memfd, [`ring`]) and
 //! passes it with its doorbell (SCM_RIGHTS) in a hello that names the
 //! target GID and its own GIDs. The acceptor never waits for a hello: its
 //! slow path accepts at most [`ACCEPTS_PER_TURN`] connections, keeps them
@@ -37,7 +36,7 @@
 //! uid, the target GID, the peer's GIDs, the doorbell, its limits, the
 //! seals and the format, maps the region, answers with its own GIDs and
 //! doorbell, and rings the connector's doorbell so that it sees the
-//! answer. Until the answer arrives the connector keeps sending by UDP
+//! answer, whose GIDs the connector checks in turn. Until the answer arrives the connector keeps sending by UDP
 //! ([`ShmMode::Auto`]) or holds the datagrams ([`ShmMode::Only`]). If two
 //! devices connect to each other at once, two channels exist; each side
 //! sends on one and reads both.
@@ -61,21 +60,30 @@
 //! can send from the GID's address. So a channel carries the traffic of a
 //! GID only if the peer process (the pid from `SO_PEERCRED`, which the
 //! peer cannot choose) holds every UDP socket bound to the GID's endpoint,
-//! and the endpoint's address is one of this host's (network namespace):
-//! the kernel's socket table (`/proc/net/udp`, `/proc/net/udp6`) and the
-//! peer's descriptors (`/proc/<pid>/fd`) say so. A channel thus gives a
-//! peer nothing UDP would not. The connector checks it for the GID it
-//! connects to (anyone of the uid can listen on a free rendezvous name,
-//! for example that of a UDP-only device or of a remote host's GID) and
-//! for the other GIDs of the answer; the acceptor for every GID of the
-//! hello. A GID this device reaches over another path now, a channel to
-//! another process or UDP (after a connect that found no device to make
-//! a channel with, for [`RETRY_NS`]; not after a channel ended, so that
-//! a peer that restarts gets its channel back at once), is not taken over
-//! either. A hello or answer with one unproven GID gets no
-//! channel (`shm_refused_gid`, and `shm_channels_refused`). Every
-//! datagram read from a channel must then come from one of the peer's
-//! GIDs and go to one of ours (`shm_rx_bad_addr`).
+//! and the endpoint's address is one of this host's (network namespace).
+//! The peer names, per GID, its descriptors of those sockets (a hello or
+//! answer has room for four); the kernel's socket table
+//! (`/proc/net/udp`, `/proc/net/udp6`) gives the sockets bound to the
+//! endpoint, and `/proc/<pid>/fd/<n>` which socket each named descriptor
+//! is: a `readlink` per descriptor, whatever the peer does (a scan of the
+//! peer's descriptors would let a peer with thousands of them stall us,
+//! at ~11 µs per entry). A channel thus gives a peer nothing UDP would
+//! not. The acceptor checks every GID of the hello. The connector checks
+//! every GID of the answer, which must include the GID it connected to:
+//! anyone of the uid can listen on a free rendezvous name, for example
+//! that of a UDP-only device or of a remote host's GID; such a listener
+//! gets a hello (a region and a doorbell's name; nothing is published on
+//! a channel before it is up) and no channel. A GID this device reaches
+//! over another path now, a channel to another process or UDP (after a
+//! connect that found no device to make a channel with, for
+//! [`RETRY_NS`]; not after a channel ended, so that a peer that restarts
+//! gets its channel back at once), is not taken over either. A hello or
+//! answer with one unproven GID gets no channel (`shm_refused_gid`, and
+//! `shm_channels_refused`). The proof is of the moment of the
+//! rendezvous: a peer that closes its socket later keeps its channel
+//! (and anyone who binds the endpoint then gets its UDP traffic, channel
+//! or not). Every datagram read from a channel must then come from one of
+//! the peer's GIDs and go to one of ours (`shm_rx_bad_addr`).
 //!
 //! *What this does not cover.* A process of the same uid that may ptrace
 //! this one (Yama `ptrace_scope` 0) can read and write its memory anyway;
@@ -221,7 +229,7 @@ const ANSWER_NS: Nanos = 2_000_000_000;
 /// Datagrams a channel holds back (full ring, channel being set up).
 const BACKLOG_MAX: usize = 8192;
 /// Length of the hello and answer messages (`shm/hello.rs`).
-const MSG_LEN: usize = 304;
+const MSG_LEN: usize = 560;
 const MAX_GIDS: usize = 16;
 /// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
 /// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
@@ -257,7 +265,22 @@ const CAP_CMA_READ: u32 = 4;
 /// Capability: this end takes trains of one packet (earlier versions took
 /// trains of two packets or more and drop one of one as malformed).
 const CAP_TRAINS1: u32 = 8;
-const _: () = assert!(25 + 16 * MAX_GIDS <= OFF_CAPS && OFF_CAPS + 4 <= OFF_PROBE && OFF_PROBE + 16 <= MSG_LEN);
+/// Offset of the socket descriptors (`FDS_PER_GID` u32 LE per GID, in
+/// the order of the GIDs; [`NO_FD`] where there are fewer) in a hello or
+/// an answer: the sender's descriptors of the UDP sockets bound to each
+/// GID's endpoint, which the receiver checks (`shm/hello.rs`, "Proof").
+const OFF_FDS: usize = 304;
+/// Socket descriptors a hello or answer names per GID (a device has two:
+/// its bound socket and its twin, `udp.rs`).
+const FDS_PER_GID: usize = 4;
+/// No descriptor.
+const NO_FD: u32 = u32::MAX;
+const _: () = assert!(
+    25 + 16 * MAX_GIDS <= OFF_CAPS
+        && OFF_CAPS + 4 <= OFF_PROBE
+        && OFF_PROBE + 16 <= OFF_FDS
+        && OFF_FDS + 4 * FDS_PER_GID * MAX_GIDS <= MSG_LEN
+);
 /// An exported buffer: this magic, its token (u64 LE), its length (u64
 /// LE), 8 zero bytes; the memfd rides along (SCM_RIGHTS).
 const EXPORT: &[u8; 8] = b"SVSHMFD1";

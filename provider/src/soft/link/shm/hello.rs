@@ -4,11 +4,16 @@
 //!
 //! # Hello and answer
 //!
-//! [`MSG_LEN`] bytes: magic (`SVSHMHI4` or `SVSHMOK4`, for ring version 3;
-//! a peer of another version gets no channel), the target GID
-//! (16 bytes), the GID count (1 byte) and up to 16 GIDs, then at
-//! [`OFF_CAPS`] the capability word (u32 LE) and at [`OFF_PROBE`] the probe
-//! (address u64 LE, value u64 LE). Capabilities:
+//! [`MSG_LEN`] bytes: magic (`SVSHMHI5` or `SVSHMOK5`, for ring version 3
+//! with socket doorbells; a peer of another version gets no channel), the
+//! target GID (16 bytes), the GID count (1 byte) and up to 16 GIDs, then
+//! at [`OFF_CAPS`] the capability word (u32 LE), at [`OFF_PROBE`] the probe
+//! (address u64 LE, value u64 LE), and at [`OFF_FDS`] per GID
+//! [`FDS_PER_GID`] descriptor numbers (u32 LE, [`NO_FD`] for none): the
+//! sender's descriptors of the UDP sockets bound to that GID, which the
+//! receiver checks (the parent module's "Trust"). The hello passes the
+//! region's memfd and the doorbell, the answer the doorbell
+//! (SCM_RIGHTS). Capabilities:
 //!
 //! - [`CAP_TRAINS`]: this end sends and receives trains.
 //! - [`CAP_CMA`]: this end sends trains of its own process memory, and
@@ -57,10 +62,11 @@ use std::sync::Arc;
 use super::ring::{self, Region};
 use super::{
     bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
-    CAP_TRAINS, CAP_TRAINS1, DEAD, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE,
-    UP,
+    CAP_TRAINS, CAP_TRAINS1, DEAD, FDS_PER_GID, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_FD, NO_META,
+    OFF_CAPS, OFF_FDS, OFF_PROBE, UP,
 };
 use crate::soft::engine::process_now;
+use crate::soft::link::Link;
 use crate::soft::proto::Nanos;
 use crate::verbs::{Gid, MappedPiece};
 
@@ -102,6 +108,15 @@ pub(super) fn read_probe(pid: u32, addr: u64, value: u64) -> bool {
     MappedPiece::remote(pid, addr, 8).copy_to(&mut b).is_ok() && u64::from_le_bytes(b) == value
 }
 
+/// Names `fds` (at most [`FDS_PER_GID`]) as the sockets of GID number `i`
+/// of hello or answer `m`.
+pub(super) fn set_fds(m: &mut [u8; MSG_LEN], i: usize, fds: &[u32]) {
+    for k in 0..FDS_PER_GID {
+        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
+        m[o..o + 4].copy_from_slice(&fds.get(k).copied().unwrap_or(NO_FD).to_le_bytes());
+    }
+}
+
 /// The probe of a hello or answer (untrusted).
 fn parse_probe(m: &[u8; MSG_LEN]) -> (u64, u64) {
     let at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap_or([0; 8]));
@@ -125,8 +140,23 @@ impl ShmLink {
         m[24] = n as u8;
         for (i, g) in self.gids.iter().take(n).enumerate() {
             m[25 + 16 * i..41 + 16 * i].copy_from_slice(&g.0);
+            set_fds(&mut m, i, &self.udp_fds(*g));
         }
         m
+    }
+
+    /// This process's descriptors of the UDP sockets bound to `gid`'s
+    /// endpoint.
+    pub(super) fn udp_fds(&self, gid: Gid) -> Vec<u32> {
+        let Some(ep) = self.udp.endpoint_of(gid) else {
+            return Vec::new();
+        };
+        self.udp
+            .poll_fds()
+            .into_iter()
+            .filter(|fd| sys::local_endpoint(*fd) == Some(ep))
+            .filter_map(|fd| u32::try_from(fd).ok())
+            .collect()
     }
 
     /// The capabilities this end offers: trains (process-memory trains,
@@ -160,16 +190,24 @@ impl ShmLink {
         u32::from_le_bytes(m[OFF_CAPS..OFF_CAPS + 4].try_into().unwrap_or([0; 4]))
     }
 
-    /// Parses the GIDs of a hello or answer (untrusted input).
-    pub(super) fn parse_gids(m: &[u8; MSG_LEN]) -> Vec<IpAddr> {
+    /// Parses the GIDs of a hello or answer (untrusted input), each with
+    /// the socket descriptors the sender names for it.
+    pub(super) fn parse_claims(m: &[u8; MSG_LEN]) -> Vec<(IpAddr, Vec<u32>)> {
         let n = usize::from(m[24]).min(MAX_GIDS);
         (0..n)
             .map(|i| {
                 let mut g = [0u8; 16];
                 g.copy_from_slice(&m[25 + 16 * i..41 + 16 * i]);
-                Gid(g).to_ip()
+                let fds = (0..FDS_PER_GID)
+                    .map(|k| {
+                        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
+                        u32::from_le_bytes(m[o..o + 4].try_into().unwrap_or([0xff; 4]))
+                    })
+                    .filter(|fd| *fd != NO_FD)
+                    .collect();
+                (Gid(g).to_ip(), fds)
             })
-            .filter(|ip| !ip.is_unspecified())
+            .filter(|(ip, _)| !ip.is_unspecified())
             .collect()
     }
 
@@ -195,15 +233,6 @@ impl ShmLink {
         let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
         if uid != sys::euid() {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
-        }
-        // Anyone of this uid can listen on a free name: the listener must
-        // be the device that receives the GID's datagrams.
-        if !self.owns_gid(pid, gid) {
-            bump(&self.stats.refused_gid);
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                "listener does not own the GID",
-            ));
         }
         let charge = self.charge_region(format_args!("GID {gid}"))?;
         let region = Region::create()?;
@@ -306,11 +335,11 @@ impl ShmLink {
         accepted
     }
 
-    /// Whether the process `pid` owns each GID of `gids` but `except` (an
-    /// address already proven), and no other path reaches it: see "Trust"
-    /// in the parent module. Counts a refusal.
-    fn prove_gids(&self, gids: &[IpAddr], pid: u32, except: Option<IpAddr>, now: Nanos) -> bool {
-        let ok = gids.iter().filter(|ip| Some(**ip) != except).all(|ip| {
+    /// Whether the process `pid` owns each GID it claims (`claims`, with
+    /// the descriptors it names for them) and no other path reaches it:
+    /// see "Trust" in the parent module. Counts a refusal.
+    fn prove_gids(&self, claims: &[(IpAddr, Vec<u32>)], pid: u32, now: Nanos) -> bool {
+        let ok = claims.iter().all(|(ip, fds)| {
             let elsewhere = {
                 let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
                 match routes.get(ip) {
@@ -319,7 +348,7 @@ impl ShmLink {
                     None => false,
                 }
             };
-            !elsewhere && self.owns_gid(pid, Gid::from_ip(*ip))
+            !elsewhere && self.owns_gid(pid, Gid::from_ip(*ip), fds)
         });
         if !ok {
             bump(&self.stats.refused_gid);
@@ -327,12 +356,25 @@ impl ShmLink {
         ok
     }
 
-    /// Whether process `pid` owns `gid`: holds the UDP socket that
-    /// receives what is sent to it, on an address of this host.
-    pub(super) fn owns_gid(&self, pid: u32, gid: Gid) -> bool {
-        self.udp
-            .endpoint_of(gid)
-            .is_some_and(|ep| sys::is_local(ep.ip()) && sys::holds_udp(pid, ep))
+    /// Whether process `pid` owns `gid`: the GID's endpoint is an address
+    /// of this host, some UDP socket is bound to it, and every such
+    /// socket is one of `fds` of process `pid` (see "Trust" in the parent
+    /// module). At most [`FDS_PER_GID`] `readlink`s and one read of the
+    /// kernel's socket table, whatever the peer does.
+    pub(super) fn owns_gid(&self, pid: u32, gid: Gid, fds: &[u32]) -> bool {
+        let Some(ep) = self.udp.endpoint_of(gid) else {
+            return false;
+        };
+        if !sys::is_local(ep.ip()) {
+            return false;
+        }
+        let bound = sys::udp_inodes(ep);
+        let held: Vec<u64> = fds
+            .iter()
+            .take(FDS_PER_GID)
+            .filter_map(|fd| sys::socket_inode(pid, *fd))
+            .collect();
+        !bound.is_empty() && bound.iter().all(|i| held.contains(i))
     }
 
     /// Finishes an accepted connection whose hello arrived: checks it,
@@ -354,12 +396,13 @@ impl ShmLink {
         if !self.gids.contains(&Gid(target)) {
             return Err(bad("hello for another device"));
         }
-        let gids = Self::parse_gids(&m);
+        let claims = Self::parse_claims(&m);
+        let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
         if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
             return Err(bad("hello without usable GIDs"));
         }
         let doorbell = sys::bell_to(&fds[1]).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
-        if !self.prove_gids(&gids, pid, None, now) {
+        if !self.prove_gids(&claims, pid, now) {
             return Err(bad("hello claims GIDs its process does not own"));
         }
         let limits = self.budget.limits();
@@ -420,10 +463,16 @@ impl ShmLink {
         let mut m = [0u8; MSG_LEN];
         match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
             Ok((MSG_LEN, fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
-                let gids = Self::parse_gids(&m);
-                let usable = !gids.is_empty() && !gids.iter().any(|ip| self.ips.contains(ip));
-                // The GID we connected to was proven before the hello
-                // went (`connect_to`); the others must be now.
+                let claims = Self::parse_claims(&m);
+                let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
+                // Anyone of this uid can listen on a free rendezvous name:
+                // the acceptor must own the GID we connected to, and every
+                // other GID it names. (Nothing was published on the
+                // channel before: an impostor got a region and a
+                // doorbell name, nothing else.)
+                let usable = !gids.is_empty()
+                    && !gids.iter().any(|ip| self.ips.contains(ip))
+                    && c.target.is_none_or(|t| gids.contains(&t));
                 let doorbell = match sys::bell_to(&fds[0]) {
                     Ok(d) => Some(d),
                     Err(_) => {
@@ -431,7 +480,7 @@ impl ShmLink {
                         None
                     }
                 };
-                let Some(doorbell) = doorbell.filter(|_| usable && self.prove_gids(&gids, c.pid, c.target, now)) else {
+                let Some(doorbell) = doorbell.filter(|_| usable && self.prove_gids(&claims, c.pid, now)) else {
                     bump(&self.stats.refused);
                     c.kill();
                     return;

@@ -371,45 +371,44 @@ pub(super) fn readiness(listeners: &[RawFd], streams: &[RawFd], hellos: &[RawFd]
     }
 }
 
-/// Descriptors of a process looked at, at most, to find its sockets:
-/// a peer with more is not believed (its GIDs stay unproven).
-const FD_SCAN_MAX: usize = 16_384;
+/// The inode of the socket process `pid` has as descriptor `fd`, from
+/// `/proc/<pid>/fd/<fd>` (one `readlink`; needs the access a same-uid,
+/// dumpable process grants). `None`: no such descriptor, not a socket, or
+/// no access.
+pub(super) fn socket_inode(pid: u32, fd: u32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
 
-/// Whether process `pid` holds every UDP socket bound to `ep` on this
-/// host (network namespace), and there is one: the process receives
-/// what is sent to `ep`. Read from `/proc/net/udp{,6}` (sockets by local
-/// address, with their inode) and `/proc/<pid>/fd` (needs the access a
-/// same-uid, dumpable peer grants; otherwise `false`). A socket bound to
-/// the wildcard address on `ep`'s port counts as bound to `ep`.
-pub(super) fn holds_udp(pid: u32, ep: std::net::SocketAddr) -> bool {
-    let inodes = udp_inodes(ep);
-    if inodes.is_empty() || pid == 0 {
-        return false;
+/// The local endpoint a socket is bound to.
+pub(super) fn local_endpoint(fd: RawFd) -> Option<std::net::SocketAddr> {
+    // SAFETY: an all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into a live sockaddr_storage.
+    if unsafe { libc::getsockname(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut len) } < 0 {
+        return None;
     }
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    let mut found = vec![false; inodes.len()];
-    for entry in dir.take(FD_SCAN_MAX).flatten() {
-        let Ok(link) = std::fs::read_link(entry.path()) else {
-            continue;
-        };
-        let inode = link
-            .to_str()
-            .and_then(|l| l.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
-        if let Some(k) = inode.and_then(|i| inodes.iter().position(|x| *x == i)) {
-            found[k] = true;
-            if found.iter().all(|f| *f) {
-                return true;
-            }
+    match libc::c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in (family AF_INET).
+            let a: libc::sockaddr_in = unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(std::net::SocketAddr::from((ip, u16::from_be(a.sin_port))))
         }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6).
+            let a: libc::sockaddr_in6 = unsafe { std::ptr::read((&ss as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(std::net::SocketAddr::from((ip, u16::from_be(a.sin6_port))))
+        }
+        _ => None,
     }
-    false
 }
 
 /// The inodes of the UDP sockets bound to `ep` (or to the wildcard
 /// address on its port), from `/proc/net/udp` and `/proc/net/udp6`.
-fn udp_inodes(ep: std::net::SocketAddr) -> Vec<u64> {
+pub(super) fn udp_inodes(ep: std::net::SocketAddr) -> Vec<u64> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
     let (v4, v6) = match ep.ip() {
         IpAddr::V4(a) => (Some(a), a.to_ipv6_mapped()),

@@ -843,8 +843,13 @@ fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32
     let mut hello = [0u8; MSG_LEN];
     let (n, fds) = sys::recv_fds(s.as_raw_fd(), &mut hello, 2).unwrap();
     assert_eq!((n, &hello[..8], fds.len()), (MSG_LEN, &HELLO[..], 2));
+    // The answer names `dst` as the acceptor's GID, and the socket that
+    // proves it.
     let mut answer = m.hello(ANSWER, Gid::from_ip(dst), caps);
     answer[..8].copy_from_slice(magic);
+    answer[24] = 1;
+    answer[25..41].copy_from_slice(&Gid::from_ip(dst).0);
+    super::hello::set_fds(&mut answer, 0, &[udp.as_raw_fd() as u32]);
     sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
     (s, udp)
 }

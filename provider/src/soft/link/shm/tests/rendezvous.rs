@@ -15,15 +15,33 @@ use super::*;
 /// on a loaded machine; only a stuck or stalled link reaches it).
 const BOUND: Duration = Duration::from_secs(60);
 
-/// A hello from `m` to the device owning `target`, claiming `claims` as
-/// its GIDs (whether or not `m` owns them).
-fn hello_claiming(m: &ShmLink, target: Gid, claims: &[Gid]) -> [u8; MSG_LEN] {
-    let mut msg = m.hello(HELLO, target, 0);
+/// A hello (or, with `magic` [`ANSWER`], an answer) from `m` to the
+/// device owning `target`, claiming `claims` as its GIDs, each with the
+/// socket descriptors named as its proof (whether or not `m` owns them).
+fn claiming(m: &ShmLink, magic: &[u8; 8], target: Gid, claims: &[(Gid, Vec<u32>)]) -> [u8; MSG_LEN] {
+    let mut msg = m.hello(magic, target, 0);
     msg[24] = claims.len() as u8;
-    for (i, g) in claims.iter().enumerate() {
+    for (i, (g, fds)) in claims.iter().enumerate() {
         msg[25 + 16 * i..41 + 16 * i].copy_from_slice(&g.0);
+        super::super::hello::set_fds(&mut msg, i, fds);
     }
     msg
+}
+
+/// [`claiming`] a hello with `m`'s own GIDs, and their sockets.
+fn hello_claiming_own(m: &ShmLink, target: Gid) -> [u8; MSG_LEN] {
+    let own: Vec<(Gid, Vec<u32>)> = m.gids.iter().map(|g| (*g, m.udp_fds(*g))).collect();
+    claiming(m, HELLO, target, &own)
+}
+
+/// The descriptors of this process's sockets of `udp` bound to `gid`.
+fn fds_of(udp: &UdpLink, gid: Gid) -> Vec<u32> {
+    let ep = udp.endpoint_of(gid);
+    udp.poll_fds()
+        .into_iter()
+        .filter(|fd| sys::local_endpoint(*fd) == ep)
+        .map(|fd| fd as u32)
+        .collect()
 }
 
 /// Runs `f` on another thread and waits up to [`BOUND`] for its result;
@@ -77,7 +95,7 @@ fn a_doorbell_that_could_block_is_refused_and_traffic_goes_on() {
     let region = Region::create().unwrap();
     let (_r, pipe) = full_blocking_pipe();
     let efd = full_blocking_eventfd();
-    let hello = hello_claiming(&m, b.gids[0], &m.gids);
+    let hello = hello_claiming_own(&m, b.gids[0]);
     let _c1 = hello_to(&b, &hello, &[region.file().as_raw_fd(), pipe.as_raw_fd()]);
     let _c2 = hello_to(&b, &hello, &[region.file().as_raw_fd(), efd.as_raw_fd()]);
     // `b`'s receive turns run elsewhere: one that blocked would never end.
@@ -263,20 +281,24 @@ impl Drop for Hostile {
 /// nothing unless [`HOSTILE_ENV`] is set). `hello T G...`: sends the
 /// device owning GID `T` a hello from a link of its own claiming the GIDs
 /// `G`; `own` stands for its own GID. `listen G`: listens on the
-/// rendezvous name of `G` and answers the first hello with its own GID.
-/// Then it waits until it is killed.
+/// rendezvous name of `G` and answers the first hello claiming its own
+/// GID and `G`. Each claim names its own UDP socket as proof. Then it
+/// waits until it is killed.
 #[test]
 #[ignore = "not a test: the hostile peer process of the rendezvous tests"]
 fn hostile_peer() {
     let Ok(spec) = std::env::var(HOSTILE_ENV) else { return };
     let words: Vec<&str> = spec.split(' ').collect();
     let m = link();
-    let gid = |w: &str| if w == "own" { m.gids[0] } else { unhex(w) };
+    // Every claim names this process's own sockets as its proof: true
+    // for `own`, a lie for any other GID.
+    let own_fds = m.udp_fds(m.gids[0]);
+    let claim = |w: &str| (if w == "own" { m.gids[0] } else { unhex(w) }, own_fds.clone());
     let region = Region::create().unwrap();
     let _keep = match words[0] {
         "hello" => {
-            let claims: Vec<Gid> = words[2..].iter().map(|w| gid(w)).collect();
-            let hello = hello_claiming(&m, unhex(words[1]), &claims);
+            let claims: Vec<(Gid, Vec<u32>)> = words[2..].iter().map(|w| claim(w)).collect();
+            let hello = claiming(&m, HELLO, unhex(words[1]), &claims);
             let addr = UnixAddr::from_abstract_name(rendezvous_name(unhex(words[1])).as_bytes()).unwrap();
             let s = UnixStream::connect_addr(&addr).unwrap();
             sys::send_fds(
@@ -299,7 +321,7 @@ fn hostile_peer() {
             s.set_read_timeout(Some(BOUND)).unwrap();
             let mut hello = [0u8; MSG_LEN];
             let _ = (&s).read(&mut hello);
-            let answer = m.hello(ANSWER, target, 0);
+            let answer = claiming(&m, ANSWER, target, &[claim("own"), claim(words[1])]);
             let _ = sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]);
             s
         }
@@ -352,10 +374,11 @@ fn a_peer_gets_no_channel_for_a_gid_it_does_not_own() {
 }
 
 /// A process that listens on the rendezvous name of a GID it does not own
-/// (a UDP-only device's) gets no hello: the connector checks the
-/// listener first, and keeps sending to that GID by UDP.
+/// (a UDP-only device's) gets no channel: the connector refuses its
+/// answer, which cannot prove the GID, and keeps sending to that GID by
+/// UDP.
 #[test]
-fn a_listener_that_does_not_own_the_gid_gets_no_hello() {
+fn a_listener_that_does_not_own_the_gid_gets_no_channel() {
     let l = link_in(ShmMode::Auto);
     let (udp_gid, _udp) = udp_only_device();
     let _impostor = Hostile::start(&format!("listen {}", hex(udp_gid)));
@@ -364,9 +387,7 @@ fn a_listener_that_does_not_own_the_gid_gets_no_hello() {
     t.dst = udp_gid.to_ip();
     l.send(t);
     drive_until_stat(&l, "shm_refused_gid", 1);
-    assert_eq!(stat(&l, "shm_connect_failed"), 1);
-    // Give an answer (which the old code waited for) time to arrive.
-    pump_for(&l, &l, usize::MAX, Duration::from_millis(300));
+    assert_eq!(stat(&l, "shm_channels_refused"), 1);
     assert!(!l.is_shm_peer(udp_gid), "{:?}", l.peer_lines());
     assert!(
         l.peer_lines().iter().any(|p| p.ends_with(" udp")),
@@ -381,7 +402,7 @@ fn a_listener_that_does_not_own_the_gid_gets_no_hello() {
 #[test]
 fn a_gid_reached_by_udp_is_not_taken_over() {
     let (l, m) = (link_in(ShmMode::Auto), link());
-    let (udp_gid, _udp) = udp_only_device();
+    let (udp_gid, udp) = udp_only_device();
     let mut t = dgram(&l, &m, b"by UDP", None);
     t.dst = udp_gid.to_ip();
     l.send(t);
@@ -394,7 +415,12 @@ fn a_gid_reached_by_udp_is_not_taken_over() {
     }
     // This process owns both GIDs: only the route stands in the way.
     let region = Region::create().unwrap();
-    let hello = hello_claiming(&m, l.gids[0], &[m.gids[0], udp_gid]);
+    let hello = claiming(
+        &m,
+        HELLO,
+        l.gids[0],
+        &[(m.gids[0], m.udp_fds(m.gids[0])), (udp_gid, fds_of(&udp, udp_gid))],
+    );
     let _s = hello_to(&l, &hello, &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()]);
     drive_until_stat(&l, "shm_refused_gid", 1);
     assert!(
