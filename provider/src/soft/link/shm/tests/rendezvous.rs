@@ -362,9 +362,15 @@ fn a_peer_gets_no_channel_for_a_gid_it_does_not_own() {
     let remote = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)));
     for (k, claim) in [udp_gid, remote].into_iter().enumerate() {
         let _peer = Hostile::start(&format!("hello {} own {}", hex(l.gids[0]), hex(claim)));
-        drive_until_stat(&l, "shm_refused_gid", k as u64 + 1);
+        let decided = |l: &ShmLink| stat(l, "shm_refused_gid") > k as u64 || l.is_shm_peer(claim);
+        drive_until(&l, decided);
+        assert!(
+            !l.is_shm_peer(claim),
+            "a lying peer got a channel: {:?}",
+            l.peer_lines()
+        );
+        assert_eq!(stat(&l, "shm_refused_gid"), k as u64 + 1);
         assert_eq!(stat(&l, "shm_channels_refused"), k as u64 + 1);
-        assert!(!l.is_shm_peer(claim), "{:?}", l.peer_lines());
         assert_eq!(stat(&l, "shm_channels_accepted"), 0);
     }
     let _peer = Hostile::start(&format!("hello {} own", hex(l.gids[0])));
@@ -386,9 +392,14 @@ fn a_listener_that_does_not_own_the_gid_gets_no_channel() {
     t.src = ip(&l);
     t.dst = udp_gid.to_ip();
     l.send(t);
-    drive_until_stat(&l, "shm_refused_gid", 1);
+    drive_until(&l, |l| stat(l, "shm_refused_gid") > 0 || l.is_shm_peer(udp_gid));
+    assert!(
+        !l.is_shm_peer(udp_gid),
+        "an impostor got a channel: {:?}",
+        l.peer_lines()
+    );
+    assert_eq!(stat(&l, "shm_refused_gid"), 1);
     assert_eq!(stat(&l, "shm_channels_refused"), 1);
-    assert!(!l.is_shm_peer(udp_gid), "{:?}", l.peer_lines());
     assert!(
         l.peer_lines().iter().any(|p| p.ends_with(" udp")),
         "{:?}",
@@ -422,7 +433,8 @@ fn a_gid_reached_by_udp_is_not_taken_over() {
         &[(m.gids[0], m.udp_fds(m.gids[0])), (udp_gid, fds_of(&udp, udp_gid))],
     );
     let _s = hello_to(&l, &hello, &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()]);
-    drive_until_stat(&l, "shm_refused_gid", 1);
+    drive_until(&l, |l| stat(l, "shm_refused_gid") > 0 || l.is_shm_peer(udp_gid));
+    assert_eq!(stat(&l, "shm_refused_gid"), 1, "{:?}", l.peer_lines());
     assert!(
         !l.is_shm_peer(udp_gid) && !l.is_shm_peer(m.gids[0]),
         "{:?}",
