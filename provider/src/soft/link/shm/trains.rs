@@ -41,8 +41,10 @@
 //! memfd sealed against shrinking and growing (`F_GET_SEALS`) of the
 //! announced size (`fstat`), so that the read-only mapping can never
 //! fault; extra descriptors are closed. A buffer message that is
-//! malformed, carries no usable memfd, cannot be mapped, or exceeds twice
-//! [`EXPORT_MAX`] mapped buffers ends the channel (`shm_rx_bad_export`):
+//! malformed, carries no usable memfd, cannot be mapped, exceeds twice
+//! [`EXPORT_MAX`] mapped buffers, or the device's limits
+//! ([`ShmLimits`](super::ShmLimits), also `shm_refused_limit`), ends the
+//! channel (`shm_rx_bad_export`):
 //! trains from that buffer could never be read, and the sender would not
 //! know. Any other fault (descriptor, unknown token, piece out of its
 //! buffer) drops the train (`shm_rx_bad_train`). The peer
