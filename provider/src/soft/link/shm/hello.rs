@@ -337,44 +337,44 @@ impl ShmLink {
 
     /// Whether the process `pid` owns each GID it claims (`claims`, with
     /// the descriptors it names for them) and no other path reaches it:
-    /// see "Trust" in the parent module. Counts a refusal.
+    /// see "Trust" in the parent module. Counts a refusal. Costs a bind
+    /// per GID, one read of the kernel's socket tables and at most
+    /// [`FDS_PER_GID`] `readlink`s per GID, whatever the peer does.
     fn prove_gids(&self, claims: &[(IpAddr, Vec<u32>)], pid: u32, now: Nanos) -> bool {
-        let ok = claims.iter().all(|(ip, fds)| {
-            let elsewhere = {
-                let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-                match routes.get(ip) {
-                    Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
-                    Some(Route::Udp(until, udp_peer)) => *udp_peer && now < *until,
-                    None => false,
-                }
-            };
-            !elsewhere && self.owns_gid(pid, Gid::from_ip(*ip), fds)
-        });
+        let ok = self.owns_gids(claims, pid) && {
+            let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+            !claims.iter().any(|(ip, _)| match routes.get(ip) {
+                Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
+                Some(Route::Udp(until, udp_peer)) => *udp_peer && now < *until,
+                None => false,
+            })
+        };
         if !ok {
             bump(&self.stats.refused_gid);
         }
         ok
     }
 
-    /// Whether process `pid` owns `gid`: the GID's endpoint is an address
-    /// of this host, some UDP socket is bound to it, and every such
-    /// socket is one of `fds` of process `pid` (see "Trust" in the parent
-    /// module). At most [`FDS_PER_GID`] `readlink`s and one read of the
-    /// kernel's socket table, whatever the peer does.
-    pub(super) fn owns_gid(&self, pid: u32, gid: Gid, fds: &[u32]) -> bool {
-        let Some(ep) = self.udp.endpoint_of(gid) else {
-            return false;
-        };
-        if !sys::is_local(ep.ip()) {
-            return false;
+    /// Whether process `pid` owns every GID of `claims`: each GID's
+    /// endpoint is an address of this host, some UDP socket is bound to
+    /// it, and every such socket is one of the descriptors of process
+    /// `pid` named for it.
+    pub(super) fn owns_gids(&self, claims: &[(IpAddr, Vec<u32>)], pid: u32) -> bool {
+        let mut eps = Vec::with_capacity(claims.len());
+        for (ip, _) in claims {
+            match self.udp.endpoint_of(Gid::from_ip(*ip)) {
+                Some(ep) if sys::is_local(ep.ip()) => eps.push(ep),
+                _ => return false,
+            }
         }
-        let bound = sys::udp_inodes(ep);
-        let held: Vec<u64> = fds
-            .iter()
-            .take(FDS_PER_GID)
-            .filter_map(|fd| sys::socket_inode(pid, *fd))
-            .collect();
-        !bound.is_empty() && bound.iter().all(|i| held.contains(i))
+        sys::udp_inodes(&eps).iter().zip(claims).all(|(bound, (_, fds))| {
+            let held: Vec<u64> = fds
+                .iter()
+                .take(FDS_PER_GID)
+                .filter_map(|fd| sys::socket_inode(pid, *fd))
+                .collect();
+            !bound.is_empty() && bound.iter().all(|i| held.contains(i))
+        })
     }
 
     /// Finishes an accepted connection whose hello arrived: checks it,

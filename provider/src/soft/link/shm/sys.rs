@@ -406,28 +406,28 @@ pub(super) fn local_endpoint(fd: RawFd) -> Option<std::net::SocketAddr> {
     }
 }
 
-/// The inodes of the UDP sockets bound to `ep` (or to the wildcard
-/// address on its port), from `/proc/net/udp` and `/proc/net/udp6`.
-pub(super) fn udp_inodes(ep: std::net::SocketAddr) -> Vec<u64> {
+/// For each endpoint of `eps`, the inodes of the UDP sockets bound to it
+/// (or to the wildcard address on its port), from `/proc/net/udp` and
+/// `/proc/net/udp6`, each read once.
+pub(super) fn udp_inodes(eps: &[std::net::SocketAddr]) -> Vec<Vec<u64>> {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-    let (v4, v6) = match ep.ip() {
-        IpAddr::V4(a) => (Some(a), a.to_ipv6_mapped()),
-        IpAddr::V6(a) => (a.to_ipv4_mapped(), a),
-    };
-    let mut out = Vec::new();
+    let mut out = vec![Vec::new(); eps.len()];
     for (path, hex_len) in [("/proc/net/udp", 8), ("/proc/net/udp6", 32)] {
         let Ok(table) = std::fs::read_to_string(path) else {
             continue;
         };
         for line in table.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let (Some(local), Some(inode)) = (f.get(1), f.get(9)) else {
+            let mut f = line.split_whitespace();
+            let (Some(local), Some(inode)) = (f.nth(1), f.nth(7)) else {
                 continue;
             };
             let Some((addr, port)) = local.split_once(':') else {
                 continue;
             };
-            if addr.len() != hex_len || u16::from_str_radix(port, 16).ok() != Some(ep.port()) {
+            let Ok(port) = u16::from_str_radix(port, 16) else {
+                continue;
+            };
+            if addr.len() != hex_len || !eps.iter().any(|ep| ep.port() == port) {
                 continue;
             }
             // The kernel prints each 32-bit word of the address as a
@@ -439,21 +439,26 @@ pub(super) fn udp_inodes(ep: std::net::SocketAddr) -> Vec<u64> {
                     Err(_) => break,
                 }
             }
-            let matches = match bytes.len() {
-                4 => {
-                    let a = Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]);
-                    a.is_unspecified() || Some(a) == v4
-                }
+            // The socket's address, as IPv6 (an IPv4 one mapped).
+            let ip = match bytes.len() {
+                4 => Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).to_ipv6_mapped(),
                 16 => {
                     let mut b = [0u8; 16];
                     b.copy_from_slice(&bytes);
-                    let a = Ipv6Addr::from(b);
-                    a.is_unspecified() || a == v6
+                    Ipv6Addr::from(b)
                 }
-                _ => false,
+                _ => continue,
             };
-            if let (true, Ok(i)) = (matches, inode.parse::<u64>()) {
-                out.push(i);
+            let wildcard = ip.is_unspecified() || ip == Ipv4Addr::UNSPECIFIED.to_ipv6_mapped();
+            let Ok(inode) = inode.parse::<u64>() else { continue };
+            for (ep, o) in eps.iter().zip(out.iter_mut()) {
+                let want = match ep.ip() {
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                    IpAddr::V6(a) => a,
+                };
+                if ep.port() == port && (wildcard || ip == want) {
+                    o.push(inode);
+                }
             }
         }
     }
