@@ -24,22 +24,24 @@
 //! backlog is full counts as none), if the GID's UDP endpoint is an
 //! address of this host. A refusal means "no shared memory there": the
 //! destination is remembered as UDP for [`RETRY_NS`]. On success it checks
-//! that the listener runs under its own uid, creates the channel region (a sealed memfd, [`ring`]) and
-//! passes it with its doorbell (SCM_RIGHTS) in a hello that names the
-//! target GID and its own GIDs. The acceptor never waits for a hello: its
-//! slow path accepts at most [`ACCEPTS_PER_TURN`] connections, keeps them
-//! (at most [`ShmLimits::max_pending_hellos`]; a new one pushes the oldest
-//! out, `shm_hellos_dropped`) in an epoll that is in the link's
-//! [`Link::poll_fds`], so that a hello arriving later wakes a sleeping
-//! reader, reads at most [`HELLOS_PER_TURN`] hellos per turn, and drops a
-//! connection silent for [`HELLO_NS`] (`shm_hello_timeouts`). It checks the
-//! uid, the target GID, the peer's GIDs, the doorbell, its limits, the
-//! seals and the format, maps the region, answers with its own GIDs and
-//! doorbell, and rings the connector's doorbell so that it sees the
-//! answer, whose GIDs the connector checks in turn. Until the answer arrives the connector keeps sending by UDP
-//! ([`ShmMode::Auto`]) or holds the datagrams ([`ShmMode::Only`]). If two
-//! devices connect to each other at once, two channels exist; each side
-//! sends on one and reads both.
+//! that the listener runs under its own uid, creates the channel region
+//! (a sealed memfd, [`ring`]) and passes it with its doorbell (SCM_RIGHTS)
+//! in a hello that names the target GID and its own GIDs. The acceptor
+//! never waits for a hello: its slow path accepts at most
+//! [`ACCEPTS_PER_TURN`] connections, keeps them (at most
+//! [`ShmLimits::max_pending_hellos`]; a new one takes the place of the
+//! oldest that stayed silent, `shm_hellos_dropped`) in an epoll that is in
+//! the link's [`Link::poll_fds`], so that a hello arriving later wakes a
+//! sleeping reader, reads at most [`HELLOS_PER_TURN`] hellos per turn, and
+//! drops a connection silent for [`HELLO_NS`] (`shm_hello_timeouts`). It
+//! checks the uid, the target GID, the peer's GIDs, the doorbell, its
+//! limits, then the seals and the format (nothing is mapped for a peer
+//! that fails the earlier checks), maps the region, answers with its own
+//! GIDs and doorbell, and rings the connector's doorbell so that it sees
+//! the answer, whose GIDs the connector checks in turn. Until the answer
+//! arrives the connector keeps sending by UDP ([`ShmMode::Auto`]) or holds
+//! the datagrams ([`ShmMode::Only`]). If two devices connect to each other
+//! at once, two channels exist; each side sends on one and reads both.
 //!
 //! # Trust
 //!
@@ -268,7 +270,7 @@ const CAP_TRAINS1: u32 = 8;
 /// Offset of the socket descriptors (`FDS_PER_GID` u32 LE per GID, in
 /// the order of the GIDs; [`NO_FD`] where there are fewer) in a hello or
 /// an answer: the sender's descriptors of the UDP sockets bound to each
-/// GID's endpoint, which the receiver checks (`shm/hello.rs`, "Proof").
+/// GID's endpoint, which the receiver checks ("Trust" in the module docs).
 const OFF_FDS: usize = 304;
 /// Socket descriptors a hello or answer names per GID (a device has two:
 /// its bound socket and its twin, `udp.rs`).
@@ -435,7 +437,8 @@ pub struct ShmLimits {
     /// channel maps at most twice [`EXPORT_MAX`] anyway).
     pub max_mapped_exports: usize,
     /// Accepted connections that have not sent their hello yet, at most;
-    /// a new one pushes out the oldest (`shm_hellos_dropped`).
+    /// a new one takes the place of the oldest that stayed silent
+    /// (`shm_hellos_dropped`), or waits in the listener's backlog.
     pub max_pending_hellos: usize,
 }
 
@@ -626,8 +629,8 @@ struct Channel {
     budget: Arc<Budget>,
     /// The region's share of it.
     _region_charge: Charge,
-    /// The GID a connector opened the channel to (proven by the
-    /// connection: the peer listens on its name).
+    /// The GID a connector opened the channel to (the answer must name
+    /// it, and prove it like every GID it names).
     target: Option<IpAddr>,
 }
 
