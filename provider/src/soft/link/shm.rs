@@ -1077,13 +1077,13 @@ impl ShmLink {
         let accepted;
         let ready;
         {
-            // One `poll` tells which listeners have a connection waiting,
-            // which peers hung up and which half-open connections sent
-            // their hello: a busy receiver runs this path thousands of
-            // times a second, and an `accept` that finds nothing cost as
-            // much as the `poll`. Nothing here waits, and the work is
-            // bounded ([`ACCEPTS_PER_TURN`], [`HELLOS_PER_TURN`]): the
-            // receive turn that runs it is the data path.
+            // One `poll` tells which listeners have a connection waiting
+            // and which peers hung up: a busy receiver runs this path
+            // thousands of times a second, and an `accept` that finds
+            // nothing cost as much as the `poll`. Nothing here waits, and
+            // the work is bounded ([`ACCEPTS_PER_TURN`],
+            // [`HELLOS_PER_TURN`]): the receive turn that runs it is the
+            // data path.
             let listeners = lock(&self.listeners);
             let mut hellos = lock(&self.hellos);
             let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
