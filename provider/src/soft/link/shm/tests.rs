@@ -833,6 +833,18 @@ fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> (UnixStr
 
 /// [`answer_as`] with capabilities `caps` in the answer.
 fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> (UnixStream, std::net::UdpSocket) {
+    answer_ringing(l, m, dst, magic, caps, m.doorbell.as_raw_fd())
+}
+
+/// [`answer_with`], passing `doorbell` as the acceptor's doorbell.
+fn answer_ringing(
+    l: &ShmLink,
+    m: &ShmLink,
+    dst: IpAddr,
+    magic: &[u8; 8],
+    caps: u32,
+    doorbell: RawFd,
+) -> (UnixStream, std::net::UdpSocket) {
     let udp = std::net::UdpSocket::bind((dst, 4791)).unwrap();
     let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
     let listener = UnixListener::bind_addr(&name).unwrap();
@@ -850,7 +862,7 @@ fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32
     answer[24] = 1;
     answer[25..41].copy_from_slice(&Gid::from_ip(dst).0);
     super::hello::set_fds(&mut answer, 0, &[udp.as_raw_fd() as u32]);
-    sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
+    sys::send_fds(s.as_raw_fd(), &answer, &[doorbell]).unwrap();
     (s, udp)
 }
 

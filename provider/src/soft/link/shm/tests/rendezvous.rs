@@ -128,6 +128,31 @@ fn a_doorbell_that_could_block_is_refused_and_traffic_goes_on() {
     assert!(stat(&b, "shm_doorbells_full") >= 1, "{:?}", b.shm_stats());
 }
 
+/// The connector checks the acceptor's doorbell too: an answer whose
+/// doorbell is the write end of a full blocking pipe gets no channel
+/// (which would have rung it, from the receive turn and from every send
+/// to a sleeping peer); the same answer with a real doorbell does.
+#[test]
+fn an_answer_with_a_doorbell_that_could_block_is_refused() {
+    let (l, m) = (link(), link());
+    let (_r, pipe) = full_blocking_pipe();
+    let bad = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 90));
+    let _s = answer_ringing(&l, &m, bad, ANSWER, 0, pipe.as_raw_fd());
+    let l2 = l.clone();
+    within("a receive turn blocked on an acceptor's doorbell", move || {
+        drive_until(&l2, |l| {
+            stat(l, "shm_channels_refused") > 0 || l.is_shm_peer(Gid::from_ip(bad))
+        });
+    });
+    assert!(!l.is_shm_peer(Gid::from_ip(bad)), "{:?}", l.peer_lines());
+    assert_eq!(stat(&l, "shm_refused_doorbell"), 1);
+    assert_eq!(stat(&l, "shm_channels_refused"), 1);
+    let good = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 91));
+    let _s = answer_ringing(&l, &m, good, ANSWER, 0, m.doorbell.as_raw_fd());
+    drive_until(&l, |l| l.is_shm_peer(Gid::from_ip(good)));
+    assert!(l.is_shm_peer(Gid::from_ip(good)), "{:?}", l.peer_lines());
+}
+
 /// Connections to the rendezvous socket that never send a hello, kept
 /// up by a process that reconnects as soon as one is dropped, do not slow
 /// the receive turns that carry traffic (each turn here runs the slow
