@@ -425,7 +425,9 @@ impl std::ops::Deref for Mapped {
 /// the ring's first lap would otherwise take a page fault per slot on
 /// both sides); a mapped buffer holds address space only (mapped lazily,
 /// never prefaulted: the engine touches only the pages it copies) and no
-/// descriptor.
+/// descriptor. A device talking to `n` peers on this host holds `n`
+/// channels, up to `2n` while pairs connect to each other at once: raise
+/// `max_channels` for more than about 32 peers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShmLimits {
     /// Channels (being set up, up, or closing) at most.
@@ -526,6 +528,15 @@ struct Budget {
     label: String,
 }
 
+/// How often a [`Budget`] logs a refusal at most.
+const LOG_EVERY_NS: Nanos = 1_000_000_000;
+
+/// Whether a refusal at `now` is logged, the last one having been logged
+/// at `last` (0: none yet).
+fn log_due(last: Nanos, now: Nanos) -> bool {
+    last == 0 || now.saturating_sub(last) >= LOG_EVERY_NS
+}
+
 /// A share of a [`Budget`], given back when dropped.
 #[derive(Debug)]
 struct Charge {
@@ -569,7 +580,7 @@ impl Budget {
         let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
         let now = process_now().max(1);
         let last = self.logged.load(Ordering::Relaxed);
-        if (last == 0 || now.saturating_sub(last) >= 1_000_000_000)
+        if log_due(last, now)
             && self
                 .logged
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)

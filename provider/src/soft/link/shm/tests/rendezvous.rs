@@ -553,6 +553,18 @@ fn exports_beyond_the_limits_end_the_channel() {
     }
 }
 
+/// A refusal is logged at most once a [`LOG_EVERY_NS`]: the first one,
+/// then the first one a full interval after the last logged one.
+#[test]
+fn refusals_are_logged_at_most_once_a_second() {
+    assert!(log_due(0, 5));
+    assert!(!log_due(5, 5));
+    assert!(!log_due(5, 5 + LOG_EVERY_NS - 1));
+    assert!(log_due(5, 5 + LOG_EVERY_NS));
+    // A clock read on another thread may be behind: not due.
+    assert!(!log_due(5 + LOG_EVERY_NS, 5));
+}
+
 #[test]
 fn limits_parse() {
     let d = ShmLimits::default();
