@@ -401,10 +401,8 @@ impl ShmLink {
         if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
             return Err(bad("hello without usable GIDs"));
         }
-        let doorbell = sys::bell_to(&fds[1]).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
-        if !self.prove_gids(&claims, pid, now) {
-            return Err(bad("hello claims GIDs its process does not own"));
-        }
+        // The cheapest check first: beyond the limit, a hello costs no
+        // system call more.
         let limits = self.budget.limits();
         if self.chans_r().len() + opened >= limits.max_channels {
             self.budget.refuse(format!(
@@ -412,6 +410,10 @@ impl ShmLink {
                 limits.max_channels
             ));
             return Err(io::Error::other("channel limit"));
+        }
+        let doorbell = sys::bell_to(&fds[1]).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
+        if !self.prove_gids(&claims, pid, now) {
+            return Err(bad("hello claims GIDs its process does not own"));
         }
         let charge = self.charge_region(format_args!("pid {pid}"))?;
         fds.truncate(1);
