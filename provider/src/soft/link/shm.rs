@@ -115,17 +115,23 @@
 //! doorbell, which is in the reader's [`Link::poll_fds`].
 //!
 //! A doorbell is a unix datagram socket bound to an automatic abstract
-//! name. The descriptor a peer passes is only looked at: it must be such
-//! a socket, and the ringer connects a socket of its own to its name and
-//! sends one byte with `MSG_DONTWAIT`. Writing the peer's descriptor
-//! itself could block: its flags (`O_NONBLOCK`) live in a file
-//! description the peer shares and can change at any time, and an
-//! eventfd (what earlier versions used) blocks a writer once its owner
-//! has filled the counter; Linux offers no per-call non-blocking write
-//! for eventfds (`pwritev2` with `RWF_NOWAIT` fails with `EOPNOTSUPP`)
-//! nor a way to reopen one with a description of our own. A full
-//! doorbell (`shm_doorbells_full`) means the reader has wake-ups waiting,
-//! or is dead.
+//! name, which only its owner holds. It passes each peer a socket of its
+//! own connected to it, and the peer rings by sending one byte on that
+//! socket with `MSG_DONTWAIT`: it checks that the descriptor is such a
+//! socket, and never writes anything else. Writing a peer's descriptor
+//! in the ordinary way could block: its flags (`O_NONBLOCK`) live in a
+//! file description the peer shares and can change at any time, and an
+//! eventfd (what earlier versions used) or a pipe blocks a writer once
+//! its owner has filled it; Linux offers no per-call non-blocking write
+//! for those (`pwritev2` with `RWF_NOWAIT` fails with `EOPNOTSUPP` on an
+//! eventfd) nor a way to reopen one with a description of our own. The
+//! doorbell itself is never passed: a peer holding it could read the
+//! rings meant for its owner, or connect it to a socket of its own, after
+//! which it would refuse everyone else's. A full doorbell
+//! (`shm_doorbells_full`) means its owner has wake-ups waiting, or is
+//! dead. Its name can be found and sent to by any local process, like any
+//! abstract name: what that buys is a wake-up, whose rings the owner
+//! drains a bounded number at a time.
 //!
 //! # Peer death and misbehaviour
 //!
@@ -597,7 +603,7 @@ impl Budget {
 #[derive(Debug)]
 struct Peer {
     gids: Vec<IpAddr>,
-    /// Our socket connected to the peer's doorbell (`sys::bell_to`).
+    /// The socket the peer passed to ring it with (`sys::check_bell`).
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,

@@ -241,7 +241,7 @@ impl ShmLink {
         sys::send_fds(
             stream.as_raw_fd(),
             &msg,
-            &[region.file().as_raw_fd(), self.doorbell.as_raw_fd()],
+            &[region.file().as_raw_fd(), sys::bell_sender(&self.doorbell)?.as_raw_fd()],
         )?;
         Ok(Arc::new(Channel {
             target: Some(gid.to_ip()),
@@ -411,12 +411,12 @@ impl ShmLink {
             ));
             return Err(io::Error::other("channel limit"));
         }
-        let doorbell = sys::bell_to(&fds[1]).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
+        let bell = fds.pop().ok_or_else(|| bad("no doorbell"))?;
+        let doorbell = sys::check_bell(bell).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
         if !self.prove_gids(&claims, pid, now) {
             return Err(bad("hello claims GIDs its process does not own"));
         }
         let charge = self.charge_region(format_args!("pid {pid}"))?;
-        fds.truncate(1);
         let file = std::fs::File::from(fds.pop().ok_or_else(|| bad("no region"))?);
         let region = Region::open(file)?;
         let mut caps = self.offer_caps();
@@ -427,7 +427,11 @@ impl ShmLink {
             caps |= CAP_CMA_READ;
         }
         let answer = self.hello(ANSWER, Gid(target), caps);
-        sys::send_fds(c.stream.as_raw_fd(), &answer, &[self.doorbell.as_raw_fd()])?;
+        sys::send_fds(
+            c.stream.as_raw_fd(),
+            &answer,
+            &[sys::bell_sender(&self.doorbell)?.as_raw_fd()],
+        )?;
         let c = Arc::new(c);
         let trains = offer && Self::parse_caps(&m) & CAP_TRAINS != 0;
         let one_packet = trains && Self::parse_caps(&m) & CAP_TRAINS1 != 0;
@@ -464,20 +468,20 @@ impl ShmLink {
     pub(super) fn poll_answer(&self, c: &Arc<Channel>, now: Nanos) {
         let mut m = [0u8; MSG_LEN];
         match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
-            Ok((MSG_LEN, fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
+            Ok((MSG_LEN, mut fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
                 let claims = Self::parse_claims(&m);
                 let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
                 // Anyone of this uid can listen on a free rendezvous name:
                 // the acceptor must own the GID we connected to, and every
                 // other GID it names. (Nothing was published on the
-                // channel before: an impostor got a region and a
-                // doorbell name, nothing else.)
+                // channel before: an impostor got a region and a way to
+                // ring us, nothing else.)
                 let usable = !gids.is_empty()
                     && !gids.iter().any(|ip| self.ips.contains(ip))
                     && c.target.is_none_or(|t| gids.contains(&t));
-                let doorbell = match sys::bell_to(&fds[0]) {
-                    Ok(d) => Some(d),
-                    Err(_) => {
+                let doorbell = match fds.pop().map(sys::check_bell) {
+                    Some(Ok(d)) => Some(d),
+                    _ => {
                         bump(&self.stats.refused_doorbell);
                         None
                     }

@@ -40,8 +40,8 @@ pub(super) fn seals(f: &File) -> io::Result<libc::c_int> {
 
 /// A doorbell: a non-blocking unix datagram socket bound to an
 /// automatic abstract name (the kernel picks one no other socket has).
-/// Its owner polls it; peers ring it from sockets of their own
-/// ([`bell_to`], [`ring`]).
+/// Its owner polls it; peers ring it through sockets connected to it
+/// ([`bell_sender`], [`ring`]).
 pub(super) fn bell() -> io::Result<OwnedFd> {
     let fd = unix_socket(libc::SOCK_DGRAM)?;
     // SAFETY: an all-zero sockaddr_un is valid; binding with only the
@@ -70,45 +70,74 @@ fn sock_opt(fd: RawFd, opt: libc::c_int) -> io::Result<libc::c_int> {
     Ok(v)
 }
 
-/// Checks that `peer_bell`, a descriptor a peer passed as its doorbell,
-/// is a unix datagram socket bound to an abstract name, and returns a
-/// socket of our own connected to that name, to ring the peer with.
-///
-/// The peer's descriptor is never written: it shares its file
-/// description with the peer, which could make it blocking at any time
-/// (`O_NONBLOCK` lives in the description), and an eventfd, the
-/// doorbell of earlier versions, blocks a writer whose counter the
-/// owner filled. Our socket's description is ours alone, and [`ring`]
-/// sends with `MSG_DONTWAIT`, which cannot block whatever the flags.
-///
-/// # Errors
-///
-/// `InvalidData` for anything else (a pipe, an eventfd, a stream socket,
-/// an unnamed or path-named socket); socket errors.
-pub(super) fn bell_to(peer_bell: &OwnedFd) -> io::Result<OwnedFd> {
-    let bad = || io::Error::new(io::ErrorKind::InvalidData, "doorbell is not a unix datagram socket");
-    let fd = peer_bell.as_raw_fd();
-    // SO_DOMAIN fails with ENOTSOCK for anything but a socket.
-    if sock_opt(fd, libc::SO_DOMAIN).map_err(|_| bad())? != libc::AF_UNIX
-        || sock_opt(fd, libc::SO_TYPE)? != libc::SOCK_DGRAM
-    {
-        return Err(bad());
-    }
+/// The abstract name a unix socket is bound to (`peer`: the one it is
+/// connected to), as a sockaddr and its length; `InvalidData` if it has
+/// none.
+fn abstract_name(fd: RawFd, peer: bool) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: an all-zero sockaddr_un is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let p = (&mut addr as *mut libc::sockaddr_un).cast();
     // SAFETY: the kernel writes at most `len` bytes into a live sockaddr_un.
-    cvt(unsafe { libc::getsockname(fd, (&mut addr as *mut libc::sockaddr_un).cast(), &mut len) })?;
-    let family = std::mem::size_of::<libc::sa_family_t>();
+    cvt(unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    })?;
     // An abstract name: a NUL, then at least one byte.
-    if (len as usize) <= family + 1 || addr.sun_path[0] != 0 {
-        return Err(bad());
+    if (len as usize) <= std::mem::size_of::<libc::sa_family_t>() + 1 || addr.sun_path[0] != 0 {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "no abstract name"));
     }
+    Ok((addr, len))
+}
+
+/// A socket of our own connected to our doorbell `bell`: what this end
+/// passes a peer to ring it with (one per peer). The doorbell itself is
+/// never passed: a peer holding it could read the rings meant for us, or
+/// connect it to a socket of its own, after which it would refuse
+/// everyone else's rings. With a socket of its own a peer can only ring
+/// us, or fail to.
+pub(super) fn bell_sender(bell: &OwnedFd) -> io::Result<OwnedFd> {
+    let (addr, len) = abstract_name(bell.as_raw_fd(), false)?;
     let ours = unix_socket(libc::SOCK_DGRAM)?;
     // SAFETY: `addr` and `len` are what getsockname wrote (len bounded by
     // the size of `addr`).
     cvt(unsafe { libc::connect(ours.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) })?;
     Ok(ours)
+}
+
+/// Checks the descriptor a peer passed to ring it with: a unix datagram
+/// socket connected to an abstract name (the peer's [`bell_sender`]).
+/// [`ring`] sends on it with `MSG_DONTWAIT`, which cannot block whatever
+/// the peer does to the socket (its flags, `O_NONBLOCK` among them, live
+/// in a file description the peer shares); anything else is refused, and
+/// never written: a pipe or an eventfd (the doorbell of earlier
+/// versions) whose owner filled it blocks a writer if the peer made the
+/// description blocking, and Linux offers no per-call non-blocking write
+/// for them.
+///
+/// # Errors
+///
+/// `InvalidData` for anything else (a pipe, an eventfd, a stream socket,
+/// an unconnected socket); socket errors.
+pub(super) fn check_bell(peer_bell: OwnedFd) -> io::Result<OwnedFd> {
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "doorbell is not a connected unix datagram socket",
+        )
+    };
+    let fd = peer_bell.as_raw_fd();
+    // SO_DOMAIN fails with ENOTSOCK for anything but a socket.
+    if sock_opt(fd, libc::SO_DOMAIN).map_err(|_| bad())? != libc::AF_UNIX
+        || sock_opt(fd, libc::SO_TYPE).map_err(|_| bad())? != libc::SOCK_DGRAM
+    {
+        return Err(bad());
+    }
+    abstract_name(fd, true).map_err(|_| bad())?;
+    Ok(peer_bell)
 }
 
 /// A new epoll descriptor (close-on-exec).
@@ -159,7 +188,7 @@ pub(super) fn connect_abstract(name: &[u8]) -> io::Result<std::os::unix::net::Un
     Ok(std::os::unix::net::UnixStream::from(fd))
 }
 
-/// Rings a doorbell through our socket connected to it ([`bell_to`]):
+/// Rings a doorbell through a socket connected to it ([`check_bell`]):
 /// one byte, `MSG_DONTWAIT`, so it never blocks. Returns whether the byte
 /// went; a full doorbell (`EAGAIN`) means its owner has wake-ups waiting
 /// (it is awake, or will be when it polls) or is dead.

@@ -798,6 +798,11 @@ fn send_one_goes_through_the_ring_or_is_counted() {
     assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
 }
 
+/// A socket to ring `l`'s doorbell with, as a hello or answer passes.
+fn ringer(l: &ShmLink) -> OwnedFd {
+    sys::bell_sender(&l.doorbell).unwrap()
+}
+
 /// Sends `msg` with `fds` to `l`'s rendezvous socket, as a connector.
 fn hello_to(l: &ShmLink, msg: &[u8; MSG_LEN], fds: &[RawFd]) -> UnixStream {
     let addr = UnixAddr::from_abstract_name(rendezvous_name(l.gids[0]).as_bytes()).unwrap();
@@ -833,7 +838,7 @@ fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> (UnixStr
 
 /// [`answer_as`] with capabilities `caps` in the answer.
 fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> (UnixStream, std::net::UdpSocket) {
-    answer_ringing(l, m, dst, magic, caps, m.doorbell.as_raw_fd())
+    answer_ringing(l, m, dst, magic, caps, ringer(m).as_raw_fd())
 }
 
 /// [`answer_with`], passing `doorbell` as the acceptor's doorbell.
@@ -875,7 +880,8 @@ fn answer_ringing(
 fn a_peer_of_another_ring_version_gets_no_channel() {
     let (l, m) = (link(), link());
     let region = Region::create().unwrap();
-    let fds = [region.file().as_raw_fd(), m.doorbell.as_raw_fd()];
+    let bell = ringer(&m);
+    let fds = [region.file().as_raw_fd(), bell.as_raw_fd()];
 
     // An old connector: `l` closes the connection without an answer.
     let mut old = m.hello(HELLO, l.gids[0], 0);

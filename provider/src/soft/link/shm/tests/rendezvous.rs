@@ -84,10 +84,11 @@ fn full_blocking_eventfd() -> OwnedFd {
 }
 
 /// A peer's hello whose doorbell is the write end of a full blocking pipe,
-/// or a blocking eventfd with a full counter, is refused without ever
-/// writing to it; the device's other channel keeps carrying traffic. A
-/// doorbell of the right kind whose queue is full is accepted: ringing it
-/// does not block either, and is counted.
+/// a blocking eventfd with a full counter, or a datagram socket connected
+/// to nothing, is refused without ever writing to it; the device's other
+/// channel keeps carrying traffic. A doorbell of the right kind whose
+/// queue is full is accepted: ringing it does not block either, and is
+/// counted.
 #[test]
 fn a_doorbell_that_could_block_is_refused_and_traffic_goes_on() {
     let (a, b) = pair(false, false);
@@ -98,27 +99,31 @@ fn a_doorbell_that_could_block_is_refused_and_traffic_goes_on() {
     let hello = hello_claiming_own(&m, b.gids[0]);
     let _c1 = hello_to(&b, &hello, &[region.file().as_raw_fd(), pipe.as_raw_fd()]);
     let _c2 = hello_to(&b, &hello, &[region.file().as_raw_fd(), efd.as_raw_fd()]);
+    // A doorbell itself (bound, connected to nothing): a peer passing
+    // one would have us send nowhere.
+    let _c3 = hello_to(&b, &hello, &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()]);
     // `b`'s receive turns run elsewhere: one that blocked would never end.
     let (a2, b2) = (a.clone(), b.clone());
     let got = within("a receive turn blocked on a peer's doorbell", move || {
-        drive_until(&b2, |l| stat(l, "shm_channels_refused") >= 2);
+        drive_until(&b2, |l| stat(l, "shm_channels_refused") >= 3);
         a2.send(dgram(&a2, &b2, b"still here", None));
         pump_until(&a2, &b2, 1)
     });
     assert_eq!(got.len(), 1, "{:?}", b.shm_stats());
-    assert_eq!(stat(&b, "shm_refused_doorbell"), 2);
-    assert_eq!(stat(&b, "shm_channels_refused"), 2);
+    assert_eq!(stat(&b, "shm_refused_doorbell"), 3);
+    assert_eq!(stat(&b, "shm_channels_refused"), 3);
     assert!(!b.is_shm_peer(m.gids[0]));
 
     // A real doorbell, full: the answer's ring finds it full.
     let bell = sys::bell().unwrap();
-    let filler = sys::bell_to(&bell).unwrap();
+    let filler = sys::bell_sender(&bell).unwrap();
     let mut rung = 0;
     while sys::ring(filler.as_raw_fd()) {
         rung += 1;
         assert!(rung < 1_000_000, "the doorbell never filled");
     }
-    let _c3 = hello_to(&b, &hello, &[region.file().as_raw_fd(), bell.as_raw_fd()]);
+    let sender = sys::bell_sender(&bell).unwrap();
+    let _c4 = hello_to(&b, &hello, &[region.file().as_raw_fd(), sender.as_raw_fd()]);
     let b2 = b.clone();
     let m_gid = m.gids[0];
     within("accepting a peer with a full doorbell blocked", move || {
@@ -148,7 +153,7 @@ fn an_answer_with_a_doorbell_that_could_block_is_refused() {
     assert_eq!(stat(&l, "shm_refused_doorbell"), 1);
     assert_eq!(stat(&l, "shm_channels_refused"), 1);
     let good = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 91));
-    let _s = answer_ringing(&l, &m, good, ANSWER, 0, m.doorbell.as_raw_fd());
+    let _s = answer_ringing(&l, &m, good, ANSWER, 0, ringer(&m).as_raw_fd());
     drive_until(&l, |l| l.is_shm_peer(Gid::from_ip(good)));
     assert!(l.is_shm_peer(Gid::from_ip(good)), "{:?}", l.peer_lines());
 }
@@ -243,7 +248,7 @@ fn a_late_hello_wakes_the_acceptor() {
     sys::send_fds(
         s.as_raw_fd(),
         &hello,
-        &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()],
+        &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()],
     )
     .unwrap();
     assert_eq!(readable(fds), 1, "the hello does not wake the reader");
@@ -329,7 +334,7 @@ fn hostile_peer() {
             sys::send_fds(
                 s.as_raw_fd(),
                 &hello,
-                &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()],
+                &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()],
             )
             .unwrap();
             // On a line of its own (the harness's "test ... " has none).
@@ -347,7 +352,7 @@ fn hostile_peer() {
             let mut hello = [0u8; MSG_LEN];
             let _ = (&s).read(&mut hello);
             let answer = claiming(&m, ANSWER, target, &[claim("own"), claim(words[1])]);
-            let _ = sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]);
+            let _ = sys::send_fds(s.as_raw_fd(), &answer, &[ringer(&m).as_raw_fd()]);
             s
         }
         other => panic!("unknown hostile mode {other}"),
@@ -457,7 +462,7 @@ fn a_gid_reached_by_udp_is_not_taken_over() {
         l.gids[0],
         &[(m.gids[0], m.udp_fds(m.gids[0])), (udp_gid, fds_of(&udp, udp_gid))],
     );
-    let _s = hello_to(&l, &hello, &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()]);
+    let _s = hello_to(&l, &hello, &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()]);
     drive_until(&l, |l| stat(l, "shm_refused_gid") > 0 || l.is_shm_peer(udp_gid));
     assert_eq!(stat(&l, "shm_refused_gid"), 1, "{:?}", l.peer_lines());
     assert!(
@@ -469,7 +474,7 @@ fn a_gid_reached_by_udp_is_not_taken_over() {
     let _s = hello_to(
         &l,
         &m.hello(HELLO, l.gids[0], 0),
-        &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()],
+        &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()],
     );
     drive_until(&l, |l| l.is_shm_peer(m.gids[0]));
     assert!(l.is_shm_peer(m.gids[0]));
@@ -490,7 +495,7 @@ fn a_flood_of_hellos_stops_at_the_channel_limit() {
         conns.push(hello_to(
             &l,
             &hello,
-            &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()],
+            &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()],
         ));
         pump(&l, &mut Vec::new());
     }
@@ -512,7 +517,7 @@ fn a_flood_of_hellos_stops_at_the_channel_limit() {
         ..l.limits()
     });
     let _conns: Vec<UnixStream> = (0..4)
-        .map(|_| hello_to(&l, &hello, &[region.file().as_raw_fd(), m.doorbell.as_raw_fd()]))
+        .map(|_| hello_to(&l, &hello, &[region.file().as_raw_fd(), ringer(&m).as_raw_fd()]))
         .collect();
     drive_until_stat(&l, "shm_refused_limit", 18);
     assert_eq!(stat(&l, "shm_channels_accepted"), max as u64 + 2);
@@ -590,7 +595,7 @@ fn limits_parse() {
 #[test]
 fn a_doorbell_fills_without_blocking_and_drains_in_bounds() {
     let bell = sys::bell().unwrap();
-    let ringer = sys::bell_to(&bell).unwrap();
+    let ringer = sys::bell_sender(&bell).unwrap();
     let readable = || {
         let mut p = libc::pollfd {
             fd: bell.as_raw_fd(),
@@ -613,4 +618,55 @@ fn a_doorbell_fills_without_blocking_and_drains_in_bounds() {
     assert!(!readable(), "a full drain left rings");
     assert!(sys::ring(ringer.as_raw_fd()));
     assert!(readable());
+}
+
+/// What a peer gets to ring us with is a socket of its own, never our
+/// doorbell: whatever it does with it (here: it reads from it, and
+/// connects it elsewhere, which on the doorbell itself would refuse every
+/// other peer's rings), the other peers still ring us, and it reads none
+/// of their rings.
+#[test]
+fn a_peer_cannot_take_the_doorbell_from_the_others() {
+    let (l, m) = (link(), link());
+    let dst = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 92));
+    let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
+    let listener = UnixListener::bind_addr(&name).unwrap();
+    let mut t = dgram(&l, &m, b"to a peer", None);
+    t.dst = dst;
+    l.send_one(t, &mut drop);
+    let (s, _) = listener.accept().unwrap();
+    let mut hello = [0u8; MSG_LEN];
+    let (n, mut fds) = sys::recv_fds(s.as_raw_fd(), &mut hello, 2).unwrap();
+    assert_eq!((n, fds.len()), (MSG_LEN, 2));
+    let given = sys::check_bell(fds.pop().unwrap()).unwrap();
+    // The hostile peer connects what it got to a doorbell of its own.
+    let elsewhere = sys::bell().unwrap();
+    let mut addr: libc::sockaddr_un = zeroed_sockaddr();
+    let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    let at = (&mut addr as *mut libc::sockaddr_un).cast();
+    // SAFETY: the kernel writes at most `len` bytes into a live sockaddr_un.
+    let r = unsafe { libc::getsockname(elsewhere.as_raw_fd(), at, &mut len) };
+    assert_eq!(r, 0);
+    // SAFETY: `addr`, `len` as getsockname wrote them.
+    let r = unsafe { libc::connect(given.as_raw_fd(), (&addr as *const libc::sockaddr_un).cast(), len) };
+    assert_eq!(r, 0, "{}", io::Error::last_os_error());
+    // Another peer rings `l`: it goes through, and only `l` sees it.
+    let other = ringer(&l);
+    assert!(sys::ring(other.as_raw_fd()));
+    let mut b = [0u8; 8];
+    // SAFETY: receives at most 8 bytes into a live buffer, no waiting.
+    let stolen = unsafe { libc::recv(given.as_raw_fd(), b.as_mut_ptr().cast(), 8, libc::MSG_DONTWAIT) };
+    assert!(stolen < 0, "the peer read a ring meant for us");
+    let mut p = libc::pollfd {
+        fd: l.doorbell.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, no waiting.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1, "the ring did not reach us");
+}
+
+fn zeroed_sockaddr() -> libc::sockaddr_un {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    unsafe { std::mem::zeroed() }
 }
