@@ -20,19 +20,88 @@
 //! host" exactly: devices in other namespaces are reached by UDP.
 //!
 //! On the first datagram to a destination GID (not its own), a device
-//! tries to connect to that name. A refusal means "no shared memory
-//! there": the destination is remembered as UDP for [`RETRY_NS`]. On
-//! success it checks that the listener runs under its own uid, creates
-//! the channel region (a sealed memfd, [`ring`]) and an eventfd doorbell
-//! is passed along with it (SCM_RIGHTS) in a hello that names the target
-//! GID and its own GIDs. The acceptor (in its next receive turn; the
-//! listener is in its poll set) checks the uid, the target GID, the seals
-//! and the format, maps the region, answers with its own GIDs and
-//! doorbell, and rings the connector's doorbell so that it sees the
-//! answer. Until the answer arrives the connector keeps sending by UDP
-//! ([`ShmMode::Auto`]) or holds the datagrams ([`ShmMode::Only`]). If two
-//! devices connect to each other at once, two channels exist; each side
-//! sends on one and reads both.
+//! tries to connect to that name, without waiting (a listener whose
+//! backlog is full counts as none), if the GID's UDP endpoint is an
+//! address of this host. A refusal means "no shared memory there": the
+//! destination is remembered as UDP for [`RETRY_NS`]. On success it checks
+//! that the listener runs under its own uid, creates the channel region
+//! (a sealed memfd, [`ring`]) and passes it with its doorbell (SCM_RIGHTS)
+//! in a hello that names the target GID and its own GIDs. The acceptor
+//! never waits for a hello: its slow path accepts at most
+//! [`ACCEPTS_PER_TURN`] connections, keeps them (at most
+//! [`ShmLimits::max_pending_hellos`]; a new one takes the place of the
+//! oldest that stayed silent, `shm_hellos_dropped`) in an epoll that is in
+//! the link's [`Link::poll_fds`], so that a hello arriving later wakes a
+//! sleeping reader, reads at most [`HELLOS_PER_TURN`] hellos per turn, and
+//! drops a connection silent for [`HELLO_NS`] (`shm_hello_timeouts`). It
+//! checks the uid, the target GID, the peer's GIDs, the doorbell, its
+//! limits, then the seals and the format (nothing is mapped for a peer
+//! that fails the earlier checks), maps the region, answers with its own
+//! GIDs and doorbell, and rings the connector's doorbell so that it sees
+//! the answer, whose GIDs the connector checks in turn. Until the answer
+//! arrives the connector keeps sending by UDP ([`ShmMode::Auto`]) or holds
+//! the datagrams ([`ShmMode::Only`]). If two devices connect to each other
+//! at once, two channels exist; each side sends on one and reads both.
+//!
+//! # Trust
+//!
+//! *Who may talk to whom.* Only devices of processes with the same
+//! effective uid get a channel (`SO_PEERCRED`, filled in by the kernel, at
+//! both ends): a channel lets the peer write a ring this process reads
+//! and, with trains, hand it buffers to read, and abstract socket names
+//! have no file permissions to stand in for this check. Within the uid a
+//! peer is trusted with nothing more: what it writes in the ring is
+//! validated ([`ring`], `shm/trains.rs`), it cannot make this process block
+//! (doorbells, connects and hellos never wait on it), it cannot make it
+//! hold more than the device's [`ShmLimits`], and it carries only the
+//! traffic of GIDs it owns.
+//!
+//! *What a GID is, and who owns it.* A GID names a UDP endpoint (address
+//! and port, `udp.rs`); whoever receives that endpoint's datagrams owns
+//! the GID, for UDP as for us: it gets the traffic sent to the GID, and it
+//! can send from the GID's address. So a channel carries the traffic of a
+//! GID only if the peer process (the pid from `SO_PEERCRED`, which the
+//! peer cannot choose) holds every UDP socket bound to the GID's endpoint,
+//! and the endpoint's address is one of this host's (network namespace).
+//! The peer names, per GID, its descriptors of those sockets (a hello or
+//! answer has room for four); the kernel's socket table
+//! (`/proc/net/udp`, `/proc/net/udp6`) gives the sockets bound to the
+//! endpoint, and `/proc/<pid>/fd/<n>` which socket each named descriptor
+//! is: a `readlink` per descriptor, whatever the peer does (a scan of the
+//! peer's descriptors would let a peer with thousands of them stall us,
+//! at ~11 µs per entry). A channel thus gives a peer nothing UDP would
+//! not. The acceptor checks every GID of the hello. The connector checks
+//! every GID of the answer, which must include the GID it connected to:
+//! anyone of the uid can listen on a free rendezvous name, for example
+//! that of a UDP-only device or of a remote host's GID; such a listener
+//! gets a hello (a region and a doorbell's name; nothing is published on
+//! a channel before it is up) and no channel. A GID this device reaches
+//! over another path now, a channel to another process or UDP (after a
+//! connect that found no device to make a channel with, for
+//! [`RETRY_NS`]; not after a channel ended, so that a peer that restarts
+//! gets its channel back at once), is not taken over either. A hello or
+//! answer with one unproven GID gets no channel (`shm_refused_gid`, and
+//! `shm_channels_refused`). The proof is of the moment of the
+//! rendezvous: a peer that closes its socket later keeps its channel
+//! (and anyone who binds the endpoint then gets its UDP traffic, channel
+//! or not). Every datagram read from a channel must then come from one of
+//! the peer's GIDs and go to one of ours (`shm_rx_bad_addr`).
+//!
+//! *What this does not cover.* A process of the same uid that may ptrace
+//! this one (Yama `ptrace_scope` 0) can read and write its memory anyway;
+//! none of the above stops it, nor needs to. A peer whose descriptors
+//! `/proc` does not show (not dumpable, another pid namespace) cannot
+//! prove its GIDs, and its traffic goes by UDP. With
+//! `net.ipv4.ip_nonlocal_bind` set, every address counts as this host's,
+//! and only the socket check remains.
+//!
+//! # Limits
+//!
+//! [`ShmLimits`] bounds, per device, the channels, the bytes mapped
+//! (regions and peers' buffers) and the peers' buffers mapped; a peer
+//! beyond them is refused, counted (`shm_refused_limit`) and named on
+//! standard error in one line at most once a second. `shm_mapped_bytes`
+//! and `shm_mapped_exports` show what is held.
 //!
 //! # Doorbell
 //!
@@ -42,8 +111,27 @@
 //! ([`Link::prepare_sleep`]) it sets the flag in every ring it reads,
 //! issues a full fence and looks at the rings once more; the writer
 //! publishes, fences and reads the flag, so one of the two sees the
-//! other (no lost wake-up), and the writer then writes the reader's
-//! eventfd, which is in the reader's [`Link::poll_fds`].
+//! other (no lost wake-up), and the writer then rings the reader's
+//! doorbell, which is in the reader's [`Link::poll_fds`].
+//!
+//! A doorbell is a unix datagram socket bound to an automatic abstract
+//! name, which only its owner holds. It passes each peer a socket of its
+//! own connected to it, and the peer rings by sending one byte on that
+//! socket with `MSG_DONTWAIT`: it checks that the descriptor is such a
+//! socket, and never writes anything else. Writing a peer's descriptor
+//! in the ordinary way could block: its flags (`O_NONBLOCK`) live in a
+//! file description the peer shares and can change at any time, and an
+//! eventfd (what earlier versions used) or a pipe blocks a writer once
+//! its owner has filled it; Linux offers no per-call non-blocking write
+//! for those (`pwritev2` with `RWF_NOWAIT` fails with `EOPNOTSUPP` on an
+//! eventfd) nor a way to reopen one with a description of our own. The
+//! doorbell itself is never passed: a peer holding it could read the
+//! rings meant for its owner, or connect it to a socket of its own, after
+//! which it would refuse everyone else's. A full doorbell
+//! (`shm_doorbells_full`) means its owner has wake-ups waiting, or is
+//! dead. Its name can be found and sent to by any local process, like any
+//! abstract name: what that buys is a wake-up, whose rings the owner
+//! drains a bounded number at a time.
 //!
 //! # Peer death and misbehaviour
 //!
@@ -149,13 +237,25 @@ const ANSWER_NS: Nanos = 2_000_000_000;
 /// Datagrams a channel holds back (full ring, channel being set up).
 const BACKLOG_MAX: usize = 8192;
 /// Length of the hello and answer messages (`shm/hello.rs`).
-const MSG_LEN: usize = 304;
+const MSG_LEN: usize = 560;
 const MAX_GIDS: usize = 16;
 /// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
 /// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
-/// per slot, 16-byte slot headers).
-const HELLO: &[u8; 8] = b"SVSHMHI4";
-const ANSWER: &[u8; 8] = b"SVSHMOK4";
+/// per slot, 16-byte slot headers). 5: doorbells are unix datagram
+/// sockets (an eventfd could block the peer that rings it).
+const HELLO: &[u8; 8] = b"SVSHMHI5";
+const ANSWER: &[u8; 8] = b"SVSHMOK5";
+/// How long an accepted rendezvous connection may take to send its hello
+/// (a connector sends it right after connecting) before it is dropped
+/// (`shm_hello_timeouts`).
+pub const HELLO_NS: Nanos = 1_000_000_000;
+/// Connections a slow path accepts at most (the rest wait in the
+/// listener's backlog for the next one).
+pub const ACCEPTS_PER_TURN: usize = 8;
+/// Hellos a slow path reads and checks at most.
+pub const HELLOS_PER_TURN: usize = 4;
+/// Rings a receive turn takes from the doorbell at most.
+const DRAIN_MAX: usize = 64;
 /// Offset of the capability word (u32, little-endian) in a hello or an
 /// answer, after the GIDs.
 const OFF_CAPS: usize = 284;
@@ -173,7 +273,22 @@ const CAP_CMA_READ: u32 = 4;
 /// Capability: this end takes trains of one packet (earlier versions took
 /// trains of two packets or more and drop one of one as malformed).
 const CAP_TRAINS1: u32 = 8;
-const _: () = assert!(25 + 16 * MAX_GIDS <= OFF_CAPS && OFF_CAPS + 4 <= OFF_PROBE && OFF_PROBE + 16 <= MSG_LEN);
+/// Offset of the socket descriptors (`FDS_PER_GID` u32 LE per GID, in
+/// the order of the GIDs; [`NO_FD`] where there are fewer) in a hello or
+/// an answer: the sender's descriptors of the UDP sockets bound to each
+/// GID's endpoint, which the receiver checks ("Trust" in the module docs).
+const OFF_FDS: usize = 304;
+/// Socket descriptors a hello or answer names per GID (a device has two:
+/// its bound socket and its twin, `udp.rs`).
+const FDS_PER_GID: usize = 4;
+/// No descriptor.
+const NO_FD: u32 = u32::MAX;
+const _: () = assert!(
+    25 + 16 * MAX_GIDS <= OFF_CAPS
+        && OFF_CAPS + 4 <= OFF_PROBE
+        && OFF_PROBE + 16 <= OFF_FDS
+        && OFF_FDS + 4 * FDS_PER_GID * MAX_GIDS <= MSG_LEN
+);
 /// An exported buffer: this magic, its token (u64 LE), its length (u64
 /// LE), 8 zero bytes; the memfd rides along (SCM_RIGHTS).
 const EXPORT: &[u8; 8] = b"SVSHMFD1";
@@ -235,6 +350,18 @@ struct Stats {
     tx_trains_cma: AtomicU64,
     rx_trains_cma: AtomicU64,
     cma_probe_failed: AtomicU64,
+    /// Accepted connections dropped for sending no hello in [`HELLO_NS`].
+    hello_timeouts: AtomicU64,
+    /// Accepted connections dropped unheard because
+    /// [`ShmLimits::max_pending_hellos`] newer ones waited.
+    hellos_dropped: AtomicU64,
+    /// Hellos and answers refused for a GID the peer could not prove.
+    refused_gid: AtomicU64,
+    /// Hellos and answers refused for a doorbell that is not a unix
+    /// datagram socket.
+    refused_doorbell: AtomicU64,
+    /// Doorbell rings that found the peer's doorbell full.
+    doorbells_full: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -272,11 +399,211 @@ struct RxSide {
 }
 
 /// The receiver's table of the peer's mapped buffers.
-type TokenMaps = HashMap<u64, MmapRaw, super::iphash::IpHash>;
+type TokenMaps = HashMap<u64, Mapped, super::iphash::IpHash>;
+
+/// A buffer of the peer mapped here, and its share of the device's
+/// [`ShmLimits`] (given back when it is unmapped).
+#[derive(Debug)]
+struct Mapped {
+    map: MmapRaw,
+    _charge: Charge,
+}
+
+impl std::ops::Deref for Mapped {
+    type Target = MmapRaw;
+    fn deref(&self) -> &MmapRaw {
+        &self.map
+    }
+}
+
+/// Limits of one device's shared-memory link: what peers on this host can
+/// make it hold. A peer beyond them is refused (counted in
+/// `shm_refused_limit`, and a line on standard error at most once a
+/// second): a hello beyond [`max_channels`](Self::max_channels) gets no
+/// channel, a buffer export beyond [`max_mapped_bytes`](Self::max_mapped_bytes)
+/// or [`max_mapped_exports`](Self::max_mapped_exports) ends the channel
+/// that sent it (its destinations go back to UDP, or wait for a channel
+/// in [`ShmMode::Only`]).
+///
+/// Set with [`ShmLink::set_limits`], or when a link is made from
+/// [`LIMITS_ENV`]. What they bound: each channel holds four descriptors
+/// and maps its region ([`ring::REGION_LEN`], about 4.5 MiB, prefaulted:
+/// the ring's first lap would otherwise take a page fault per slot on
+/// both sides); a mapped buffer holds address space only (mapped lazily,
+/// never prefaulted: the engine touches only the pages it copies) and no
+/// descriptor. A device talking to `n` peers on this host holds `n`
+/// channels, up to `2n` while pairs connect to each other at once: raise
+/// `max_channels` for more than about 32 peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShmLimits {
+    /// Channels (being set up, up, or closing) at most.
+    pub max_channels: usize,
+    /// Bytes of address space mapped at most: channel regions and the
+    /// buffers peers exported for trains.
+    pub max_mapped_bytes: u64,
+    /// Buffers exported by peers mapped at most, over all channels (a
+    /// channel maps at most twice [`EXPORT_MAX`] anyway).
+    pub max_mapped_exports: usize,
+    /// Accepted connections that have not sent their hello yet, at most;
+    /// a new one takes the place of the oldest that stayed silent
+    /// (`shm_hellos_dropped`), or waits in the listener's backlog.
+    pub max_pending_hellos: usize,
+}
+
+impl Default for ShmLimits {
+    /// 64 channels, 1 TiB mapped, 4096 mapped buffers, 32 pending hellos:
+    /// room for many busy peers, far from what a process can hold (about
+    /// 300 MiB of regions, 300 descriptors).
+    fn default() -> ShmLimits {
+        ShmLimits {
+            max_channels: 64,
+            max_mapped_bytes: 1 << 40,
+            max_mapped_exports: 4096,
+            max_pending_hellos: 32,
+        }
+    }
+}
+
+impl ShmLimits {
+    /// Parses `channels=N,mapped=BYTES,exports=N,hellos=N` (any subset,
+    /// in any order; `BYTES` may end in `K`, `M`, `G` or `T`, powers of
+    /// 1024) over these limits.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the item that is not `key=number` with a known
+    /// key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use softverbs::soft::link::shm::ShmLimits;
+    ///
+    /// let l = ShmLimits::default().parse("channels=8,mapped=16G")?;
+    /// assert_eq!((l.max_channels, l.max_mapped_bytes), (8, 16 << 30));
+    /// # Ok::<(), String>(())
+    /// ```
+    pub fn parse(mut self, spec: &str) -> Result<ShmLimits, String> {
+        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad = || format!("shared-memory limit '{item}': expected channels|mapped|exports|hellos=NUMBER");
+            let (key, value) = item.split_once('=').ok_or_else(bad)?;
+            let value = value.trim();
+            let (digits, shift) = match value.char_indices().last() {
+                Some((i, 'K' | 'k')) => (&value[..i], 10),
+                Some((i, 'M' | 'm')) => (&value[..i], 20),
+                Some((i, 'G' | 'g')) => (&value[..i], 30),
+                Some((i, 'T' | 't')) => (&value[..i], 40),
+                _ => (value, 0),
+            };
+            let n = digits
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(1u64 << shift))
+                .ok_or_else(bad)?;
+            let count = || usize::try_from(n).map_err(|_| bad());
+            match key.trim() {
+                "channels" => self.max_channels = count()?,
+                "mapped" => self.max_mapped_bytes = n,
+                "exports" => self.max_mapped_exports = count()?,
+                "hellos" => self.max_pending_hellos = count()?,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// Environment variable: limits a link made from then on takes
+/// ([`ShmLimits::parse`] over the defaults), e.g.
+/// `SOFTVERBS_SHM_LIMITS=channels=16,mapped=64G`. Malformed: the
+/// defaults, and a line on standard error.
+pub const LIMITS_ENV: &str = "SOFTVERBS_SHM_LIMITS";
+
+/// What a device's channels hold against its [`ShmLimits`], shared by the
+/// link and its channels (which charge it for what they map).
+#[derive(Debug)]
+struct Budget {
+    limits: Mutex<ShmLimits>,
+    mapped_bytes: AtomicU64,
+    mapped_exports: AtomicU64,
+    /// Peers refused for a limit.
+    refused: AtomicU64,
+    /// When the last refusal was logged ([`process_now`]; 0: never).
+    logged: AtomicU64,
+    /// The device, for the log line (its first GID).
+    label: String,
+}
+
+/// How often a [`Budget`] logs a refusal at most.
+const LOG_EVERY_NS: Nanos = 1_000_000_000;
+
+/// Whether a refusal at `now` is logged, the last one having been logged
+/// at `last` (0: none yet).
+fn log_due(last: Nanos, now: Nanos) -> bool {
+    last == 0 || now.saturating_sub(last) >= LOG_EVERY_NS
+}
+
+/// A share of a [`Budget`], given back when dropped.
+#[derive(Debug)]
+struct Charge {
+    budget: Arc<Budget>,
+    bytes: u64,
+    exports: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.mapped_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        self.budget.mapped_exports.fetch_sub(self.exports, Ordering::Relaxed);
+    }
+}
+
+impl Budget {
+    fn limits(&self) -> ShmLimits {
+        *lock(&self.limits)
+    }
+
+    /// Takes `bytes` of mapped memory and `exports` mapped buffers if the
+    /// limits allow both (`None`: they do not; nothing taken).
+    fn charge(self: &Arc<Self>, bytes: u64, exports: u64) -> Option<Charge> {
+        let l = self.limits();
+        let b = self.mapped_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let e = self.mapped_exports.fetch_add(exports, Ordering::Relaxed);
+        let charge = Charge {
+            budget: self.clone(),
+            bytes,
+            exports,
+        };
+        let fits = b.checked_add(bytes).is_some_and(|t| t <= l.max_mapped_bytes)
+            && e.saturating_add(exports) <= l.max_mapped_exports as u64;
+        // Dropping the charge gives it back.
+        fits.then_some(charge)
+    }
+
+    /// Counts a peer refused for a limit and says `what` on standard
+    /// error, in one line at most once a second.
+    fn refuse(&self, what: String) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = process_now().max(1);
+        let last = self.logged.load(Ordering::Relaxed);
+        if log_due(last, now)
+            && self
+                .logged
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            eprintln!(
+                "softverbs: shared-memory link of {}: {what} (shm_refused_limit {n}; raise with {LIMITS_ENV} or ShmLink::set_limits)",
+                self.label
+            );
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Peer {
     gids: Vec<IpAddr>,
+    /// The socket the peer passed to ring it with (`sys::check_bell`).
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,
@@ -315,12 +642,22 @@ struct Channel {
     /// The peer verified it can read this process's memory: trains may
     /// carry process-memory pieces.
     cma_tx: AtomicBool,
+    /// The device's budget, charged for the peer's buffers mapped here.
+    budget: Arc<Budget>,
+    /// The region's share of it.
+    _region_charge: Charge,
+    /// The GID a connector opened the channel to (the answer must name
+    /// it, and prove it like every GID it names).
+    target: Option<IpAddr>,
 }
 
 impl Channel {
-    fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool) -> Channel {
+    fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool, charge: Charge) -> Channel {
         let (tx_ring, rx_ring) = Channel::rings(connector);
         Channel {
+            budget: charge.budget.clone(),
+            _region_charge: charge,
+            target: None,
             stream,
             region,
             connector,
@@ -471,8 +808,10 @@ impl Channel {
 #[derive(Debug)]
 enum Route {
     Chan(Arc<Channel>),
-    /// No shared memory to this destination until then.
-    Udp(Nanos),
+    /// No shared memory to this destination until then; `true`: a
+    /// connect found no device to make a channel with (it is a UDP peer
+    /// now), `false`: its channel ended.
+    Udp(Nanos, bool),
 }
 
 /// A UDP link with shared-memory channels to devices on this host. See
@@ -484,7 +823,10 @@ pub struct ShmLink {
     gids: Vec<Gid>,
     ips: Vec<IpAddr>,
     listeners: Mutex<Vec<UnixListener>>,
-    listener_fds: Vec<RawFd>,
+    /// An epoll descriptor holding the listeners and the connections
+    /// waiting for their hello, in the poll set: a hello that arrives
+    /// after its connection was accepted wakes a sleeping reader.
+    rendezvous: OwnedFd,
     doorbell: OwnedFd,
     routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
     /// This link among all, and the version of `routes` (bumped by every
@@ -509,6 +851,13 @@ pub struct ShmLink {
     /// channel allows it (see [`ShmLink::set_force_cma`]).
     force_cma: AtomicBool,
     last_prune: AtomicU64,
+    /// Accepted connections waiting for their hello (`shm/hello.rs`).
+    hellos: Mutex<VecDeque<hello::Pending>>,
+    /// The last slow path left rendezvous work for the next (its bounds
+    /// were reached): do not sleep. The epoll in the poll set would not
+    /// wake the reader for what was already there.
+    rendezvous_more: AtomicBool,
+    budget: Arc<Budget>,
     stats: Stats,
 }
 
@@ -529,15 +878,33 @@ impl ShmLink {
             l.set_nonblocking(true)?;
             listeners.push(l);
         }
-        let listener_fds = listeners.iter().map(|l| l.as_raw_fd()).collect();
+        let rendezvous = sys::epoll()?;
+        for l in &listeners {
+            sys::epoll_add(rendezvous.as_raw_fd(), l.as_raw_fd())?;
+        }
+        let mut limits = ShmLimits::default();
+        if let Some(spec) = std::env::var_os(LIMITS_ENV) {
+            match limits.parse(&spec.to_string_lossy()) {
+                Ok(l) => limits = l,
+                Err(e) => eprintln!("softverbs: {LIMITS_ENV}: {e}; using the defaults"),
+            }
+        }
+        let budget = Arc::new(Budget {
+            limits: Mutex::new(limits),
+            mapped_bytes: AtomicU64::new(0),
+            mapped_exports: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            logged: AtomicU64::new(0),
+            label: gids.first().map_or_else(String::new, |g| g.to_string()),
+        });
         Ok(Arc::new(ShmLink {
             ips: gids.iter().map(|g| g.to_ip()).collect(),
             gids,
             udp,
             mode,
             listeners: Mutex::new(listeners),
-            listener_fds,
-            doorbell: sys::eventfd()?,
+            rendezvous,
+            doorbell: sys::bell()?,
             routes: RwLock::new(HashMap::default()),
             link_id: send::next_link_id(),
             route_version: AtomicU64::new(0),
@@ -552,6 +919,9 @@ impl ShmLink {
             offer_trains: AtomicBool::new(std::env::var_os(TRAINS_ENV).is_none_or(|v| v != "0")),
             force_cma: AtomicBool::new(std::env::var_os(FORCE_CMA_ENV).is_some_and(|v| !v.is_empty() && v != "0")),
             last_prune: AtomicU64::new(0),
+            hellos: Mutex::new(VecDeque::new()),
+            rendezvous_more: AtomicBool::new(false),
+            budget,
             stats: Stats::default(),
         }))
     }
@@ -581,6 +951,17 @@ impl ShmLink {
     /// where the peer verified it can read this process.
     pub fn set_force_cma(&self, on: bool) {
         self.force_cma.store(on, Ordering::Relaxed);
+    }
+
+    /// Sets the limits on what peers can make this device hold (see
+    /// [`ShmLimits`]); they apply to what is set up or mapped from now on.
+    pub fn set_limits(&self, limits: ShmLimits) {
+        *lock(&self.budget.limits) = limits;
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> ShmLimits {
+        self.budget.limits()
     }
 
     /// Whether a shared-memory channel to `gid` is up.
@@ -630,7 +1011,7 @@ impl ShmLink {
                     }
                     line
                 }
-                Route::Udp(_) => format!("{} udp", Gid::from_ip(*ip)),
+                Route::Udp(..) => format!("{} udp", Gid::from_ip(*ip)),
             })
             .collect();
         lines.sort();
@@ -666,7 +1047,7 @@ impl ShmLink {
                     }
                     now = process_now();
                 }
-                Some(Route::Udp(until)) => {
+                Some(Route::Udp(until, _)) => {
                     now = process_now();
                     if now < *until {
                         return None;
@@ -676,7 +1057,7 @@ impl ShmLink {
             }
         }
         if self.ips.contains(&dst) {
-            self.routes_w().insert(dst, Route::Udp(Nanos::MAX));
+            self.routes_w().insert(dst, Route::Udp(Nanos::MAX, false));
             return None;
         }
         let mut routes = self.routes_w();
@@ -686,7 +1067,7 @@ impl ShmLink {
                     return r;
                 }
             }
-            Some(Route::Udp(until)) if now < *until => return None,
+            Some(Route::Udp(until, _)) if now < *until => return None,
             _ => {}
         }
         match self.connect_to(Gid::from_ip(dst)) {
@@ -698,7 +1079,7 @@ impl ShmLink {
             }
             Err(_) => {
                 bump(&self.stats.connect_failed);
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS)));
+                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
                 None
             }
         }
@@ -710,23 +1091,46 @@ impl ShmLink {
         self.last_slow.store(now, Ordering::Relaxed);
         let chans: Vec<Arc<Channel>> = self.chans_r().clone();
         let streams: Vec<RawFd> = chans.iter().map(|c| c.stream.as_raw_fd()).collect();
-        let mut accepted = Vec::new();
+        let accepted;
         let ready;
         {
             // One `poll` tells which listeners have a connection waiting
             // and which peers hung up: a busy receiver runs this path
             // thousands of times a second, and an `accept` that finds
-            // nothing cost as much as the `poll`.
+            // nothing cost as much as the `poll`. Nothing here waits, and
+            // the work is bounded ([`ACCEPTS_PER_TURN`],
+            // [`HELLOS_PER_TURN`]): the receive turn that runs it is the
+            // data path.
             let listeners = lock(&self.listeners);
+            let mut hellos = lock(&self.hellos);
             let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
-            ready = sys::readiness(&fds, &streams);
-            for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
-                while let Ok((s, _)) = l.accept() {
-                    match self.accept_one(s) {
-                        Ok(c) => accepted.push(c),
-                        Err(_) => bump(&self.stats.refused),
+            ready = sys::readiness(&fds, &streams, &[]);
+            let mut accepts = ACCEPTS_PER_TURN;
+            let mut more = false;
+            'accept: for (l, _) in listeners.iter().zip(&ready.pending).filter(|(_, p)| **p) {
+                loop {
+                    if accepts == 0 || !self.make_room(&mut hellos) {
+                        more = true;
+                        break 'accept;
                     }
+                    let Ok((s, _)) = l.accept() else { break };
+                    accepts -= 1;
+                    self.admit(&mut hellos, s, now);
                 }
+            }
+            // A connector sends its hello right after connecting: it is
+            // usually there as soon as the connection is accepted (a
+            // second `poll`, only while connections wait for a hello).
+            accepted = if hellos.is_empty() {
+                Vec::new()
+            } else {
+                let waiting: Vec<RawFd> = hellos.iter().map(|p| p.stream.as_raw_fd()).collect();
+                let heard = sys::readiness(&[], &[], &waiting).hellos;
+                more |= heard.iter().filter(|h| **h).count() > HELLOS_PER_TURN;
+                self.hello_turn(&mut hellos, &heard, now)
+            };
+            if self.rendezvous_more.load(Ordering::Relaxed) != more {
+                self.rendezvous_more.store(more, Ordering::Relaxed);
             }
         }
         for c in accepted {
@@ -782,7 +1186,7 @@ impl ShmLink {
             let mut routes = self.routes_w();
             for r in routes.values_mut() {
                 if matches!(r, Route::Chan(c) if c.state() == DEAD) {
-                    *r = Route::Udp(now.saturating_add(RETRY_NS));
+                    *r = Route::Udp(now.saturating_add(RETRY_NS), false);
                 }
             }
         }
@@ -856,6 +1260,14 @@ impl ShmLink {
             ("shm_tx_trains_cma", g(&s.tx_trains_cma)),
             ("shm_rx_trains_cma", g(&s.rx_trains_cma)),
             ("shm_cma_probe_failed", g(&s.cma_probe_failed)),
+            ("shm_hello_timeouts", g(&s.hello_timeouts)),
+            ("shm_hellos_dropped", g(&s.hellos_dropped)),
+            ("shm_refused_gid", g(&s.refused_gid)),
+            ("shm_refused_doorbell", g(&s.refused_doorbell)),
+            ("shm_refused_limit", g(&self.budget.refused)),
+            ("shm_doorbells_full", g(&s.doorbells_full)),
+            ("shm_mapped_bytes", g(&self.budget.mapped_bytes)),
+            ("shm_mapped_exports", g(&self.budget.mapped_exports)),
         ]
     }
 }
@@ -907,7 +1319,7 @@ impl Link for ShmLink {
     fn prepare_sleep(&self) -> bool {
         // The wake-up that ends the sleep is a `woken`.
         self.woken();
-        let mut ok = true;
+        let mut ok = !self.rendezvous_more.load(Ordering::Relaxed);
         for c in self.chans_r().iter() {
             if c.state() == UP && c.peer.get().is_some() {
                 let mut rx = lock(&c.rx);
@@ -921,7 +1333,7 @@ impl Link for ShmLink {
 
     fn poll_fds(&self) -> Vec<RawFd> {
         let mut fds = self.udp.poll_fds();
-        fds.extend_from_slice(&self.listener_fds);
+        fds.push(self.rendezvous.as_raw_fd());
         fds.push(self.doorbell.as_raw_fd());
         fds
     }
@@ -978,6 +1390,7 @@ impl Link for ShmLink {
         // then and the peers see it), so that what the device sends while
         // it goes still arrives.
         lock(&self.listeners).clear();
+        lock(&self.hellos).clear();
         self.udp.detach(dev);
     }
 

@@ -4,11 +4,16 @@
 //!
 //! # Hello and answer
 //!
-//! [`MSG_LEN`] bytes: magic (`SVSHMHI4` or `SVSHMOK4`, for ring version 3;
-//! a peer of another version gets no channel), the target GID
-//! (16 bytes), the GID count (1 byte) and up to 16 GIDs, then at
-//! [`OFF_CAPS`] the capability word (u32 LE) and at [`OFF_PROBE`] the probe
-//! (address u64 LE, value u64 LE). Capabilities:
+//! [`MSG_LEN`] bytes: magic (`SVSHMHI5` or `SVSHMOK5`, for ring version 3
+//! with socket doorbells; a peer of another version gets no channel), the
+//! target GID (16 bytes), the GID count (1 byte) and up to 16 GIDs, then
+//! at [`OFF_CAPS`] the capability word (u32 LE), at [`OFF_PROBE`] the probe
+//! (address u64 LE, value u64 LE), and at [`OFF_FDS`] per GID
+//! [`FDS_PER_GID`] descriptor numbers (u32 LE, [`NO_FD`] for none): the
+//! sender's descriptors of the UDP sockets bound to that GID, which the
+//! receiver checks (the parent module's "Trust"). The hello passes the
+//! region's memfd and the doorbell, the answer the doorbell
+//! (SCM_RIGHTS). Capabilities:
 //!
 //! - [`CAP_TRAINS`]: this end sends and receives trains.
 //! - [`CAP_CMA`]: this end sends trains of its own process memory, and
@@ -46,22 +51,37 @@
 //! A lying peer gains nothing: its probe can only make us read its own
 //! memory, which the kernel enforces for every later read too.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::ring::{self, Region};
 use super::{
     bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
-    CAP_TRAINS, CAP_TRAINS1, HELLO, MAX_GIDS, MSG_LEN, NO_META, OFF_CAPS, OFF_PROBE, UP,
+    CAP_TRAINS, CAP_TRAINS1, DEAD, FDS_PER_GID, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_FD, NO_META,
+    OFF_CAPS, OFF_FDS, OFF_PROBE, UP,
 };
 use crate::soft::engine::process_now;
+use crate::soft::link::Link;
 use crate::soft::proto::Nanos;
 use crate::verbs::{Gid, MappedPiece};
+
+/// An accepted rendezvous connection waiting for its hello.
+#[derive(Debug)]
+pub(super) struct Pending {
+    pub(super) stream: UnixStream,
+    /// The connector's process (`SO_PEERCRED`).
+    pid: u32,
+    /// When it was accepted.
+    since: Nanos,
+    /// It had nothing to read at the last look (one just accepted has
+    /// not been looked at).
+    silent: bool,
+}
 
 /// The word of this process's memory peers read to verify that they may
 /// read this process's memory; non-zero once set.
@@ -88,6 +108,15 @@ pub(super) fn read_probe(pid: u32, addr: u64, value: u64) -> bool {
     MappedPiece::remote(pid, addr, 8).copy_to(&mut b).is_ok() && u64::from_le_bytes(b) == value
 }
 
+/// Names `fds` (at most [`FDS_PER_GID`]) as the sockets of GID number `i`
+/// of hello or answer `m`.
+pub(super) fn set_fds(m: &mut [u8; MSG_LEN], i: usize, fds: &[u32]) {
+    for k in 0..FDS_PER_GID {
+        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
+        m[o..o + 4].copy_from_slice(&fds.get(k).copied().unwrap_or(NO_FD).to_le_bytes());
+    }
+}
+
 /// The probe of a hello or answer (untrusted).
 fn parse_probe(m: &[u8; MSG_LEN]) -> (u64, u64) {
     let at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap_or([0; 8]));
@@ -111,8 +140,23 @@ impl ShmLink {
         m[24] = n as u8;
         for (i, g) in self.gids.iter().take(n).enumerate() {
             m[25 + 16 * i..41 + 16 * i].copy_from_slice(&g.0);
+            set_fds(&mut m, i, &self.udp_fds(*g));
         }
         m
+    }
+
+    /// This process's descriptors of the UDP sockets bound to `gid`'s
+    /// endpoint.
+    pub(super) fn udp_fds(&self, gid: Gid) -> Vec<u32> {
+        let Some(ep) = self.udp.endpoint_of(gid) else {
+            return Vec::new();
+        };
+        self.udp
+            .poll_fds()
+            .into_iter()
+            .filter(|fd| sys::local_endpoint(*fd) == Some(ep))
+            .filter_map(|fd| u32::try_from(fd).ok())
+            .collect()
     }
 
     /// The capabilities this end offers: trains (process-memory trains,
@@ -146,59 +190,204 @@ impl ShmLink {
         u32::from_le_bytes(m[OFF_CAPS..OFF_CAPS + 4].try_into().unwrap_or([0; 4]))
     }
 
-    /// Parses the GIDs of a hello or answer (untrusted input).
-    pub(super) fn parse_gids(m: &[u8; MSG_LEN]) -> Vec<IpAddr> {
+    /// Parses the GIDs of a hello or answer (untrusted input), each with
+    /// the socket descriptors the sender names for it.
+    pub(super) fn parse_claims(m: &[u8; MSG_LEN]) -> Vec<(IpAddr, Vec<u32>)> {
         let n = usize::from(m[24]).min(MAX_GIDS);
         (0..n)
             .map(|i| {
                 let mut g = [0u8; 16];
                 g.copy_from_slice(&m[25 + 16 * i..41 + 16 * i]);
-                Gid(g).to_ip()
+                let fds = (0..FDS_PER_GID)
+                    .map(|k| {
+                        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
+                        u32::from_le_bytes(m[o..o + 4].try_into().unwrap_or([0xff; 4]))
+                    })
+                    .filter(|fd| *fd != NO_FD)
+                    .collect();
+                (Gid(g).to_ip(), fds)
             })
-            .filter(|ip| !ip.is_unspecified())
+            .filter(|(ip, _)| !ip.is_unspecified())
             .collect()
     }
 
     /// Connects to the device owning `gid` and sends the hello; the
-    /// channel is pending until the answer.
+    /// channel is pending until the answer. Never waits: a listener whose
+    /// backlog is full is as good as none.
     pub(super) fn connect_to(&self, gid: Gid) -> io::Result<Arc<Channel>> {
-        let addr = UnixAddr::from_abstract_name(rendezvous_name(gid).as_bytes())?;
-        let stream = UnixStream::connect_addr(&addr)?;
+        // Only a device of this host can answer, and its GIDs are
+        // addresses of this host: for any other GID, whoever listens on
+        // its name here is not the device that owns it.
+        if !self.udp.endpoint_of(gid).is_some_and(|ep| sys::is_local(ep.ip())) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "not an address of this host"));
+        }
+        let limits = self.budget.limits();
+        if self.chans_r().len() >= limits.max_channels {
+            self.budget.refuse(format!(
+                "no channel to {gid}: {} channels open (max_channels)",
+                limits.max_channels
+            ));
+            return Err(io::Error::other("channel limit"));
+        }
+        let stream = sys::connect_abstract(rendezvous_name(gid).as_bytes())?;
         let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
         if uid != sys::euid() {
             return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
         }
+        let charge = self.charge_region(format_args!("GID {gid}"))?;
         let region = Region::create()?;
         let caps = self.offer_caps();
         let msg = self.hello(HELLO, gid, caps);
         sys::send_fds(
             stream.as_raw_fd(),
             &msg,
-            &[region.file().as_raw_fd(), self.doorbell.as_raw_fd()],
+            &[region.file().as_raw_fd(), sys::bell_sender(&self.doorbell)?.as_raw_fd()],
         )?;
-        stream.set_nonblocking(true)?;
-        Ok(Arc::new(Channel::new(
-            stream,
-            region,
-            true,
-            pid,
-            caps & CAP_TRAINS != 0,
-        )))
+        Ok(Arc::new(Channel {
+            target: Some(gid.to_ip()),
+            ..Channel::new(stream, region, true, pid, caps & CAP_TRAINS != 0, charge)
+        }))
     }
 
-    /// Accepts one connection: checks and maps the region, answers.
-    pub(super) fn accept_one(&self, stream: UnixStream) -> io::Result<Arc<Channel>> {
-        let (pid, uid) = sys::peer_cred(stream.as_raw_fd())?;
-        if uid != sys::euid() {
-            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "peer of another user"));
+    /// A channel region's share of the budget, or the refusal (counted
+    /// and logged) of the channel to `peer`.
+    fn charge_region(&self, peer: std::fmt::Arguments<'_>) -> io::Result<super::Charge> {
+        self.budget.charge(ring::REGION_LEN as u64, 0).ok_or_else(|| {
+            let limit = self.budget.limits().max_mapped_bytes;
+            self.budget.refuse(format!(
+                "no channel with {peer}: {limit} bytes mapped (max_mapped_bytes)"
+            ));
+            io::Error::other("mapped-bytes limit")
+        })
+    }
+
+    /// Whether the list of connections waiting for their hello has room
+    /// for one more ([`ShmLimits::max_pending_hellos`](super::ShmLimits)),
+    /// made if need be by dropping the oldest one that had nothing to read
+    /// at the last look (counted): a silent connection loses its place to
+    /// a new one; one whose hello waits (beyond what a turn reads), or
+    /// that was not looked at yet, never.
+    pub(super) fn make_room(&self, hellos: &mut VecDeque<Pending>) -> bool {
+        if hellos.len() < self.budget.limits().max_pending_hellos.max(1) {
+            return true;
         }
+        match hellos.iter().position(|p| p.silent) {
+            Some(i) => {
+                // Closing it takes it out of the epoll.
+                hellos.remove(i);
+                bump(&self.stats.hellos_dropped);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes a connection accepted on a rendezvous socket into the list of
+    /// those waiting for their hello (which must have room:
+    /// [`ShmLink::make_room`]), unless its process runs under another
+    /// uid.
+    pub(super) fn admit(&self, hellos: &mut VecDeque<Pending>, stream: UnixStream, now: Nanos) {
+        match sys::peer_cred(stream.as_raw_fd()) {
+            Ok((pid, uid))
+                if uid == sys::euid()
+                    && stream.set_nonblocking(true).is_ok()
+                    && sys::epoll_add(self.rendezvous.as_raw_fd(), stream.as_raw_fd()).is_ok() =>
+            {
+                hellos.push_back(Pending {
+                    stream,
+                    pid,
+                    since: now,
+                    silent: false,
+                });
+            }
+            _ => bump(&self.stats.refused),
+        }
+    }
+
+    /// Reads the hellos that arrived (`ready`, per entry of `hellos`, from
+    /// the slow path's poll), at most [`HELLOS_PER_TURN`], and drops the
+    /// connections that stayed silent past [`HELLO_NS`]. Returns the
+    /// channels accepted. Nothing here waits.
+    pub(super) fn hello_turn(&self, hellos: &mut VecDeque<Pending>, ready: &[bool], now: Nanos) -> Vec<Arc<Channel>> {
+        let mut accepted = Vec::new();
+        let mut budget = HELLOS_PER_TURN;
+        let mut keep = VecDeque::with_capacity(hellos.len());
+        for (i, mut p) in std::mem::take(hellos).into_iter().enumerate() {
+            let heard = ready.get(i).copied().unwrap_or(false);
+            p.silent = !heard;
+            if budget > 0 && heard {
+                budget -= 1;
+                // A channel keeps the stream: it must not wake us any more.
+                sys::epoll_del(self.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
+                match self.accept_one(p, now, accepted.len()) {
+                    Ok(Some(c)) => accepted.push(c),
+                    // Closed without a word: nothing was asked.
+                    Ok(None) => {}
+                    Err(_) => bump(&self.stats.refused),
+                }
+            } else if p.silent && now.saturating_sub(p.since) > HELLO_NS {
+                bump(&self.stats.hello_timeouts);
+            } else {
+                keep.push_back(p);
+            }
+        }
+        *hellos = keep;
+        accepted
+    }
+
+    /// Whether the process `pid` owns each GID it claims (`claims`, with
+    /// the descriptors it names for them) and no other path reaches it:
+    /// see "Trust" in the parent module. Counts a refusal. Costs a bind
+    /// per GID, one read of the kernel's socket tables and at most
+    /// [`FDS_PER_GID`] `readlink`s per GID, whatever the peer does.
+    fn prove_gids(&self, claims: &[(IpAddr, Vec<u32>)], pid: u32, now: Nanos) -> bool {
+        let ok = self.owns_gids(claims, pid) && {
+            let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+            !claims.iter().any(|(ip, _)| match routes.get(ip) {
+                Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
+                Some(Route::Udp(until, udp_peer)) => *udp_peer && now < *until,
+                None => false,
+            })
+        };
+        if !ok {
+            bump(&self.stats.refused_gid);
+        }
+        ok
+    }
+
+    /// Whether process `pid` owns every GID of `claims`: each GID's
+    /// endpoint is an address of this host, some UDP socket is bound to
+    /// it, and every such socket is one of the descriptors of process
+    /// `pid` named for it.
+    pub(super) fn owns_gids(&self, claims: &[(IpAddr, Vec<u32>)], pid: u32) -> bool {
+        let mut eps = Vec::with_capacity(claims.len());
+        for (ip, _) in claims {
+            match self.udp.endpoint_of(Gid::from_ip(*ip)) {
+                Some(ep) if sys::is_local(ep.ip()) => eps.push(ep),
+                _ => return false,
+            }
+        }
+        sys::udp_inodes(&eps).iter().zip(claims).all(|(bound, (_, fds))| {
+            let held: Vec<u64> = fds
+                .iter()
+                .take(FDS_PER_GID)
+                .filter_map(|fd| sys::socket_inode(pid, *fd))
+                .collect();
+            !bound.is_empty() && bound.iter().all(|i| held.contains(i))
+        })
+    }
+
+    /// Finishes an accepted connection whose hello arrived: checks it,
+    /// maps the region, answers. `Ok(None)`: the connection closed
+    /// without a word. `opened`: channels accepted in this turn so far.
+    fn accept_one(&self, p: Pending, now: Nanos, opened: usize) -> io::Result<Option<Arc<Channel>>> {
+        let Pending { stream, pid, .. } = p;
         let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        // The connector sends its hello right after connecting.
-        if !sys::wait_readable(stream.as_raw_fd(), 50) {
-            return Err(bad("no hello"));
-        }
         let mut m = [0u8; MSG_LEN];
         let (n, mut fds) = sys::recv_fds(stream.as_raw_fd(), &mut m, 2)?;
+        if n == 0 && fds.is_empty() {
+            return Ok(None);
+        }
         if n != MSG_LEN || &m[..8] != HELLO || fds.len() != 2 {
             return Err(bad("malformed hello"));
         }
@@ -207,23 +396,42 @@ impl ShmLink {
         if !self.gids.contains(&Gid(target)) {
             return Err(bad("hello for another device"));
         }
-        let gids = Self::parse_gids(&m);
+        let claims = Self::parse_claims(&m);
+        let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
         if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
             return Err(bad("hello without usable GIDs"));
         }
-        let doorbell = fds.pop().ok_or_else(|| bad("no doorbell"))?;
+        // The cheapest check first: beyond the limit, a hello costs no
+        // system call more.
+        let limits = self.budget.limits();
+        if self.chans_r().len() + opened >= limits.max_channels {
+            self.budget.refuse(format!(
+                "no channel with pid {pid}: {} channels open (max_channels)",
+                limits.max_channels
+            ));
+            return Err(io::Error::other("channel limit"));
+        }
+        let bell = fds.pop().ok_or_else(|| bad("no doorbell"))?;
+        let doorbell = sys::check_bell(bell).inspect_err(|_| bump(&self.stats.refused_doorbell))?;
+        if !self.prove_gids(&claims, pid, now) {
+            return Err(bad("hello claims GIDs its process does not own"));
+        }
+        let charge = self.charge_region(format_args!("pid {pid}"))?;
         let file = std::fs::File::from(fds.pop().ok_or_else(|| bad("no region"))?);
         let region = Region::open(file)?;
         let mut caps = self.offer_caps();
         let offer = caps & CAP_TRAINS != 0;
-        let c = Channel::new(stream, region, false, pid, offer);
+        let c = Channel::new(stream, region, false, pid, offer, charge);
         if self.verify_cma(&c, &m) {
             c.cma_rx.store(true, Ordering::Relaxed);
             caps |= CAP_CMA_READ;
         }
         let answer = self.hello(ANSWER, Gid(target), caps);
-        sys::send_fds(c.stream.as_raw_fd(), &answer, &[self.doorbell.as_raw_fd()])?;
-        c.stream.set_nonblocking(true)?;
+        sys::send_fds(
+            c.stream.as_raw_fd(),
+            &answer,
+            &[sys::bell_sender(&self.doorbell)?.as_raw_fd()],
+        )?;
         let c = Arc::new(c);
         let trains = offer && Self::parse_caps(&m) & CAP_TRAINS != 0;
         let one_packet = trains && Self::parse_caps(&m) & CAP_TRAINS1 != 0;
@@ -236,9 +444,11 @@ impl ShmLink {
         c.state.store(UP, Ordering::Release);
         // The connector may sleep: wake it to read the answer.
         if let Some(p) = c.peer.get() {
-            sys::ring(p.doorbell.as_raw_fd());
+            if !sys::ring(p.doorbell.as_raw_fd()) {
+                bump(&self.stats.doorbells_full);
+            }
         }
-        Ok(c)
+        Ok(Some(c))
     }
 
     /// Maps the peer GIDs of an up channel to it (unless another up
@@ -259,13 +469,28 @@ impl ShmLink {
         let mut m = [0u8; MSG_LEN];
         match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
             Ok((MSG_LEN, mut fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
-                let gids = Self::parse_gids(&m);
-                let Some(doorbell) = fds.pop() else { return };
-                if gids.is_empty() || gids.iter().any(|ip| self.ips.contains(ip)) {
+                let claims = Self::parse_claims(&m);
+                let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
+                // Anyone of this uid can listen on a free rendezvous name:
+                // the acceptor must own the GID we connected to, and every
+                // other GID it names. (Nothing was published on the
+                // channel before: an impostor got a region and a way to
+                // ring us, nothing else.)
+                let usable = !gids.is_empty()
+                    && !gids.iter().any(|ip| self.ips.contains(ip))
+                    && c.target.is_none_or(|t| gids.contains(&t));
+                let doorbell = match fds.pop().map(sys::check_bell) {
+                    Some(Ok(d)) => Some(d),
+                    _ => {
+                        bump(&self.stats.refused_doorbell);
+                        None
+                    }
+                };
+                let Some(doorbell) = doorbell.filter(|_| usable && self.prove_gids(&claims, c.pid, now)) else {
                     bump(&self.stats.refused);
                     c.kill();
                     return;
-                }
+                };
                 let caps = Self::parse_caps(&m);
                 let trains = c.offered && caps & CAP_TRAINS != 0;
                 if trains && caps & CAP_CMA_READ != 0 {

@@ -33,7 +33,7 @@ impl ShmLink {
         // to sleep, and a locked exchange on every poll costs as much.
         let woke = self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel);
         if woke {
-            sys::drain(self.doorbell.as_raw_fd());
+            sys::drain(self.doorbell.as_raw_fd(), DRAIN_MAX);
             for c in self.chans_r().iter() {
                 let mut rx = lock(&c.rx);
                 c.region_wake(&mut rx);

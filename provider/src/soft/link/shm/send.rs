@@ -229,7 +229,11 @@ impl Channel {
         let sleeping = Producer::consumer_sleeping(&self.region, Channel::rings(self.connector).0);
         if sleeping {
             bump(&stats.doorbells);
-            sys::ring(peer.doorbell.as_raw_fd());
+            // Never blocks (`sys::ring`); a full doorbell means the peer
+            // has wake-ups waiting, or is dead.
+            if !sys::ring(peer.doorbell.as_raw_fd()) {
+                bump(&stats.doorbells_full);
+            }
         }
     }
 }

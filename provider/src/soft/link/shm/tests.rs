@@ -13,6 +13,7 @@ use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
 use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 
+mod rendezvous;
 mod send;
 
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -797,6 +798,11 @@ fn send_one_goes_through_the_ring_or_is_counted() {
     assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
 }
 
+/// A socket to ring `l`'s doorbell with, as a hello or answer passes.
+fn ringer(l: &ShmLink) -> OwnedFd {
+    sys::bell_sender(&l.doorbell).unwrap()
+}
+
 /// Sends `msg` with `fds` to `l`'s rendezvous socket, as a connector.
 fn hello_to(l: &ShmLink, msg: &[u8; MSG_LEN], fds: &[RawFd]) -> UnixStream {
     let addr = UnixAddr::from_abstract_name(rendezvous_name(l.gids[0]).as_bytes()).unwrap();
@@ -822,15 +828,29 @@ fn drive_until_stat(l: &ShmLink, name: &str, n: u64) {
     assert_eq!(stat(l, name), n, "{:?}", l.shm_stats());
 }
 
-/// Plays the acceptor for `dst`: `l` sends it a datagram (and so its
-/// hello), which must be this version's; the answer goes back with
-/// `magic`. Returns the connection, to keep it open.
-fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> UnixStream {
+/// Plays the acceptor for `dst` (a standard GID: port 4791): `l` sends
+/// it a datagram (and so its hello), which must be this version's; the
+/// answer goes back with `magic`. Returns the connection, and the UDP
+/// socket that makes this process the owner of `dst`, to keep them open.
+fn answer_as(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8]) -> (UnixStream, std::net::UdpSocket) {
     answer_with(l, m, dst, magic, 0)
 }
 
 /// [`answer_as`] with capabilities `caps` in the answer.
-fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> UnixStream {
+fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32) -> (UnixStream, std::net::UdpSocket) {
+    answer_ringing(l, m, dst, magic, caps, ringer(m).as_raw_fd())
+}
+
+/// [`answer_with`], passing `doorbell` as the acceptor's doorbell.
+fn answer_ringing(
+    l: &ShmLink,
+    m: &ShmLink,
+    dst: IpAddr,
+    magic: &[u8; 8],
+    caps: u32,
+    doorbell: RawFd,
+) -> (UnixStream, std::net::UdpSocket) {
+    let udp = std::net::UdpSocket::bind((dst, 4791)).unwrap();
     let name = UnixAddr::from_abstract_name(rendezvous_name(Gid::from_ip(dst)).as_bytes()).unwrap();
     let listener = UnixListener::bind_addr(&name).unwrap();
     let mut t = dgram(l, m, b"to a peer", None);
@@ -840,10 +860,15 @@ fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32
     let mut hello = [0u8; MSG_LEN];
     let (n, fds) = sys::recv_fds(s.as_raw_fd(), &mut hello, 2).unwrap();
     assert_eq!((n, &hello[..8], fds.len()), (MSG_LEN, &HELLO[..], 2));
+    // The answer names `dst` as the acceptor's GID, and the socket that
+    // proves it.
     let mut answer = m.hello(ANSWER, Gid::from_ip(dst), caps);
     answer[..8].copy_from_slice(magic);
-    sys::send_fds(s.as_raw_fd(), &answer, &[m.doorbell.as_raw_fd()]).unwrap();
-    s
+    answer[24] = 1;
+    answer[25..41].copy_from_slice(&Gid::from_ip(dst).0);
+    super::hello::set_fds(&mut answer, 0, &[udp.as_raw_fd() as u32]);
+    sys::send_fds(s.as_raw_fd(), &answer, &[doorbell]).unwrap();
+    (s, udp)
 }
 
 /// A peer of another ring version gets no channel, whichever end it is:
@@ -855,7 +880,8 @@ fn answer_with(l: &ShmLink, m: &ShmLink, dst: IpAddr, magic: &[u8; 8], caps: u32
 fn a_peer_of_another_ring_version_gets_no_channel() {
     let (l, m) = (link(), link());
     let region = Region::create().unwrap();
-    let fds = [region.file().as_raw_fd(), m.doorbell.as_raw_fd()];
+    let bell = ringer(&m);
+    let fds = [region.file().as_raw_fd(), bell.as_raw_fd()];
 
     // An old connector: `l` closes the connection without an answer.
     let mut old = m.hello(HELLO, l.gids[0], 0);

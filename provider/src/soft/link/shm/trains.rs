@@ -41,8 +41,10 @@
 //! memfd sealed against shrinking and growing (`F_GET_SEALS`) of the
 //! announced size (`fstat`), so that the read-only mapping can never
 //! fault; extra descriptors are closed. A buffer message that is
-//! malformed, carries no usable memfd, cannot be mapped, or exceeds twice
-//! [`EXPORT_MAX`] mapped buffers ends the channel (`shm_rx_bad_export`):
+//! malformed, carries no usable memfd, cannot be mapped, exceeds twice
+//! [`EXPORT_MAX`] mapped buffers, or the device's limits
+//! ([`ShmLimits`](super::ShmLimits), also `shm_refused_limit`), ends the
+//! channel (`shm_rx_bad_export`):
 //! trains from that buffer could never be read, and the sender would not
 //! know. Any other fault (descriptor, unknown token, piece out of its
 //! buffer) drops the train (`shm_rx_bad_train`). The peer
@@ -345,10 +347,25 @@ impl Channel {
             // Descriptors beyond the first are closed here.
             let fd = fds.into_iter().next();
             let full = maps.len() >= RX_MAPS_MAX && !maps.contains_key(&token);
-            match fd.filter(|_| !full).map(|fd| map_export(fd, len)) {
-                Some(Ok(map)) => {
+            // The device's limits (`ShmLimits`): beyond them the peer is
+            // refused like one whose buffer cannot be mapped.
+            let charge = fd.as_ref().filter(|_| !full).and_then(|_| {
+                let c = self.budget.charge(len, 1);
+                if c.is_none() {
+                    self.budget.refuse(format!(
+                        "ended the channel with pid {}: its buffer of {len} bytes is over the limits of mapped memory",
+                        self.pid
+                    ));
+                }
+                c
+            });
+            match charge
+                .and_then(|c| Some((fd?, c)))
+                .map(|(fd, c)| (map_export(fd, len), c))
+            {
+                Some((Ok(map), _charge)) => {
                     bump(&stats.rx_maps);
-                    maps.insert(token, map);
+                    maps.insert(token, super::Mapped { map, _charge });
                     if token == want {
                         return true;
                     }
