@@ -1,0 +1,190 @@
+//! Process-wide state: the devices this library shows, created on first
+//! use from the `SOFTVERBS_*` environment, and the hotplug control entry.
+
+use std::ffi::CStr;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::raw::{c_char, c_int};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use softverbs::soft::engine::EngineMode;
+use softverbs::soft::link::shm::ShmMode;
+use softverbs::soft::link::udp::{Bind, UdpConfig, UdpPort};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::Device;
+
+use crate::ffi::*;
+
+/// One device of the list: the C `struct ibv_device` first, so that the
+/// pointer handed to the application is also a pointer to this.
+#[repr(C)]
+pub(crate) struct SvDevice {
+    pub(crate) dev: ibv_device,
+    pub(crate) device: Device,
+    pub(crate) soft: Arc<SoftDevice>,
+    pub(crate) guid: u64,
+}
+
+/// Every device ever created here (never freed: the application may keep
+/// `struct ibv_device` pointers after `ibv_free_device_list`, and a
+/// removed device must stay readable), and whether each is still present.
+struct Registry {
+    devices: Vec<(&'static SvDevice, bool)>,
+    /// Why creating the default device failed, reported once.
+    error: Option<String>,
+}
+
+fn registry() -> &'static Mutex<Registry> {
+    static REG: OnceLock<Mutex<Registry>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let mut reg = Registry {
+            devices: Vec::new(),
+            error: None,
+        };
+        match create_default() {
+            Ok(d) => reg.devices.push((d, true)),
+            Err(e) => {
+                eprintln!("softverbs-ibverbs: no soft device: {e}");
+                reg.error = Some(e);
+            }
+        }
+        Mutex::new(reg)
+    })
+}
+
+/// The devices present now.
+pub(crate) fn present_devices() -> Vec<&'static SvDevice> {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.devices.iter().filter(|(_, p)| *p).map(|(d, _)| *d).collect()
+}
+
+/// Whether `dev` is one of ours (present or removed).
+pub(crate) fn is_known(dev: *const ibv_device) -> Option<&'static SvDevice> {
+    let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+    reg.devices
+        .iter()
+        .find(|(d, _)| std::ptr::eq(&d.dev, dev))
+        .map(|(d, _)| *d)
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The engine mode the environment asks for.
+fn engine_mode() -> Result<EngineMode, String> {
+    let spin_us: u64 = match env("SOFTVERBS_SPIN_US") {
+        Some(s) => s.parse().map_err(|_| format!("SOFTVERBS_SPIN_US={s}: not a number"))?,
+        None => 0,
+    };
+    match env("SOFTVERBS_ENGINE").as_deref() {
+        None | Some("thread") => Ok(EngineMode::ProgressThread {
+            spin: Duration::from_micros(spin_us),
+        }),
+        Some("inline") => Ok(EngineMode::Inline),
+        Some(o) => Err(format!("SOFTVERBS_ENGINE={o}: expected thread or inline")),
+    }
+}
+
+/// The configuration of the default device, from the environment.
+fn device_config() -> Result<SoftDeviceConfig, String> {
+    let name = env("SOFTVERBS_DEVICE").unwrap_or_else(|| "softverbs_0".to_string());
+    if name.len() >= IBV_SYSFS_NAME_MAX {
+        return Err(format!("SOFTVERBS_DEVICE={name}: longer than 63 bytes"));
+    }
+    let mut udp = match (env("SOFTVERBS_IFACE"), env("SOFTVERBS_ADDR")) {
+        (Some(i), _) => UdpConfig::interface(&i),
+        (None, Some(a)) => {
+            let ip: IpAddr = a.parse().map_err(|_| format!("SOFTVERBS_ADDR={a}: not an IP address"))?;
+            UdpConfig::new(ip)
+        }
+        (None, None) => UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+    };
+    udp.port = match env("SOFTVERBS_PORT").as_deref() {
+        None | Some("auto") => UdpPort::Auto,
+        Some(p) => UdpPort::Fixed(p.parse().map_err(|_| format!("SOFTVERBS_PORT={p}: not a port number"))?),
+    };
+    if let Bind::Interface(_) = udp.bind {
+        // (nothing else to adjust: the link takes every address of it)
+    }
+    let cfg = match env("SOFTVERBS_LINK").as_deref() {
+        None | Some("auto") => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Auto),
+        Some("udp") => SoftDeviceConfig::udp(&name, udp),
+        Some("shm") => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Only),
+        Some(o) => return Err(format!("SOFTVERBS_LINK={o}: expected auto, udp or shm")),
+    };
+    let mut cfg = cfg.map_err(|e| e.to_string())?;
+    cfg.engine = engine_mode()?;
+    Ok(cfg)
+}
+
+fn copy_name(dst: &mut [c_char], s: &str) {
+    let n = dst.len() - 1;
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+}
+
+fn create_default() -> Result<&'static SvDevice, String> {
+    let cfg = device_config()?;
+    let soft = SoftDevice::create(cfg).map_err(|e| e.to_string())?;
+    let device = soft.device();
+    // SAFETY: ibv_device is plain data (integers, arrays, nullable
+    // function pointers), for which all-zero is a valid value.
+    let mut dev: ibv_device = unsafe { std::mem::zeroed() };
+    dev.node_type = IBV_NODE_CA;
+    dev.transport_type = IBV_TRANSPORT_IB;
+    copy_name(&mut dev.name, soft.name());
+    copy_name(&mut dev.dev_name, &format!("uverbs_{}", soft.name()));
+    copy_name(&mut dev.dev_path, &format!("/nonexistent/softverbs/uverbs_{}", soft.name()));
+    copy_name(&mut dev.ibdev_path, &format!("/nonexistent/softverbs/{}", soft.name()));
+    let guid = device.guid().0;
+    Ok(Box::leak(Box::new(SvDevice {
+        dev,
+        device,
+        soft,
+        guid,
+    })))
+}
+
+/// Removes the device named `name` as if it had been unplugged: it leaves
+/// the device list, every open context receives `IBV_EVENT_DEVICE_FATAL`,
+/// later verbs on its objects fail with `ENODEV` (queue pairs are moved to
+/// the error state and their work requests flushed), and
+/// `ibv_close_device` and the destroy verbs still succeed. Returns 0, or
+/// -1 with `errno` `ENOENT` (no such device present) or `EINVAL` (`name`
+/// is NULL).
+///
+/// # Safety
+///
+/// `name` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn softverbs_remove_device(name: *const c_char) -> c_int {
+    if name.is_null() {
+        crate::objects::set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
+    let found = {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        let mut found = None;
+        for (d, present) in reg.devices.iter_mut() {
+            if *present && d.soft.name() == name {
+                *present = false;
+                found = Some(*d);
+            }
+        }
+        found
+    };
+    match found {
+        Some(d) => {
+            d.soft.unplug();
+            0
+        }
+        None => {
+            crate::objects::set_errno(libc::ENOENT);
+            -1
+        }
+    }
+}
