@@ -25,7 +25,12 @@ fn main() {
             continue;
         }
         let f: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(f.len(), 3, "symbols.txt line {}: expected name version implementation", i + 1);
+        assert_eq!(
+            f.len(),
+            3,
+            "symbols.txt line {}: expected name version implementation",
+            i + 1
+        );
         let (name, ver, imp) = (f[0], f[1], f[2]);
         if imp == "DATA" {
             // A one-byte bool variable, initially true.

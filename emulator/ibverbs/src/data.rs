@@ -30,7 +30,11 @@ unsafe fn with_sges<R>(list: *const ibv_sge, n: c_int, f: impl FnOnce(&[Sge<'sta
     // SAFETY: the caller's promise about each entry (see above).
     let conv = |e: &ibv_sge| unsafe { Sge::from_raw(e.addr, e.length, e.lkey) };
     // SAFETY: `list` is readable for `n` entries.
-    let src = if n == 0 { &[][..] } else { unsafe { std::slice::from_raw_parts(list, n) } };
+    let src = if n == 0 {
+        &[][..]
+    } else {
+        unsafe { std::slice::from_raw_parts(list, n) }
+    };
     if n <= STACK_SGE {
         // SAFETY: an empty entry, never read (only the first n are used).
         let mut buf = [unsafe { Sge::from_raw(0, 0, 0) }; STACK_SGE];
@@ -109,7 +113,11 @@ unsafe fn send_op(wr: &ibv_send_wr) -> Result<SendOp<'static>, c_int> {
 /// `ibv_post_send`: posts the chain in order; on the first rejected work
 /// request stores it in `*bad_wr` and returns its errno (the ones before
 /// it are posted, as with any provider).
-pub(crate) unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
@@ -179,7 +187,11 @@ unsafe fn post_recv_chain(
 }
 
 /// `ibv_post_recv`.
-pub(crate) unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
     if qp.is_null() {
         return libc::EINVAL;
     }
@@ -300,7 +312,10 @@ pub(crate) unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: 
             length: b.bind_info.length,
             access: AccessFlags::from_bits_truncate(b.bind_info.mw_access_flags),
         };
-        match q.h.bind_mw(&(*w).h, b.wr_id, &info, SendFlags::from_bits_truncate(b.send_flags)) {
+        match q
+            .h
+            .bind_mw(&(*w).h, b.wr_id, &info, SendFlags::from_bits_truncate(b.send_flags))
+        {
             Ok(rkey) => {
                 (*mw).rkey = rkey;
                 0

@@ -38,7 +38,8 @@ pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut i
     }
     // SAFETY: forwarded contract.
     unsafe {
-        crate::verbs::create_cq_common(ctx, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int) as *mut ibv_cq_ex
+        crate::verbs::create_cq_common(ctx, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int)
+            as *mut ibv_cq_ex
     }
 }
 
@@ -180,7 +181,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut i
     let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if a.comp_mask & !known != 0 || a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
         // XRC domains, RSS, TSO, … are not offered; a QP needs a PD.
-        set_errno(if a.comp_mask & !known != 0 { libc::EOPNOTSUPP } else { libc::EINVAL });
+        set_errno(if a.comp_mask & !known != 0 {
+            libc::EOPNOTSUPP
+        } else {
+            libc::EINVAL
+        });
         return null_mut();
     }
     if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
@@ -193,7 +198,16 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut i
     }
     // SAFETY: forwarded contract.
     let q = unsafe {
-        crate::verbs::create_qp_common(a.pd, a.qp_context, a.send_cq, a.recv_cq, a.srq, &mut a.cap, a.qp_type, a.sq_sig_all)
+        crate::verbs::create_qp_common(
+            a.pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all,
+        )
     };
     if !q.is_null() {
         // SAFETY: just created.

@@ -17,8 +17,9 @@ pub const IBV_SYSFS_NAME_MAX: usize = 64;
 /// `IBV_SYSFS_PATH_MAX`.
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
 
-/// `union ibv_gid`, as raw bytes.
-#[repr(C)]
+/// `union ibv_gid`, as raw bytes (8-aligned: the union's other member
+/// is a pair of `__be64`).
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ibv_gid {
     pub raw: [u8; 16],
@@ -128,7 +129,12 @@ pub struct verbs_context {
     pub create_cq_ex: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<
-        unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int,
+        unsafe extern "C" fn(
+            *mut ibv_context,
+            *const ibv_query_device_ex_input,
+            *mut ibv_device_attr_ex,
+            usize,
+        ) -> c_int,
     >,
     pub ibv_destroy_flow: VoidFn,
     pub abi_placeholder2: VoidFn,

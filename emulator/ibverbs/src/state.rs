@@ -95,14 +95,19 @@ fn device_config() -> Result<SoftDeviceConfig, String> {
     let mut udp = match (env("SOFTVERBS_IFACE"), env("SOFTVERBS_ADDR")) {
         (Some(i), _) => UdpConfig::interface(&i),
         (None, Some(a)) => {
-            let ip: IpAddr = a.parse().map_err(|_| format!("SOFTVERBS_ADDR={a}: not an IP address"))?;
+            let ip: IpAddr = a
+                .parse()
+                .map_err(|_| format!("SOFTVERBS_ADDR={a}: not an IP address"))?;
             UdpConfig::new(ip)
         }
         (None, None) => UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     };
     udp.port = match env("SOFTVERBS_PORT").as_deref() {
         None | Some("auto") => UdpPort::Auto,
-        Some(p) => UdpPort::Fixed(p.parse().map_err(|_| format!("SOFTVERBS_PORT={p}: not a port number"))?),
+        Some(p) => UdpPort::Fixed(
+            p.parse()
+                .map_err(|_| format!("SOFTVERBS_PORT={p}: not a port number"))?,
+        ),
     };
     if let Bind::Interface(_) = udp.bind {
         // (nothing else to adjust: the link takes every address of it)
@@ -136,7 +141,10 @@ fn create_default() -> Result<&'static SvDevice, String> {
     dev.transport_type = IBV_TRANSPORT_IB;
     copy_name(&mut dev.name, soft.name());
     copy_name(&mut dev.dev_name, &format!("uverbs_{}", soft.name()));
-    copy_name(&mut dev.dev_path, &format!("/nonexistent/softverbs/uverbs_{}", soft.name()));
+    copy_name(
+        &mut dev.dev_path,
+        &format!("/nonexistent/softverbs/uverbs_{}", soft.name()),
+    );
     copy_name(&mut dev.ibdev_path, &format!("/nonexistent/softverbs/{}", soft.name()));
     let guid = device.guid().0;
     Ok(Box::leak(Box::new(SvDevice {

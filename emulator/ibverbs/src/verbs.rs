@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use softverbs::verbs::{
-    AccessFlags, AhAttr, AsyncElement, Error, GlobalRoute, Gid, MemorySource, Mtu, MigState, MwType, QpAttr,
+    AccessFlags, AhAttr, AsyncElement, Error, Gid, GlobalRoute, MemorySource, MigState, Mtu, MwType, QpAttr,
     QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RawRegion, ReregFlags, SrqAttr, SrqAttrMask,
 };
 
@@ -338,7 +338,11 @@ pub(crate) unsafe extern "C" fn query_port_ex(
 ///
 /// `ctx` an open context, `attr` a writable `ibv_port_attr`.
 #[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+pub unsafe extern "C" fn __softverbs_ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
     // SAFETY: forwarded contract.
     unsafe { query_port_ex(ctx, port, attr, std::mem::size_of::<ibv_port_attr>()) }
 }
@@ -349,7 +353,12 @@ pub unsafe extern "C" fn __softverbs_ibv_query_port(ctx: *mut ibv_context, port:
 ///
 /// `ctx` an open context, `gid` writable.
 #[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub unsafe extern "C" fn __softverbs_ibv_query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
     null_check!(-1; ctx, gid);
     if index < 0 {
         set_errno(libc::EINVAL);
@@ -464,7 +473,12 @@ pub unsafe extern "C" fn __softverbs_ibv_query_gid_table(
 ///
 /// `ctx` an open context, `ty` writable.
 #[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: c_uint, ty: *mut c_uint) -> c_int {
+pub unsafe extern "C" fn __softverbs_ibv_query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut c_uint,
+) -> c_int {
     null_check!(-1; ctx, ty);
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) };
@@ -487,7 +501,12 @@ pub unsafe extern "C" fn __softverbs_ibv_query_gid_type(ctx: *mut ibv_context, p
 ///
 /// `ctx` an open context, `pkey` writable.
 #[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub unsafe extern "C" fn __softverbs_ibv_query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
     null_check!(-1; ctx, pkey);
     if !(0..=0xffff).contains(&index) {
         set_errno(libc::EINVAL);
@@ -549,7 +568,10 @@ pub unsafe extern "C" fn __softverbs_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut
     match sv.ctx.alloc_pd() {
         Ok(h) => {
             let p = into_raw(SvPd {
-                pd: ibv_pd { context: ctx, handle: 0 },
+                pd: ibv_pd {
+                    context: ctx,
+                    handle: 0,
+                },
                 h,
             });
             // SAFETY: just allocated.
@@ -641,7 +663,12 @@ unsafe fn reg_mr_common(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u6
 /// `pd` NULL or a live PD; `addr..addr+len` memory of the caller that
 /// stays valid until `ibv_dereg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub unsafe extern "C" fn __softverbs_ibv_reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     // SAFETY: forwarded contract.
     unsafe { reg_mr_common(pd, addr, len, addr as u64, access as u32) }
 }
@@ -1323,8 +1350,16 @@ pub unsafe extern "C" fn __softverbs_ibv_create_qp(pd: *mut ibv_pd, attr: *mut i
     let a = unsafe { &mut *attr };
     // SAFETY: forwarded contract.
     unsafe {
-        create_qp_common(pd, a.qp_context, a.send_cq, a.recv_cq, a.srq, &mut a.cap, a.qp_type, a.sq_sig_all)
-            as *mut ibv_qp
+        create_qp_common(
+            pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all,
+        ) as *mut ibv_qp
     }
 }
 
@@ -1370,7 +1405,11 @@ fn qp_attr_from(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, c_int> {
     let state = |raw| QpState::from_raw(raw).ok_or(libc::EINVAL);
     let d = QpAttr::default();
     Ok(QpAttr {
-        qp_state: if mask.contains(QpAttrMask::STATE) { state(a.qp_state)? } else { d.qp_state },
+        qp_state: if mask.contains(QpAttrMask::STATE) {
+            state(a.qp_state)?
+        } else {
+            d.qp_state
+        },
         cur_qp_state: if mask.contains(QpAttrMask::CUR_STATE) {
             state(a.cur_qp_state)?
         } else {
@@ -1541,10 +1580,7 @@ pub unsafe extern "C" fn __softverbs_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             // SAFETY: the QP's context is open while the QP exists.
             unsafe {
                 let ctx = &*(*p).ctx;
-                ctx.qps
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&(*qp).qp_num);
+                ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&(*qp).qp_num);
                 free_raw(p);
             }
             0
@@ -1717,7 +1753,9 @@ pub unsafe extern "C" fn __softverbs_ibv_get_async_event(ctx: *mut ibv_context, 
         };
         let element = match ev.element {
             AsyncElement::Device => async_element { port_num: 0 },
-            AsyncElement::Port(p) => async_element { port_num: c_int::from(p) },
+            AsyncElement::Port(p) => async_element {
+                port_num: c_int::from(p),
+            },
             AsyncElement::Cq(c) => async_element { cq: c as *mut ibv_cq },
             AsyncElement::Srq(s) => async_element { srq: s as *mut ibv_srq },
             AsyncElement::Qp(n) => {
