@@ -1,0 +1,210 @@
+//! Unmodified Debian binaries (ibverbs-utils, perftest) on this library:
+//! each test makes a directory where `libibverbs.so.1` is the library
+//! cargo built for this test run, runs the tools with `LD_LIBRARY_PATH`
+//! pointing there, and requires the tool's own success. Two-process tests
+//! run a server and a client over the UDP link on 127.0.0.1 (each process
+//! has its own soft device; the second gets a private-port GID).
+//!
+//! A test whose binary is missing prints a SKIP line and passes
+//! (`apt-get install ibverbs-utils perftest`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long one tool may run before the test fails.
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The directory holding `libibverbs.so.1` → the built cdylib.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        // target/<profile>/deps/e2e-<hash> → target/<profile>
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+        let lib = [
+            profile_dir.join("libsoftverbs_ibverbs.so"),
+            profile_dir.join("deps/libsoftverbs_ibverbs.so"),
+        ]
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("cargo built libsoftverbs_ibverbs.so next to the test");
+        let dir = std::env::temp_dir().join(format!("softverbs-ibverbs-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the library dir");
+        for name in ["libibverbs.so.1", "libibverbs.so"] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link).expect("symlink the library");
+        }
+        dir
+    })
+}
+
+/// Whether `/usr/bin/<tool>` exists; prints a SKIP line if not.
+fn have(tool: &str) -> bool {
+    let ok = Path::new("/usr/bin").join(tool).exists();
+    if !ok {
+        println!("SKIP: /usr/bin/{tool} is absent (apt-get install ibverbs-utils perftest)");
+    }
+    ok
+}
+
+fn command(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(Path::new("/usr/bin").join(tool));
+    c.args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
+        .env("SOFTVERBS_ADDR", "127.0.0.1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c
+}
+
+/// Waits for `child` up to [`TIMEOUT`]; kills it and fails past that.
+fn finish(mut child: Child, what: &str) -> Output {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().expect("wait") {
+            Some(_) => return child.wait_with_output().expect("output"),
+            None if start.elapsed() > TIMEOUT => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "{what}: no exit after {TIMEOUT:?}\nstdout:\n{}\nstderr:\n{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+fn check(out: &Output, what: &str) -> String {
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({})\nstdout:\n{so}\nstderr:\n{se}",
+        out.status
+    );
+    so + &se
+}
+
+/// Runs a one-process tool.
+fn run(tool: &str, args: &[&str]) -> String {
+    let child = command(tool, args, &[]).spawn().expect("spawn");
+    check(&finish(child, tool), tool)
+}
+
+/// A TCP port for the out-of-band exchange of one test.
+fn tcp_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
+    base + NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs `tool` as a server and as a client of it; the client is retried
+/// while the server is not listening yet. Returns both outputs.
+fn pair(tool: &str, port_flag: &str, server_args: &[&str], client_args: &[&str]) -> (String, String) {
+    let port = tcp_port().to_string();
+    let mut sargs: Vec<&str> = server_args.to_vec();
+    sargs.extend([port_flag, port.as_str()]);
+    let server = command(tool, &sargs, &[]).spawn().expect("spawn server");
+    let mut cargs: Vec<&str> = client_args.to_vec();
+    cargs.extend([port_flag, port.as_str(), "127.0.0.1"]);
+    let start = Instant::now();
+    let client_out = loop {
+        let out = finish(command(tool, &cargs, &[]).spawn().expect("spawn client"), tool);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        let not_listening = !out.status.success()
+            && (text.contains("Couldn't connect")
+                || text.contains("Unable to open file descriptor for socket connection"));
+        if not_listening && start.elapsed() < Duration::from_secs(30) {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        break out;
+    };
+    let server_out = finish(server, tool);
+    let c = check(&client_out, &format!("{tool} client {client_args:?}"));
+    let s = check(&server_out, &format!("{tool} server {server_args:?}"));
+    (s, c)
+}
+
+#[test]
+fn ibv_devices_lists_the_soft_device() {
+    if !have("ibv_devices") {
+        return;
+    }
+    let out = run("ibv_devices", &[]);
+    assert!(out.contains("softverbs_0"), "{out}");
+}
+
+#[test]
+fn ibv_devinfo_verbose() {
+    if !have("ibv_devinfo") {
+        return;
+    }
+    let out = run("ibv_devinfo", &["-v"]);
+    // GID 0 is ::ffff:127.0.0.1 if this process got UDP port 4791, else
+    // the private form that encodes the port (fd73:7665:7262:4:…:7f00:1).
+    for want in [
+        "hca_id:\tsoftverbs_0",
+        "PORT_ACTIVE",
+        "link_layer:\t\tEthernet",
+        "GID[  0]:",
+        "RoCE v2",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(out.contains("::ffff:127.0.0.1") || out.contains(":7f00:1,"), "{out}");
+}
+
+fn pingpong(tool: &str, extra: &[&str]) {
+    if !have(tool) {
+        return;
+    }
+    let mut args = vec!["-g", "0", "-n", "50"];
+    args.extend_from_slice(extra);
+    let (s, c) = pair(tool, "-p", &args, &args);
+    for out in [&s, &c] {
+        assert!(out.contains("50 iters in"), "{tool} {extra:?}: {out}");
+    }
+}
+
+#[test]
+fn rc_pingpong_sizes() {
+    pingpong("ibv_rc_pingpong", &[]);
+    pingpong("ibv_rc_pingpong", &["-s", "1"]);
+    pingpong("ibv_rc_pingpong", &["-s", "65536", "-m", "4096"]);
+}
+
+#[test]
+fn rc_pingpong_events() {
+    pingpong("ibv_rc_pingpong", &["-e"]);
+    pingpong("ibv_rc_pingpong", &["-e", "-s", "10000"]);
+}
+
+#[test]
+fn uc_pingpong() {
+    pingpong("ibv_uc_pingpong", &[]);
+    pingpong("ibv_uc_pingpong", &["-e", "-s", "1024"]);
+}
+
+#[test]
+fn ud_pingpong() {
+    pingpong("ibv_ud_pingpong", &["-s", "1024"]);
+    pingpong("ibv_ud_pingpong", &["-e", "-s", "64"]);
+}
+
+#[test]
+fn srq_pingpong() {
+    pingpong("ibv_srq_pingpong", &[]);
+    pingpong("ibv_srq_pingpong", &["-e", "-s", "1024"]);
+}
