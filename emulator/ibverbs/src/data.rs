@@ -258,6 +258,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
     }
     // SAFETY: a live CQ of this library.
     let c = unsafe { SvCq::from_ibv(cq) };
+    crate::state::POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut buf = [WorkCompletion::default(); POLL_BATCH];
     let want = n as usize;
     let mut got = 0usize;

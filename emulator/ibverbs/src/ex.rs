@@ -67,6 +67,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     }
     // SAFETY: a live CQ of this library.
     let c = unsafe { SvCq::from_ibv(cq as *mut ibv_cq) };
+    crate::state::POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut g = c.ex.lock().unwrap_or_else(|e| e.into_inner());
     let n = match c.h.poll(&mut g.wc) {
         Ok(n) => n,

@@ -4,12 +4,13 @@
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::raw::{c_char, c_int};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::ShmMode;
-use softverbs::soft::link::udp::{Bind, UdpConfig, UdpPort};
+use softverbs::soft::link::udp::{UdpConfig, UdpPort};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::Device;
 
@@ -23,6 +24,23 @@ pub(crate) struct SvDevice {
     pub(crate) device: Device,
     pub(crate) soft: Arc<SoftDevice>,
     pub(crate) guid: u64,
+    /// Tells the library's progress thread (if any) to stop.
+    stop: Arc<AtomicBool>,
+}
+
+/// Counts `ibv_poll_cq` calls (any CQ): the progress thread leaves the
+/// link to an application that is busy-polling.
+pub(crate) static POLLS: AtomicU64 = AtomicU64::new(0);
+
+/// How the engine of the default device makes progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// The library's progress thread over the inline engine (default).
+    Library,
+    /// The soft provider's own progress thread.
+    Provider(Duration),
+    /// No thread: progress only inside verbs.
+    Inline,
 }
 
 /// Every device ever created here (never freed: the application may keep
@@ -71,23 +89,24 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// The engine mode the environment asks for.
-fn engine_mode() -> Result<EngineMode, String> {
+/// The progress mode the environment asks for.
+fn progress_mode() -> Result<Progress, String> {
     let spin_us: u64 = match env("SOFTVERBS_SPIN_US") {
         Some(s) => s.parse().map_err(|_| format!("SOFTVERBS_SPIN_US={s}: not a number"))?,
         None => 0,
     };
     match env("SOFTVERBS_ENGINE").as_deref() {
-        None | Some("thread") => Ok(EngineMode::ProgressThread {
-            spin: Duration::from_micros(spin_us),
-        }),
-        Some("inline") => Ok(EngineMode::Inline),
-        Some(o) => Err(format!("SOFTVERBS_ENGINE={o}: expected thread or inline")),
+        None | Some("thread") => Ok(Progress::Library),
+        Some("provider-thread") => Ok(Progress::Provider(Duration::from_micros(spin_us))),
+        Some("inline") => Ok(Progress::Inline),
+        Some(o) => Err(format!(
+            "SOFTVERBS_ENGINE={o}: expected thread, provider-thread or inline"
+        )),
     }
 }
 
 /// The configuration of the default device, from the environment.
-fn device_config() -> Result<SoftDeviceConfig, String> {
+fn device_config() -> Result<(SoftDeviceConfig, Progress), String> {
     let name = env("SOFTVERBS_DEVICE").unwrap_or_else(|| "softverbs_0".to_string());
     if name.len() >= IBV_SYSFS_NAME_MAX {
         return Err(format!("SOFTVERBS_DEVICE={name}: longer than 63 bytes"));
@@ -109,9 +128,6 @@ fn device_config() -> Result<SoftDeviceConfig, String> {
                 .map_err(|_| format!("SOFTVERBS_PORT={p}: not a port number"))?,
         ),
     };
-    if let Bind::Interface(_) = udp.bind {
-        // (nothing else to adjust: the link takes every address of it)
-    }
     let cfg = match env("SOFTVERBS_LINK").as_deref() {
         None | Some("auto") => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Auto),
         Some("udp") => SoftDeviceConfig::udp(&name, udp),
@@ -119,8 +135,69 @@ fn device_config() -> Result<SoftDeviceConfig, String> {
         Some(o) => return Err(format!("SOFTVERBS_LINK={o}: expected auto, udp or shm")),
     };
     let mut cfg = cfg.map_err(|e| e.to_string())?;
-    cfg.engine = engine_mode()?;
-    Ok(cfg)
+    let progress = progress_mode()?;
+    cfg.engine = match progress {
+        Progress::Provider(spin) => EngineMode::ProgressThread { spin },
+        Progress::Library | Progress::Inline => EngineMode::Inline,
+    };
+    Ok((cfg, progress))
+}
+
+/// The library's progress thread: the engine runs inline (so a
+/// busy-polling application reads the link itself inside `ibv_poll_cq`,
+/// the fastest path on a small machine), and this thread drives it when
+/// nobody else does: it sleeps in a level-triggered `poll(2)` on the
+/// link's descriptors (a datagram left unread wakes it again, never
+/// stranded) with a timeout for the engine's timers, and drives the
+/// device when woken. While the application keeps polling CQs it only
+/// sleeps, so that it does not take a core from a busy-polling pair.
+fn progress_thread(soft: Arc<SoftDevice>, link: Arc<dyn softverbs::soft::link::Link>, stop: Arc<AtomicBool>) {
+    /// The timer granularity while traffic flows, and while idle.
+    const BUSY_TICK: Duration = Duration::from_millis(1);
+    const IDLE_TICK: Duration = Duration::from_millis(20);
+    /// How long after the last traffic the thread counts as busy.
+    const BUSY_FOR: Duration = Duration::from_millis(200);
+    let shared = soft.shared().clone();
+    let mut last_polls = POLLS.load(Ordering::Relaxed);
+    let mut last_traffic = std::time::Instant::now() - BUSY_FOR;
+    while !stop.load(Ordering::Acquire) {
+        let polls = POLLS.load(Ordering::Relaxed);
+        if polls != last_polls {
+            // The application polls: it reads the link itself.
+            last_polls = polls;
+            last_traffic = std::time::Instant::now();
+            std::thread::sleep(BUSY_TICK);
+            continue;
+        }
+        let tick = if last_traffic.elapsed() < BUSY_FOR {
+            BUSY_TICK
+        } else {
+            IDLE_TICK
+        };
+        let readable = if link.prepare_sleep() {
+            let fds = link.poll_fds();
+            let mut pfds: Vec<libc::pollfd> = fds
+                .iter()
+                .map(|&fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: `pfds` is a valid array of pollfd for the call.
+            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tick.as_millis() as i32) };
+            n > 0
+        } else {
+            true
+        };
+        if readable {
+            last_traffic = std::time::Instant::now();
+        }
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        shared.drive();
+    }
 }
 
 fn copy_name(dst: &mut [c_char], s: &str) {
@@ -131,8 +208,17 @@ fn copy_name(dst: &mut [c_char], s: &str) {
 }
 
 fn create_default() -> Result<&'static SvDevice, String> {
-    let cfg = device_config()?;
+    let (cfg, progress) = device_config()?;
+    let link = cfg.link.clone();
     let soft = SoftDevice::create(cfg).map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    if let (Progress::Library, Some(link)) = (progress, link) {
+        let (s, st) = (soft.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(format!("softverbs-{}", soft.name()))
+            .spawn(move || progress_thread(s, link, st))
+            .map_err(|e| format!("starting the progress thread: {e}"))?;
+    }
     let device = soft.device();
     // SAFETY: ibv_device is plain data (integers, arrays, nullable
     // function pointers), for which all-zero is a valid value.
@@ -152,6 +238,7 @@ fn create_default() -> Result<&'static SvDevice, String> {
         device,
         soft,
         guid,
+        stop,
     })))
 }
 
@@ -187,6 +274,7 @@ pub unsafe extern "C" fn softverbs_remove_device(name: *const c_char) -> c_int {
     };
     match found {
         Some(d) => {
+            d.stop.store(true, Ordering::Release);
             d.soft.unplug();
             0
         }

@@ -109,18 +109,25 @@ fn tcp_port() -> u16 {
     base + NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Runs `tool` as a server and as a client of it; the client is retried
-/// while the server is not listening yet. Returns both outputs.
-fn pair(tool: &str, port_flag: &str, server_args: &[&str], client_args: &[&str]) -> (String, String) {
+/// Runs `tool` as a server and as a client of it, with extra environment
+/// for both; the client is retried while the server is not listening yet.
+/// Returns both outputs.
+fn pair_env(
+    tool: &str,
+    port_flag: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    env: &[(&str, &str)],
+) -> (String, String) {
     let port = tcp_port().to_string();
     let mut sargs: Vec<&str> = server_args.to_vec();
     sargs.extend([port_flag, port.as_str()]);
-    let server = command(tool, &sargs, &[]).spawn().expect("spawn server");
+    let server = command(tool, &sargs, env).spawn().expect("spawn server");
     let mut cargs: Vec<&str> = client_args.to_vec();
     cargs.extend([port_flag, port.as_str(), "127.0.0.1"]);
     let start = Instant::now();
     let client_out = loop {
-        let out = finish(command(tool, &cargs, &[]).spawn().expect("spawn client"), tool);
+        let out = finish(command(tool, &cargs, env).spawn().expect("spawn client"), tool);
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         let not_listening = !out.status.success()
             && (text.contains("Couldn't connect")
@@ -167,12 +174,16 @@ fn ibv_devinfo_verbose() {
 }
 
 fn pingpong(tool: &str, extra: &[&str]) {
+    pingpong_env(tool, extra, &[]);
+}
+
+fn pingpong_env(tool: &str, extra: &[&str], env: &[(&str, &str)]) {
     if !have(tool) {
         return;
     }
     let mut args = vec!["-g", "0", "-n", "50"];
     args.extend_from_slice(extra);
-    let (s, c) = pair(tool, "-p", &args, &args);
+    let (s, c) = pair_env(tool, "-p", &args, &args, env);
     for out in [&s, &c] {
         assert!(out.contains("50 iters in"), "{tool} {extra:?}: {out}");
     }
@@ -201,10 +212,81 @@ fn uc_pingpong() {
 fn ud_pingpong() {
     pingpong("ibv_ud_pingpong", &["-s", "1024"]);
     pingpong("ibv_ud_pingpong", &["-e", "-s", "64"]);
+    pingpong_env(
+        "ibv_ud_pingpong",
+        &["-e", "-s", "64"],
+        &[("SOFTVERBS_ENGINE", "inline")],
+    );
 }
 
 #[test]
 fn srq_pingpong() {
     pingpong("ibv_srq_pingpong", &[]);
     pingpong("ibv_srq_pingpong", &["-e", "-s", "1024"]);
+}
+
+#[test]
+fn rc_pingpong_over_shared_memory() {
+    if !have("ibv_rc_pingpong") {
+        return;
+    }
+    for extra in [&[][..], &["-e", "-s", "65536"][..]] {
+        let mut args = vec!["-g", "0", "-n", "50"];
+        args.extend_from_slice(extra);
+        let (s, c) = pair_env("ibv_rc_pingpong", "-p", &args, &args, &[("SOFTVERBS_LINK", "shm")]);
+        assert!(s.contains("50 iters in") && c.contains("50 iters in"), "{s}\n{c}");
+    }
+}
+
+/// Runs a perftest tool as server and client on the soft device (GID
+/// index 0) and checks that the client printed its result table.
+fn perftest(tool: &str, extra: &[&str], env: &[(&str, &str)]) {
+    if !have(tool) {
+        return;
+    }
+    let mut args = vec!["-d", "softverbs_0", "-x", "0"];
+    args.extend_from_slice(extra);
+    let (s, c) = pair_env(tool, "-p", &args, &args, env);
+    // The client prints the result table (the server of a latency test
+    // prints none); both exited 0.
+    assert!(c.contains("#bytes"), "{tool} {extra:?}: no result table in\n{c}");
+    for out in [&s, &c] {
+        assert!(
+            !out.contains("Couldn't") && !out.contains("Failed"),
+            "{tool} {extra:?}:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn perftest_bandwidth() {
+    perftest("ib_write_bw", &["-n", "200"], &[]);
+    perftest("ib_write_bw", &["-n", "200", "-s", "1048576"], &[]);
+    perftest("ib_read_bw", &["-n", "200"], &[]);
+    perftest("ib_send_bw", &["-n", "200"], &[]);
+    perftest("ib_send_bw", &["-n", "200", "-s", "8"], &[]);
+    perftest("ib_atomic_bw", &["-n", "200"], &[]);
+}
+
+#[test]
+fn perftest_latency() {
+    perftest("ib_write_lat", &["-n", "200", "-s", "8"], &[]);
+    perftest("ib_read_lat", &["-n", "200", "-s", "8"], &[]);
+    perftest("ib_send_lat", &["-n", "200", "-s", "8"], &[]);
+    perftest("ib_atomic_lat", &["-n", "200"], &[]);
+}
+
+#[test]
+fn perftest_all_sizes() {
+    // -a: every size from 2 bytes to 8 MiB.
+    perftest("ib_write_bw", &["-a", "-n", "20"], &[]);
+    perftest("ib_send_lat", &["-a", "-n", "20"], &[]);
+}
+
+#[test]
+fn perftest_over_shared_memory() {
+    let shm = [("SOFTVERBS_LINK", "shm")];
+    perftest("ib_write_bw", &["-n", "200"], &shm);
+    perftest("ib_read_lat", &["-n", "200", "-s", "8"], &shm);
+    perftest("ib_send_bw", &["-n", "200"], &shm);
 }
