@@ -17,10 +17,16 @@ impl Lib {
     fn open() -> Lib {
         let exe = std::env::current_exe().expect("test executable");
         let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
-        let path: PathBuf = [dir.join("libsoftverbs_ibverbs.so"), dir.join("deps/libsoftverbs_ibverbs.so")]
-            .into_iter()
-            .find(|p| p.exists())
-            .expect("cargo built libsoftverbs_ibverbs.so");
+        let path: PathBuf = [
+            dir.join("libsoftverbs_ibverbs.so"),
+            dir.join("deps/libsoftverbs_ibverbs.so"),
+        ]
+        .into_iter()
+        .filter(|p| p.exists())
+        // `cargo test` refreshes deps/ only; `cargo build` also the copy
+        // above it: the newer one is this build's.
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("cargo built libsoftverbs_ibverbs.so");
         let c = CString::new(path.to_str().expect("utf-8 path")).expect("path");
         // SAFETY: loading our own library; its constructors are Rust's.
         let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -93,7 +99,10 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
     ] {
         assert!(lib.has_version(name, ver), "{name}@{ver}");
     }
-    assert!(!lib.has_version("ibv_get_device_list", "IBVERBS_1.0"), "no 1.0 compat ABI");
+    assert!(
+        !lib.has_version("ibv_get_device_list", "IBVERBS_1.0"),
+        "no 1.0 compat ABI"
+    );
 
     let wc_str: StrFn = lib.sym("ibv_wc_status_str");
     let ev_str: StrFn = lib.sym("ibv_event_type_str");
@@ -203,7 +212,10 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         a.ah_attr.grh.dgid = gid;
         a.ah_attr.grh.hop_limit = 64;
         a.ah_attr.port_num = 1;
-        assert_eq!(modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15), 0);
+        assert_eq!(
+            modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
+            0
+        );
         let mut a: ibv_qp_attr = Default::default();
         a.qp_state = 3; // RTS
         a.sq_psn = 7;
@@ -211,7 +223,10 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.max_rd_atomic = 1;
-        assert_eq!(modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13), 0);
+        assert_eq!(
+            modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
+            0
+        );
         assert_eq!((*qp).state, 3);
 
         // A chain whose second WR has more SGEs than the QP allows: the

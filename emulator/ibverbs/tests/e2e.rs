@@ -29,7 +29,10 @@ fn lib_dir() -> &'static Path {
             profile_dir.join("deps/libsoftverbs_ibverbs.so"),
         ]
         .into_iter()
-        .find(|p| p.exists())
+        .filter(|p| p.exists())
+        // `cargo test` refreshes deps/ only; `cargo build` also the copy
+        // above it: the newer one is this build's.
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
         .expect("cargo built libsoftverbs_ibverbs.so next to the test");
         let dir = std::env::temp_dir().join(format!("softverbs-ibverbs-e2e-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the library dir");
