@@ -29,10 +29,10 @@ unsafe fn with_sges<R>(list: *const ibv_sge, n: c_int, f: impl FnOnce(&[Sge<'sta
     let n = n as usize;
     // SAFETY: the caller's promise about each entry (see above).
     let conv = |e: &ibv_sge| unsafe { Sge::from_raw(e.addr, e.length, e.lkey) };
-    // SAFETY: `list` is readable for `n` entries.
     let src = if n == 0 {
         &[][..]
     } else {
+        // SAFETY: `list` is readable for `n` entries.
         unsafe { std::slice::from_raw_parts(list, n) }
     };
     if n <= STACK_SGE {

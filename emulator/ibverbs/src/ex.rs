@@ -369,6 +369,7 @@ unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, bufs:
         // length during this call (the API copies inline data here).
         for b in unsafe { std::slice::from_raw_parts(bufs, n) } {
             if b.length > 0 && !b.addr.is_null() {
+                // SAFETY: as above, this buffer is readable for its length.
                 data.extend_from_slice(unsafe { std::slice::from_raw_parts(b.addr as *const u8, b.length) });
             }
         }

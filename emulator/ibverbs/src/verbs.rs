@@ -237,8 +237,8 @@ pub unsafe extern "C" fn __softverbs_ibv_query_device(ctx: *mut ibv_context, att
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) };
     match sv.ctx.query_device() {
-        // SAFETY: the caller passes a writable ibv_device_attr.
         Ok(a) => {
+            // SAFETY: the caller passes a writable ibv_device_attr.
             fill_device_attr(&a, unsafe { &mut *attr });
             0
         }

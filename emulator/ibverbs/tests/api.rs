@@ -196,33 +196,45 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         // Connect the QP to itself (RC loopback through the device's link).
         let mut gid = ibv_gid::default();
         assert_eq!(query_gid(ctx, 1, 0, &mut gid), 0);
-        let mut a: ibv_qp_attr = Default::default();
-        a.qp_state = 1; // INIT
-        a.port_num = 1;
-        a.qp_access_flags = 1 | 2 | 4;
+        let mut a = ibv_qp_attr {
+            qp_state: 1, // INIT
+            port_num: 1,
+            qp_access_flags: 1 | 2 | 4,
+            ..Default::default()
+        };
         assert_eq!(modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
-        let mut a: ibv_qp_attr = Default::default();
-        a.qp_state = 2; // RTR
-        a.path_mtu = 3;
-        a.dest_qp_num = (*qp).qp_num;
-        a.rq_psn = 7;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 12;
-        a.ah_attr.is_global = 1;
-        a.ah_attr.grh.dgid = gid;
-        a.ah_attr.grh.hop_limit = 64;
-        a.ah_attr.port_num = 1;
+        let mut a = ibv_qp_attr {
+            qp_state: 2, // RTR
+            path_mtu: 3,
+            dest_qp_num: (*qp).qp_num,
+            rq_psn: 7,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah_attr: ibv_ah_attr {
+                is_global: 1,
+                grh: ibv_global_route {
+                    dgid: gid,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
         assert_eq!(
             modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
             0
         );
-        let mut a: ibv_qp_attr = Default::default();
-        a.qp_state = 3; // RTS
-        a.sq_psn = 7;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 1;
+        let mut a = ibv_qp_attr {
+            qp_state: 3, // RTS
+            sq_psn: 7,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
         assert_eq!(
             modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
             0
