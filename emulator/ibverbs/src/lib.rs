@@ -29,8 +29,9 @@
 //! | `SOFTVERBS_IFACE` | bind every address of this interface instead | unset |
 //! | `SOFTVERBS_PORT` | UDP port: `auto` (4791 if free, else a private port whose GID encodes it), or a number | `auto` |
 //! | `SOFTVERBS_LINK` | `auto` (UDP + shared memory to local peers), `udp`, `shm` (shared memory only) | `auto` |
-//! | `SOFTVERBS_ENGINE` | `thread` (a progress thread per device) or `inline` (progress only inside verbs) | `thread` |
-//! | `SOFTVERBS_SPIN_US` | how long the progress thread busy-polls after work before sleeping | `0` |
+//! | `SOFTVERBS_ENGINE` | `thread` (the library's progress thread, engine inline), `inline` (no thread: progress only inside verbs), `provider-thread` (the soft provider's own progress thread) | `thread` |
+//! | `SOFTVERBS_SPIN_US` | with `provider-thread`: how long that thread busy-polls after work before sleeping | `0` |
+//! | `SOFTVERBS_UNPLUG_AFTER_MS` | hot-unplug the device this many ms after it was created (see Hotplug) | unset |
 //!
 //! A program sees its GID with `ibv_query_gid` as usual and exchanges it
 //! with its peer out of band (`-g 0` for the rdma-core examples and
@@ -38,21 +39,29 @@
 //!
 //! # Progress
 //!
-//! The default engine mode runs a progress thread per device that sleeps
-//! on the link's sockets, so a passive RDMA WRITE/READ target that never
-//! calls a verb is served and a thread blocked in `ibv_get_cq_event` is
-//! woken. Its spin time is 0 by default: on a 2-core machine a spinning
-//! progress thread next to two busy-polling processes takes the cores the
-//! ping-pong needs; the price is a wake-up of the thread for traffic that
-//! arrives while no application thread is inside a verb (a busy-polling
-//! application reads the link itself in `ibv_poll_cq`). `SOFTVERBS_ENGINE=
-//! inline` removes the thread entirely: fastest for busy-polling programs,
-//! but then nothing progresses while no thread is in a verb.
+//! The engine runs inline: a busy-polling application reads the link
+//! itself inside `ibv_poll_cq` (the fastest path, and the only one that
+//! keeps a busy-polling pair fast on a 2-core machine). Next to it, by
+//! default, one library thread per device sleeps in a level-triggered
+//! `poll(2)` on the link's descriptors and drives the device whenever
+//! nobody else does, so a passive RDMA WRITE/READ target that never calls
+//! a verb is served, timers run, and a thread blocked in
+//! `ibv_get_cq_event` is woken. While the application keeps polling CQs
+//! the thread only sleeps (1 ms ticks) and stays off the cores. Its costs:
+//! traffic that arrives while no application thread is in a verb waits
+//! for the thread's wake-up (a context switch), and an idle device wakes
+//! the thread every 20 ms for timers. `SOFTVERBS_ENGINE=inline` removes
+//! the thread (nothing progresses while no thread is in a verb);
+//! `provider-thread` uses the soft provider's edge-triggered progress
+//! thread instead, with which UD and UC programs that sleep in
+//! `ibv_get_cq_event` were seen to miss datagrams.
 //!
 //! # Hotplug
 //!
-//! [`softverbs_remove_device`] (exported, C ABI) removes a device from
-//! outside the application as the kernel disassociates one: each open
+//! [`softverbs_remove_device`] (exported, C ABI; a test or a harness
+//! reaches it with `dlsym`), or `SOFTVERBS_UNPLUG_AFTER_MS` for an
+//! unmodified program, removes a device from outside the application as
+//! the kernel disassociates one: each open
 //! context gets `IBV_EVENT_DEVICE_FATAL`, verbs fail with `ENODEV`, queue
 //! pairs go to the error state, and `ibv_close_device` and the destroy
 //! verbs still succeed.

@@ -233,13 +233,49 @@ fn create_default() -> Result<&'static SvDevice, String> {
     );
     copy_name(&mut dev.ibdev_path, &format!("/nonexistent/softverbs/{}", soft.name()));
     let guid = device.guid().0;
-    Ok(Box::leak(Box::new(SvDevice {
+    let d: &'static SvDevice = Box::leak(Box::new(SvDevice {
         dev,
         device,
         soft,
         guid,
         stop,
-    })))
+    }));
+    if let Some(ms) = env("SOFTVERBS_UNPLUG_AFTER_MS") {
+        // Hot-unplug from outside an unmodified program (tests, and
+        // trying out a program's handling of device removal).
+        let ms: u64 = ms
+            .parse()
+            .map_err(|_| format!("SOFTVERBS_UNPLUG_AFTER_MS={ms}: not a number"))?;
+        std::thread::Builder::new()
+            .name("softverbs-unplug".into())
+            .spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                remove(d);
+            })
+            .map_err(|e| format!("starting the unplug timer: {e}"))?;
+    }
+    Ok(d)
+}
+
+impl SvDevice {
+    /// Whether the device was removed (hot-unplugged).
+    pub(crate) fn removed(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+}
+
+/// Marks `d` absent and unplugs it; false if it was already removed.
+fn remove(d: &'static SvDevice) -> bool {
+    {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        match reg.devices.iter_mut().find(|(x, p)| *p && std::ptr::eq(*x, d)) {
+            Some(e) => e.1 = false,
+            None => return false,
+        }
+    }
+    d.stop.store(true, Ordering::Release);
+    d.soft.unplug();
+    true
 }
 
 /// Removes the device named `name` as if it had been unplugged: it leaves
@@ -262,23 +298,15 @@ pub unsafe extern "C" fn softverbs_remove_device(name: *const c_char) -> c_int {
     // SAFETY: the caller passes a NUL-terminated string.
     let name = unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned();
     let found = {
-        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
-        let mut found = None;
-        for (d, present) in reg.devices.iter_mut() {
-            if *present && d.soft.name() == name {
-                *present = false;
-                found = Some(*d);
-            }
-        }
-        found
+        let reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.devices
+            .iter()
+            .find(|(d, p)| *p && d.soft.name() == name)
+            .map(|(d, _)| *d)
     };
     match found {
-        Some(d) => {
-            d.stop.store(true, Ordering::Release);
-            d.soft.unplug();
-            0
-        }
-        None => {
+        Some(d) if remove(d) => 0,
+        _ => {
             crate::objects::set_errno(libc::ENOENT);
             -1
         }

@@ -11,6 +11,7 @@ use std::os::raw::{c_char, c_int, c_uint};
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use softverbs::verbs::{
     AccessFlags, AhAttr, AsyncElement, Error, Gid, GlobalRoute, MemorySource, MigState, Mtu, MwType, QpAttr,
@@ -1732,7 +1733,8 @@ pub unsafe extern "C" fn __softverbs_ibv_create_ah_from_wc(
 
 // ---------------------------------------------------------------- async events
 
-/// `ibv_get_async_event`: blocks until the device reports an event.
+/// `ibv_get_async_event`: blocks until the device reports an event; on a
+/// removed device whose events were all read, -1 with `EIO`.
 ///
 /// # Safety
 ///
@@ -1743,8 +1745,21 @@ pub unsafe extern "C" fn __softverbs_ibv_get_async_event(ctx: *mut ibv_context, 
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) };
     loop {
-        let ev = match sv.ctx.get_async_event(None) {
+        // After a removal, once its events are consumed, the event file
+        // reports EIO, as the kernel's does for a disassociated device;
+        // until then wait in slices to notice a removal.
+        let removed = sv.dev.removed();
+        let wait = if removed {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(100)
+        };
+        let ev = match sv.ctx.get_async_event(Some(wait)) {
             Ok(Some(ev)) => ev,
+            Ok(None) if removed => {
+                set_errno(libc::EIO);
+                return -1;
+            }
             Ok(None) => continue,
             Err(e) => {
                 fail(&e);

@@ -157,6 +157,22 @@ fn ibv_devices_lists_the_soft_device() {
 }
 
 #[test]
+fn ibv_asyncwatch_sees_hot_unplug() {
+    if !have("ibv_asyncwatch") {
+        return;
+    }
+    let child = command("ibv_asyncwatch", &[], &[("SOFTVERBS_UNPLUG_AFTER_MS", "200")])
+        .spawn()
+        .expect("spawn");
+    let out = finish(child, "ibv_asyncwatch");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // It prints every event and exits 1 when the event file reports an
+    // error, as it does on a removed kernel device.
+    assert!(text.contains("IBV_EVENT_DEVICE_FATAL"), "{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+}
+
+#[test]
 fn ibv_devinfo_verbose() {
     if !have("ibv_devinfo") {
         return;
