@@ -331,21 +331,24 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     }
 }
 
-/// `ibv_query_port` (the exported symbol, called by programs built
-/// against old headers): fills the whole `struct ibv_port_attr`, as
-/// rdma-core does.
+/// `ibv_query_port` (the exported symbol, which programs built against
+/// headers older than `verbs_context::query_port` call with the smaller
+/// `struct _compat_ibv_port_attr`): fills the fields up to `link_layer`
+/// and the byte after it, the layout every version of the struct shares.
 ///
 /// # Safety
 ///
-/// `ctx` an open context, `attr` a writable `ibv_port_attr`.
+/// `ctx` an open context, `attr` a writable port attribute struct of any
+/// rdma-core version.
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_query_port(
     ctx: *mut ibv_context,
     port: u8,
     attr: *mut ibv_port_attr,
 ) -> c_int {
-    // SAFETY: forwarded contract.
-    unsafe { query_port_ex(ctx, port, attr, std::mem::size_of::<ibv_port_attr>()) }
+    let len = std::mem::offset_of!(ibv_port_attr, flags) + 1;
+    // SAFETY: forwarded contract; `len` bytes fit every version.
+    unsafe { query_port_ex(ctx, port, attr, len) }
 }
 
 /// `ibv_query_gid`.
@@ -763,9 +766,8 @@ pub unsafe extern "C" fn __softverbs_ibv_rereg_mr(
     len: usize,
     access: c_int,
 ) -> c_int {
+    // enum ibv_rereg_mr_err_code
     const ERR_INPUT: c_int = -1;
-    const ERR_DONT_FORK_NEW: c_int = -2;
-    let _ = ERR_DONT_FORK_NEW;
     const ERR_CMD: c_int = -4;
     if mr.is_null() || flags <= 0 {
         set_errno(libc::EINVAL);
