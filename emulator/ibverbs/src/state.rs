@@ -158,43 +158,51 @@ fn progress_thread(soft: Arc<SoftDevice>, link: Arc<dyn softverbs::soft::link::L
     /// How long after the last traffic the thread counts as busy.
     const BUSY_FOR: Duration = Duration::from_millis(200);
     let shared = soft.shared().clone();
+    let wait = |timeout: Duration| -> bool {
+        let mut pfds: Vec<libc::pollfd> = link
+            .poll_fds()
+            .iter()
+            .map(|&fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `pfds` is a valid array of pollfd for the call.
+        let n = unsafe {
+            libc::poll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                timeout.as_millis() as i32,
+            )
+        };
+        n > 0
+    };
     let mut last_polls = POLLS.load(Ordering::Relaxed);
     let mut last_traffic = std::time::Instant::now() - BUSY_FOR;
     while !stop.load(Ordering::Acquire) {
-        let polls = POLLS.load(Ordering::Relaxed);
-        if polls != last_polls {
-            // The application polls: it reads the link itself.
-            last_polls = polls;
-            last_traffic = std::time::Instant::now();
-            std::thread::sleep(BUSY_TICK);
-            continue;
-        }
         let tick = if last_traffic.elapsed() < BUSY_FOR {
             BUSY_TICK
         } else {
             IDLE_TICK
         };
-        let readable = if link.prepare_sleep() {
-            let fds = link.poll_fds();
-            let mut pfds: Vec<libc::pollfd> = fds
-                .iter()
-                .map(|&fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            // SAFETY: `pfds` is a valid array of pollfd for the call.
-            let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tick.as_millis() as i32) };
-            n > 0
-        } else {
-            true
-        };
-        if readable {
-            last_traffic = std::time::Instant::now();
-        }
+        let readable = !link.prepare_sleep() || wait(tick);
         if stop.load(Ordering::Acquire) {
             break;
+        }
+        if readable {
+            last_traffic = std::time::Instant::now();
+            let polls = POLLS.load(Ordering::Relaxed);
+            if polls != last_polls {
+                // An application thread polls CQs, and ibv_poll_cq reads
+                // the link: let it take the datagram (its own path is the
+                // fast one) and drive only if it did not.
+                last_polls = polls;
+                std::thread::yield_now();
+                if link.prepare_sleep() && !wait(Duration::ZERO) {
+                    continue;
+                }
+            }
         }
         shared.drive();
     }
