@@ -193,52 +193,55 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         let qp = create_qp(pd, &mut init);
         assert!(!qp.is_null());
 
-        // Connect the QP to itself (RC loopback through the device's link).
+        // Connects an RC QP to itself (loopback through the device's link).
         let mut gid = ibv_gid::default();
         assert_eq!(query_gid(ctx, 1, 0, &mut gid), 0);
-        let mut a = ibv_qp_attr {
-            qp_state: 1, // INIT
-            port_num: 1,
-            qp_access_flags: 1 | 2 | 4,
-            ..Default::default()
-        };
-        assert_eq!(modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
-        let mut a = ibv_qp_attr {
-            qp_state: 2, // RTR
-            path_mtu: 3,
-            dest_qp_num: (*qp).qp_num,
-            rq_psn: 7,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr: ibv_ah_attr {
-                is_global: 1,
-                grh: ibv_global_route {
-                    dgid: gid,
-                    hop_limit: 64,
+        let connect = |qp: *mut ibv_qp| {
+            let mut a = ibv_qp_attr {
+                qp_state: 1, // INIT
+                port_num: 1,
+                qp_access_flags: 1 | 2 | 4,
+                ..Default::default()
+            };
+            assert_eq!(modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
+            let mut a = ibv_qp_attr {
+                qp_state: 2, // RTR
+                path_mtu: 3,
+                dest_qp_num: (*qp).qp_num,
+                rq_psn: 7,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ah_attr: ibv_ah_attr {
+                    is_global: 1,
+                    grh: ibv_global_route {
+                        dgid: gid,
+                        hop_limit: 64,
+                        ..Default::default()
+                    },
+                    port_num: 1,
                     ..Default::default()
                 },
-                port_num: 1,
                 ..Default::default()
-            },
-            ..Default::default()
+            };
+            assert_eq!(
+                modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
+                0
+            );
+            let mut a = ibv_qp_attr {
+                qp_state: 3, // RTS
+                sq_psn: 7,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..Default::default()
+            };
+            assert_eq!(
+                modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
+                0
+            );
         };
-        assert_eq!(
-            modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
-            0
-        );
-        let mut a = ibv_qp_attr {
-            qp_state: 3, // RTS
-            sq_psn: 7,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..Default::default()
-        };
-        assert_eq!(
-            modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
-            0
-        );
+        connect(qp);
         assert_eq!((*qp).state, 3);
 
         // A chain whose second WR has more SGEs than the QP allows: the
@@ -289,6 +292,90 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         assert_eq!(got.len(), 1, "only the first WR was posted");
         assert_eq!((got[0].wr_id, got[0].status, got[0].opcode), (1, 0, 1));
         assert_eq!(poll_cq(cq, -1, wc.as_mut_ptr()), -libc::EINVAL);
+
+        // The extended CQ and QP: ibv_wr_* posting, start/next/end_poll.
+        let vq = vctx.create_cq_ex.expect("create_cq_ex");
+        let mut cattr = ibv_cq_init_attr_ex {
+            cqe: 16,
+            cq_context: null_mut(),
+            channel: null_mut(),
+            comp_vector: 0,
+            wc_flags: 1, // IBV_WC_EX_WITH_BYTE_LEN
+            comp_mask: 0,
+            flags: 0,
+            parent_domain: null_mut(),
+        };
+        let cqx = vq(ctx, &mut cattr);
+        assert!(!cqx.is_null());
+        cattr.wc_flags = 1 << 7; // completion timestamps: not offered
+        assert!(vq(ctx, &mut cattr).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        let vqp = vctx.create_qp_ex.expect("create_qp_ex");
+        let mut qattr: ibv_qp_init_attr_ex = std::mem::zeroed();
+        qattr.send_cq = cqx as *mut ibv_cq;
+        qattr.recv_cq = cqx as *mut ibv_cq;
+        qattr.cap = init.cap;
+        qattr.cap.max_inline_data = 64;
+        qattr.qp_type = 2;
+        qattr.sq_sig_all = 1;
+        qattr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        qattr.pd = pd;
+        qattr.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND;
+        let qp2 = vqp(ctx, &mut qattr);
+        assert!(!qp2.is_null());
+        connect(qp2);
+        let to_ex: unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex = lib.sym("ibv_qp_to_qp_ex");
+        let qx = to_ex(qp2);
+        let mut rsge = ibv_sge {
+            addr: buf.as_ptr() as u64 + 2048,
+            length: 64,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr = ibv_recv_wr {
+            wr_id: 77,
+            next: null_mut(),
+            sg_list: &mut rsge,
+            num_sge: 1,
+        };
+        let mut rbad = null_mut();
+        assert_eq!(ops.post_recv.expect("post_recv")(qp2, &mut rwr, &mut rbad), 0);
+        buf[..4].copy_from_slice(b"abcd");
+        let msg = *b"inline!";
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        (*qx).wr_id = 10;
+        ((*qx).wr_rdma_write.expect("wr_rdma_write"))(qx, (*mr).rkey, buf.as_ptr() as u64 + 3000);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        (*qx).wr_id = 11;
+        ((*qx).wr_send.expect("wr_send"))(qx);
+        ((*qx).wr_set_inline_data.expect("wr_set_inline_data"))(qx, msg.as_ptr() as *mut c_void, msg.len());
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        let mut seen = Vec::new();
+        let start = std::time::Instant::now();
+        while seen.len() < 3 && start.elapsed() < std::time::Duration::from_secs(30) {
+            let mut pa = ibv_poll_cq_attr { comp_mask: 0 };
+            let mut r = ((*cqx).start_poll.expect("start_poll"))(cqx, &mut pa);
+            if r == libc::ENOENT {
+                continue;
+            }
+            while r == 0 {
+                let op = ((*cqx).read_opcode.expect("read_opcode"))(cqx);
+                let len = ((*cqx).read_byte_len.expect("read_byte_len"))(cqx);
+                seen.push(((*cqx).wr_id, (*cqx).status, op, len));
+                r = ((*cqx).next_poll.expect("next_poll"))(cqx);
+            }
+            assert_eq!(r, libc::ENOENT);
+            ((*cqx).end_poll.expect("end_poll"))(cqx);
+        }
+        seen.sort();
+        assert_eq!(seen, vec![(10, 0, 1, 4), (11, 0, 0, 7), (77, 0, 128, 7)]);
+        assert_eq!(&buf[3000..3004], b"abcd");
+        assert_eq!(&buf[2048..2055], b"inline!");
+        // A setter without an operation first fails the batch.
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+        assert_eq!(destroy_qp(qp2), 0);
+        assert_eq!(destroy_cq(cqx as *mut ibv_cq), 0);
 
         // Hot unplug from outside the application.
         let name = CString::new("softverbs_0").expect("name");
