@@ -26,6 +26,65 @@ pub(crate) struct SvDevice {
     pub(crate) guid: u64,
     /// Tells the library's progress thread (if any) to stop.
     stop: Arc<AtomicBool>,
+    /// The largest IB MTU (`enum ibv_mtu`) whose RoCEv2 packets fit the
+    /// network interface of the device's address, if known.
+    pub(crate) mtu_cap: Option<u32>,
+}
+
+/// RoCEv2 headers around an MTU-sized payload: IPv6 40 (IPv4 20), UDP 8,
+/// BTH 12, RETH 16, ICRC 4.
+const ROCE_HEADERS: u32 = 80;
+
+/// The MTU of the interface that has address `ip` (its sysfs entry, as the
+/// network namespace of this process sees it).
+fn interface_mtu(ip: IpAddr) -> Option<u32> {
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `ifap` with a list freed below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return None;
+    }
+    let mut name = None;
+    let mut cur = ifap;
+    while !cur.is_null() {
+        // SAFETY: a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr of the family it names.
+            let addr = unsafe {
+                match i32::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr))))
+                    }
+                    libc::AF_INET6 => {
+                        let sa = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        Some(IpAddr::V6(std::net::Ipv6Addr::from(sa.sin6_addr.s6_addr)))
+                    }
+                    _ => None,
+                }
+            };
+            if addr == Some(ip) {
+                // SAFETY: ifa_name is a NUL-terminated string of the list.
+                name = Some(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned());
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: the list from getifaddrs, no longer used.
+    unsafe { libc::freeifaddrs(ifap) };
+    let name = name?;
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The largest `enum ibv_mtu` (1 = 256 … 5 = 4096) whose packets fit an
+/// interface MTU of `if_mtu` bytes.
+fn ib_mtu_for(if_mtu: u32) -> Option<u32> {
+    (1..=5u32).rev().find(|m| (128u32 << m) + ROCE_HEADERS <= if_mtu)
 }
 
 /// Counts `ibv_poll_cq` calls (any CQ): the progress thread leaves the
@@ -241,12 +300,21 @@ fn create_default() -> Result<&'static SvDevice, String> {
     );
     copy_name(&mut dev.ibdev_path, &format!("/nonexistent/softverbs/{}", soft.name()));
     let guid = device.guid().0;
+    // As rxe does, the active MTU follows the interface: 4096-byte packets
+    // do not fit a 1500-byte Ethernet link (the link sends with DF set).
+    let mtu_cap = soft
+        .gids()
+        .iter()
+        .filter_map(|g| interface_mtu(g.to_ip()))
+        .min()
+        .map(|m| ib_mtu_for(m).unwrap_or(1));
     let d: &'static SvDevice = Box::leak(Box::new(SvDevice {
         dev,
         device,
         soft,
         guid,
         stop,
+        mtu_cap,
     }));
     if let Some(ms) = env("SOFTVERBS_UNPLUG_AFTER_MS") {
         // Hot-unplug from outside an unmodified program (tests, and
@@ -318,5 +386,21 @@ pub unsafe extern "C" fn softverbs_remove_device(name: *const c_char) -> c_int {
             crate::objects::set_errno(libc::ENOENT);
             -1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn active_mtu_follows_the_interface() {
+        assert_eq!(ib_mtu_for(1500), Some(3), "1024 on Ethernet");
+        assert_eq!(ib_mtu_for(9000), Some(5), "4096 with jumbo frames");
+        assert_eq!(ib_mtu_for(65536), Some(5), "loopback");
+        assert_eq!(ib_mtu_for(4096 + 79), Some(4));
+        assert_eq!(ib_mtu_for(300), None);
+        // The loopback interface exists everywhere and has a large MTU.
+        assert!(interface_mtu(IpAddr::V4(Ipv4Addr::LOCALHOST)).is_some_and(|m| m >= 1500));
     }
 }

@@ -321,7 +321,10 @@ pub(crate) unsafe extern "C" fn query_port_ex(
     let sv = unsafe { SvContext::from_ibv(ctx) };
     match sv.ctx.query_port(port) {
         Ok(p) => {
-            let a = fill_port_attr(&p);
+            let mut a = fill_port_attr(&p);
+            if let Some(cap) = sv.dev.mtu_cap {
+                a.active_mtu = a.active_mtu.min(cap);
+            }
             let n = len.min(std::mem::size_of::<ibv_port_attr>());
             // SAFETY: the caller's buffer holds `len` bytes.
             unsafe { std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n) };

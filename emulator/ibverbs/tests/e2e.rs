@@ -55,7 +55,20 @@ fn have(tool: &str) -> bool {
 }
 
 fn command(tool: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut c = Command::new(Path::new("/usr/bin").join(tool));
+    command_in(None, tool, args, env)
+}
+
+/// [`command`] inside network namespace `ns` (`ip netns exec`).
+fn command_in(ns: Option<&str>, tool: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let path = Path::new("/usr/bin").join(tool);
+    let mut c = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(&path);
+            c
+        }
+        None => Command::new(&path),
+    };
     c.args(args)
         .env("LD_LIBRARY_PATH", lib_dir())
         .env("SOFTVERBS_ADDR", "127.0.0.1")
@@ -122,15 +135,47 @@ fn pair_env(
     client_args: &[&str],
     env: &[(&str, &str)],
 ) -> (String, String) {
+    let topo = Topo {
+        ns: [None, None],
+        env: [env, env],
+        server_addr: "127.0.0.1",
+    };
+    pair_topo(tool, port_flag, server_args, client_args, &topo)
+}
+
+/// Where the two processes of [`pair_topo`] run.
+struct Topo<'a> {
+    /// Network namespace of the server and of the client.
+    ns: [Option<&'a str>; 2],
+    /// Extra environment of the server and of the client.
+    env: [&'a [(&'a str, &'a str)]; 2],
+    /// The address the client connects to.
+    server_addr: &'a str,
+}
+
+fn pair_topo(
+    tool: &str,
+    port_flag: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    topo: &Topo<'_>,
+) -> (String, String) {
     let port = tcp_port().to_string();
     let mut sargs: Vec<&str> = server_args.to_vec();
     sargs.extend([port_flag, port.as_str()]);
-    let server = command(tool, &sargs, env).spawn().expect("spawn server");
+    let server = command_in(topo.ns[0], tool, &sargs, topo.env[0])
+        .spawn()
+        .expect("spawn server");
     let mut cargs: Vec<&str> = client_args.to_vec();
-    cargs.extend([port_flag, port.as_str(), "127.0.0.1"]);
+    cargs.extend([port_flag, port.as_str(), topo.server_addr]);
     let start = Instant::now();
     let client_out = loop {
-        let out = finish(command(tool, &cargs, env).spawn().expect("spawn client"), tool);
+        let out = finish(
+            command_in(topo.ns[1], tool, &cargs, topo.env[1])
+                .spawn()
+                .expect("spawn client"),
+            tool,
+        );
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         let not_listening = !out.status.success()
             && (text.contains("Couldn't connect")
@@ -308,4 +353,111 @@ fn perftest_over_shared_memory() {
     perftest("ib_write_bw", &["-n", "200"], &shm);
     perftest("ib_read_lat", &["-n", "200", "-s", "8"], &shm);
     perftest("ib_send_bw", &["-n", "200"], &shm);
+}
+
+/// Two network namespaces joined by a veth pair, with addresses that
+/// exist only inside them (10.201.x.0/24), removed on drop.
+struct Netns {
+    a: String,
+    b: String,
+    subnet: u8,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Netns {
+    fn new() -> Result<Netns, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not root (creating network namespaces needs CAP_SYS_ADMIN)".into());
+        }
+        let id = std::process::id();
+        let n = Netns {
+            a: format!("svib{id}a"),
+            b: format!("svib{id}b"),
+            subnet: (id % 200) as u8 + 20,
+        };
+        ip(&["netns", "add", &n.a])?;
+        ip(&["netns", "add", &n.b])?;
+        let (va, vb) = (format!("svib{id}a"), format!("svib{id}b"));
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &n.a])?;
+        ip(&["link", "set", &vb, "netns", &n.b])?;
+        for (ns, dev, host) in [(&n.a, &va, 1), (&n.b, &vb, 2)] {
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("10.201.{}.{host}/24", n.subnet),
+                "dev",
+                dev,
+            ])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+
+    fn addr(&self, host: u8) -> String {
+        format!("10.201.{}.{host}", self.subnet)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it (and its peer).
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+#[test]
+fn between_two_network_namespaces() {
+    if !have("ibv_rc_pingpong") || !have("ib_write_bw") {
+        return;
+    }
+    let n = match Netns::new() {
+        Ok(n) => n,
+        Err(why) => {
+            println!("SKIP: tools between network namespaces: {why}");
+            return;
+        }
+    };
+    let (a, b) = (n.addr(1), n.addr(2));
+    let (ea, eb) = ([("SOFTVERBS_ADDR", a.as_str())], [("SOFTVERBS_ADDR", b.as_str())]);
+    let topo = Topo {
+        ns: [Some(&n.a), Some(&n.b)],
+        env: [&ea, &eb],
+        server_addr: &a,
+    };
+    // Each namespace is its own host: both devices own UDP port 4791 and
+    // have the standard GID ::ffff:10.201.x.h.
+    let args = ["-g", "0", "-n", "100", "-s", "4096"];
+    let (s, c) = pair_topo("ibv_rc_pingpong", "-p", &args, &args, &topo);
+    assert!(s.contains("100 iters in") && c.contains("100 iters in"), "{s}\n{c}");
+    assert!(c.contains(&format!("GID ::ffff:{a}")), "{c}");
+    let args = ["-g", "0", "-n", "50", "-e", "-s", "64"];
+    let (s, c) = pair_topo("ibv_ud_pingpong", "-p", &args, &args, &topo);
+    assert!(s.contains("50 iters in") && c.contains("50 iters in"), "{s}\n{c}");
+    for (tool, extra) in [
+        ("ib_write_bw", &["-n", "200"][..]),
+        ("ib_read_lat", &["-n", "200", "-s", "8"][..]),
+    ] {
+        let mut args = vec!["-d", "softverbs_0", "-x", "0"];
+        args.extend_from_slice(extra);
+        let (_, c) = pair_topo(tool, "-p", &args, &args, &topo);
+        assert!(c.contains("#bytes"), "{tool}: {c}");
+    }
 }
