@@ -3,7 +3,7 @@
 //! other), followed by the softverbs handle that implements it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
 use softverbs::verbs::{Ah, CompChannel, Context, Cq, Mr, Mw, Pd, Qp, Srq, WorkCompletion};
@@ -179,12 +179,8 @@ impl SvQp {
     }
 }
 
-/// Counts the objects alive per context type, for tests of leaks.
-pub(crate) static LIVE_OBJECTS: AtomicUsize = AtomicUsize::new(0);
-
-/// Boxes `v` and returns the raw pointer (counted in [`LIVE_OBJECTS`]).
+/// Boxes `v` and returns the raw pointer handed to C.
 pub(crate) fn into_raw<T>(v: T) -> *mut T {
-    LIVE_OBJECTS.fetch_add(1, Ordering::Relaxed);
     Box::into_raw(Box::new(v))
 }
 
@@ -195,7 +191,6 @@ pub(crate) fn into_raw<T>(v: T) -> *mut T {
 /// `p` must come from [`into_raw`] with the same `T`, not freed yet, and
 /// no longer used by anyone.
 pub(crate) unsafe fn free_raw<T>(p: *mut T) {
-    LIVE_OBJECTS.fetch_sub(1, Ordering::Relaxed);
     // SAFETY: the caller's promise.
     drop(unsafe { Box::from_raw(p) });
 }

@@ -991,7 +991,6 @@ pub(crate) unsafe fn create_cq_common(
                     }),
                 })
             };
-            crate::objects::LIVE_OBJECTS.fetch_add(1, Ordering::Relaxed);
             raw
         }
         Err(e) => {
@@ -1038,7 +1037,7 @@ pub unsafe extern "C" fn __softverbs_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 // refuses while they exist).
                 unsafe { (*ch).users.fetch_sub(1, Ordering::AcqRel) };
             }
-            // SAFETY: made in create_cq_common (counted there).
+            // SAFETY: made in create_cq_common (a Box of an SvCq).
             unsafe { free_raw(c) };
             0
         }
@@ -1166,7 +1165,6 @@ pub unsafe extern "C" fn __softverbs_ibv_create_srq(pd: *mut ibv_pd, attr: *mut 
                     h,
                 })
             };
-            crate::objects::LIVE_OBJECTS.fetch_add(1, Ordering::Relaxed);
             raw as *mut ibv_srq
         }
         Err(e) => {
@@ -1240,7 +1238,7 @@ pub unsafe extern "C" fn __softverbs_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int
     // SAFETY: a live SRQ of this library.
     match unsafe { (*s).h.ops().destroy() } {
         Ok(()) => {
-            // SAFETY: made in ibv_create_srq (counted there).
+            // SAFETY: made in ibv_create_srq (a Box of an SvSrq).
             unsafe { free_raw(s) };
             0
         }
