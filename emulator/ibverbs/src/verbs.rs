@@ -134,6 +134,10 @@ pub unsafe extern "C" fn __softverbs_ibv_open_device(dev: *mut ibv_device) -> *m
     let Some(d) = state::is_known(dev) else {
         return fail_null(libc::EINVAL);
     };
+    if d.removed() {
+        // A device pointer kept from a list taken before the removal.
+        return fail_null(libc::ENODEV);
+    }
     let ctx = match d.device.open() {
         Ok(c) => c,
         Err(e) => return fail_null(e.errno()),

@@ -406,6 +406,8 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         let list = get_list(&mut n);
         assert_eq!(n, 0, "the device left the list");
         free_list(list);
+        assert!(open(dev).is_null());
+        assert_eq!(errno(), libc::ENODEV);
         // Destroys and close still succeed.
         assert_eq!(destroy_qp(qp), 0);
         assert_eq!(dereg_mr(mr), 0);
