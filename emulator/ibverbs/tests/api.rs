@@ -244,6 +244,30 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         connect(qp);
         assert_eq!((*qp).state, 3);
 
+        // More misuse, each reported, none fatal.
+        assert_eq!(destroy_cq(cq), libc::EBUSY, "a QP uses the CQ");
+        let mut bad_gid = ibv_gid::default();
+        assert_eq!(query_gid(ctx, 1, 9999, &mut bad_gid), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(query_gid(ctx, 2, 0, &mut bad_gid), -1, "port 2 does not exist");
+        let mut a = ibv_qp_attr::default();
+        assert_eq!(modify_qp(qp, &mut a, 1 << 30), libc::EINVAL, "unknown mask bit");
+        a.qp_state = 2;
+        assert_eq!(modify_qp(qp, &mut a, 1), libc::EINVAL, "RTS to RTR");
+        assert_eq!((*qp).state, 3, "a failed modify changes nothing");
+        let post_recv = (*ctx).ops.post_recv.expect("post_recv");
+        assert_eq!(post_recv(null_mut(), null_mut(), null_mut()), libc::EINVAL);
+        let create_ch: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel =
+            lib.sym("ibv_create_comp_channel");
+        let destroy_ch: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int = lib.sym("ibv_destroy_comp_channel");
+        let ch = create_ch(ctx);
+        assert!(!ch.is_null() && (*ch).fd >= 0);
+        let cq_ch = create_cq(ctx, 4, null_mut(), ch, 0);
+        assert!(!cq_ch.is_null());
+        assert_eq!(destroy_ch(ch), libc::EBUSY, "a CQ uses the channel");
+        assert_eq!(destroy_cq(cq_ch), 0);
+        assert_eq!(destroy_ch(ch), 0);
+
         // A chain whose second WR has more SGEs than the QP allows: the
         // first is posted, bad_wr names the second, the third is not.
         let ops = &(*ctx).ops;
