@@ -245,7 +245,8 @@ fn pingpong_env(tool: &str, extra: &[&str], env: &[(&str, &str)]) {
     if !have(tool) {
         return;
     }
-    let mut args = vec!["-g", "0", "-n", "50"];
+    // -c: each side checks the bytes it received.
+    let mut args = vec!["-g", "0", "-n", "50", "-c"];
     args.extend_from_slice(extra);
     let (s, c) = pair_env(tool, "-p", &args, &args, env);
     for out in [&s, &c] {
