@@ -81,6 +81,19 @@ fn command_in(ns: Option<&str>, tool: &str, args: &[&str], env: &[(&str, &str)])
     c
 }
 
+/// A server process that is killed if the test fails before it was
+/// waited for (so a failed run leaves no process behind).
+struct Server(Option<Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Waits for `child` up to [`TIMEOUT`]; kills it and fails past that.
 fn finish(mut child: Child, what: &str) -> Output {
     let start = Instant::now();
@@ -163,9 +176,11 @@ fn pair_topo(
     let port = tcp_port().to_string();
     let mut sargs: Vec<&str> = server_args.to_vec();
     sargs.extend([port_flag, port.as_str()]);
-    let server = command_in(topo.ns[0], tool, &sargs, topo.env[0])
-        .spawn()
-        .expect("spawn server");
+    let mut server = Server(Some(
+        command_in(topo.ns[0], tool, &sargs, topo.env[0])
+            .spawn()
+            .expect("spawn server"),
+    ));
     let mut cargs: Vec<&str> = client_args.to_vec();
     cargs.extend([port_flag, port.as_str(), topo.server_addr]);
     let start = Instant::now();
@@ -186,7 +201,7 @@ fn pair_topo(
         }
         break out;
     };
-    let server_out = finish(server, tool);
+    let server_out = finish(server.0.take().expect("server"), tool);
     let c = check(&client_out, &format!("{tool} client {client_args:?}"));
     let s = check(&server_out, &format!("{tool} server {server_args:?}"));
     (s, c)
