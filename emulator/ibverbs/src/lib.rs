@@ -27,15 +27,20 @@
 //! | `SOFTVERBS_DEVICE` | device name | `softverbs_0` |
 //! | `SOFTVERBS_ADDR` | local IP address to bind | `127.0.0.1` |
 //! | `SOFTVERBS_IFACE` | bind every address of this interface instead | unset |
-//! | `SOFTVERBS_PORT` | UDP port: `auto` (4791 if free, else a private port whose GID encodes it), or a number | `auto` |
+//! | `SOFTVERBS_PORT` | UDP port: `auto` (4791 if free, else a private port whose GID encodes it), `private` (a free port of 0x8000–0xBFFF and its private GID), or a number | `private` on a loopback address, else `auto` |
 //! | `SOFTVERBS_LINK` | `auto` (UDP + shared memory to local peers), `udp`, `shm` (shared memory only) | `auto` |
 //! | `SOFTVERBS_ENGINE` | `thread` (the library's progress thread, engine inline), `inline` (no thread: progress only inside verbs), `provider-thread` (the soft provider's own progress thread) | `thread` |
 //! | `SOFTVERBS_SPIN_US` | with `provider-thread`: how long that thread busy-polls after work before sleeping | `0` |
 //! | `SOFTVERBS_UNPLUG_AFTER_MS` | hot-unplug the device this many ms after it was created (see Hotplug) | unset |
 //!
 //! A program sees its GID with `ibv_query_gid` as usual and exchanges it
-//! with its peer out of band (`-g 0` for the rdma-core examples and
-//! perftest).
+//! with its peer out of band (`-g 0` for the rdma-core examples, `-x 0`
+//! for perftest). On loopback every process takes a private port, so all
+//! GIDs have the same form: perftest refuses a peer whose GID is
+//! IPv4-mapped when its own is not, which `auto` would give the second
+//! process on a host. For another host, rxe or a RoCE NIC, bind a real
+//! address (`SOFTVERBS_ADDR`/`SOFTVERBS_IFACE`): `auto` then takes 4791
+//! and the standard GID.
 //!
 //! # Progress
 //!

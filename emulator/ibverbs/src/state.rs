@@ -164,13 +164,23 @@ fn progress_mode() -> Result<Progress, String> {
     }
 }
 
+/// Which UDP port the device binds.
+enum PortChoice {
+    /// 4791 if free, else a private port.
+    Auto,
+    /// A free port of the private range.
+    Private,
+    /// This port.
+    Fixed(u16),
+}
+
 /// The configuration of the default device, from the environment.
 fn device_config() -> Result<(SoftDeviceConfig, Progress), String> {
     let name = env("SOFTVERBS_DEVICE").unwrap_or_else(|| "softverbs_0".to_string());
     if name.len() >= IBV_SYSFS_NAME_MAX {
         return Err(format!("SOFTVERBS_DEVICE={name}: longer than 63 bytes"));
     }
-    let mut udp = match (env("SOFTVERBS_IFACE"), env("SOFTVERBS_ADDR")) {
+    let udp = match (env("SOFTVERBS_IFACE"), env("SOFTVERBS_ADDR")) {
         (Some(i), _) => UdpConfig::interface(&i),
         (None, Some(a)) => {
             let ip: IpAddr = a
@@ -180,18 +190,62 @@ fn device_config() -> Result<(SoftDeviceConfig, Progress), String> {
         }
         (None, None) => UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST)),
     };
-    udp.port = match env("SOFTVERBS_PORT").as_deref() {
-        None | Some("auto") => UdpPort::Auto,
-        Some(p) => UdpPort::Fixed(
+    let loopback = match &udp.bind {
+        softverbs::soft::link::udp::Bind::Addr(ip) => ip.is_loopback(),
+        softverbs::soft::link::udp::Bind::Interface(i) => i == "lo",
+    };
+    let port = match env("SOFTVERBS_PORT").as_deref() {
+        Some("auto") => PortChoice::Auto,
+        Some("private") => PortChoice::Private,
+        // On loopback every peer is a soft device of this host, so no
+        // interoperability needs port 4791, and every process gets a
+        // private-port GID: tools that compare the two sides' GID types
+        // (perftest refuses an IPv4-mapped GID against an IPv6 one) then
+        // agree whichever process started first.
+        None if loopback => PortChoice::Private,
+        None => PortChoice::Auto,
+        Some(p) => PortChoice::Fixed(
             p.parse()
-                .map_err(|_| format!("SOFTVERBS_PORT={p}: not a port number"))?,
+                .map_err(|_| format!("SOFTVERBS_PORT={p}: expected auto, private or a port number"))?,
         ),
     };
-    let cfg = match env("SOFTVERBS_LINK").as_deref() {
-        None | Some("auto") => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Auto),
-        Some("udp") => SoftDeviceConfig::udp(&name, udp),
-        Some("shm") => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Only),
-        Some(o) => return Err(format!("SOFTVERBS_LINK={o}: expected auto, udp or shm")),
+    let link = env("SOFTVERBS_LINK");
+    let make = |udp: UdpConfig| match link.as_deref() {
+        None | Some("auto") => Ok(SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Auto)),
+        Some("udp") => Ok(SoftDeviceConfig::udp(&name, udp)),
+        Some("shm") => Ok(SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Only)),
+        Some(o) => Err(format!("SOFTVERBS_LINK={o}: expected auto, udp or shm")),
+    };
+    let cfg = match port {
+        PortChoice::Auto => make(UdpConfig {
+            port: UdpPort::Auto,
+            ..udp
+        })?,
+        PortChoice::Fixed(p) => make(UdpConfig {
+            port: UdpPort::Fixed(p),
+            ..udp
+        })?,
+        PortChoice::Private => {
+            // A port of the private range (0x8000-0xBFFF, which the link
+            // maps to a private GID); one another process holds is
+            // skipped.
+            let seed = std::process::id() as usize;
+            let mut result = None;
+            for attempt in 0..64usize {
+                let p = 0x8000 + ((seed.wrapping_mul(7919) + attempt.wrapping_mul(104_729)) % 0x4000) as u16;
+                match make(UdpConfig {
+                    port: UdpPort::Fixed(p),
+                    ..udp.clone()
+                })? {
+                    Err(e) if e.kind() == softverbs::verbs::ErrorKind::Busy => result = Some(Err(e)),
+                    other => {
+                        result = Some(other);
+                        break;
+                    }
+                }
+            }
+            result.expect("at least one attempt")
+        }
     };
     let mut cfg = cfg.map_err(|e| e.to_string())?;
     let progress = progress_mode()?;
