@@ -82,7 +82,14 @@
 //! symbols exist so that provider libraries linked against libibverbs
 //! (libmlx5, libefa, librdmacm, which perftest links) load; the provider
 //! interface itself is not implemented (drivers are never loaded) and its
-//! calls fail with `EOPNOTSUPP`.
+//! calls fail with `EOPNOTSUPP`. The Rust implementations behind the
+//! versioned names are also exported, unversioned, as `__softverbs_*`
+//! (rustc exports every `#[no_mangle]` function); nothing should call them.
+//! Completion-channel and async-event descriptors are readable exactly when
+//! an event is pending, but `ibv_get_cq_event`/`ibv_get_async_event` always
+//! block (`O_NONBLOCK` set by the application is not honoured), and
+//! `ibv_destroy_cq` with unacknowledged events fails with `EBUSY` instead of
+//! waiting for them.
 
 // The C entry points are `pub` for the linker, not for Rust callers.
 #![allow(unreachable_pub)]
