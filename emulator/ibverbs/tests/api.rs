@@ -1,0 +1,442 @@
+//! The built library through the dynamic linker, as a C program sees it:
+//! `dlopen` of the cdylib, symbols looked up by name and version, the
+//! data path called through `ibv_context_ops` as the static inlines of
+//! `verbs.h` do. One test, in phases, because the last phase removes the
+//! process's device.
+
+use std::ffi::{c_void, CStr, CString};
+use std::os::raw::{c_char, c_int, c_uint};
+use std::path::PathBuf;
+use std::ptr::{null, null_mut};
+
+use softverbs_ibverbs::ffi::*;
+
+struct Lib(*mut c_void);
+
+impl Lib {
+    fn open() -> Lib {
+        let exe = std::env::current_exe().expect("test executable");
+        let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
+        let path: PathBuf = [
+            dir.join("libsoftverbs_ibverbs.so"),
+            dir.join("deps/libsoftverbs_ibverbs.so"),
+        ]
+        .into_iter()
+        .filter(|p| p.exists())
+        // `cargo test` refreshes deps/ only; `cargo build` also the copy
+        // above it: the newer one is this build's.
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .expect("cargo built libsoftverbs_ibverbs.so");
+        let c = CString::new(path.to_str().expect("utf-8 path")).expect("path");
+        // SAFETY: loading our own library; its constructors are Rust's.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!h.is_null(), "dlopen failed");
+        Lib(h)
+    }
+
+    /// The default version of `name`, as a function pointer of type `T`.
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        let c = CString::new(name).expect("name");
+        // SAFETY: a valid handle and name.
+        let p = unsafe { libc::dlsym(self.0, c.as_ptr()) };
+        assert!(!p.is_null(), "{name} not exported");
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: T is the function pointer type of `name` (the caller's
+        // promise), the same size as a pointer.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    /// Whether `name` exists with version `ver`.
+    fn has_version(&self, name: &str, ver: &str) -> bool {
+        let (n, v) = (CString::new(name).expect("name"), CString::new(ver).expect("ver"));
+        // SAFETY: a valid handle and strings.
+        !unsafe { libc::dlvsym(self.0, n.as_ptr(), v.as_ptr()) }.is_null()
+    }
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+type GetList = unsafe extern "C" fn(*mut c_int) -> *mut *mut ibv_device;
+type FreeList = unsafe extern "C" fn(*mut *mut ibv_device);
+type Open = unsafe extern "C" fn(*mut ibv_device) -> *mut ibv_context;
+type Close = unsafe extern "C" fn(*mut ibv_context) -> c_int;
+type AllocPd = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_pd;
+type DeallocPd = unsafe extern "C" fn(*mut ibv_pd) -> c_int;
+type RegMr = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+type DeregMr = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
+type CreateCq = unsafe extern "C" fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
+type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+type CreateQp = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
+type QueryGid = unsafe extern "C" fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int;
+type GetAsync = unsafe extern "C" fn(*mut ibv_context, *mut ibv_async_event) -> c_int;
+type AckAsync = unsafe extern "C" fn(*mut ibv_async_event);
+type Remove = unsafe extern "C" fn(*const c_char) -> c_int;
+type StrFn = unsafe extern "C" fn(c_uint) -> *const c_char;
+
+fn s(p: *const c_char) -> String {
+    // SAFETY: the library returns static NUL-terminated strings.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+#[test]
+fn c_abi_misuse_bad_wr_and_hot_unplug() {
+    let lib = Lib::open();
+
+    // Versions: the names binaries are linked against.
+    for (name, ver) in [
+        ("ibv_get_device_list", "IBVERBS_1.1"),
+        ("ibv_create_comp_channel", "IBVERBS_1.0"),
+        ("ibv_qp_to_qp_ex", "IBVERBS_1.6"),
+        ("ibv_reg_mr_iova2", "IBVERBS_1.8"),
+        ("_ibv_query_gid_ex", "IBVERBS_1.11"),
+        ("ibv_query_qp_data_in_order", "IBVERBS_1.14"),
+        ("ibv_query_gid_type", "IBVERBS_PRIVATE_34"),
+        ("verbs_register_driver_34", "IBVERBS_PRIVATE_34"),
+    ] {
+        assert!(lib.has_version(name, ver), "{name}@{ver}");
+    }
+    assert!(
+        !lib.has_version("ibv_get_device_list", "IBVERBS_1.0"),
+        "no 1.0 compat ABI"
+    );
+
+    let wc_str: StrFn = lib.sym("ibv_wc_status_str");
+    let ev_str: StrFn = lib.sym("ibv_event_type_str");
+    // SAFETY: plain C calls.
+    unsafe {
+        assert_eq!(s(wc_str(5)), "Work Request Flushed Error");
+        assert_eq!(s(wc_str(999)), "unknown");
+        assert_eq!(s(ev_str(8)), "local catastrophic error");
+    }
+
+    let get_list: GetList = lib.sym("ibv_get_device_list");
+    let free_list: FreeList = lib.sym("ibv_free_device_list");
+    let open: Open = lib.sym("ibv_open_device");
+    let close: Close = lib.sym("ibv_close_device");
+    let alloc_pd: AllocPd = lib.sym("ibv_alloc_pd");
+    let dealloc_pd: DeallocPd = lib.sym("ibv_dealloc_pd");
+    let reg_mr: RegMr = lib.sym("ibv_reg_mr");
+    let dereg_mr: DeregMr = lib.sym("ibv_dereg_mr");
+    let create_cq: CreateCq = lib.sym("ibv_create_cq");
+    let destroy_cq: DestroyCq = lib.sym("ibv_destroy_cq");
+    let create_qp: CreateQp = lib.sym("ibv_create_qp");
+    let modify_qp: ModifyQp = lib.sym("ibv_modify_qp");
+    let destroy_qp: DestroyQp = lib.sym("ibv_destroy_qp");
+    let query_gid: QueryGid = lib.sym("ibv_query_gid");
+    let get_async: GetAsync = lib.sym("ibv_get_async_event");
+    let ack_async: AckAsync = lib.sym("ibv_ack_async_event");
+    let remove: Remove = lib.sym("softverbs_remove_device");
+
+    // SAFETY: the C API used as documented (and misused where the test
+    // says so, in ways libibverbs reports rather than crashes on).
+    unsafe {
+        // Misuse: NULL objects fail with EINVAL.
+        assert!(open(null_mut()).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(alloc_pd(null_mut()).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(close(null_mut()), libc::EINVAL);
+
+        let mut n = 0;
+        let list = get_list(&mut n);
+        assert_eq!(n, 1);
+        let dev = *list;
+        let ctx = open(dev);
+        free_list(list);
+        assert!(!ctx.is_null());
+
+        // The verbs_context in front of the context, as the inlines find it.
+        let off = std::mem::offset_of!(verbs_context, context);
+        let vctx = &*((ctx as *mut u8).sub(off) as *const verbs_context);
+        assert_eq!(vctx.sz, std::mem::size_of::<verbs_context>());
+        let mut ex: ibv_device_attr_ex = std::mem::zeroed();
+        let q = vctx.query_device_ex.expect("query_device_ex");
+        assert_eq!(q(ctx, null(), &mut ex, std::mem::size_of::<ibv_device_attr_ex>()), 0);
+        assert_eq!(ex.orig_attr.phys_port_cnt, 1);
+        assert!(vctx.ibv_create_flow.is_none(), "flow steering is not offered");
+
+        let pd = alloc_pd(ctx);
+        assert!(!pd.is_null());
+        let mut buf = vec![0u8; 4096];
+        let mr = reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1 | 2 | 4);
+        assert!(!mr.is_null());
+        assert_eq!((*mr).addr, buf.as_mut_ptr().cast());
+        // Remote write without local write breaks the registration rule.
+        assert!(reg_mr(pd, buf.as_mut_ptr().cast(), 64, 2).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        // A PD in use cannot go.
+        assert_eq!(dealloc_pd(pd), libc::EBUSY);
+
+        let cq = create_cq(ctx, 16, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        assert!(create_cq(ctx, 0, null_mut(), null_mut(), 0).is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        let mut init = ibv_qp_init_attr {
+            qp_context: null_mut(),
+            send_cq: cq,
+            recv_cq: cq,
+            srq: null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr: 8,
+                max_recv_wr: 8,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: 2,
+            sq_sig_all: 1,
+        };
+        let qp = create_qp(pd, &mut init);
+        assert!(!qp.is_null());
+
+        // Connects an RC QP to itself (loopback through the device's link).
+        let mut gid = ibv_gid::default();
+        assert_eq!(query_gid(ctx, 1, 0, &mut gid), 0);
+        let connect = |qp: *mut ibv_qp| {
+            let mut a = ibv_qp_attr {
+                qp_state: 1, // INIT
+                port_num: 1,
+                qp_access_flags: 1 | 2 | 4,
+                ..Default::default()
+            };
+            assert_eq!(modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
+            let mut a = ibv_qp_attr {
+                qp_state: 2, // RTR
+                path_mtu: 3,
+                dest_qp_num: (*qp).qp_num,
+                rq_psn: 7,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ah_attr: ibv_ah_attr {
+                    is_global: 1,
+                    grh: ibv_global_route {
+                        dgid: gid,
+                        hop_limit: 64,
+                        ..Default::default()
+                    },
+                    port_num: 1,
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            assert_eq!(
+                modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
+                0
+            );
+            let mut a = ibv_qp_attr {
+                qp_state: 3, // RTS
+                sq_psn: 7,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..Default::default()
+            };
+            assert_eq!(
+                modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
+                0
+            );
+        };
+        connect(qp);
+        assert_eq!((*qp).state, 3);
+
+        // More misuse, each reported, none fatal.
+        assert_eq!(destroy_cq(cq), libc::EBUSY, "a QP uses the CQ");
+        let mut bad_gid = ibv_gid::default();
+        assert_eq!(query_gid(ctx, 1, 9999, &mut bad_gid), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(query_gid(ctx, 2, 0, &mut bad_gid), -1, "port 2 does not exist");
+        let mut a = ibv_qp_attr::default();
+        assert_eq!(modify_qp(qp, &mut a, 1 << 30), libc::EINVAL, "unknown mask bit");
+        a.qp_state = 2;
+        assert_eq!(modify_qp(qp, &mut a, 1), libc::EINVAL, "RTS to RTR");
+        assert_eq!((*qp).state, 3, "a failed modify changes nothing");
+        let post_recv = (*ctx).ops.post_recv.expect("post_recv");
+        assert_eq!(post_recv(null_mut(), null_mut(), null_mut()), libc::EINVAL);
+        let create_ch: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel =
+            lib.sym("ibv_create_comp_channel");
+        let destroy_ch: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int = lib.sym("ibv_destroy_comp_channel");
+        let ch = create_ch(ctx);
+        assert!(!ch.is_null() && (*ch).fd >= 0);
+        let cq_ch = create_cq(ctx, 4, null_mut(), ch, 0);
+        assert!(!cq_ch.is_null());
+        assert_eq!(destroy_ch(ch), libc::EBUSY, "a CQ uses the channel");
+        assert_eq!(destroy_cq(cq_ch), 0);
+        assert_eq!(destroy_ch(ch), 0);
+
+        // A chain whose second WR has more SGEs than the QP allows: the
+        // first is posted, bad_wr names the second, the third is not.
+        let ops = &(*ctx).ops;
+        let post_send = ops.post_send.expect("post_send");
+        let poll_cq = ops.poll_cq.expect("poll_cq");
+        let mut sge = [
+            ibv_sge {
+                addr: buf.as_ptr() as u64,
+                length: 8,
+                lkey: (*mr).lkey,
+            },
+            ibv_sge {
+                addr: buf.as_ptr() as u64 + 8,
+                length: 8,
+                lkey: (*mr).lkey,
+            },
+        ];
+        let sgl = sge.as_mut_ptr();
+        let mk = |id: u64, nsge: c_int, next: *mut ibv_send_wr| {
+            let mut w: ibv_send_wr = std::mem::zeroed();
+            w.wr_id = id;
+            w.next = next;
+            w.sg_list = sgl;
+            w.num_sge = nsge;
+            w.opcode = IBV_WR_RDMA_WRITE;
+            w.wr.rdma = wr_rdma {
+                remote_addr: buf.as_ptr() as u64 + 1024,
+                rkey: (*mr).rkey,
+            };
+            w
+        };
+        let mut w3 = mk(3, 1, null_mut());
+        let mut w2 = mk(2, 2, &mut w3);
+        let mut w1 = mk(1, 1, &mut w2);
+        let mut bad: *mut ibv_send_wr = null_mut();
+        assert_eq!(post_send(qp, &mut w1, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut w2 as *mut ibv_send_wr);
+        let mut wc = [ibv_wc::default(); 4];
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.is_empty() && start.elapsed() < std::time::Duration::from_secs(30) {
+            let k = poll_cq(cq, 4, wc.as_mut_ptr());
+            assert!(k >= 0);
+            got.extend_from_slice(&wc[..k as usize]);
+        }
+        assert_eq!(got.len(), 1, "only the first WR was posted");
+        assert_eq!((got[0].wr_id, got[0].status, got[0].opcode), (1, 0, 1));
+        assert_eq!(poll_cq(cq, -1, wc.as_mut_ptr()), -libc::EINVAL);
+
+        // The extended CQ and QP: ibv_wr_* posting, start/next/end_poll.
+        let vq = vctx.create_cq_ex.expect("create_cq_ex");
+        let mut cattr = ibv_cq_init_attr_ex {
+            cqe: 16,
+            cq_context: null_mut(),
+            channel: null_mut(),
+            comp_vector: 0,
+            wc_flags: 1, // IBV_WC_EX_WITH_BYTE_LEN
+            comp_mask: 0,
+            flags: 0,
+            parent_domain: null_mut(),
+        };
+        let cqx = vq(ctx, &mut cattr);
+        assert!(!cqx.is_null());
+        cattr.wc_flags = 1 << 7; // completion timestamps: not offered
+        assert!(vq(ctx, &mut cattr).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+        let vqp = vctx.create_qp_ex.expect("create_qp_ex");
+        let mut qattr: ibv_qp_init_attr_ex = std::mem::zeroed();
+        qattr.send_cq = cqx as *mut ibv_cq;
+        qattr.recv_cq = cqx as *mut ibv_cq;
+        qattr.cap = init.cap;
+        qattr.cap.max_inline_data = 64;
+        qattr.qp_type = 2;
+        qattr.sq_sig_all = 1;
+        qattr.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        qattr.pd = pd;
+        qattr.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND;
+        let qp2 = vqp(ctx, &mut qattr);
+        assert!(!qp2.is_null());
+        connect(qp2);
+        let to_ex: unsafe extern "C" fn(*mut ibv_qp) -> *mut ibv_qp_ex = lib.sym("ibv_qp_to_qp_ex");
+        let qx = to_ex(qp2);
+        let mut rsge = ibv_sge {
+            addr: buf.as_ptr() as u64 + 2048,
+            length: 64,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr = ibv_recv_wr {
+            wr_id: 77,
+            next: null_mut(),
+            sg_list: &mut rsge,
+            num_sge: 1,
+        };
+        let mut rbad = null_mut();
+        assert_eq!(ops.post_recv.expect("post_recv")(qp2, &mut rwr, &mut rbad), 0);
+        buf[..4].copy_from_slice(b"abcd");
+        let msg = *b"inline!";
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        (*qx).wr_id = 10;
+        ((*qx).wr_rdma_write.expect("wr_rdma_write"))(qx, (*mr).rkey, buf.as_ptr() as u64 + 3000);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        (*qx).wr_id = 11;
+        ((*qx).wr_send.expect("wr_send"))(qx);
+        ((*qx).wr_set_inline_data.expect("wr_set_inline_data"))(qx, msg.as_ptr() as *mut c_void, msg.len());
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        let mut seen = Vec::new();
+        let start = std::time::Instant::now();
+        while seen.len() < 3 && start.elapsed() < std::time::Duration::from_secs(30) {
+            let mut pa = ibv_poll_cq_attr { comp_mask: 0 };
+            let mut r = ((*cqx).start_poll.expect("start_poll"))(cqx, &mut pa);
+            if r == libc::ENOENT {
+                continue;
+            }
+            while r == 0 {
+                let op = ((*cqx).read_opcode.expect("read_opcode"))(cqx);
+                let len = ((*cqx).read_byte_len.expect("read_byte_len"))(cqx);
+                seen.push(((*cqx).wr_id, (*cqx).status, op, len));
+                r = ((*cqx).next_poll.expect("next_poll"))(cqx);
+            }
+            assert_eq!(r, libc::ENOENT);
+            ((*cqx).end_poll.expect("end_poll"))(cqx);
+        }
+        seen.sort();
+        assert_eq!(seen, vec![(10, 0, 1, 4), (11, 0, 0, 7), (77, 0, 128, 7)]);
+        assert_eq!(&buf[3000..3004], b"abcd");
+        assert_eq!(&buf[2048..2055], b"inline!");
+        // A setter without an operation first fails the batch.
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+        assert_eq!(destroy_qp(qp2), 0);
+        assert_eq!(destroy_cq(cqx as *mut ibv_cq), 0);
+
+        // Hot unplug from outside the application.
+        let name = CString::new("softverbs_0").expect("name");
+        assert_eq!(remove(name.as_ptr()), 0);
+        assert_eq!(remove(name.as_ptr()), -1);
+        assert_eq!(errno(), libc::ENOENT);
+        let mut pfd = libc::pollfd {
+            fd: (*ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(libc::poll(&mut pfd, 1, 30_000), 1, "async_fd readable");
+        // Events until DEVICE_FATAL (the QP's own error event may come first).
+        let mut fatal = false;
+        for _ in 0..8 {
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(get_async(ctx, &mut ev), 0);
+            ack_async(&mut ev);
+            if ev.event_type == 8 {
+                fatal = true;
+                break;
+            }
+        }
+        assert!(fatal, "IBV_EVENT_DEVICE_FATAL");
+        assert!(alloc_pd(ctx).is_null());
+        assert_eq!(errno(), libc::ENODEV);
+        let mut n = -1;
+        let list = get_list(&mut n);
+        assert_eq!(n, 0, "the device left the list");
+        free_list(list);
+        assert!(open(dev).is_null());
+        assert_eq!(errno(), libc::ENODEV);
+        // Destroys and close still succeed.
+        assert_eq!(destroy_qp(qp), 0);
+        assert_eq!(dereg_mr(mr), 0);
+        assert_eq!(destroy_cq(cq), 0);
+        assert_eq!(dealloc_pd(pd), 0);
+        assert_eq!(close(ctx), 0);
+    }
+}
