@@ -3,7 +3,7 @@
 //!
 //! A [`Case`] has a stable dotted id (`qp.state.rc.init_to_rtr.missing_av`),
 //! a one-line description, the rule it checks (an IBTA clause, a man page or
-//! a DESIGN section), the [`Cap`]abilities it needs, and a run function
+//! a section of `docs/design.md`), the [`Cap`]abilities it needs, and a run function
 //! written once against the backend-neutral API. The run function receives
 //! an [`Env`] (two open contexts, which may be the same device) and returns
 //! a [`Check`]: `Ok(())` is a pass, [`Stop::Fail`] a failure with a detail,
@@ -343,7 +343,7 @@ pub struct Case {
     pub id: Cow<'static, str>,
     /// One line saying what the case does and expects.
     pub description: Cow<'static, str>,
-    /// The rule it checks: an IBTA clause, a man page or a DESIGN section.
+    /// The rule it checks: an IBTA clause, a man page or a section of `docs/design.md`.
     pub rule: Cow<'static, str>,
     /// Capabilities without which the case is not applicable.
     pub requires: Vec<Cap>,

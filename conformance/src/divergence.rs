@@ -1,5 +1,5 @@
 //! Known divergences: places where a backend or device is known to depart
-//! from the verbs contract of DESIGN §3. A failing case listed here for the
+//! from the verbs contract of docs/design.md §3. A failing case listed here for the
 //! device under test is reported as "known divergence" (with the reason)
 //! instead of "failed", so a run on rxe or mlx5 says where the device
 //! differs without turning the report red for what is already known.

@@ -1,4 +1,4 @@
-//! The removal sequence of DESIGN §5, step by step, on a soft device with
+//! The removal sequence of docs/design.md §5, step by step, on a soft device with
 //! work in flight: ENODEV, QPs to ERR, every WR flushed exactly once (send
 //! queue before receive queue, post order), CQ notifications, CM
 //! DEVICE_REMOVAL, clients' `remove` in reverse order, DEVICE_FATAL last;

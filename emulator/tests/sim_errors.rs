@@ -1,4 +1,4 @@
-//! Error timing in virtual time (DESIGN §3.4, §3.7): a peer that is gone
+//! Error timing in virtual time (docs/design.md §3.4, §3.7): a peer that is gone
 //! gives RETRY_EXC_ERR after `retry_cnt` retransmission timeouts of
 //! 4.096 µs·2^timeout; receivers not ready give RNR_RETRY_EXC_ERR after
 //! `rnr_retry` waits of the responder's minimum RNR timer; only the

@@ -1,4 +1,4 @@
-//! Scripted RC/UC reliability on the simulated fabric (DESIGN §3.7): each
+//! Scripted RC/UC reliability on the simulated fabric (docs/design.md §3.7): each
 //! test stages one mechanism with a packet filter and checks the wire (the
 //! packet log) and the outcome.
 

@@ -1,5 +1,5 @@
 //! `cq.*`: completion queues: creation limits, resize, overflow, one-shot
-//! and solicited notification, completion channels (DESIGN §3.1, §3.4).
+//! and solicited notification, completion channels (docs/design.md §3.1, §3.4).
 
 use std::time::{Duration, Instant};
 
@@ -99,7 +99,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "cq.destroy.busy_with_qp",
         "destroying a CQ used by a QP fails with EBUSY; after the QP is destroyed it succeeds",
-        "DESIGN §3.1; ibv_destroy_cq(3)",
+        "docs/design.md §3.1; ibv_destroy_cq(3)",
         &[],
         |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -169,7 +169,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "cq.overflow.async_cq_err",
         "generating more completions than a CQ holds raises the CQ_ERR async event for that CQ",
-        "DESIGN §3.4 (CQ overrun: async CQ_ERR); IBTA 11.6.2",
+        "docs/design.md §3.4 (CQ overrun: async CQ_ERR); IBTA 11.6.2",
         &[],
         |env: &Env| {
             let (_p, cq, ctx_value) = overflow(env)?;
@@ -187,7 +187,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "cq.overflow.poll_fails",
         "after an overrun the CQ is unusable: ibv_poll_cq returns an error",
-        "DESIGN §3.4 (CQ overrun: CQ unusable)",
+        "docs/design.md §3.4 (CQ overrun: CQ unusable)",
         &[],
         |env: &Env| {
             let (_p, cq, _) = overflow(env)?;
@@ -207,7 +207,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "cq.notify.next_is_one_shot",
         "req_notify_cq fires the channel once for the next completion; without re-arming no second event comes",
-        "ibv_req_notify_cq(3); DESIGN §3.4 (notify is one-shot)",
+        "ibv_req_notify_cq(3); docs/design.md §3.4 (notify is one-shot)",
         &[],
         |env: &Env| {
             let ch = env.a.create_comp_channel()?;
@@ -278,7 +278,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "cq.notify.solicited_fires_on_error",
         "a CQ armed for solicited events fires for an error completion (a flushed receive)",
-        "DESIGN §3.4 (solicited-only fires for any error); IBTA 11.4.2.2",
+        "docs/design.md §3.4 (solicited-only fires for any error); IBTA 11.4.2.2",
         &[],
         |env: &Env| {
             let ch = env.b.create_comp_channel()?;

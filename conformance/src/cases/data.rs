@@ -12,7 +12,7 @@ use crate::{ensure, ensure_eq};
 
 type R<T> = std::result::Result<T, Stop>;
 
-/// Length of the GRH that starts every UD receive buffer (DESIGN §3.5).
+/// Length of the GRH that starts every UD receive buffer (docs/design.md §3.5).
 pub(crate) const GRH: usize = 40;
 
 /// Where B's receive buffers live in its MR; writes target 32 KiB up.
@@ -100,14 +100,14 @@ fn opcodes(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("data.{}.send", tn(t)),
             format!("a {t} send of 100 bytes arrives intact with the right completion fields on both sides"),
-            "IBTA 9.4.1 (send); ibv_poll_cq(3) (wc fields); DESIGN §3.5 (UD: 40-byte GRH)",
+            "IBTA 9.4.1 (send); ibv_poll_cq(3) (wc fields); docs/design.md §3.5 (UD: 40-byte GRH)",
             req(t),
             move |env: &Env| send_case(env, t, None, 100),
         ));
         out.push(Case::new(
             format!("data.{}.send_imm", tn(t)),
             format!("a {t} send with immediate delivers the data and the immediate value (host order) with WITH_IMM"),
-            "IBTA 9.4.1 (send with immediate); DESIGN §3.5 (immediate data)",
+            "IBTA 9.4.1 (send with immediate); docs/design.md §3.5 (immediate data)",
             req(t),
             move |env: &Env| send_case(env, t, Some(0x1234_5678), 100),
         ));
@@ -125,7 +125,7 @@ fn opcodes(out: &mut Vec<Case>) {
             format!(
                 "a {t} RDMA write with immediate lands in memory and consumes a receive (RECV_RDMA_WITH_IMM, byte_len, imm)"
             ),
-            "DESIGN §3.5 (write-with-immediate consumes a receive WQE); IBTA 9.4.2",
+            "docs/design.md §3.5 (write-with-immediate consumes a receive WQE); IBTA 9.4.2",
             req(t),
             move |env: &Env| write_case(env, t, Some(0xfeed_f00d), 300),
         ));
@@ -313,7 +313,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.ud.send.grh_sge_split",
         "a UD receive of two SGEs (40 bytes, then the payload buffer) gets the GRH in the first and the data in the second",
-        "DESIGN §3.5 (UD receive buffers start with a 40-byte GRH); IBTA 11.4.1.2",
+        "docs/design.md §3.5 (UD receive buffers start with a 40-byte GRH); IBTA 11.4.1.2",
         &[Cap::Ud],
         |env: &Env| {
             let c = Conn::new(env, QpType::Ud, Mtu::Mtu1024)?;
@@ -388,7 +388,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("data.{}.send.inline", tn(t)),
             format!("an INLINE {t} send from a plain buffer arrives intact; the buffer is reusable when post returns"),
-            "DESIGN §3.3 (inline: the buffer is reusable when post returns); ibv_post_send(3) IBV_SEND_INLINE",
+            "docs/design.md §3.3 (inline: the buffer is reusable when post returns); ibv_post_send(3) IBV_SEND_INLINE",
             &[req(t), &[Cap::Inline]].concat(),
             move |env: &Env| inline_send(env, t),
         ));
@@ -396,7 +396,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.write.inline",
         "an INLINE RDMA write from a plain buffer lands intact",
-        "DESIGN §3.3 (inline: send and RDMA write)",
+        "docs/design.md §3.3 (inline: send and RDMA write)",
         &[Cap::Inline],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -440,7 +440,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.imm.values",
         "immediate values 0, 1, 0x80000000, 0xdeadbeef and 0xffffffff arrive unchanged (host order) by send and write",
-        "DESIGN §3.5 (immediate data is big-endian on the wire; the CQE holds the host value)",
+        "docs/design.md §3.5 (immediate data is big-endian on the wire; the CQE holds the host value)",
         &[],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -527,7 +527,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.send.many_in_order",
         "64 back-to-back sends land in 64 receives in post order",
-        "IBTA 9.5 (RC delivers in order); DESIGN §3.5",
+        "IBTA 9.5 (RC delivers in order); docs/design.md §3.5",
         &[],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -656,7 +656,7 @@ fn sizes(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.large.write_read_256k",
         "a 256 KiB RDMA write and read back (hundreds of packets) keep every byte",
-        "IBTA 9.4.2, 9.4.3; DESIGN §3.7 (ACK coalescing, bounded in-flight packets)",
+        "IBTA 9.4.2, 9.4.3; docs/design.md §3.7 (ACK coalescing, bounded in-flight packets)",
         &[],
         |env: &Env| {
             let cfg = PairConfig {
@@ -762,7 +762,7 @@ fn zero_length(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.zero_length.write_no_rkey",
         "a zero-length RDMA write needs no valid rkey or address: it succeeds with rkey 0",
-        "DESIGN §3.5 (zero-length read/write needs no valid rkey); IBTA 9.4.2 (C9-...)",
+        "docs/design.md §3.5 (zero-length read/write needs no valid rkey); IBTA 9.4.2 (C9-...)",
         &[],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -779,7 +779,7 @@ fn zero_length(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.zero_length.read_no_rkey",
         "a zero-length RDMA read needs no valid rkey: it succeeds with rkey 0 and byte_len 0",
-        "DESIGN §3.5 (zero-length read/write needs no valid rkey)",
+        "docs/design.md §3.5 (zero-length read/write needs no valid rkey)",
         &[],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -797,7 +797,7 @@ fn zero_length(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.zero_length.write_imm",
         "a zero-length write with immediate consumes a receive: RECV_RDMA_WITH_IMM, byte_len 0, the immediate",
-        "DESIGN §3.5",
+        "docs/design.md §3.5",
         &[],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
@@ -865,7 +865,7 @@ fn atomics(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.atomic.sequence",
         "16 fetch-and-adds of 1 return 0..15 in order and leave 16; then CAS(16 -> 0) succeeds",
-        "IBTA 9.4.5; DESIGN §3.7 (bounded outstanding atomics)",
+        "IBTA 9.4.5; docs/design.md §3.7 (bounded outstanding atomics)",
         &[Cap::Atomics],
         |env: &Env| {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;

@@ -14,7 +14,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("data.{}.psn_wraparound", tn(t)),
             format!("{t} messages of many packets whose PSNs cross 0xffffff -> 0 arrive intact, in order"),
-            "IBTA 9.7.1 (PSNs are 24-bit and wrap); DESIGN §3.2 (PSNs are 24 bits)",
+            "IBTA 9.7.1 (PSNs are 24-bit and wrap); docs/design.md §3.2 (PSNs are 24 bits)",
             req(t),
             move |env: &Env| {
                 let cfg = PairConfig {
@@ -58,7 +58,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.read.serialized_by_max_rd_atomic_1",
         "with max_rd_atomic 1, eight reads and eight fetch-and-adds posted at once all complete, in order, with the right data",
-        "IBTA 9.4.3 (outstanding reads bounded by max_rd_atomic); DESIGN §3.7",
+        "IBTA 9.4.3 (outstanding reads bounded by max_rd_atomic); docs/design.md §3.7",
         &[Cap::Atomics],
         |env: &Env| {
             let c = Conn::with(env, PairConfig { rd_atomic: 1, mtu: Mtu::Mtu256, ..PairConfig::default() })?;
@@ -93,7 +93,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "data.rc.mixed_sequence",
         "a deterministic mix of 48 sends, writes, write-imms, reads and atomics keeps every byte and completion in order",
-        "IBTA 9.5 (RC ordering); DESIGN §3.4, §3.5",
+        "IBTA 9.5 (RC ordering); docs/design.md §3.4, §3.5",
         &[Cap::Atomics],
         mixed_sequence,
     ));

@@ -204,7 +204,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "pd.dealloc_busy_with_mr",
         "deallocating a PD that still has an MR fails with EBUSY and the PD stays usable",
-        "DESIGN §3.1 (reference counting); ibv_alloc_pd(3)",
+        "docs/design.md §3.1 (reference counting); ibv_alloc_pd(3)",
         &[],
         |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -222,7 +222,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "pd.dealloc_busy_with_qp",
         "deallocating a PD that still has a QP fails with EBUSY; after the QP is destroyed it succeeds",
-        "DESIGN §3.1 (reference counting); ibv_alloc_pd(3)",
+        "docs/design.md §3.1 (reference counting); ibv_alloc_pd(3)",
         &[],
         |env: &Env| {
             let pd = env.a.alloc_pd()?;

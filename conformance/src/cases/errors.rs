@@ -1,4 +1,4 @@
-//! `err.*`: every row of DESIGN §3.4's error table: local protection
+//! `err.*`: every row of docs/design.md §3.4's error table: local protection
 //! errors, bad keys in the responder's receive WQE, remote access errors
 //! (bad rkey, range, permission), receive too short, RNR (retry counts and
 //! infinite), UD/UC drops, and a vanished peer (retry exhausted).
@@ -11,7 +11,7 @@ use crate::{ensure, ensure_eq, fail};
 
 type R<T> = std::result::Result<T, Stop>;
 
-const RULE_TABLE: &str = "DESIGN §3.4 (error table)";
+const RULE_TABLE: &str = "docs/design.md §3.4 (error table)";
 
 fn pair(env: &Env, cfg: PairConfig) -> R<Pair> {
     Ok(Pair::new(&env.a, &env.b, cfg)?)
@@ -45,7 +45,7 @@ fn local(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.local.lkey_other_pd",
         "a send whose SGE names an MR of another PD completes LOC_PROT_ERR; only the requester goes to ERR",
-        "DESIGN §3.4 (bad lkey, local: LOC_PROT_ERR, requester to ERR); IBTA 10.6.3.1",
+        "docs/design.md §3.4 (bad lkey, local: LOC_PROT_ERR, requester to ERR); IBTA 10.6.3.1",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -64,7 +64,7 @@ fn local(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.local.lkey_invalid",
         "a write whose SGE carries an lkey that names no MR completes LOC_PROT_ERR",
-        "DESIGN §3.4 (bad lkey, local)",
+        "docs/design.md §3.4 (bad lkey, local)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -85,7 +85,7 @@ fn local(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.local.sge_outside_mr",
         "a write whose SGE runs past the end of its MR completes LOC_PROT_ERR",
-        "DESIGN §3.4 (SGE outside MR, local: LOC_PROT_ERR)",
+        "docs/design.md §3.4 (SGE outside MR, local: LOC_PROT_ERR)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -111,7 +111,7 @@ fn local(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.local.read_sink_without_local_write",
         "an RDMA read into an MR without LOCAL_WRITE completes LOC_PROT_ERR",
-        "DESIGN §3.4; ibv_reg_mr(3) (the device writes local memory only with LOCAL_WRITE)",
+        "docs/design.md §3.4; ibv_reg_mr(3) (the device writes local memory only with LOCAL_WRITE)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -128,7 +128,7 @@ fn local(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.local.atomic_sink_without_local_write",
         "an atomic whose result buffer lacks LOCAL_WRITE completes LOC_PROT_ERR",
-        "DESIGN §3.4; ibv_reg_mr(3)",
+        "docs/design.md §3.4; ibv_reg_mr(3)",
         &[Cap::Atomics],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -153,7 +153,7 @@ fn responder_recv(out: &mut Vec<Case>) {
         out.push(Case::new(
             id,
             format!("a send into a receive WQE whose SGE names {what}: REM_OP_ERR at the requester, LOC_PROT_ERR at the responder, both QPs in ERR"),
-            "DESIGN §3.4 (bad lkey in responder's receive WQE); IBTA 9.9.3.1.3",
+            "docs/design.md §3.4 (bad lkey in responder's receive WQE); IBTA 9.9.3.1.3",
             &[],
             move |env: &Env| {
                 let p = pair(env, PairConfig::default())?;
@@ -222,7 +222,7 @@ fn remote_access(out: &mut Vec<Case>) {
             out.push(Case::new(
                 format!("err.rc.{op_name}.{sp_name}"),
                 format!("an RC {op_name} to {what} completes REM_ACCESS_ERR, both QPs go to ERR, the responder reports no CQE"),
-                "DESIGN §3.4 (bad rkey / range / missing remote permission: REM_ACCESS_ERR); IBTA 9.7.5.1.3",
+                "docs/design.md §3.4 (bad rkey / range / missing remote permission: REM_ACCESS_ERR); IBTA 9.7.5.1.3",
                 caps,
                 move |env: &Env| remote_fail(env, op, spoil),
             ));
@@ -287,7 +287,7 @@ fn remote_access(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.responder_error_flushes_its_receives",
         "after a remote access error the responder's posted receives flush with WR_FLUSH_ERR in post order",
-        "DESIGN §3.4 (both QPs to ERR; everything outstanding flushes)",
+        "docs/design.md §3.4 (both QPs to ERR; everything outstanding flushes)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -361,7 +361,7 @@ fn lengths(out: &mut Vec<Case>) {
         out.push(Case::new(
             id,
             format!("an RC send of {len} bytes into a {rlen}-byte receive: REM_INV_REQ_ERR at the requester, LOC_LEN_ERR at the responder, both in ERR"),
-            "DESIGN §3.4 (RC send longer than the receive buffer); IBTA 9.7.5.1.5",
+            "docs/design.md §3.4 (RC send longer than the receive buffer); IBTA 9.7.5.1.5",
             &[],
             move |env: &Env| {
                 let p = pair(env, PairConfig { mtu, ..PairConfig::default() })?;
@@ -403,7 +403,7 @@ fn rnr(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("err.rc.rnr.retry_{retries}"),
             format!("an RC send with no receive posted and rnr_retry {retries} ends in RNR_RETRY_EXC_ERR; the responder stays RTS"),
-            "DESIGN §3.4 (no receive posted, RC: RNR NAK, retried rnr_retry times, then RNR_RETRY_EXC_ERR); IBTA 9.7.5.2.8",
+            "docs/design.md §3.4 (no receive posted, RC: RNR NAK, retried rnr_retry times, then RNR_RETRY_EXC_ERR); IBTA 9.7.5.2.8",
             &[],
             move |env: &Env| {
                 let p = pair(env, PairConfig { rnr_retry: retries, min_rnr_timer: 1, ..PairConfig::default() })?;
@@ -422,7 +422,7 @@ fn rnr(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.rnr.timer_honoured",
         "with min_rnr_timer 18 (5.12 ms) and rnr_retry 2 the requester waits at least 2 RNR timers before RNR_RETRY_EXC_ERR",
-        "IBTA 9.7.5.2.8 and table 45 (RNR NAK timer field encoding); DESIGN §3.7",
+        "IBTA 9.7.5.2.8 and table 45 (RNR NAK timer field encoding); docs/design.md §3.7",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig { rnr_retry: 2, min_rnr_timer: 18, ..PairConfig::default() })?;
@@ -442,7 +442,7 @@ fn rnr(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.rnr.write_imm_needs_recv",
         "an RC write with immediate and no receive posted is RNR NAK'd like a send (rnr_retry 0: RNR_RETRY_EXC_ERR)",
-        "DESIGN §3.5 (write-with-immediate consumes a receive WQE), §3.4",
+        "docs/design.md §3.5 (write-with-immediate consumes a receive WQE), §3.4",
         &[],
         |env: &Env| {
             let p = pair(
@@ -472,7 +472,7 @@ fn rnr(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.rnr.infinite_then_recv",
         "with rnr_retry 7 (infinite) a send without a receive waits, then completes once a receive is posted",
-        "DESIGN §3.4 (rnr_retry 7 = forever); IBTA 9.7.5.2.8",
+        "docs/design.md §3.4 (rnr_retry 7 = forever); IBTA 9.7.5.2.8",
         &[],
         |env: &Env| {
             let p = pair(
@@ -519,7 +519,7 @@ fn drops(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("err.{tl}.no_recv_dropped"),
             format!("a {t} send with no receive posted completes SUCCESS at the sender and is dropped; the next message is received"),
-            "DESIGN §3.4 (no receive posted, UD/UC: SUCCESS, message dropped)",
+            "docs/design.md §3.4 (no receive posted, UD/UC: SUCCESS, message dropped)",
             caps,
             move |env: &Env| {
                 let c = super::data::Conn::new(env, t, Mtu::Mtu1024)?;
@@ -548,7 +548,7 @@ fn drops(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.uc.write.bad_rkey_dropped",
         "a UC write to a bad rkey completes SUCCESS at the sender and is dropped; both QPs stay RTS",
-        "DESIGN §3.4 (bad rkey: UC dropped); IBTA 9.8.3",
+        "docs/design.md §3.4 (bad rkey: UC dropped); IBTA 9.8.3",
         &[Cap::Uc],
         |env: &Env| {
             let c = super::data::Conn::new(env, QpType::Uc, Mtu::Mtu1024)?;
@@ -631,7 +631,7 @@ fn peer_gone(out: &mut Vec<Case>) {
                 "a {} to a peer QP that was {how}, with retry_cnt {retry_cnt} and timeout 8, ends in RETRY_EXC_ERR",
                 if read { "read" } else { "write" }
             ),
-            "DESIGN §3.4 (peer gone: after retry_cnt timeouts of 4.096 us * 2^timeout, RETRY_EXC_ERR); IBTA 9.7.6.1.1",
+            "docs/design.md §3.4 (peer gone: after retry_cnt timeouts of 4.096 us * 2^timeout, RETRY_EXC_ERR); IBTA 9.7.6.1.1",
             &[],
             move |env: &Env| {
                 let cfg = PairConfig {
@@ -668,7 +668,7 @@ fn peer_gone(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.peer_destroyed.timeout_honoured",
         "with timeout 10 (4.2 ms) and retry_cnt 2 the requester waits at least 3 local ACK timeouts before RETRY_EXC_ERR",
-        "IBTA 9.7.6.1.3 (local ACK timeout 4.096 us * 2^timeout); DESIGN §3.7",
+        "IBTA 9.7.6.1.3 (local ACK timeout 4.096 us * 2^timeout); docs/design.md §3.7",
         &[],
         |env: &Env| {
             let cfg = PairConfig { timeout: 10, retry_cnt: 2, ..PairConfig::default() };
@@ -690,7 +690,7 @@ fn peer_gone(out: &mut Vec<Case>) {
         "err.rc.atomic.misaligned_at_responder",
         "a misaligned atomic reaching the responder is NAK'd invalid request: the requester completes \
          REM_INV_REQ_ERR, both QPs go to ERR, the responder hears QP_REQ_ERR and its memory is untouched",
-        "DESIGN §3.4 (misaligned atomic reaching the responder: REM_INV_REQ_ERR, both to ERR); IBTA 9.4.5 \
+        "docs/design.md §3.4 (misaligned atomic reaching the responder: REM_INV_REQ_ERR, both to ERR); IBTA 9.4.5 \
          (atomic VA must be 8-byte aligned), 9.7.5.2.7",
         &[Cap::Atomics],
         misaligned_atomic_at_responder,
@@ -863,7 +863,7 @@ fn register_more(out: &mut Vec<Case>) {
     out.push(Case::new(
         "err.rc.rnr.mid_stream_resumes",
         "with one receive posted, three sends: the first lands, the second is RNR NAK'd until receives are posted, then all complete in order",
-        "IBTA 9.7.5.2.8 (RNR NAK; the requester resends from the NAK'd PSN); DESIGN §3.7",
+        "IBTA 9.7.5.2.8 (RNR NAK; the requester resends from the NAK'd PSN); docs/design.md §3.7",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig { rnr_retry: 7, min_rnr_timer: 1, mtu: Mtu::Mtu256, ..PairConfig::default() })?;

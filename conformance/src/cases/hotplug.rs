@@ -1,5 +1,5 @@
 //! `hotplug.*` and `netns.*`: device removal in the middle of traffic and
-//! namespace migration (DESIGN §5), as property checks on devices the case
+//! namespace migration (docs/design.md §5), as property checks on devices the case
 //! creates and removes itself. They need a backend whose devices can be
 //! added and removed from user space: the soft provider. On hardware,
 //! removing a device takes root and the kernel (`rdma dev set … netns`,
@@ -345,21 +345,21 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "hotplug.removal_mid_traffic.exactly_once",
         "a device removed while another thread posts and polls: every posted WR completes once (success or flush), control verbs ENODEV, DEVICE_FATAL last",
-        "DESIGN §5",
+        "docs/design.md §5",
         &[],
         removal_mid_traffic,
     ));
     out.push(Case::new(
         "hotplug.random_removal_points.exactly_once",
         "12 seeded programs of receives and writes, a device removed at a random point: every WR of the removed side completes exactly once",
-        "DESIGN §5; DESIGN §3.4 (flush)",
+        "docs/design.md §5; docs/design.md §3.4 (flush)",
         &[],
         random_removal_points,
     ));
     out.push(Case::new(
         "netns.move.unplug_then_replug",
         "moving a device between namespaces is a NetnsMove removal in the old namespace and an add of a new generation in the new one; deleting the namespace brings it back",
-        "DESIGN §5",
+        "docs/design.md §5",
         &[],
         netns_move,
     ));

@@ -1,5 +1,5 @@
 //! `mr.*`: registration, access-flag rules, dereg and rereg, fast
-//! registration; `mw.*`: memory windows (DESIGN §3.1, §3.6).
+//! registration; `mw.*`: memory windows (docs/design.md §3.1, §3.6).
 //!
 //! Fast registration and memory windows skip with "not supported by this
 //! backend" while the backend returns `EOPNOTSUPP` for them.
@@ -61,7 +61,7 @@ fn registration(out: &mut Vec<Case>) {
         out.push(Case::new(
             id,
             format!("registering with {what} fails with EINVAL"),
-            "DESIGN §3.1; ibv_reg_mr(3) (remote write/atomic require local write)",
+            "docs/design.md §3.1; ibv_reg_mr(3) (remote write/atomic require local write)",
             &[],
             move |env: &Env| {
                 let pd = env.a.alloc_pd()?;
@@ -105,7 +105,7 @@ fn registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.reg.rkey_zero_without_remote_access",
         "an MR without remote access has no rkey (rkey 0)",
-        "DESIGN §3.1 (rkey only with remote access)",
+        "docs/design.md §3.1 (rkey only with remote access)",
         &[],
         move |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -145,7 +145,7 @@ fn registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.dereg.lkey_invalid_after",
         "a send whose SGE names a deregistered MR completes with LOC_PROT_ERR",
-        "DESIGN §3.4 (bad lkey local); IBTA 10.6.2.1",
+        "docs/design.md §3.4 (bad lkey local); IBTA 10.6.2.1",
         &[],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -161,7 +161,7 @@ fn registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.dereg.rkey_invalid_after",
         "an RDMA write to the rkey of a deregistered MR completes with REM_ACCESS_ERR",
-        "DESIGN §3.4 (bad rkey); IBTA 9.7.5.1.3",
+        "docs/design.md §3.4 (bad rkey); IBTA 9.7.5.1.3",
         &[],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -198,7 +198,7 @@ fn registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.rereg.revoke_remote_write",
         "rereg with CHANGE_ACCESS removing REMOTE_WRITE makes a later peer write fail with REM_ACCESS_ERR",
-        "ibv_rereg_mr(3); DESIGN §3.4",
+        "ibv_rereg_mr(3); docs/design.md §3.4",
         &[],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -222,7 +222,7 @@ fn registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.rereg.invalid_access_changes_nothing",
         "rereg to REMOTE_WRITE without LOCAL_WRITE fails with EINVAL and the MR keeps its keys and access",
-        "ibv_rereg_mr(3); DESIGN §3.1",
+        "ibv_rereg_mr(3); docs/design.md §3.1",
         &[],
         move |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -247,7 +247,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.alloc_above_max_pages",
         "allocating a fast-registration MR above max_fast_reg_page_list_len fails with EINVAL",
-        "DESIGN §3.6; kernel ib_alloc_mr(IB_MR_TYPE_MEM_REG)",
+        "docs/design.md §3.6; kernel ib_alloc_mr(IB_MR_TYPE_MEM_REG)",
         &[Cap::FastReg],
         |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -262,7 +262,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.free_mr_access_denied",
         "a fast-registration MR is allocated FREE: a peer write to its key fails with REM_ACCESS_ERR",
-        "DESIGN §3.6 (access to a FREE MR is an access error)",
+        "docs/design.md §3.6 (access to a FREE MR is an access error)",
         &[Cap::FastReg],
         |env: &Env| {
             let p = rc_pair(env)?;
@@ -284,7 +284,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.register_then_access",
         "map_pages + a REG_MR work request make the MR VALID: the peer writes and reads through the new key",
-        "DESIGN §3.6; IBTA 10.6.3.3 (fast registration)",
+        "docs/design.md §3.6; IBTA 10.6.3.3 (fast registration)",
         &[Cap::FastReg],
         |env: &Env| {
             let (p, fr, _buf, key) = fast_registered(env)?;
@@ -316,7 +316,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.local_inv_frees",
         "LOCAL_INV of a VALID fast-registration MR makes it FREE: a later peer write fails with REM_ACCESS_ERR",
-        "DESIGN §3.6; IBTA 10.6.5 (local invalidate)",
+        "docs/design.md §3.6; IBTA 10.6.5 (local invalidate)",
         &[Cap::FastReg],
         |env: &Env| {
             let (p, fr, _buf, key) = fast_registered(env)?;
@@ -336,7 +336,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.send_with_invalidate",
         "SEND_WITH_INV of a fast-registered rkey invalidates it: the receive reports WITH_INV and the key",
-        "DESIGN §3.5, §3.6; IBTA 9.4.1.1.2 (send with invalidate)",
+        "docs/design.md §3.5, §3.6; IBTA 9.4.1.1.2 (send with invalidate)",
         &[Cap::FastReg],
         |env: &Env| {
             let (p, fr, _buf, key) = fast_registered(env)?;
@@ -373,7 +373,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.key_byte_rotates",
         "after invalidate and re-registration with the next key byte, the previous key is refused",
-        "DESIGN §3.6 (key bytes rotate on every registration)",
+        "docs/design.md §3.6 (key bytes rotate on every registration)",
         &[Cap::FastReg],
         |env: &Env| {
             let (p, fr, buf, key) = fast_registered(env)?;
@@ -417,7 +417,7 @@ fn fast_registration(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mr.fast_reg.reg_may_change_only_key_byte",
         "a REG_MR whose key differs from the MR's in the index bits is rejected (EINVAL or an error completion)",
-        "DESIGN §3.6 (REG_MR may change only the key byte)",
+        "docs/design.md §3.6 (REG_MR may change only the key byte)",
         &[Cap::FastReg],
         |env: &Env| {
             let p = rc_pair(env)?;
@@ -471,7 +471,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type1.bind_and_access",
         "a type 1 window bound with bind_mw grants remote write inside it; a write outside fails REM_ACCESS_ERR",
-        "DESIGN §3.6; IBTA 10.6.7 (memory windows); ibv_bind_mw(3)",
+        "docs/design.md §3.6; IBTA 10.6.7 (memory windows); ibv_bind_mw(3)",
         &[Cap::MwType1],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -504,7 +504,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type1.dereg_mr_busy",
         "deregistering an MR with a bound window fails with EBUSY",
-        "DESIGN §3.6 (dereg of an MR with a bound window fails)",
+        "docs/design.md §3.6 (dereg of an MR with a bound window fails)",
         &[Cap::MwType1],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -521,7 +521,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type1.dealloc_invalidates",
         "deallocating a bound window invalidates its rkey: a later write fails with REM_ACCESS_ERR",
-        "DESIGN §3.6 (invalidation by dealloc)",
+        "docs/design.md §3.6 (invalidation by dealloc)",
         &[Cap::MwType1],
         move |env: &Env| {
             let p = rc_pair(env)?;
@@ -605,7 +605,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type2.bind_wr_and_access",
         "a BIND_MW work request binds a type 2 window with the next rkey; the peer writes through it",
-        "DESIGN §3.6; IBTA 10.6.7.2.2 (type 2 windows)",
+        "docs/design.md §3.6; IBTA 10.6.7.2.2 (type 2 windows)",
         &[Cap::MwType2],
         move |env: &Env| {
             let (p, mr, _mw, rkey) = bound2(env, mw_access)?;
@@ -625,7 +625,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type2.local_inv",
         "LOCAL_INV of a bound type 2 window's rkey invalidates it",
-        "DESIGN §3.6 (invalidation by LOCAL_INV)",
+        "docs/design.md §3.6 (invalidation by LOCAL_INV)",
         &[Cap::MwType2],
         move |env: &Env| {
             let (p, mr, _mw, rkey) = bound2(env, mw_access)?;
@@ -643,7 +643,7 @@ fn windows(out: &mut Vec<Case>) {
     out.push(Case::new(
         "mw.type2.send_with_invalidate",
         "SEND_WITH_INV of a type 2 window's rkey invalidates it and the receive reports it",
-        "DESIGN §3.5, §3.6",
+        "docs/design.md §3.5, §3.6",
         &[Cap::MwType2],
         move |env: &Env| {
             let (p, mr, _mw, rkey) = bound2(env, mw_access)?;

@@ -8,11 +8,11 @@
 //! | `mw` | memory windows (type 1 and 2) |
 //! | `cq` | completion queues: limits, resize, overflow, notify, channels |
 //! | `qp` | QP creation limits and the `modify_qp` state table |
-//! | `post` | posting errors (DESIGN §3.3) |
+//! | `post` | posting errors (docs/design.md §3.3) |
 //! | `data` | every opcode on every QP type, SGEs, inline, immediate data, sizes |
 //! | `comp` | completion semantics: signaling, exactly once, flush order |
-//! | `order` | ordering and fences (DESIGN §3.5) |
-//! | `err` | the error table of DESIGN §3.4 |
+//! | `order` | ordering and fences (docs/design.md §3.5) |
+//! | `err` | the error table of docs/design.md §3.4 |
 //! | `srq` | shared receive queues and the limit event |
 //! | `hotplug`, `netns` | device removal mid-traffic, namespace moves (soft) |
 

@@ -1,6 +1,6 @@
 //! `comp.*`: completion semantics (signaling, exactly once, FIFO, error
-//! fields, flush order; DESIGN §3.4) and `order.*`: ordering and fences
-//! (DESIGN §3.5).
+//! fields, flush order; docs/design.md §3.4) and `order.*`: ordering and fences
+//! (docs/design.md §3.5).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -38,7 +38,7 @@ fn completions(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.sq_sig_all",
         "on a QP created with sq_sig_all every send WR completes, SIGNALED or not",
-        "ibv_create_qp(3) sq_sig_all; DESIGN §3.4",
+        "ibv_create_qp(3) sq_sig_all; docs/design.md §3.4",
         &[],
         |env: &Env| {
             let p = pair(
@@ -62,7 +62,7 @@ fn completions(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.unsignaled_success_no_cqe",
         "successful unsignaled WRs produce no completion; a later signaled one produces exactly one, and implies they are done",
-        "DESIGN §3.4 (a signaled CQE implies every earlier unsignaled WR is done); ibv_post_send(3)",
+        "docs/design.md §3.4 (a signaled CQE implies every earlier unsignaled WR is done); ibv_post_send(3)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -85,7 +85,7 @@ fn completions(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.unsignaled_error_completes",
         "an unsignaled WR that fails still completes, with its error status",
-        "DESIGN §3.4 (on error a WR always completes)",
+        "docs/design.md §3.4 (on error a WR always completes)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -102,7 +102,7 @@ fn completions(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.error_fields",
         "an error completion carries the wr_id, the status and the QP number",
-        "DESIGN §3.4 (error CQEs carry wr_id, status, qp_num, vendor_err); ibv_poll_cq(3)",
+        "docs/design.md §3.4 (error CQEs carry wr_id, status, qp_num, vendor_err); ibv_poll_cq(3)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -121,7 +121,7 @@ fn completions(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.exactly_once",
         "60 WRs (every third signaled) and 20 sends with receives: each signaled WR and each receive completes exactly once, in order",
-        "DESIGN §3.4 (exactly once; CQEs per queue are FIFO)",
+        "docs/design.md §3.4 (exactly once; CQEs per queue are FIFO)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig { cap: QpCap { max_send_wr: 128, max_recv_wr: 64, ..PairConfig::default().cap }, ..PairConfig::default() })?;
@@ -206,7 +206,7 @@ fn flushes(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.flush.after_error_post_order",
         "after an error CQE the QP is in ERR and every later send and every receive flushes with WR_FLUSH_ERR in post order",
-        "DESIGN §3.4 (after an error CQE everything outstanding and later flushes, in post order)",
+        "docs/design.md §3.4 (after an error CQE everything outstanding and later flushes, in post order)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -227,7 +227,7 @@ fn flushes(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.flush.send_before_recv",
         "with one CQ for both queues, the send queue's error and flushes come before the receive queue's flushes",
-        "DESIGN §3.4 (flush: send queue in post order, then receive queue)",
+        "docs/design.md §3.4 (flush: send queue in post order, then receive queue)",
         &[],
         |env: &Env| {
             let p = pair(
@@ -246,7 +246,7 @@ fn flushes(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.flush.modify_to_err",
         "moving a QP to ERR flushes an outstanding send (held by RNR) and the posted receives, sends first, each in post order",
-        "DESIGN §3.4; IBTA 10.3.1 (Error state: outstanding WRs complete in error)",
+        "docs/design.md §3.4; IBTA 10.3.1 (Error state: outstanding WRs complete in error)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig { shared_cq: true, rnr_retry: 7, ..PairConfig::default() })?;
@@ -277,7 +277,7 @@ fn flushes(out: &mut Vec<Case>) {
     out.push(Case::new(
         "comp.flush.in_flight_after_remote_error",
         "of four writes in flight, a good one completes, the second (bad rkey) fails REM_ACCESS_ERR, the last two flush, in order",
-        "DESIGN §3.4 (exactly once; error then flushes in post order)",
+        "docs/design.md §3.4 (exactly once; error then flushes in post order)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -320,7 +320,7 @@ fn ordering(out: &mut Vec<Case>) {
     out.push(Case::new(
         "order.rc.write_last_byte_lands_last",
         "while a 64 KiB write lands, a reader that sees the last byte sees the whole buffer",
-        "DESIGN §3.5 (writes land in order: perftest polls the last byte)",
+        "docs/design.md §3.5 (writes land in order: perftest polls the last byte)",
         &[],
         |env: &Env| {
             let p = pair(
@@ -378,7 +378,7 @@ fn ordering(out: &mut Vec<Case>) {
     out.push(Case::new(
         "order.rc.write_then_send_visible",
         "when the receive of a send completes, an RDMA write posted before the send is visible",
-        "DESIGN §3.5 (RC delivers in order); IBTA 9.5",
+        "docs/design.md §3.5 (RC delivers in order); IBTA 9.5",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -403,7 +403,7 @@ fn ordering(out: &mut Vec<Case>) {
     out.push(Case::new(
         "order.rc.fence_after_read",
         "a FENCE'd write whose source is the destination of an earlier read carries the data the read brought",
-        "DESIGN §3.5 (IBV_SEND_FENCE holds a WR until earlier reads and atomics complete)",
+        "docs/design.md §3.5 (IBV_SEND_FENCE holds a WR until earlier reads and atomics complete)",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -435,7 +435,7 @@ fn ordering(out: &mut Vec<Case>) {
     out.push(Case::new(
         "order.rc.fence_after_atomic",
         "a FENCE'd write whose source is an earlier fetch-and-add's result buffer carries the fetched value",
-        "DESIGN §3.5 (FENCE waits for earlier atomics)",
+        "docs/design.md §3.5 (FENCE waits for earlier atomics)",
         &[crate::case::Cap::Atomics],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
@@ -464,7 +464,7 @@ fn ordering(out: &mut Vec<Case>) {
     out.push(Case::new(
         "order.rc.completions_fifo_across_opcodes",
         "completions of a read, a write, an atomic and a send come out in post order",
-        "DESIGN §3.4 (CQEs per queue are FIFO); IBTA 10.8.3",
+        "docs/design.md §3.4 (CQEs per queue are FIFO); IBTA 10.8.3",
         &[],
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;

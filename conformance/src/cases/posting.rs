@@ -1,4 +1,4 @@
-//! `post.*`: posting rules and errors (DESIGN §3.3): state, SGE count,
+//! `post.*`: posting rules and errors (docs/design.md §3.3): state, SGE count,
 //! inline size and opcode, opcode per QP type, atomic alignment, queue
 //! full, and what a rejected list leaves posted.
 
@@ -16,7 +16,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("post.send.in_{name}"),
             format!("post_send on an RC QP in {state} fails with EINVAL at WR 0 and nothing completes later"),
-            "DESIGN §3.3 (post_send before RTS: EINVAL); IBTA 10.8.2",
+            "docs/design.md §3.3 (post_send before RTS: EINVAL); IBTA 10.8.2",
             &[],
             move |env: &Env| {
                 let cfg = PairConfig::default();
@@ -40,7 +40,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.in_reset",
         "post_recv on a QP in RESET fails with EINVAL at WR 0",
-        "DESIGN §3.3 (post_recv in RESET: EINVAL); IBTA 10.8.2",
+        "docs/design.md §3.3 (post_recv in RESET: EINVAL); IBTA 10.8.2",
         &[],
         |env: &Env| {
             let p = Pair::unconnected(&env.a, &env.b, PairConfig::default())?;
@@ -79,7 +79,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.too_many_sges",
         "a WR with more SGEs than max_send_sge fails with EINVAL at its index; the WR before it completes, the one after is not posted",
-        "DESIGN §3.3 (too many SGEs: EINVAL; nothing after the bad WR is posted)",
+        "docs/design.md §3.3 (too many SGEs: EINVAL; nothing after the bad WR is posted)",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -101,7 +101,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.too_many_sges",
         "a receive WR with more SGEs than max_recv_sge fails with EINVAL at its index",
-        "DESIGN §3.3 (too many SGEs: EINVAL)",
+        "docs/design.md §3.3 (too many SGEs: EINVAL)",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -118,7 +118,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.inline_too_large",
         "an INLINE send longer than max_inline_data fails with EINVAL",
-        "DESIGN §3.3 (inline over max_inline_data: EINVAL)",
+        "docs/design.md §3.3 (inline over max_inline_data: EINVAL)",
         &[Cap::Inline],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -134,7 +134,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.inline_on_read",
         "INLINE on an RDMA read fails with EINVAL",
-        "DESIGN §3.3, §3.5 (inline: send and RDMA write only)",
+        "docs/design.md §3.3, §3.5 (inline: send and RDMA write only)",
         &[Cap::Inline],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -150,7 +150,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.inline_on_atomic",
         "INLINE on an atomic fails with EINVAL",
-        "DESIGN §3.3 (inline: send and RDMA write only)",
+        "docs/design.md §3.3 (inline: send and RDMA write only)",
         &[Cap::Inline, Cap::Atomics],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -167,7 +167,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.atomic_misaligned_remote",
         "an atomic whose remote address is not 8-byte aligned fails with EINVAL",
-        "DESIGN §3.3 (misaligned atomic: EINVAL); IBTA 9.4.5",
+        "docs/design.md §3.3 (misaligned atomic: EINVAL); IBTA 9.4.5",
         &[Cap::Atomics],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -187,7 +187,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.atomic_short_sge",
         "an atomic whose local SGE is shorter than 8 bytes fails with EINVAL",
-        "DESIGN §3.3 (SGE under 8 bytes: EINVAL)",
+        "docs/design.md §3.3 (SGE under 8 bytes: EINVAL)",
         &[Cap::Atomics],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -215,7 +215,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         out.push(Case::new(
             format!("post.send.invalid_opcode.{tl}.{op_name}"),
             format!("posting {op_name} on a {t} QP fails with EINVAL"),
-            "DESIGN §3.3 (opcode not valid for the QP type); IBTA 9.8.3, 9.8.4 (UC: no read/atomic; UD: send only)",
+            "docs/design.md §3.3 (opcode not valid for the QP type); IBTA 9.8.3, 9.8.4 (UC: no read/atomic; UD: send only)",
             req,
             move |env: &Env| invalid_opcode(env, t, op_name),
         ));
@@ -223,7 +223,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.sq_full",
         "posting max_send_wr + 2 WRs in one call fails with ENOMEM at index max_send_wr; the WRs before complete, none after",
-        "DESIGN §3.3 (queue full: ENOMEM; nothing after the bad WR is posted, nothing before is lost)",
+        "docs/design.md §3.3 (queue full: ENOMEM; nothing after the bad WR is posted, nothing before is lost)",
         &[],
         |env: &Env| {
             let cfg = PairConfig {
@@ -251,7 +251,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.rq_full",
         "posting max_recv_wr + 1 receives in one call fails with ENOMEM at index max_recv_wr",
-        "DESIGN §3.3 (queue full: ENOMEM)",
+        "docs/design.md §3.3 (queue full: ENOMEM)",
         &[],
         |env: &Env| {
             let p = small_rq_pair(env)?;
@@ -270,7 +270,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.rq_full_one_at_a_time",
         "receives posted one per call fill the queue at max_recv_wr; the next fails with ENOMEM at WR 0 and posts nothing; a consumed receive makes room again",
-        "DESIGN §3.3 (queue full: ENOMEM)",
+        "docs/design.md §3.3 (queue full: ENOMEM)",
         &[],
         |env: &Env| {
             let p = small_rq_pair(env)?;
@@ -305,7 +305,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.alone_too_many_sges",
         "a lone receive WR with more SGEs than max_recv_sge fails with EINVAL at WR 0 and posts nothing",
-        "DESIGN §3.3 (too many SGEs: EINVAL)",
+        "docs/design.md §3.3 (too many SGEs: EINVAL)",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -324,7 +324,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.bad_first_wr_posts_nothing",
         "when the first WR of a list is rejected, none of the list is posted",
-        "DESIGN §3.3 (nothing after the bad WR is posted); ibv_post_send(3) bad_wr",
+        "docs/design.md §3.3 (nothing after the bad WR is posted); ibv_post_send(3) bad_wr",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -345,7 +345,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.send.in_err_flushes",
         "post_send on a QP in ERR succeeds and every WR (signaled or not) completes with WR_FLUSH_ERR",
-        "DESIGN §3.3 (posting to a QP in ERR flushes), §3.4",
+        "docs/design.md §3.3 (posting to a QP in ERR flushes), §3.4",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
@@ -368,7 +368,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "post.recv.in_err_flushes",
         "post_recv on a QP in ERR succeeds and the receive completes with WR_FLUSH_ERR",
-        "DESIGN §3.3, §3.4",
+        "docs/design.md §3.3, §3.4",
         &[],
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;

@@ -1,7 +1,7 @@
 //! `qp.state.*`: every transition of the `modify_qp` state table for RC, UC
-//! and UD (DESIGN §3.2), generated.
+//! and UD (docs/design.md §3.2), generated.
 //!
-//! The expectations come from [`spec`], a table written here from DESIGN
+//! The expectations come from [`spec`], a table written here from `docs/design.md`
 //! §3.2 independently of the library's [`qp_state::transition`]; the case
 //! `qp.state.table.matches_spec` checks that the two agree, and every other
 //! case checks the backend against the spec:
@@ -41,8 +41,8 @@ const STATES: [QpState; 7] = [
 /// The transports.
 const TYPES: [QpType; 3] = [QpType::Rc, QpType::Uc, QpType::Ud];
 
-/// DESIGN §3.2, row by row: `(required, optional)` beside STATE for a legal
-/// transition, `None` for an illegal one. Abbreviations of the DESIGN
+/// docs/design.md §3.2, row by row: `(required, optional)` beside STATE for a legal
+/// transition, `None` for an illegal one. Abbreviations of the design
 /// table: PKEY = PKEY_INDEX, ACC = ACCESS_FLAGS, RNRT = MIN_RNR_TIMER,
 /// DEST_RD = MAX_DEST_RD_ATOMIC, RD = MAX_QP_RD_ATOMIC, ALT = ALT_PATH,
 /// MIG = PATH_MIG_STATE, CUR = CUR_STATE.
@@ -101,7 +101,7 @@ pub(crate) fn spec(t: QpType, from: QpState, to: QpState) -> Option<(M, M)> {
                 port | M::AV | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | rd | dest_rd | alt | acc | pkey | rnrt | mig,
             ),
         },
-        // The DESIGN row gives RC "– / –": an RC QP never is in SQE (IBTA
+        // The design row gives RC "– / –": an RC QP never is in SQE (IBTA
         // 10.3.1: only UD and UC enter it), so for RC there is no such
         // transition to make.
         (Sqe, Rts) => match t {
@@ -155,8 +155,8 @@ fn requires(t: QpType) -> &'static [Cap] {
 pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "qp.state.table.matches_spec",
-        "the library's state table (qp_state::transition) equals the DESIGN §3.2 table written in the suite",
-        "DESIGN §3.2; kernel qp_state_table",
+        "the library's state table (qp_state::transition) equals the docs/design.md §3.2 table written in the suite",
+        "docs/design.md §3.2; kernel qp_state_table",
         &[],
         |_env: &Env| {
             let mut diffs = Vec::new();
@@ -185,13 +185,13 @@ pub(crate) fn register(out: &mut Vec<Case>) {
                     out.push(Case::new(
                         format!("{base}.illegal"),
                         format!("{t} {from}->{to} is not in the state table: it fails and changes nothing"),
-                        "DESIGN §3.2 (everything else is invalid); IBTA 11.2.4.2 (Modify QP)",
+                        "docs/design.md §3.2 (everything else is invalid); IBTA 11.2.4.2 (Modify QP)",
                         requires(t),
                         move |env: &Env| illegal(env, t, from, to),
                     ));
                     continue;
                 };
-                let rule = "DESIGN §3.2; IBTA 11.2.4.2 (Modify QP); kernel ib_modify_qp_is_ok";
+                let rule = "docs/design.md §3.2; IBTA 11.2.4.2 (Modify QP); kernel ib_modify_qp_is_ok";
                 let mask_text = match req.is_empty() {
                     true => "STATE".to_string(),
                     false => format!("STATE|{}", bits_name(req)),

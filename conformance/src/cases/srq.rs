@@ -1,5 +1,5 @@
 //! `srq.*`: shared receive queues: limits, sharing between QPs, the limit
-//! event, and the last-WQE-reached event (DESIGN §3.1; ibv_create_srq(3),
+//! event, and the last-WQE-reached event (docs/design.md §3.1; ibv_create_srq(3),
 //! ibv_modify_srq(3)).
 
 use softverbs::verbs::*;
@@ -212,7 +212,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "srq.full",
         "posting max_wr + 1 receives to an SRQ fails with ENOMEM at index max_wr",
-        "ibv_post_srq_recv(3); DESIGN §3.3 (queue full: ENOMEM)",
+        "ibv_post_srq_recv(3); docs/design.md §3.3 (queue full: ENOMEM)",
         &[Cap::Srq],
         |env: &Env| {
             let pd = env.a.alloc_pd()?;
@@ -249,7 +249,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
     out.push(Case::new(
         "srq.destroy_busy",
         "destroying an SRQ that a QP uses fails with EBUSY",
-        "DESIGN §3.1 (destroying an SRQ still in use fails with EBUSY)",
+        "docs/design.md §3.1 (destroying an SRQ still in use fails with EBUSY)",
         &[Cap::Srq],
         |env: &Env| {
             let s = Shared::new(env, 8, false)?;
@@ -315,7 +315,7 @@ fn register_more(out: &mut Vec<Case>) {
     out.push(Case::new(
         "srq.empty_rnr_then_post",
         "an RC send to a QP whose SRQ is empty is RNR NAK'd (rnr_retry 7) and completes once the SRQ gets a receive",
-        "IBTA 10.2.9 (an empty SRQ is a missing receive: RNR NAK); DESIGN §3.4",
+        "IBTA 10.2.9 (an empty SRQ is a missing receive: RNR NAK); docs/design.md §3.4",
         &[Cap::Srq],
         |env: &Env| {
             let s = Shared::new(env, 8, false)?;

@@ -2,7 +2,7 @@
 //! created or deleted, a network interface moved with `ip link set IF netns
 //! NS` — into calls on the device subsystem
 //! ([`softverbs::subsystem::Subsystem`]), so that a soft device bound to an
-//! interface follows it from namespace to namespace (DESIGN §5).
+//! interface follows it from namespace to namespace (docs/design.md §5).
 //!
 //! - [`NetnsDriver`]: the driver interface.
 //! - [`VirtualNetns`]: the virtual driver — portable, no privileges, used by

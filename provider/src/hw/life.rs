@@ -2,7 +2,7 @@
 //! context opened on the device and every object made from them.
 //!
 //! A kernel device cannot be revoked from user space; what this backend can
-//! do is stop using it and keep the promises of DESIGN §5 itself:
+//! do is stop using it and keep the promises of docs/design.md §5 itself:
 //!
 //! - **Revoked** ([`HwDeviceLife::revoke`], the subsystem's step 2): control
 //!   verbs fail with `ENODEV`; every QP is moved to ERR (on a live device

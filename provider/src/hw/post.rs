@@ -172,7 +172,7 @@ pub(crate) struct SendTarget {
     pub(crate) sig_all: bool,
 }
 
-/// Whether inline data may be used with this operation (DESIGN §3.3:
+/// Whether inline data may be used with this operation (docs/design.md §3.3:
 /// Send and RDMA Write only).
 fn carries_inline(op: &SendOp<'_>) -> bool {
     matches!(

@@ -1,6 +1,6 @@
 //! The shadow of posted work requests: what the device still owes a
 //! completion for, so that when a device goes away every posted work
-//! request still completes exactly once (DESIGN §5).
+//! request still completes exactly once (docs/design.md §5).
 //!
 //! A removed device completes nothing more: its queues are gone with it.
 //! So each QP keeps, per queue, a ring of the work requests posted and not

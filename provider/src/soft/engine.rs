@@ -1,6 +1,6 @@
 //! The real-time driver of a soft device: the sans-IO [`Core`] behind a
 //! lock, an inbox of received datagrams, and the loop that moves packets
-//! between engines (DESIGN §2: drain input, transmit, arm the deadline).
+//! between engines (docs/design.md §2: drain input, transmit, arm the deadline).
 //!
 //! **Inline progress** (the default): there is no engine thread. Every verb
 //! that can make progress (posting a send, polling a CQ, waiting on a
@@ -753,7 +753,7 @@ impl DeviceShared {
         put_scratch(txs);
     }
 
-    /// Hot-unplug, first part (DESIGN §5): control verbs fail with `ENODEV`,
+    /// Hot-unplug, first part (docs/design.md §5): control verbs fail with `ENODEV`,
     /// every QP goes to ERR, every outstanding WR completes once with
     /// WR_FLUSH_ERR, armed CQ notifications fire, and the device leaves its
     /// link. The caller then runs its clients' `remove` upcalls and finishes

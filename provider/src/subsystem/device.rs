@@ -37,7 +37,7 @@ impl fmt::Display for Generation {
     }
 }
 
-/// A device's life (DESIGN §5): Live → Revoking → Dead.
+/// A device's life (docs/design.md §5): Live → Revoking → Dead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceState {
     /// Usable.
@@ -82,7 +82,7 @@ pub trait HotplugDevice: AsAny {
     /// The device as a device-list entry (what consumers open).
     fn device(&self) -> Device;
 
-    /// Revokes the device (DESIGN §5, first steps): new control verbs fail
+    /// Revokes the device (docs/design.md §5, first steps): new control verbs fail
     /// with `ENODEV`; every QP moves to ERR; every posted, uncompleted WR
     /// completes exactly once with WR_FLUSH_ERR, send queue before receive
     /// queue, in post order; armed CQ notifications fire. Idempotent.

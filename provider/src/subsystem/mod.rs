@@ -1,5 +1,5 @@
 //! The device subsystem: a registry of devices of every backend, clients
-//! that hear about them, namespaces, and hotplug (DESIGN §5) — the layer
+//! that hear about them, namespaces, and hotplug (docs/design.md §5) — the layer
 //! the kernel has (`ib_register_client`, device removal, `rdma_dev_change_netns`)
 //! and user space never got.
 //!

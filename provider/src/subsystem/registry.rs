@@ -168,7 +168,7 @@ impl State {
 }
 
 /// The device registry over every backend: devices, clients, namespaces and
-/// hotplug (DESIGN §5). See the [module documentation](super) for the rules
+/// hotplug (docs/design.md §5). See the [module documentation](super) for the rules
 /// and an example.
 pub struct Subsystem {
     deadline_ns: AtomicU64,

@@ -1,6 +1,6 @@
 //! Why a device goes away, and what its removal reports.
 //!
-//! The removal sequence itself (DESIGN §5) runs in
+//! The removal sequence itself (docs/design.md §5) runs in
 //! [`Subsystem::remove_device`](super::Subsystem::remove_device); its steps,
 //! in order:
 //!

@@ -672,7 +672,7 @@ impl Qp {
         self.ops.cap()
     }
 
-    /// Modifies attributes and/or state (`ibv_modify_qp`); see DESIGN §3.2
+    /// Modifies attributes and/or state (`ibv_modify_qp`); see docs/design.md §3.2
     /// for the legal transitions and masks.
     ///
     /// # Errors

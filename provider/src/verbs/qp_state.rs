@@ -1,4 +1,4 @@
-//! The QP state machine of `modify_qp` (DESIGN §3.2): which transitions are
+//! The QP state machine of `modify_qp` (docs/design.md §3.2): which transitions are
 //! legal for each transport, which attributes each one requires and allows,
 //! and the value checks a device applies to them. Pure and backend-neutral:
 //! the soft provider calls [`check_modify`] then [`apply_modify`]
@@ -27,7 +27,7 @@
 //!   on a reliable connection take the QP to ERR; only UD/UC enter SQE), and
 //!   the only way to claim SQE, CUR_STATE, is not in RC's (empty) optional
 //!   mask, so no RC QP on hardware can make this transition. We report it as
-//!   illegal; the DESIGN table's "– / –" means the same.
+//!   illegal; the design table (`docs/design.md` §3.2)'s "– / –" means the same.
 //! - **A modify without the STATE bit** is an attribute-only modify in the
 //!   current state: it uses the same-state row (RTS→RTS, INIT→INIT, …), as
 //!   mlx5 does (`new_state = cur_state` when STATE is absent). So it works
@@ -73,7 +73,7 @@ impl TransitionMasks {
 }
 
 /// The legal transition `from`→`to` of a `qp_type` QP and its attribute
-/// masks (kernel `qp_state_table`, DESIGN §3.2), or `None` if illegal.
+/// masks (kernel `qp_state_table`, docs/design.md §3.2), or `None` if illegal.
 ///
 /// STATE is implied for a state change and not listed; a modify without
 /// STATE uses the `from`→`from` row. CUR_STATE is listed in `optional`
@@ -516,7 +516,7 @@ mod tests {
         })
     }
 
-    /// DESIGN §3.2 / the kernel's qp_state_table, written out independently.
+    /// docs/design.md §3.2 / the kernel's qp_state_table, written out independently.
     #[test]
     fn the_table_is_exactly_design_3_2() {
         const C: &[QpType] = &[Uc, Rc];

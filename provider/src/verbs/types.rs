@@ -331,7 +331,7 @@ impl AccessFlags {
         .union(AccessFlags::REMOTE_READ)
         .union(AccessFlags::REMOTE_ATOMIC);
 
-    /// The registration rule of DESIGN §3.1 / `ibv_reg_mr(3)`: remote write
+    /// The registration rule of docs/design.md §3.1 / `ibv_reg_mr(3)`: remote write
     /// or remote atomic require local write.
     pub fn is_valid_for_mr(self) -> bool {
         self.contains(AccessFlags::LOCAL_WRITE)

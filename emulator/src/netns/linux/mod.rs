@@ -101,7 +101,7 @@ impl LState {
     }
 }
 
-/// The namespace driver for real Linux network namespaces (DESIGN §5):
+/// The namespace driver for real Linux network namespaces (docs/design.md §5):
 /// namespaces are network namespaces, interfaces are `net_device`s, and a
 /// soft device bound to an interface runs on a UDP link whose sockets were
 /// created *inside* the interface's namespace, from the interface's

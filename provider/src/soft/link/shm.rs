@@ -6,7 +6,7 @@
 //! destination: to a shared-memory channel when the destination device is
 //! on this host and offers one, else to UDP. The datagrams are exactly the
 //! RoCEv2 UDP payloads the UDP link carries, with their addresses and
-//! ports; the engine (DESIGN §3) is unchanged and cannot tell the paths
+//! ports; the engine (docs/design.md §3) is unchanged and cannot tell the paths
 //! apart, except that no ICRC is computed for the shared-memory path
 //! (nothing can flip a bit there, and a hostile peer could compute it
 //! anyway).

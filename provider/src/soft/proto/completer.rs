@@ -1,6 +1,6 @@
 //! Completer: acknowledgements, NAKs, read responses and atomic
 //! acknowledgements → send completions; retransmission (go-back-N), the
-//! retry and RNR-retry counters and their timers (DESIGN §3.7, rxe's
+//! retry and RNR-retry counters and their timers (docs/design.md §3.7, rxe's
 //! rxe_comp.c).
 
 use crate::soft::wire::{rnr_timer_ns, NakCode, OpKind, ParsedPacket, Position, Psn, Syndrome};
@@ -108,7 +108,7 @@ impl Core {
             qp.req.retrans_at = None;
             self.counters.retransmit_timeouts += 1;
             if qp.req.retry_left == 0 {
-                // DESIGN §3.4: after retry_cnt timeouts the oldest
+                // docs/design.md §3.4: after retry_cnt timeouts the oldest
                 // outstanding WQE fails with RETRY_EXC_ERR.
                 if let Some(idx) = self.oldest_unacked(qp) {
                     self.fail_wqe(qp, idx, WcStatus::RetryExcErr, vendor::RETRY);

@@ -1,5 +1,5 @@
 //! Completion queues: a bounded FIFO of work completions with overflow
-//! detection and one-shot notification (DESIGN §3.4).
+//! detection and one-shot notification (docs/design.md §3.4).
 
 use std::collections::VecDeque;
 

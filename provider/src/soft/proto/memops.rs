@@ -1,7 +1,7 @@
 //! Memory management verbs and work requests: registration, re-registration,
 //! fast registration (map + REG_MR), memory windows (type 1 by verb, type 2
 //! by BIND_MW), and invalidation (LOCAL_INV, SEND_WITH_INV, dealloc)
-//! (DESIGN §3.1, §3.6; IBTA 10.6).
+//! (docs/design.md §3.1, §3.6; IBTA 10.6).
 
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ fn rkey_for(key: u32, access: AccessFlags) -> u32 {
 
 impl Core {
     /// `ibv_reg_mr`: returns `(lkey, rkey)`; the rkey is 0 without remote
-    /// access (DESIGN §3.1).
+    /// access (docs/design.md §3.1).
     ///
     /// # Errors
     ///
@@ -87,7 +87,7 @@ impl Core {
     /// unknown key or a window's key.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<()> {
         if self.revoked {
-            // Destroy after removal always succeeds (DESIGN §5).
+            // Destroy after removal always succeeds (docs/design.md §5).
             self.mrs.remove(lkey);
             return Ok(());
         }

@@ -14,7 +14,7 @@
 //!
 //! The call order after any input is: drain `poll_transmit`, drain
 //! `poll_event`, then re-arm the timer from `poll_timeout`. This is what
-//! lets the simulated fabric replay any run from its seed (DESIGN §2).
+//! lets the simulated fabric replay any run from its seed (docs/design.md §2).
 //!
 //! Files follow the directions of traffic, as rxe does: `qp` (objects,
 //! state changes, flushing), `post` (posting), `requester` (WQEs → request packets),
@@ -394,7 +394,7 @@ impl Core {
         self.revoked
     }
 
-    /// Hot-unplug, engine part (DESIGN §5): control verbs fail with
+    /// Hot-unplug, engine part (docs/design.md §5): control verbs fail with
     /// `ENODEV` from now on; every QP moves to ERR and every posted,
     /// uncompleted WR completes exactly once with WR_FLUSH_ERR (send queue
     /// before receive queue, in post order); every armed CQ notification
@@ -439,7 +439,7 @@ impl Core {
     }
 
     /// Queues an async event; after DEVICE_FATAL none follows (it is the
-    /// last event of a device, DESIGN §5).
+    /// last event of a device, docs/design.md §5).
     pub(crate) fn push_async(&mut self, owner: Option<u32>, event: AsyncEvent) {
         if !self.fatal {
             self.events.push_back(CoreEvent::Async { owner, event });
@@ -597,7 +597,7 @@ impl Core {
     /// `EBUSY` while MRs, QPs, SRQs or AHs use the PD; `EINVAL` if unknown.
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
         if self.revoked {
-            // Destroy after removal always succeeds (DESIGN §5).
+            // Destroy after removal always succeeds (docs/design.md §5).
             self.pds.remove(pd.0);
             return Ok(());
         }

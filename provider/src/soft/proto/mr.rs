@@ -1,5 +1,5 @@
 //! The key table: memory regions, fast-registration MRs and memory windows
-//! share one space of 24-bit indexes with an 8-bit key byte (DESIGN §3.1,
+//! share one space of 24-bit indexes with an 8-bit key byte (docs/design.md §3.1,
 //! §3.6). Every device-side memory access resolves a key here, with PD,
 //! access and bounds checks.
 

@@ -1,4 +1,4 @@
-//! Posting (DESIGN §3.3): `post_send`, `post_recv` and the type 1
+//! Posting (docs/design.md §3.3): `post_send`, `post_recv` and the type 1
 //! window bind, which all queue WQEs after checking them; a bad WR is
 //! reported back and nothing after it is posted.
 
@@ -267,7 +267,7 @@ impl Core {
                 resp_pkts: 0,
             });
             match qp.state() {
-                // Posting to a QP in ERR succeeds and flushes (DESIGN §3.3).
+                // Posting to a QP in ERR succeeds and flushes (docs/design.md §3.3).
                 QpState::Err => self.flush_qp(qp),
                 // In SQE the send queue flushes and nothing is sent until
                 // SQE→RTS; the receive queue is untouched (IBTA 10.3.1).

@@ -1,5 +1,5 @@
 //! Queue pairs: creation and limits, the state machine (check-then-apply,
-//! DESIGN §3.2), posting (DESIGN §3.3) and flushing (DESIGN §3.4).
+//! docs/design.md §3.2), posting (docs/design.md §3.3) and flushing (docs/design.md §3.4).
 
 use std::collections::VecDeque;
 
@@ -184,7 +184,7 @@ impl RecvWqe {
     }
 }
 
-/// Requester progress (DESIGN §3.7).
+/// Requester progress (docs/design.md §3.7).
 #[derive(Debug, Default)]
 pub(crate) struct ReqState {
     /// PSN of the next new packet.
@@ -219,7 +219,7 @@ pub(crate) struct ReqState {
     pub(crate) go_back: Option<GoBack>,
 }
 
-/// Go-back-N in flight (DESIGN §3.7): the requester went back to `from`,
+/// Go-back-N in flight (docs/design.md §3.7): the requester went back to `from`,
 /// and the copies of `from..end` it sent before may still be on the link
 /// (the responder drops them after its one NAK). The window
 /// (`max_inflight_packets`, `requester::window_room`) counts packets by
@@ -489,7 +489,7 @@ impl Core {
     /// `EINVAL` for an unknown QP.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         if self.revoked && self.qp_info(qpn).is_none() {
-            // Destroy after removal always succeeds (DESIGN §5).
+            // Destroy after removal always succeeds (docs/design.md §5).
             return Ok(());
         }
         let mut qp = self
@@ -638,7 +638,7 @@ impl Core {
 
     /// Moves a QP to ERR and completes everything outstanding with
     /// WR_FLUSH_ERR: send queue first, then receive queue, each in post
-    /// order (DESIGN §3.4).
+    /// order (docs/design.md §3.4).
     pub(crate) fn flush_qp(&mut self, qp: &mut Qp) {
         qp.attr.qp_state = QpState::Err;
         qp.attr.cur_qp_state = QpState::Err;

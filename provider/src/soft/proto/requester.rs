@@ -141,7 +141,7 @@ impl Core {
             }
             if w.op.is_local() {
                 // Local operations run in order once everything before them
-                // completed (LOCAL_INV is always fenced, DESIGN §3.5; REG_MR
+                // completed (LOCAL_INV is always fenced, docs/design.md §3.5; REG_MR
                 // and BIND_MW take effect before anything after them).
                 if idx != 0 {
                     break;

@@ -182,7 +182,7 @@ impl Core {
             let Some(wqe) = self.next_recv(qp) else {
                 return Outcome::Rnr;
             };
-            // Validate the whole receive buffer once (DESIGN §3.4: a bad
+            // Validate the whole receive buffer once (docs/design.md §3.4: a bad
             // lkey in the receive WQE is LOC_PROT_ERR here, REM_OP_ERR there).
             // A message of one packet that fits is placed in the same pass:
             // nothing can change the MRs in between, and each SGE is

@@ -354,7 +354,7 @@ fn a_send_only_is_placed_across_receive_sges() {
 
 #[test]
 fn a_bad_receive_sge_past_the_payload_still_fails_the_receive() {
-    // The whole receive buffer is validated (DESIGN §3.4), also the SGEs
+    // The whole receive buffer is validated (docs/design.md §3.4), also the SGEs
     // a short message does not reach.
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
     let sgl = [n.sge(0, 16), Sge::checked(n.mem.addr() + 64, 16, n.lkey ^ 0x80)];
