@@ -104,7 +104,7 @@ pub(crate) fn connect_one(a: &End, b: &End, rd: u8, retry: u8) {
     .unwrap();
     attr.qp_state = QpState::Rts;
     attr.sq_psn = 0;
-    attr.timeout = 10;
+    attr.timeout = 14;
     attr.retry_cnt = retry;
     attr.rnr_retry = 7;
     attr.max_rd_atomic = rd;
