@@ -21,7 +21,9 @@ use softverbs::verbs::*;
 use ulp_common::*;
 
 fn fill(mr: &Mr, seed: u8) {
-    let v: Vec<u8> = (0..mr.length() as usize).map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed)).collect();
+    let v: Vec<u8> = (0..mr.length() as usize)
+        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
     mr.write(0, &v).unwrap();
 }
 
@@ -34,7 +36,10 @@ fn counter() -> (Arc<AtomicU32>, impl FnOnce(&WorkCompletion) + Send + 'static) 
     })
 }
 
-fn statuses() -> (Arc<Mutex<Vec<WcStatus>>>, impl Fn() -> Box<dyn FnOnce(&WorkCompletion) + Send>) {
+fn statuses() -> (
+    Arc<Mutex<Vec<WcStatus>>>,
+    impl Fn() -> Box<dyn FnOnce(&WorkCompletion) + Send>,
+) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
     (log, move || {
@@ -68,7 +73,10 @@ fn read_write_contexts_move_the_bytes_with_and_without_fast_registration() {
     // Four page-sized local buffers: more entries than max_send_sge (2).
     let locals: Vec<Arc<Mr>> = (0..4).map(|_| a.mr(4096)).collect();
     let mut keys = Vec::new();
-    for (round, mode) in [RegMode::Plain, RegMode::Auto, RegMode::FastReg, RegMode::FastReg].into_iter().enumerate() {
+    for (round, mode) in [RegMode::Plain, RegMode::Auto, RegMode::FastReg, RegMode::FastReg]
+        .into_iter()
+        .enumerate()
+    {
         for (k, m) in locals.iter().enumerate() {
             fill(m, (round * 10 + k) as u8);
         }
@@ -76,14 +84,28 @@ fn read_write_contexts_move_the_bytes_with_and_without_fast_registration() {
         let (n, done) = counter();
         let posted = a
             .qp()
-            .rw(RwDir::Write, sgl, remote.remote(0), Some(&pool), RwOptions { mode, ..RwOptions::default() }, done)
+            .rw(
+                RwDir::Write,
+                sgl,
+                remote.remote(0),
+                Some(&pool),
+                RwOptions {
+                    mode,
+                    ..RwOptions::default()
+                },
+                done,
+            )
             .unwrap();
         assert_eq!(posted.fast_reg, mode != RegMode::Plain, "{mode:?}");
         assert_eq!(posted.wrs, if posted.fast_reg { 3 } else { 2 });
         keys.extend(posted.key);
         poll_until(&[&a.cq, &b.cq], "the write context", || n.load(Ordering::SeqCst) == 1);
         for (k, m) in locals.iter().enumerate() {
-            assert_eq!(remote.to_vec(k * 4096, 4096).unwrap(), m.to_vec(0, 4096).unwrap(), "{mode:?} page {k}");
+            assert_eq!(
+                remote.to_vec(k * 4096, 4096).unwrap(),
+                m.to_vec(0, 4096).unwrap(),
+                "{mode:?} page {k}"
+            );
         }
         assert_eq!(pool.available(), 4, "the MR is back once the callback ran");
     }
@@ -99,7 +121,14 @@ fn read_write_contexts_move_the_bytes_with_and_without_fast_registration() {
     let (n, done) = counter();
     let posted = a
         .qp()
-        .rw(RwDir::Read, sgl, remote.remote(4096), Some(&pool), RwOptions::default(), done)
+        .rw(
+            RwDir::Read,
+            sgl,
+            remote.remote(4096),
+            Some(&pool),
+            RwOptions::default(),
+            done,
+        )
         .unwrap();
     assert!(posted.fast_reg);
     poll_until(&[&a.cq, &b.cq], "the read context", || n.load(Ordering::SeqCst) == 1);
@@ -121,15 +150,25 @@ fn exposed_keys_rotate_and_a_stale_rkey_is_rejected_by_the_peer() {
     let (n, done) = counter();
     let ex = b
         .qp()
-        .expose(&pool, vec![LocalBuf::whole(&target).unwrap()], AccessFlags::REMOTE_WRITE, done)
+        .expose(
+            &pool,
+            vec![LocalBuf::whole(&target).unwrap()],
+            AccessFlags::REMOTE_WRITE,
+            done,
+        )
         .unwrap();
     poll_until(&[&a.cq, &b.cq], "the registration", || n.load(Ordering::SeqCst) == 1);
     let first = ex.remote();
     let (n, done) = counter();
     a.qp()
-        .post(vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 256).unwrap()], first)], done)
+        .post(
+            vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 256).unwrap()], first)],
+            done,
+        )
         .unwrap();
-    poll_until(&[&a.cq, &b.cq], "the write with the first key", || n.load(Ordering::SeqCst) == 1);
+    poll_until(&[&a.cq, &b.cq], "the write with the first key", || {
+        n.load(Ordering::SeqCst) == 1
+    });
     assert_eq!(target.to_vec(0, 256).unwrap(), src.to_vec(0, 256).unwrap());
     let (n, done) = counter();
     b.qp().invalidate(ex, done).unwrap();
@@ -139,17 +178,29 @@ fn exposed_keys_rotate_and_a_stale_rkey_is_rejected_by_the_peer() {
     let (n, done) = counter();
     let ex2 = b
         .qp()
-        .expose(&pool, vec![LocalBuf::whole(&target).unwrap()], AccessFlags::REMOTE_WRITE, done)
+        .expose(
+            &pool,
+            vec![LocalBuf::whole(&target).unwrap()],
+            AccessFlags::REMOTE_WRITE,
+            done,
+        )
         .unwrap();
-    poll_until(&[&a.cq, &b.cq], "the second registration", || n.load(Ordering::SeqCst) == 1);
+    poll_until(&[&a.cq, &b.cq], "the second registration", || {
+        n.load(Ordering::SeqCst) == 1
+    });
     let second = ex2.remote();
     assert_ne!(first.rkey, second.rkey);
     assert_eq!(first.rkey >> 8, second.rkey >> 8, "same MR, new key byte");
     let (log, mk) = statuses();
     a.qp()
-        .post(vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 256).unwrap()], first)], mk())
+        .post(
+            vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 256).unwrap()], first)],
+            mk(),
+        )
         .unwrap();
-    poll_until(&[&a.cq, &b.cq], "the write with the stale key", || !log.lock().unwrap().is_empty());
+    poll_until(&[&a.cq, &b.cq], "the write with the stale key", || {
+        !log.lock().unwrap().is_empty()
+    });
     assert_eq!(*log.lock().unwrap(), vec![WcStatus::RemAccessErr]);
     drop(ex2);
     assert_eq!(pool.discarded(), 1, "dropped while valid: deregistered, not reused");
@@ -170,8 +221,20 @@ fn budgets_and_reservations() {
         ..UlpQpInit::default()
     };
     let b = SqBudget::of(&ctx, &init).unwrap();
-    assert_eq!((b.mr_factor, b.total, b.recv_total), (3, 5 + 2 * 3 + 1, 4), "9 sges over 4-entry WRs");
-    let fr = SqBudget::of(&ctx, &UlpQpInit { rw_max_sges: 2, rw_fast_reg: true, ..init }).unwrap();
+    assert_eq!(
+        (b.mr_factor, b.total, b.recv_total),
+        (3, 5 + 2 * 3 + 1, 4),
+        "9 sges over 4-entry WRs"
+    );
+    let fr = SqBudget::of(
+        &ctx,
+        &UlpQpInit {
+            rw_max_sges: 2,
+            rw_fast_reg: true,
+            ..init
+        },
+    )
+    .unwrap();
     assert_eq!(fr.mr_factor, 3, "REG_MR + op + LOCAL_INV");
     let too_big = UlpQpInit {
         send_wr: attr.max_qp_wr,
@@ -314,7 +377,9 @@ fn read_depth_is_capped_under_a_slow_peer() {
     let (rn, rdone) = counter();
     b.qp().post_recv(vec![LocalBuf::whole(&rbuf).unwrap()], rdone).unwrap();
     let (sn, sdone) = counter();
-    a.qp().post(vec![UlpWr::send_inline(b"not behind the reads")], sdone).unwrap();
+    a.qp()
+        .post(vec![UlpWr::send_inline(b"not behind the reads")], sdone)
+        .unwrap();
     assert_eq!(a.qp().stats().queued_rd, u64::from(READS - u32::from(DEPTH)));
     let until = Instant::now() + Duration::from_secs(60);
     while done.load(Ordering::SeqCst) < READS || sn.load(Ordering::SeqCst) == 0 {
@@ -327,7 +392,10 @@ fn read_depth_is_capped_under_a_slow_peer() {
     }
     let s = a.qp().stats();
     assert_eq!((s.rd_peak, s.rd_outstanding), (u32::from(DEPTH), 0), "{s:?}");
-    assert_eq!(sink.to_vec(0, 16 * 4096).unwrap()[..READS as usize * 4096], remote.to_vec(0, READS as usize * 4096).unwrap());
+    assert_eq!(
+        sink.to_vec(0, 16 * 4096).unwrap()[..READS as usize * 4096],
+        remote.to_vec(0, READS as usize * 4096).unwrap()
+    );
     poll_until(&[&b.cq], "the receive", || {
         gate.release();
         rn.load(Ordering::SeqCst) == 1
@@ -404,7 +472,11 @@ fn futures_over_a_cq_pool() {
         let mut recvs = Vec::new();
         let mut sends = Vec::new();
         for (k, (a, b)) in ends.iter().enumerate() {
-            recvs.push(b.qp().recv_async(vec![LocalBuf::new(&buf, k as u64 * 64, 64).unwrap()]).unwrap());
+            recvs.push(
+                b.qp()
+                    .recv_async(vec![LocalBuf::new(&buf, k as u64 * 64, 64).unwrap()])
+                    .unwrap(),
+            );
             let msg = format!("round {round} qp {k}");
             sends.push(a.qp().post_async(vec![UlpWr::send_inline(msg.as_bytes())]).unwrap());
         }

@@ -321,6 +321,29 @@ pub(crate) struct QpShared {
 }
 
 impl Track {
+    fn new(sq_cap: u32, rq_cap: u32) -> Track {
+        Track {
+            reqs: Vec::new(),
+            free: Vec::new(),
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            next_sq: 0,
+            next_rq: 0,
+            sq_err: false,
+            rq_err: false,
+            sq_cap,
+            sq_used: 0,
+            rq_cap,
+            rq_used: 0,
+            rd_depth: 0,
+            rd_out: 0,
+            rd_peak: 0,
+            backlog: VecDeque::new(),
+            closing: false,
+            stats: QpStats::default(),
+        }
+    }
+
     fn alloc_req(&mut self, req: Req) -> u32 {
         match self.free.pop() {
             Some(i) => {
@@ -723,26 +746,7 @@ impl UlpQp {
             qp,
             qpn,
             epoch,
-            track: Mutex::new(Track {
-                reqs: Vec::new(),
-                free: Vec::new(),
-                sq: VecDeque::new(),
-                rq: VecDeque::new(),
-                next_sq: 0,
-                next_rq: 0,
-                sq_err: false,
-                rq_err: false,
-                sq_cap: sq_need - 1,
-                sq_used: 0,
-                rq_cap: rq_need - 1,
-                rq_used: 0,
-                rd_depth: 0,
-                rd_out: 0,
-                rd_peak: 0,
-                backlog: VecDeque::new(),
-                closing: false,
-                stats: QpStats::default(),
-            }),
+            track: Mutex::new(Track::new(sq_need - 1, rq_need - 1)),
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
             budget: ctx_budget,
@@ -1191,5 +1195,67 @@ fn close_shared(sh: &Arc<QpShared>) {
         sh.recv_cq.detach(sh.qpn);
         sh.send_cq.uncommit(sq);
         sh.recv_cq.uncommit(rq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device that gives no completion to unsignaled WRs, not even
+    /// flushed ones (the other model the verbs contract allows in
+    /// practice): the layer completes them itself, once, as flushed if
+    /// the queue had failed before them and silently if not.
+    #[test]
+    fn unsignaled_wrs_without_completions_of_their_own_are_completed_by_the_layer() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Track::new(16, 16);
+        // r0 unsignaled, r1 signaled, r2 and r3 unsignaled, r4 signaled.
+        let signaled = [false, true, false, false, true];
+        for (k, &sig) in signaled.iter().enumerate() {
+            let l = log.clone();
+            let i = t.alloc_req(Req {
+                cb: Some(Box::new(move |wc: &WorkCompletion| {
+                    l.lock().unwrap().push((k, wc.status))
+                })),
+                remaining: 1,
+                first_err: None,
+                signaled: sig,
+                keep: Vec::new(),
+                pooled: Vec::new(),
+            });
+            t.sq.push_back(Entry {
+                seq: k as u64,
+                req: i,
+                rd: false,
+            });
+            t.sq_used += 1;
+        }
+        let wc = |seq: u64, status| WorkCompletion {
+            wr_id: seq,
+            status,
+            qp_num: 7,
+            ..WorkCompletion::default()
+        };
+        let mut out = Vec::new();
+        assert!(t.retire(false, &wc(1, WcStatus::Success), 7, &mut out));
+        assert!(t.retire(false, &wc(2, WcStatus::RemAccessErr), 7, &mut out));
+        // The device flushes only the signaled r4: r3 is retired with it.
+        assert!(t.retire(false, &wc(4, WcStatus::WrFlushErr), 7, &mut out));
+        // A completion for something already retired is not ours.
+        assert!(!t.retire(false, &wc(4, WcStatus::WrFlushErr), 7, &mut out));
+        for d in out {
+            d.run();
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![
+                (1, WcStatus::Success),
+                (2, WcStatus::RemAccessErr),
+                (3, WcStatus::WrFlushErr),
+                (4, WcStatus::WrFlushErr)
+            ]
+        );
+        assert_eq!((t.stats.silent, t.stats.synthesized, t.sq_used), (1, 1, 0));
     }
 }
