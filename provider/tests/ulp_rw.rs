@@ -36,15 +36,15 @@ fn counter() -> (Arc<AtomicU32>, impl FnOnce(&WorkCompletion) + Send + 'static) 
     })
 }
 
-fn statuses() -> (
-    Arc<Mutex<Vec<WcStatus>>>,
-    impl Fn() -> Box<dyn FnOnce(&WorkCompletion) + Send>,
-) {
+type StatusLog = Arc<Mutex<Vec<WcStatus>>>;
+
+/// A log of completion statuses and a maker of callbacks that append to it.
+fn statuses() -> (StatusLog, impl Fn() -> Callback) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let l = log.clone();
     (log, move || {
         let l = l.clone();
-        Box::new(move |wc: &WorkCompletion| l.lock().unwrap().push(wc.status))
+        Box::new(move |wc: &WorkCompletion| l.lock().unwrap().push(wc.status)) as Callback
     })
 }
 
