@@ -475,14 +475,31 @@ impl Track {
         let n = chain.len();
         let signaled = self.req(i).signaled;
         let base = self.next_sq;
-        let sges: Vec<Vec<Sge<'_>>> = chain.iter().map(UlpWr::sges).collect();
-        let wrs: Vec<SendWr<'_>> = chain
-            .iter()
-            .zip(&sges)
-            .enumerate()
-            .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
-            .collect();
-        let res = sh.qp.post_send(&wrs);
+        let res = if n == 1 {
+            // One WR (the common case): no list of lists, and a single
+            // local entry stays on the stack.
+            let w = &chain[0];
+            let one;
+            let many;
+            let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
+                one = [w.sgl[0].sge()];
+                &one
+            } else {
+                many = w.sges();
+                &many
+            };
+            let wr = w.send_wr(sh.epoch | base, sges, signaled);
+            sh.qp.post_send(std::slice::from_ref(&wr))
+        } else {
+            let sges: Vec<Vec<Sge<'_>>> = chain.iter().map(UlpWr::sges).collect();
+            let wrs: Vec<SendWr<'_>> = chain
+                .iter()
+                .zip(&sges)
+                .enumerate()
+                .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
+                .collect();
+            sh.qp.post_send(&wrs)
+        };
         let posted = match &res {
             Ok(()) => n,
             Err(e) => e.index.min(n),
@@ -500,10 +517,12 @@ impl Track {
         }
         self.rd_peak = self.rd_peak.max(self.rd_out);
         self.next_sq += posted as u64;
-        drop(wrs);
-        drop(sges);
         let req = self.req(i);
-        req.keep.extend(chain);
+        if req.keep.is_empty() {
+            req.keep = chain;
+        } else {
+            req.keep.extend(chain);
+        }
         match res {
             Ok(()) => Ok(()),
             Err(e) => {
