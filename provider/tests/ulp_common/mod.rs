@@ -40,7 +40,10 @@ pub(crate) struct End {
 
 impl End {
     pub(crate) fn new(dev: &Arc<SoftDevice>, init: &UlpQpInit, cqe: u32) -> End {
-        let ctx = dev.open().unwrap();
+        End::from_ctx(dev.open().unwrap(), init, cqe)
+    }
+
+    pub(crate) fn from_ctx(ctx: Context, init: &UlpQpInit, cqe: u32) -> End {
         let pd = ctx.alloc_pd().unwrap();
         let cq = UlpCq::new(&ctx, cqe).unwrap();
         let qp = UlpQp::create(&pd, &cq, &cq, init).unwrap();
