@@ -494,3 +494,49 @@ fn futures_over_a_cq_pool() {
         assert_eq!(c.stats().stray, 0);
     }
 }
+
+/// Lazy invalidation: the callback runs when the op is done, before the
+/// LOCAL_INV; the MR returns to the pool once that has completed, free
+/// (a reuse maps it again, which a still valid MR would refuse) and with
+/// a new key.
+#[test]
+fn lazy_invalidation_runs_the_callback_first_and_frees_the_mr_after() {
+    let (_da, _db, a, b) = pair("lazy", &rw_init(), 4);
+    let pool = MrPool::fast_reg(&a.pd, 1, 16).unwrap();
+    let remote = b.mr(4 * 4096);
+    let locals: Vec<Arc<Mr>> = (0..4).map(|_| a.mr(4096)).collect();
+    let mut keys = Vec::new();
+    for round in 0..3u8 {
+        for (k, m) in locals.iter().enumerate() {
+            fill(m, round * 16 + k as u8);
+        }
+        let sgl: Vec<LocalBuf> = locals.iter().map(|m| LocalBuf::whole(m).unwrap()).collect();
+        let seen = Arc::new(Mutex::new(None));
+        let (s, p) = (seen.clone(), pool.clone());
+        let opts = RwOptions {
+            mode: RegMode::FastReg,
+            lazy_invalidate: true,
+            ..RwOptions::default()
+        };
+        let posted = a
+            .qp()
+            .rw(RwDir::Write, sgl, remote.remote(0), Some(&pool), opts, move |wc| {
+                *s.lock().unwrap() = Some((wc.status, p.available()));
+            })
+            .unwrap();
+        keys.push(posted.key.unwrap());
+        poll_until(&[&a.cq, &b.cq], "the lazily invalidated write", || {
+            seen.lock().unwrap().is_some() && pool.available() == 1
+        });
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Some((WcStatus::Success, 0)),
+            "the callback ran before the invalidation gave the MR back"
+        );
+        for (k, m) in locals.iter().enumerate() {
+            assert_eq!(remote.to_vec(k * 4096, 4096).unwrap(), m.to_vec(0, 4096).unwrap());
+        }
+        assert_eq!(a.qp().stats().sq_used, 0);
+    }
+    assert!(keys[0] != keys[1] && keys[1] != keys[2], "{keys:x?}");
+}

@@ -252,6 +252,16 @@ pub(crate) struct Done {
 }
 
 impl Done {
+    fn release(keep: Vec<UlpWr>, pooled: Vec<PooledMr>) -> Done {
+        Done {
+            cb: None,
+            wc: WorkCompletion::default(),
+            call: false,
+            _keep: keep,
+            _pooled: pooled,
+        }
+    }
+
     /// Calls the callback (if it is to be called), then releases the
     /// request's resources. Returns whether a callback ran.
     pub(crate) fn run(self) -> bool {
@@ -271,6 +281,18 @@ struct Req {
     remaining: u32,
     first_err: Option<WorkCompletion>,
     signaled: bool,
+    keep: Vec<UlpWr>,
+    pooled: Vec<PooledMr>,
+    /// Lazy invalidation: the key a LOCAL_INV posted after the request
+    /// finished must invalidate before the pooled MR is reused (its slot
+    /// is reserved with the request).
+    lazy_inv: Option<u32>,
+}
+
+/// A LOCAL_INV to post after a request finished (lazy invalidation), with
+/// what must live until it has retired.
+struct Followup {
+    key: u32,
     keep: Vec<UlpWr>,
     pooled: Vec<PooledMr>,
 }
@@ -306,6 +328,7 @@ struct Track {
     rd_peak: u32,
     backlog: VecDeque<Queued>,
     closing: bool,
+    followups: Vec<Followup>,
     stats: QpStats,
 }
 
@@ -340,6 +363,7 @@ impl Track {
             rd_peak: 0,
             backlog: VecDeque::new(),
             closing: false,
+            followups: Vec::new(),
             stats: QpStats::default(),
         }
     }
@@ -371,8 +395,15 @@ impl Track {
         if req.remaining > 0 {
             return;
         }
-        let req = self.reqs[i as usize].take().expect("live request");
+        let mut req = self.reqs[i as usize].take().expect("live request");
         self.free.push(i);
+        if let Some(key) = req.lazy_inv.take() {
+            self.followups.push(Followup {
+                key,
+                keep: std::mem::take(&mut req.keep),
+                pooled: std::mem::take(&mut req.pooled),
+            });
+        }
         let (wc, call) = match req.first_err {
             Some(err) => (err, true),
             None => (*wc, req.signaled),
@@ -533,6 +564,37 @@ impl Track {
         }
     }
 
+    /// Posts the LOCAL_INVs of lazily invalidated requests (signaled, no
+    /// callback: their MRs go back to the pool when they retire). On a
+    /// failed or closing QP the MRs, which may still be valid, are
+    /// discarded instead.
+    fn post_followups(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
+        for f in std::mem::take(&mut self.followups) {
+            let Followup { key, keep, mut pooled } = f;
+            if self.sq_err || self.closing {
+                self.sq_used -= 1;
+                pooled.iter_mut().for_each(PooledMr::poison);
+                out.push(Done::release(keep, pooled));
+                continue;
+            }
+            let i = self.alloc_req(Req {
+                cb: None,
+                remaining: 1,
+                first_err: None,
+                signaled: true,
+                keep,
+                pooled,
+                lazy_inv: None,
+            });
+            if let Err((_, 0)) = self.post_now(sh, i, vec![UlpWr::local_inv(key)]) {
+                let mut req = self.reqs[i as usize].take().expect("live request");
+                self.free.push(i);
+                req.pooled.iter_mut().for_each(PooledMr::poison);
+                out.push(Done::release(req.keep, req.pooled));
+            }
+        }
+    }
+
     /// Posts queued requests while READ/atomic credits allow; on a failed
     /// queue (or a closing QP) completes them with a flush instead.
     fn pump(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
@@ -605,6 +667,9 @@ impl QpShared {
         }
         if !rq && !t.backlog.is_empty() {
             t.pump(self, out);
+        }
+        if !t.followups.is_empty() {
+            t.post_followups(self, out);
         }
         true
     }
@@ -889,7 +954,7 @@ impl UlpQp {
         chain: Vec<UlpWr>,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
-        self.submit(chain, Some(Box::new(cb)), true, 0, Vec::new())
+        self.submit(chain, Some(Box::new(cb)), true, 0, Vec::new(), None)
     }
 
     /// Posts an unsignaled request: `cb` is called only if a WR of the
@@ -905,7 +970,7 @@ impl UlpQp {
         chain: Vec<UlpWr>,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
-        self.submit(chain, Some(Box::new(cb)), false, 0, Vec::new())
+        self.submit(chain, Some(Box::new(cb)), false, 0, Vec::new(), None)
     }
 
     /// [`UlpQp::post`] (or, with `signaled` false,
@@ -943,7 +1008,7 @@ impl UlpQp {
             self.sh.track().sq_used -= unused;
         }
         let n = chain.len() as u32;
-        self.submit(chain, Some(cb), signaled, n, Vec::new())
+        self.submit(chain, Some(cb), signaled, n, Vec::new(), None)
     }
 
     pub(crate) fn submit(
@@ -953,6 +1018,7 @@ impl UlpQp {
         signaled: bool,
         reserved: u32,
         pooled: Vec<PooledMr>,
+        lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
         let sh = &*self.sh;
         let n = chain.len() as u32;
@@ -968,7 +1034,10 @@ impl UlpQp {
         if t.closing {
             return fail(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"), cb);
         }
-        let need = n - reserved.min(n);
+        // A lazily invalidated request also holds the slot of the
+        // LOCAL_INV posted when it finishes.
+        let extra = u32::from(lazy_inv.is_some());
+        let need = n + extra - reserved.min(n + extra);
         let free = t.sq_cap - t.sq_used;
         if need > free {
             let cap = t.sq_cap;
@@ -977,7 +1046,7 @@ impl UlpQp {
                 verr!(
                     PostSend,
                     NoMemory,
-                    "a chain of {n} WRs needs {need} send slots; {free} of {cap} free"
+                    "a chain of {n} WRs (+{extra} for its invalidation) needs {need} send slots; {free} of {cap} free"
                 ),
                 cb,
             );
@@ -995,6 +1064,7 @@ impl UlpQp {
             signaled,
             keep: Vec::new(),
             pooled,
+            lazy_inv,
         });
         t.stats.requests += 1;
         let fenced = chain.iter().any(UlpWr::is_fenced);
@@ -1019,13 +1089,8 @@ impl UlpQp {
                     let req = t.reqs[i as usize].take().expect("live request");
                     t.free.push(i);
                     t.stats.requests -= 1;
-                    out.push(Done {
-                        cb: None,
-                        wc: WorkCompletion::default(),
-                        call: false,
-                        _keep: req.keep,
-                        _pooled: req.pooled,
-                    });
+                    t.sq_used -= extra;
+                    out.push(Done::release(req.keep, req.pooled));
                 }
                 drop(t);
                 drop(out);
@@ -1078,6 +1143,7 @@ impl UlpQp {
             signaled: true,
             keep,
             pooled: Vec::new(),
+            lazy_inv: None,
         });
         t.stats.requests += 1;
         t.next_rq += 1;
@@ -1142,6 +1208,7 @@ fn close_shared(sh: &Arc<QpShared>) {
                 signaled: false,
                 keep: Vec::new(),
                 pooled: Vec::new(),
+                lazy_inv: None,
             });
             let wr = SendWr::new(sh.epoch | seq, SendOp::Send, &[]).flags(crate::verbs::SendFlags::SIGNALED);
             if sh.qp.post_send(&[wr]).is_ok() {
@@ -1163,6 +1230,7 @@ fn close_shared(sh: &Arc<QpShared>) {
                 signaled: false,
                 keep: Vec::new(),
                 pooled: Vec::new(),
+                lazy_inv: None,
             });
             if sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, &[])]).is_ok() {
                 t.next_rq += 1;
@@ -1200,6 +1268,7 @@ fn close_shared(sh: &Arc<QpShared>) {
     {
         let mut t = sh.track();
         t.synthesize_all(sh.epoch, sh.qpn, &mut out);
+        t.post_followups(sh, &mut out);
     }
     for d in out.drain(..) {
         d.run();
@@ -1242,6 +1311,7 @@ mod tests {
                 signaled: sig,
                 keep: Vec::new(),
                 pooled: Vec::new(),
+                lazy_inv: None,
             });
             t.sq.push_back(Entry {
                 seq: k as u64,

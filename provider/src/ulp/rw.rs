@@ -92,6 +92,12 @@ pub struct RwOptions {
     /// Register a READ's sink with remote write as well (iWARP reads land
     /// through an rkey).
     pub iwarp_read_sink: bool,
+    /// Invalidate lazily: the chain is REG_MR → op (signaled), the
+    /// callback runs when the op is done, and the LOCAL_INV goes out
+    /// after it, off the request's path (its send slot is reserved with
+    /// the chain); the MR returns to the pool when the LOCAL_INV has
+    /// completed.
+    pub lazy_invalidate: bool,
 }
 
 /// What a context posted.
@@ -161,7 +167,9 @@ impl UlpQp {
     /// With fast registration the chain is REG_MR (a fresh key byte: the
     /// key rotates at every use) → the op over the registered range →
     /// LOCAL_INV (eager invalidation: the MR is free again, and back in
-    /// the pool, when `cb` has run).
+    /// the pool, when `cb` has run), or, with
+    /// [`RwOptions::lazy_invalidate`], REG_MR → op, the LOCAL_INV
+    /// following once `cb` has run.
     ///
     /// # Errors
     ///
@@ -246,8 +254,12 @@ impl UlpQp {
                 let mut opwr = UlpWr::new(op(remote), local);
                 opwr.frmr_sge = Some((iova, len, key));
                 opwr.frmr = Some(mr.clone());
-                let chain = vec![UlpWr::reg_mr(mr, key, access), opwr, UlpWr::local_inv(key)];
-                self.submit(chain, Some(cb), true, 0, vec![pooled])?;
+                let (chain, lazy) = if opts.lazy_invalidate {
+                    (vec![UlpWr::reg_mr(mr, key, access), opwr], Some(key))
+                } else {
+                    (vec![UlpWr::reg_mr(mr, key, access), opwr, UlpWr::local_inv(key)], None)
+                };
+                self.submit(chain, Some(cb), true, 0, vec![pooled], lazy)?;
                 return Ok(RwPosted {
                     wrs: 3,
                     fast_reg: true,
@@ -271,7 +283,7 @@ impl UlpQp {
             off += len;
         }
         let wrs = chain.len() as u32;
-        self.submit(chain, Some(cb), true, 0, Vec::new())?;
+        self.submit(chain, Some(cb), true, 0, Vec::new(), None)?;
         Ok(RwPosted {
             wrs,
             fast_reg: false,
@@ -308,7 +320,7 @@ impl UlpQp {
         let mut wr = UlpWr::reg_mr(mr, key, access | AccessFlags::LOCAL_WRITE);
         // The registered memory stays alive with the exposure.
         wr.sgl = local.clone();
-        self.submit(vec![wr], Some(cb), true, 0, Vec::new())?;
+        self.submit(vec![wr], Some(cb), true, 0, Vec::new(), None)?;
         Ok(Exposed {
             pooled: Some(pooled),
             local,
@@ -331,7 +343,7 @@ impl UlpQp {
         let pooled = exposed.pooled.take().expect("present until consumed");
         let mut wr = UlpWr::local_inv(exposed.remote.rkey);
         wr.sgl = std::mem::take(&mut exposed.local);
-        self.submit(vec![wr], Some(Box::new(cb)), true, 0, vec![pooled])
+        self.submit(vec![wr], Some(Box::new(cb)), true, 0, vec![pooled], None)
     }
 }
 
