@@ -17,6 +17,33 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// QP numbers are already well spread: hash them as they are (SipHash of
+/// a `u32` showed in the per-completion cost).
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type QpMap = HashMap<u32, Arc<QpShared>, std::hash::BuildHasherDefault<QpnHasher>>;
+
+thread_local! {
+    /// This thread's list of finished requests, kept for its capacity (a
+    /// callback that polls again finds it taken and uses a new one).
+    static DONE: std::cell::Cell<Vec<Done>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// A handler for completions that belong to no request of the layer.
 pub type StraySink = Box<dyn Fn(&WorkCompletion) + Send + Sync + 'static>;
 
@@ -42,7 +69,7 @@ pub(crate) struct CqShared {
     channel: CompChannel,
     ctx: Context,
     poll: Mutex<Vec<WorkCompletion>>,
-    qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    qps: RwLock<QpMap>,
     committed: Mutex<u32>,
     polled: AtomicU64,
     callbacks: AtomicU64,
@@ -122,19 +149,27 @@ impl CqShared {
     /// Polls up to `budget` completions and runs their callbacks.
     pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
         let mut total = 0;
-        let mut out = Vec::new();
-        while total < budget {
-            let want = (budget - total).min(BATCH);
-            let n = self.poll_once(want, &mut out);
+        let mut out = DONE.with(|d| d.take());
+        let res = self.poll_into(budget, &mut total, &mut out);
+        DONE.with(|d| d.set(out));
+        res.map(|()| total)
+    }
+
+    fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
+        while *total < budget {
+            let want = (budget - *total).min(BATCH);
+            let n = self.poll_once(want, out);
             let calls = out.drain(..).map(Done::run).filter(|c| *c).count();
-            self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
+            if calls > 0 {
+                self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
+            }
             let n = n?;
-            total += n;
+            *total += n;
             if n < want {
                 break;
             }
         }
-        Ok(total)
+        Ok(())
     }
 
     pub(crate) fn poll_for_close(&self, budget: usize) -> Result<usize> {
@@ -205,7 +240,7 @@ impl UlpCq {
                 channel,
                 ctx: ctx.clone(),
                 poll: Mutex::new(Vec::new()),
-                qps: RwLock::new(HashMap::new()),
+                qps: RwLock::new(QpMap::default()),
                 committed: Mutex::new(0),
                 polled: AtomicU64::new(0),
                 callbacks: AtomicU64::new(0),
