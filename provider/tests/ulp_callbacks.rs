@@ -262,7 +262,7 @@ fn ending() -> impl Strategy<Value = Ending> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, .. ProptestConfig::default() })]
 
     /// Random traffic with random errors, then a random ending (a QP
     /// closed, a device removed, or nothing), then everything dropped:
@@ -339,4 +339,27 @@ proptest! {
         drop(da);
         drop(db);
     }
+}
+
+/// A failing WR the layer did not post (no callback anywhere) is counted
+/// and handed to the CQ's stray sink, never dropped silently.
+#[test]
+fn a_failed_wr_without_a_callback_is_counted_and_reported() {
+    let (_da, _db, a, b) = pair("stray", &UlpQpInit::default(), 4);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    a.cq.set_stray_sink(move |wc| s.lock().unwrap().push((wc.wr_id, wc.status)));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let bad = RemoteAddr {
+        addr: dst.addr(),
+        rkey: dst.rkey() ^ 0x7700,
+    };
+    let sge = [src.sge(0, 8).unwrap()];
+    let wr = SendWr::new(0xdead, SendOp::Write { remote: bad }, &sge);
+    a.qp().qp().post_send(&[wr]).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the stray error", || !seen.lock().unwrap().is_empty());
+    assert_eq!(*seen.lock().unwrap(), vec![(0xdead, WcStatus::RemAccessErr)]);
+    let st = a.cq.stats();
+    assert_eq!((st.stray, st.stray_errors), (1, 1));
 }
