@@ -172,10 +172,6 @@ impl CqShared {
         Ok(())
     }
 
-    pub(crate) fn poll_for_close(&self, budget: usize) -> Result<usize> {
-        self.poll(budget)
-    }
-
     /// Polls; if nothing came, arms the CQ, polls again (a completion may
     /// have arrived before the arming), and sleeps on the channel up to
     /// `timeout`; then polls what woke it.

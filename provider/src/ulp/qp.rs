@@ -1246,12 +1246,12 @@ fn close_shared(sh: &Arc<QpShared>) {
     let deadline = Instant::now() + DRAIN_DEADLINE;
     let same = Arc::ptr_eq(&sh.send_cq, &sh.recv_cq);
     while !sh.is_idle() {
-        let mut got = match sh.send_cq.poll_for_close(64) {
+        let mut got = match sh.send_cq.poll(64) {
             Ok(n) => n,
             Err(_) => break,
         };
         if !same {
-            got += match sh.recv_cq.poll_for_close(64) {
+            got += match sh.recv_cq.poll(64) {
                 Ok(n) => n,
                 Err(_) => break,
             };
