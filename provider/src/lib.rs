@@ -7,6 +7,9 @@
 //! - [`soft`]: the soft provider, a verbs device in pure Rust speaking RoCEv2
 //!   (no kernel module, no root, no NIC).
 //! - `hw` (feature `hardware`): the same API over real ibverbs via rdma-sys.
+//! - [`ulp`]: the layer protocols build on: completion callbacks, poll
+//!   contexts, read/write contexts with fast registration, send-queue
+//!   budgets, READ depth and MR pools.
 //! - [`netns`] (Linux): network-namespace identities and running code inside
 //!   another namespace (used by hardware discovery and by the emulator's
 //!   Linux namespace driver).
@@ -19,4 +22,5 @@ pub mod hw;
 pub mod netns;
 pub mod soft;
 pub mod subsystem;
+pub mod ulp;
 pub mod verbs;

@@ -1,0 +1,169 @@
+//! The ULP layer's cost per operation against raw post/poll, on the
+//! embedded in-process soft device pair (inline progress, one thread):
+//! one signaled RDMA WRITE posted and its completion polled, at 8 bytes
+//! and at 64 KiB, raw (`Qp::post_send` + `Cq::poll`) and through the
+//! layer (`UlpQp::post` with a callback + `UlpCq::poll`).
+//!
+//! Run: `cargo bench -p softverbs-benches --bench ulp` (add `-- --quick`
+//! for a fast pass).
+
+// criterion_group!/criterion_main! generate undocumented functions.
+#![allow(missing_docs)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use softverbs::ulp::{LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
+use softverbs::verbs::*;
+
+struct End {
+    _ctx: Context,
+    pd: Pd,
+    raw_cq: Cq,
+    raw_qp: Qp,
+    cq: UlpCq,
+    qp: UlpQp,
+    gid: Gid,
+}
+
+fn end(ctx: Context) -> End {
+    let pd = ctx.alloc_pd().unwrap();
+    let raw_cq = ctx.create_cq(256, 0, None, 0).unwrap();
+    let raw_qp = pd
+        .create_qp(&QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &raw_cq,
+            recv_cq: &raw_cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: 64,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let cq = UlpCq::new(&ctx, 256).unwrap();
+    let init = UlpQpInit {
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+        ..UlpQpInit::default()
+    };
+    let qp = UlpQp::create(&pd, &cq, &cq, &init).unwrap();
+    let gid = ctx.query_gid(1, 0).unwrap();
+    End {
+        _ctx: ctx,
+        pd,
+        raw_cq,
+        raw_qp,
+        cq,
+        qp,
+        gid,
+    }
+}
+
+fn connect(qp: &Qp, dest_qpn: u32, gid: Gid) {
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &a,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = Mtu::Mtu4096;
+    a.dest_qp_num = dest_qpn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    a.ah_attr = AhAttr::roce(gid, 0, 1);
+    qp.modify(
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rts;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    qp.modify(
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+fn ulp(c: &mut Criterion) {
+    let devs = softverbs::soft::embedded_default().unwrap();
+    let a = end(devs[0].open().unwrap());
+    let b = end(devs[1].open().unwrap());
+    connect(&a.raw_qp, b.raw_qp.qp_num(), b.gid);
+    connect(&b.raw_qp, a.raw_qp.qp_num(), a.gid);
+    connect(a.qp.qp(), b.qp.qp_num(), b.gid);
+    connect(b.qp.qp(), a.qp.qp_num(), a.gid);
+    let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
+    let dst =
+        b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+            .unwrap();
+    let mut g = c.benchmark_group("ulp");
+    for len in [8u32, 64 << 10] {
+        g.throughput(Throughput::Elements(1));
+        let name = if len == 8 { "8B" } else { "64KiB" };
+        g.bench_function(format!("raw_write_{name}"), |bch| {
+            let mut wc = [WorkCompletion::default(); 4];
+            bch.iter(|| {
+                let sge = [src.sge(0, len).unwrap()];
+                let wr = SendWr::new(1, SendOp::Write { remote: dst.remote(0) }, &sge).flags(SendFlags::SIGNALED);
+                a.raw_qp.post_send(&[wr]).unwrap();
+                loop {
+                    let n = a.raw_cq.poll(&mut wc).unwrap();
+                    if n > 0 {
+                        assert!(wc[0].is_success());
+                        break;
+                    }
+                }
+            })
+        });
+        let done = Arc::new(AtomicU64::new(0));
+        g.bench_function(format!("ulp_write_{name}"), |bch| {
+            bch.iter(|| {
+                let want = done.load(Ordering::Relaxed) + 1;
+                let d = done.clone();
+                a.qp.post(
+                    vec![UlpWr::write(vec![LocalBuf::new(&src, 0, len).unwrap()], dst.remote(0))],
+                    move |wc| {
+                        assert!(wc.is_success());
+                        d.fetch_add(1, Ordering::Relaxed);
+                    },
+                )
+                .unwrap();
+                while done.load(Ordering::Relaxed) < want {
+                    a.cq.poll(16).unwrap();
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, ulp);
+criterion_main!(benches);

@@ -1,0 +1,302 @@
+//! Completion queues through the layer: polling turns completions into
+//! callbacks.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use super::qp::{Done, QpShared};
+use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkCompletion};
+
+/// Completions read from the device per `poll_cq` call.
+const BATCH: usize = 32;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// QP numbers are already well spread: hash them as they are (SipHash of
+/// a `u32` showed in the per-completion cost).
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type QpMap = HashMap<u32, Arc<QpShared>, std::hash::BuildHasherDefault<QpnHasher>>;
+
+thread_local! {
+    /// This thread's list of finished requests, kept for its capacity (a
+    /// callback that polls again finds it taken and uses a new one).
+    static DONE: std::cell::Cell<Vec<Done>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// A handler for completions that belong to no request of the layer.
+pub type StraySink = Box<dyn Fn(&WorkCompletion) + Send + Sync + 'static>;
+
+/// Counters of one CQ (a snapshot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CqStats {
+    /// Completions read from the device.
+    pub polled: u64,
+    /// Callbacks called.
+    pub callbacks: u64,
+    /// Completions that named no outstanding WR of the layer (a WR posted
+    /// directly on the verbs QP, or one of a QP already closed).
+    pub stray: u64,
+    /// Of those, the ones with an error status: never dropped silently,
+    /// they are counted here and handed to the stray sink if one is set
+    /// ([`UlpCq::set_stray_sink`]).
+    pub stray_errors: u64,
+}
+
+pub(crate) struct CqShared {
+    // Field order: the CQ is destroyed before its channel.
+    cq: Cq,
+    channel: CompChannel,
+    ctx: Context,
+    poll: Mutex<Vec<WorkCompletion>>,
+    qps: RwLock<QpMap>,
+    committed: Mutex<u32>,
+    polled: AtomicU64,
+    callbacks: AtomicU64,
+    stray: AtomicU64,
+    stray_errors: AtomicU64,
+    stray_sink: RwLock<Option<StraySink>>,
+}
+
+impl CqShared {
+    pub(crate) fn cq(&self) -> &Cq {
+        &self.cq
+    }
+
+    pub(crate) fn commit(&self, n: u32) -> Result<()> {
+        let mut c = lock(&self.committed);
+        let cap = self.cq.capacity();
+        if u64::from(*c) + u64::from(n) > u64::from(cap) {
+            return Err(verr!(
+                CreateQp,
+                InvalidArgument,
+                "the CQ has {} of {cap} entries free; the QP's queues need {n}",
+                cap - *c
+            ));
+        }
+        *c += n;
+        Ok(())
+    }
+
+    pub(crate) fn uncommit(&self, n: u32) {
+        let mut c = lock(&self.committed);
+        *c = c.saturating_sub(n);
+    }
+
+    pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qp.qp.qp_num(), qp.clone());
+    }
+
+    pub(crate) fn detach(&self, qpn: u32) {
+        // Under the poll lock: no poller is between reading a completion
+        // of this QP and retiring it.
+        let _p = lock(&self.poll);
+        self.qps.write().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+    }
+
+    /// Reads up to `want` completions and retires what they complete;
+    /// the finished requests go to `out`. Returns how many were read.
+    fn poll_once(&self, want: usize, out: &mut Vec<Done>) -> Result<usize> {
+        let mut wcs = lock(&self.poll);
+        if wcs.len() < BATCH {
+            wcs.resize(BATCH, WorkCompletion::default());
+        }
+        let want = want.min(BATCH);
+        let n = self.cq.poll(&mut wcs[..want])?;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.polled.fetch_add(n as u64, Ordering::Relaxed);
+        let qps = self.qps.read().unwrap_or_else(|p| p.into_inner());
+        for wc in &wcs[..n] {
+            let known = qps.get(&wc.qp_num).is_some_and(|qp| qp.retire(wc, out));
+            if !known {
+                self.stray.fetch_add(1, Ordering::Relaxed);
+                if wc.status != WcStatus::Success {
+                    self.stray_errors.fetch_add(1, Ordering::Relaxed);
+                    if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
+                        sink(wc);
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Polls up to `budget` completions and runs their callbacks.
+    pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
+        let mut total = 0;
+        let mut out = DONE.with(|d| d.take());
+        let res = self.poll_into(budget, &mut total, &mut out);
+        DONE.with(|d| d.set(out));
+        res.map(|()| total)
+    }
+
+    fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
+        while *total < budget {
+            let want = (budget - *total).min(BATCH);
+            let n = self.poll_once(want, out);
+            let calls = out.drain(..).map(Done::run).filter(|c| *c).count();
+            if calls > 0 {
+                self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
+            }
+            let n = n?;
+            *total += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls; if nothing came, arms the CQ, polls again (a completion may
+    /// have arrived before the arming), and sleeps on the channel up to
+    /// `timeout`; then polls what woke it.
+    pub(crate) fn wait(&self, budget: usize, timeout: Option<Duration>) -> Result<usize> {
+        let n = self.poll(budget)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        self.cq.req_notify(false)?;
+        let n = self.poll(budget)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if self.channel.get_cq_event(timeout)?.is_some() {
+            self.cq.ack_events(1);
+        }
+        self.poll(budget)
+    }
+}
+
+/// A completion queue whose completions run the callbacks of the requests
+/// posted through the layer ([`UlpQp`](super::UlpQp)).
+///
+/// It has its own completion channel, so it can be polled directly (the
+/// caller drives it with a budget: [`UlpCq::poll`]), waited on
+/// ([`UlpCq::wait`]), or driven by a thread ([`CqWorker`](super::CqWorker),
+/// [`CqPool`](super::CqPool)). Cheap to clone (shared).
+#[derive(Clone)]
+pub struct UlpCq {
+    pub(crate) inner: Arc<CqShared>,
+}
+
+impl fmt::Debug for UlpCq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UlpCq")
+            .field("capacity", &self.inner.cq.capacity())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UlpCq {
+    /// A CQ of at least `cqe` entries on `ctx`, with a completion channel.
+    ///
+    /// # Errors
+    ///
+    /// Those of `create_comp_channel` and `create_cq`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let ctx = softverbs::soft::embedded_default()?[0].open()?;
+    /// let cq = softverbs::ulp::UlpCq::new(&ctx, 128)?;
+    /// assert_eq!(cq.poll(16)?, 0);
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn new(ctx: &Context, cqe: u32) -> Result<UlpCq> {
+        let channel = ctx.create_comp_channel()?;
+        let cq = ctx.create_cq(cqe, 0, Some(&channel), 0)?;
+        Ok(UlpCq {
+            inner: Arc::new(CqShared {
+                cq,
+                channel,
+                ctx: ctx.clone(),
+                poll: Mutex::new(Vec::new()),
+                qps: RwLock::new(QpMap::default()),
+                committed: Mutex::new(0),
+                polled: AtomicU64::new(0),
+                callbacks: AtomicU64::new(0),
+                stray: AtomicU64::new(0),
+                stray_errors: AtomicU64::new(0),
+                stray_sink: RwLock::new(None),
+            }),
+        })
+    }
+
+    /// The direct poll context: reads up to `budget` completions and runs
+    /// the callbacks they finish, on this thread. Returns how many
+    /// completions were read.
+    ///
+    /// # Errors
+    ///
+    /// `EIO` if the CQ failed (overrun, device failure).
+    pub fn poll(&self, budget: usize) -> Result<usize> {
+        self.inner.poll(budget)
+    }
+
+    /// Like [`UlpCq::poll`], but sleeps on the completion channel up to
+    /// `timeout` (`None`: forever) when nothing is there.
+    ///
+    /// # Errors
+    ///
+    /// As [`UlpCq::poll`]; the channel's errors.
+    pub fn wait(&self, budget: usize, timeout: Option<Duration>) -> Result<usize> {
+        self.inner.wait(budget, timeout)
+    }
+
+    /// Where completions that belong to no request go (besides being
+    /// counted in [`CqStats`]).
+    pub fn set_stray_sink(&self, sink: impl Fn(&WorkCompletion) + Send + Sync + 'static) {
+        *self.inner.stray_sink.write().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(sink));
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CqStats {
+        let i = &self.inner;
+        CqStats {
+            polled: i.polled.load(Ordering::Relaxed),
+            callbacks: i.callbacks.load(Ordering::Relaxed),
+            stray: i.stray.load(Ordering::Relaxed),
+            stray_errors: i.stray_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Entries of the CQ not yet promised to a QP's queues.
+    pub fn free_entries(&self) -> u32 {
+        self.inner.cq.capacity() - *lock(&self.inner.committed)
+    }
+
+    /// The verbs CQ.
+    pub fn cq(&self) -> &Cq {
+        &self.inner.cq
+    }
+
+    /// The device context the CQ was created on.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+}

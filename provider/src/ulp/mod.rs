@@ -1,0 +1,65 @@
+//! The ULP layer: what every storage or RPC protocol over RDMA (NFS/RDMA,
+//! iSER, SRP, NVMe-oF) writes again, factored once, over either backend.
+//!
+//! - **Completion callbacks** ([`UlpQp::post`], [`UlpQp::post_recv`]): a
+//!   request carries a closure instead of a `wr_id`; the layer owns the
+//!   ids. A signaled request calls its callback once; an unsignaled one
+//!   calls nothing on success; every error and flush calls the callback of
+//!   every request it completes, exactly once, unsignaled ones included;
+//!   closing or dropping a QP flushes what it has in flight and runs those
+//!   callbacks before it is gone. A completion that belongs to no request
+//!   is counted (and its error handed to a sink), never dropped silently.
+//! - **Poll contexts**: direct ([`UlpCq::poll`] with a budget,
+//!   [`UlpCq::wait`]), a worker thread per CQ ([`CqWorker`]), a shared
+//!   pool of CQs ([`CqPool`]), and a [`WrFuture`] per request for any
+//!   executor (woken by the CQ's worker, which sleeps on the completion
+//!   channel's descriptor).
+//! - **Read/write contexts** ([`UlpQp::rw`], [`UlpQp::expose`]): plain
+//!   SGEs or a fast-registration chain REG_MR → op → LOCAL_INV with only
+//!   the last WR signaled, posted all or nothing, keys rotated at every
+//!   use; [`RwCaps`] says whether the backend has fast registration (the
+//!   hardware backend does not in user space: plain SGEs and plain MR
+//!   pools then).
+//! - **Send-queue budget** ([`SqBudget`]): a QP created through the layer
+//!   is sized from exactly what its contexts need, never clamped; a
+//!   [`SqReservation`] taken before building a chain guarantees room.
+//! - **READ depth**: READs and atomics in flight per QP never exceed
+//!   `max_rd_atomic`; more wait in the layer and go out as earlier ones
+//!   complete.
+//! - **MR pools** ([`MrPool`]): pre-registered fast-registration and
+//!   plain MRs, taken and returned without a verb.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use softverbs::ulp::{UlpCq, UlpQp, UlpQpInit, UlpWr};
+//!
+//! let ctx = softverbs::soft::embedded_default()?[0].open()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = UlpCq::new(&ctx, 256)?;
+//! let qp = UlpQp::create(&pd, &cq, &cq, &UlpQpInit::default())?;
+//! // The QP is in RESET: a post fails and hands the callback back.
+//! let called = Arc::new(AtomicU32::new(0));
+//! let c = called.clone();
+//! let err = qp.post(vec![UlpWr::send_inline(b"hi")], move |_| { c.fetch_add(1, Ordering::SeqCst); }).unwrap_err();
+//! assert!(err.callback.is_some());
+//! assert_eq!(called.load(Ordering::SeqCst), 0);
+//! # Ok::<(), softverbs::verbs::Error>(())
+//! ```
+
+mod cq;
+mod future;
+mod poll;
+mod pool;
+mod qp;
+mod rw;
+mod wr;
+
+pub use cq::{CqStats, StraySink, UlpCq};
+pub use future::WrFuture;
+pub use poll::{CqPool, CqWorker};
+pub use pool::{MrPool, PoolKind, PooledMr};
+pub use qp::{QpStats, SqBudget, SqReservation, UlpPostError, UlpQp, UlpQpInit};
+pub use rw::{Exposed, RegMode, RwCaps, RwDir, RwOptions, RwPosted};
+pub use wr::{Callback, LocalBuf, UlpOp, UlpWr};

@@ -1,0 +1,316 @@
+//! Owned work requests: what the layer posts, keeps alive until the WR
+//! retires, and can queue (RDMA READs beyond the initiator depth).
+
+use std::sync::Arc;
+
+use crate::verbs::{verr, AccessFlags, Mr, RemoteAddr, Result, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
+
+/// A completion callback: called with the completion of the request it
+/// was posted with (see [`UlpQp::post`](super::UlpQp::post) for exactly
+/// when).
+pub type Callback = Box<dyn FnOnce(&WorkCompletion) + Send + 'static>;
+
+/// A range of registered memory the layer keeps alive (it holds the
+/// `Arc<Mr>`) until every WR using it has retired.
+#[derive(Clone)]
+pub struct LocalBuf {
+    mr: Arc<Mr>,
+    offset: u64,
+    len: u32,
+}
+
+impl std::fmt::Debug for LocalBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBuf")
+            .field("lkey", &self.mr.lkey())
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl LocalBuf {
+    /// `len` bytes at `offset` of `mr`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the MR.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use softverbs::ulp::LocalBuf;
+    /// # use softverbs::verbs::AccessFlags;
+    /// let devs = softverbs::soft::embedded_default()?;
+    /// let pd = devs[0].open()?.alloc_pd()?;
+    /// let mr = Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+    /// let buf = LocalBuf::new(&mr, 512, 1024)?;
+    /// assert_eq!(buf.len(), 1024);
+    /// assert!(LocalBuf::new(&mr, 4000, 200).is_err());
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn new(mr: &Arc<Mr>, offset: u64, len: u32) -> Result<LocalBuf> {
+        mr.sge(offset, len)?;
+        Ok(LocalBuf {
+            mr: mr.clone(),
+            offset,
+            len,
+        })
+    }
+
+    /// The whole MR.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the MR is longer than 2^32-1 bytes.
+    pub fn whole(mr: &Arc<Mr>) -> Result<LocalBuf> {
+        let len = u32::try_from(mr.length()).map_err(|_| {
+            verr!(
+                MemoryAccess,
+                InvalidArgument,
+                "an MR of {} bytes is too long for one SGE",
+                mr.length()
+            )
+        })?;
+        LocalBuf::new(mr, 0, len)
+    }
+
+    /// The MR.
+    pub fn mr(&self) -> &Arc<Mr> {
+        &self.mr
+    }
+
+    /// Offset in the MR.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Start address (as a fast registration maps it).
+    pub fn addr(&self) -> u64 {
+        self.mr.addr() + self.offset
+    }
+
+    pub(crate) fn sge(&self) -> Sge<'_> {
+        self.mr.sge(self.offset, self.len).expect("checked at construction")
+    }
+}
+
+/// The operation of a work request posted through the layer (the
+/// application-visible subset of [`SendOp`]; registration and invalidation
+/// WRs are built by the layer itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UlpOp {
+    /// Send.
+    Send,
+    /// Send with immediate data.
+    SendWithImm(u32),
+    /// Send that invalidates `rkey` at the peer.
+    SendWithInv(u32),
+    /// RDMA WRITE.
+    Write(RemoteAddr),
+    /// RDMA WRITE with immediate data.
+    WriteWithImm(RemoteAddr, u32),
+    /// RDMA READ into the local scatter list.
+    Read(RemoteAddr),
+    /// Atomic compare and swap (remote, compare, swap).
+    CompareSwap(RemoteAddr, u64, u64),
+    /// Atomic fetch and add (remote, add).
+    FetchAdd(RemoteAddr, u64),
+}
+
+impl UlpOp {
+    /// Whether the operation uses one of the QP's outstanding
+    /// READ/atomic credits (`max_rd_atomic`).
+    pub fn is_rd_atomic(&self) -> bool {
+        matches!(self, UlpOp::Read(_) | UlpOp::CompareSwap(..) | UlpOp::FetchAdd(..))
+    }
+}
+
+/// What one WR of a chain does.
+pub(crate) enum WrKind {
+    Op(UlpOp),
+    RegMr { mr: Arc<Mr>, key: u32, access: AccessFlags },
+    LocalInv { key: u32 },
+}
+
+/// A send-queue work request owned by the layer.
+pub struct UlpWr {
+    pub(crate) kind: WrKind,
+    pub(crate) sgl: Vec<LocalBuf>,
+    /// A single entry over a fast-registration MR the chain registers
+    /// (address, length, new key): its key exists only once the chain's
+    /// REG_MR is posted, so no checked [`Sge`] can be made for it.
+    pub(crate) frmr_sge: Option<(u64, u32, u32)>,
+    /// Keeps the fast-registration MR of `frmr_sge` alive.
+    pub(crate) frmr: Option<Arc<Mr>>,
+    pub(crate) inline: Option<Vec<u8>>,
+    pub(crate) flags: SendFlags,
+}
+
+impl std::fmt::Debug for UlpWr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            WrKind::Op(op) => format!("{op:?}"),
+            WrKind::RegMr { key, access, .. } => format!("RegMr {{ key: {key:#x}, access: {access:?} }}"),
+            WrKind::LocalInv { key } => format!("LocalInv {{ key: {key:#x} }}"),
+        };
+        f.debug_struct("UlpWr")
+            .field("kind", &kind)
+            .field("sgl", &self.sgl)
+            .field("flags", &self.flags)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UlpWr {
+    /// A work request of `op` over `sgl`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use softverbs::ulp::{LocalBuf, UlpOp, UlpWr};
+    /// # use softverbs::verbs::{AccessFlags, RemoteAddr};
+    /// # let devs = softverbs::soft::embedded_default()?;
+    /// # let pd = devs[0].open()?.alloc_pd()?;
+    /// let mr = Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+    /// let wr = UlpWr::new(UlpOp::Read(RemoteAddr { addr: 0x1000, rkey: 7 }), vec![LocalBuf::whole(&mr)?]);
+    /// assert!(wr.is_rd_atomic());
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn new(op: UlpOp, sgl: Vec<LocalBuf>) -> UlpWr {
+        UlpWr {
+            kind: WrKind::Op(op),
+            sgl,
+            frmr_sge: None,
+            frmr: None,
+            inline: None,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// A SEND of `sgl`.
+    pub fn send(sgl: Vec<LocalBuf>) -> UlpWr {
+        UlpWr::new(UlpOp::Send, sgl)
+    }
+
+    /// A SEND of `data`, copied into the WR at post time (inline; at most
+    /// the QP's `max_inline_data`).
+    pub fn send_inline(data: &[u8]) -> UlpWr {
+        let mut wr = UlpWr::new(UlpOp::Send, Vec::new());
+        wr.inline = Some(data.to_vec());
+        wr.flags |= SendFlags::INLINE;
+        wr
+    }
+
+    /// An RDMA WRITE of `sgl` to `remote`.
+    pub fn write(sgl: Vec<LocalBuf>, remote: RemoteAddr) -> UlpWr {
+        UlpWr::new(UlpOp::Write(remote), sgl)
+    }
+
+    /// An RDMA READ of `remote` into `sgl`.
+    pub fn read(sgl: Vec<LocalBuf>, remote: RemoteAddr) -> UlpWr {
+        UlpWr::new(UlpOp::Read(remote), sgl)
+    }
+
+    /// With `IBV_SEND_FENCE`: the WR waits for earlier READs and atomics
+    /// (the layer also keeps it behind READs it has queued).
+    pub fn fence(mut self) -> UlpWr {
+        self.flags |= SendFlags::FENCE;
+        self
+    }
+
+    /// With the solicited-event bit.
+    pub fn solicited(mut self) -> UlpWr {
+        self.flags |= SendFlags::SOLICITED;
+        self
+    }
+
+    /// Whether the WR takes one of the QP's READ/atomic credits.
+    pub fn is_rd_atomic(&self) -> bool {
+        matches!(&self.kind, WrKind::Op(op) if op.is_rd_atomic())
+    }
+
+    /// Whether the WR is fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.flags.contains(SendFlags::FENCE) || matches!(self.kind, WrKind::LocalInv { .. })
+    }
+
+    pub(crate) fn reg_mr(mr: Arc<Mr>, key: u32, access: AccessFlags) -> UlpWr {
+        UlpWr {
+            kind: WrKind::RegMr { mr, key, access },
+            sgl: Vec::new(),
+            frmr_sge: None,
+            frmr: None,
+            inline: None,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    pub(crate) fn local_inv(key: u32) -> UlpWr {
+        UlpWr {
+            kind: WrKind::LocalInv { key },
+            sgl: Vec::new(),
+            frmr_sge: None,
+            frmr: None,
+            inline: None,
+            flags: SendFlags::empty(),
+        }
+    }
+
+    /// The local scatter list as verbs entries.
+    pub(crate) fn sges(&self) -> Vec<Sge<'_>> {
+        if let Some((addr, len, key)) = self.frmr_sge {
+            // SAFETY: the range is the mapping of the fast-registration MR
+            // `self.frmr`, which this WR keeps alive, and that mapping
+            // covers MRs this WR's request keeps alive (`sgl` of the chain
+            // that registered it) until every WR of the request has
+            // retired; the key is the one the chain's REG_MR, posted
+            // before this WR, gives it. Registered memory is only accessed
+            // by copies (never Rust references).
+            return vec![unsafe { Sge::from_raw(addr, len, key) }];
+        }
+        if let Some(data) = &self.inline {
+            return vec![Sge::inline(data)];
+        }
+        self.sgl.iter().map(LocalBuf::sge).collect()
+    }
+
+    /// The verbs work request over `sges` (from [`UlpWr::sges`]).
+    pub(crate) fn send_wr<'a>(&'a self, wr_id: u64, sges: &'a [Sge<'a>], signaled: bool) -> SendWr<'a> {
+        let op = match &self.kind {
+            WrKind::Op(op) => match *op {
+                UlpOp::Send => SendOp::Send,
+                UlpOp::SendWithImm(imm) => SendOp::SendWithImm { imm },
+                UlpOp::SendWithInv(rkey) => SendOp::SendWithInv { rkey },
+                UlpOp::Write(remote) => SendOp::Write { remote },
+                UlpOp::WriteWithImm(remote, imm) => SendOp::WriteWithImm { remote, imm },
+                UlpOp::Read(remote) => SendOp::Read { remote },
+                UlpOp::CompareSwap(remote, compare, swap) => SendOp::CompareSwap { remote, compare, swap },
+                UlpOp::FetchAdd(remote, add) => SendOp::FetchAdd { remote, add },
+            },
+            WrKind::RegMr { mr, key, access } => SendOp::RegMr {
+                mr,
+                key: *key,
+                access: *access,
+            },
+            WrKind::LocalInv { key } => SendOp::LocalInv { key: *key },
+        };
+        let mut flags = self.flags;
+        if signaled {
+            flags |= SendFlags::SIGNALED;
+        }
+        SendWr::new(wr_id, op, sges).flags(flags)
+    }
+}

@@ -1,0 +1,365 @@
+//! Completion callbacks of the ULP layer: once per signaled success,
+//! never for an unsignaled success, exactly once for every error and
+//! flush (unsignaled requests included), and before the callback's
+//! captures are dropped when a QP closes or its device goes away.
+
+mod ulp_common;
+
+use std::sync::{Arc, Mutex};
+
+use proptest::prelude::*;
+use softverbs::ulp::{LocalBuf, UlpQpInit, UlpWr};
+use softverbs::verbs::*;
+use ulp_common::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ev {
+    Called(usize, WcStatus),
+    Dropped(usize),
+}
+
+/// Records when the callback holding it is dropped.
+struct Probe {
+    id: usize,
+    log: Arc<Mutex<Vec<Ev>>>,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.log.lock().unwrap().push(Ev::Dropped(self.id));
+    }
+}
+
+/// A callback logging its call, then (as its captures go) its drop.
+fn cb(id: usize, log: &Arc<Mutex<Vec<Ev>>>) -> impl FnOnce(&WorkCompletion) + Send + 'static {
+    let probe = Probe { id, log: log.clone() };
+    move |wc| {
+        probe.log.lock().unwrap().push(Ev::Called(probe.id, wc.status));
+    }
+}
+
+/// Per request: `(calls, status of the call, dropped, call came before
+/// drop)`.
+fn outcome(log: &[Ev], id: usize) -> (usize, Option<WcStatus>, usize, bool) {
+    let calls: Vec<_> = log
+        .iter()
+        .enumerate()
+        .filter_map(|(k, e)| match e {
+            Ev::Called(i, s) if *i == id => Some((k, *s)),
+            _ => None,
+        })
+        .collect();
+    let drops: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter_map(|(k, e)| matches!(e, Ev::Dropped(i) if *i == id).then_some(k))
+        .collect();
+    let ordered = match (calls.first(), drops.first()) {
+        (Some((c, _)), Some(d)) => c < d,
+        _ => true,
+    };
+    (calls.len(), calls.first().map(|c| c.1), drops.len(), ordered)
+}
+
+fn count_resolved(log: &Arc<Mutex<Vec<Ev>>>) -> usize {
+    log.lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, Ev::Dropped(_)))
+        .count()
+}
+
+#[test]
+fn signaled_success_calls_once_unsignaled_success_calls_nothing() {
+    let (_da, _db, a, b) = pair("once", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    for i in 0..8 {
+        b.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 64 * i as u64, 64).unwrap()], cb(100 + i, &log))
+            .unwrap();
+    }
+    for i in 0..8 {
+        let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 16).unwrap()])];
+        // Odd ones signaled: the last is, and its completion proves the
+        // unsignaled ones before it done (an unsignaled request with
+        // nothing signaled after it stays outstanding until the QP
+        // closes).
+        if i % 2 == 1 {
+            a.qp().post(wr, cb(i, &log)).unwrap();
+        } else {
+            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
+        }
+    }
+    poll_until(&[&a.cq, &b.cq], "8 receives and the last send", || {
+        count_resolved(&log) == 16
+    });
+    let log = log.lock().unwrap().clone();
+    for i in 0..8 {
+        let (calls, status, drops, ordered) = outcome(&log, i);
+        assert_eq!(drops, 1, "request {i}");
+        assert!(ordered);
+        if i % 2 == 1 {
+            assert_eq!((calls, status), (1, Some(WcStatus::Success)), "signaled send {i}");
+        } else {
+            assert_eq!(calls, 0, "unsignaled send {i} succeeded: no callback");
+        }
+        assert_eq!(
+            outcome(&log, 100 + i),
+            (1, Some(WcStatus::Success), 1, true),
+            "receive {i}"
+        );
+    }
+    assert_eq!(a.qp().stats().silent, 4);
+    assert_eq!(a.cq.stats().stray, 0);
+}
+
+#[test]
+fn an_error_calls_every_request_it_completes_once_unsignaled_included() {
+    let (_da, _db, a, b) = pair("err", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let good = dst.remote(0);
+    let bad = RemoteAddr {
+        addr: good.addr,
+        rkey: good.rkey ^ 0x5500,
+    };
+    // 0..4 fine (alternately unsignaled), 4 unsignaled with a bad rkey,
+    // 5..10 flushed (alternately unsignaled).
+    for i in 0..10 {
+        let remote = if i == 4 { bad } else { good };
+        let wr = vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 32).unwrap()], remote)];
+        if i % 2 == 0 {
+            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
+        } else {
+            a.qp().post(wr, cb(i, &log)).unwrap();
+        }
+    }
+    poll_until(&[&a.cq, &b.cq], "all ten writes", || count_resolved(&log) == 10);
+    let log = log.lock().unwrap().clone();
+    for i in 0..4 {
+        let want = if i % 2 == 0 {
+            (0, None, 1, true)
+        } else {
+            (1, Some(WcStatus::Success), 1, true)
+        };
+        assert_eq!(outcome(&log, i), want, "write {i} before the error");
+    }
+    assert_eq!(
+        outcome(&log, 4),
+        (1, Some(WcStatus::RemAccessErr), 1, true),
+        "the failing unsignaled write"
+    );
+    for i in 5..10 {
+        assert_eq!(
+            outcome(&log, i),
+            (1, Some(WcStatus::WrFlushErr), 1, true),
+            "flushed write {i}"
+        );
+    }
+}
+
+#[test]
+fn closing_a_qp_flushes_its_requests_before_their_captures_drop() {
+    let (_da, _db, a, mut b) = pair("close", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let dst = b.mr(4096);
+    for i in 0..16 {
+        b.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
+            .unwrap();
+    }
+    drop(b.qp.take());
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 32, "{log:?}");
+    for i in 0..16 {
+        assert_eq!(
+            outcome(&log, i),
+            (1, Some(WcStatus::WrFlushErr), 1, true),
+            "receive {i}"
+        );
+    }
+    assert_eq!(
+        b.cq.free_entries(),
+        b.cq.cq().capacity(),
+        "the QP's CQ entries came back"
+    );
+    drop(a);
+}
+
+#[test]
+fn device_removal_completes_every_request_once() {
+    let (_da, db, a, mut b) = pair("unplug", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let dst = b.mr(4096);
+    let src = b.mr(4096);
+    for i in 0..8 {
+        b.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
+            .unwrap();
+    }
+    // Sends to a peer with no receive posted: RNR-retried forever, in
+    // flight when the device goes.
+    for i in 8..12 {
+        b.qp()
+            .post_unsignaled(vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])], cb(i, &log))
+            .unwrap();
+    }
+    db.unplug();
+    poll_until(&[&b.cq], "the flushes of the removed device", || {
+        count_resolved(&log) == 12
+    });
+    drop(b.qp.take());
+    let log = log.lock().unwrap().clone();
+    for i in 0..12 {
+        let (calls, status, drops, ordered) = outcome(&log, i);
+        assert_eq!((calls, drops, ordered), (1, 1, true), "request {i}: {log:?}");
+        assert_ne!(status, Some(WcStatus::Success), "request {i}");
+    }
+    drop(a);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A WRITE, signaled or not, with a good or a bad rkey.
+    Write { signaled: bool, bad: bool },
+    /// A receive on the peer.
+    Recv,
+    /// A SEND to the peer (consumes a receive; RNR-waits without one).
+    Send { signaled: bool },
+    /// Poll both CQs a little.
+    Poll,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    CloseRequester,
+    CloseResponder,
+    UnplugRequester,
+    UnplugResponder,
+    Nothing,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (any::<bool>(), prop::bool::weighted(0.1)).prop_map(|(signaled, bad)| Step::Write { signaled, bad }),
+        2 => Just(Step::Recv),
+        2 => any::<bool>().prop_map(|signaled| Step::Send { signaled }),
+        1 => Just(Step::Poll),
+    ]
+}
+
+fn ending() -> impl Strategy<Value = Ending> {
+    prop_oneof![
+        Just(Ending::CloseRequester),
+        Just(Ending::CloseResponder),
+        Just(Ending::UnplugRequester),
+        Just(Ending::UnplugResponder),
+        Just(Ending::Nothing),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, .. ProptestConfig::default() })]
+
+    /// Random traffic with random errors, then a random ending (a QP
+    /// closed, a device removed, or nothing), then everything dropped:
+    /// every request is resolved exactly once (called at most once, its
+    /// captures dropped once, after the call); only unsignaled requests
+    /// may resolve without a call, and only if nothing failed before them
+    /// on their queue; a call with success only for signaled requests.
+    #[test]
+    fn every_request_resolves_exactly_once(steps in prop::collection::vec(step(), 1..60), end in ending()) {
+        let init = UlpQpInit { send_wr: 128, recv_wr: 128, ..UlpQpInit::default() };
+        let (da, db, mut a, mut b) = pair("prop", &init, 4);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let src = a.mr(4096);
+        let dst = b.mr(4096);
+        let good = dst.remote(0);
+        // id → (signaled, send queue of a?)
+        let mut meta: Vec<(bool, bool)> = Vec::new();
+        for s in &steps {
+            let id = meta.len();
+            match *s {
+                Step::Write { signaled, bad } => {
+                    let remote = if bad { RemoteAddr { addr: good.addr, rkey: good.rkey ^ 0x3300 } } else { good };
+                    let wr = vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 64).unwrap()], remote)];
+                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
+                    r.map_err(|e| e.error).unwrap();
+                    meta.push((signaled, true));
+                }
+                Step::Send { signaled } => {
+                    let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])];
+                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
+                    r.map_err(|e| e.error).unwrap();
+                    meta.push((signaled, true));
+                }
+                Step::Recv => {
+                    b.qp().post_recv(vec![LocalBuf::new(&dst, 1024, 64).unwrap()], cb(id, &log)).map_err(|e| e.error).unwrap();
+                    meta.push((true, false));
+                }
+                Step::Poll => {
+                    a.cq.poll(8).unwrap();
+                    b.cq.poll(8).unwrap();
+                }
+            }
+        }
+        match end {
+            Ending::CloseRequester => drop(a.qp.take()),
+            Ending::CloseResponder => drop(b.qp.take()),
+            Ending::UnplugRequester => da.unplug(),
+            Ending::UnplugResponder => db.unplug(),
+            Ending::Nothing => {}
+        }
+        for _ in 0..50 {
+            let _ = a.cq.poll(64);
+            let _ = b.cq.poll(64);
+        }
+        drop(a.qp.take());
+        drop(b.qp.take());
+        let log = log.lock().unwrap().clone();
+        let mut failed_before = false;
+        for (id, (signaled, on_a)) in meta.iter().enumerate() {
+            let (calls, status, drops, ordered) = outcome(&log, id);
+            prop_assert_eq!(drops, 1, "request {} resolved {} times: {:?}", id, drops, log);
+            prop_assert!(calls <= 1 && ordered, "request {}: {:?}", id, log);
+            if calls == 0 {
+                prop_assert!(!signaled, "signaled request {} never called", id);
+                prop_assert!(!failed_before, "unsignaled request {} after a failure was not called", id);
+            }
+            if status == Some(WcStatus::Success) {
+                prop_assert!(*signaled);
+            }
+            if *on_a && status.is_some_and(|s| s != WcStatus::Success) {
+                failed_before = true;
+            }
+        }
+        drop(da);
+        drop(db);
+    }
+}
+
+/// A failing WR the layer did not post (no callback anywhere) is counted
+/// and handed to the CQ's stray sink, never dropped silently.
+#[test]
+fn a_failed_wr_without_a_callback_is_counted_and_reported() {
+    let (_da, _db, a, b) = pair("stray", &UlpQpInit::default(), 4);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    a.cq.set_stray_sink(move |wc| s.lock().unwrap().push((wc.wr_id, wc.status)));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let bad = RemoteAddr {
+        addr: dst.addr(),
+        rkey: dst.rkey() ^ 0x7700,
+    };
+    let sge = [src.sge(0, 8).unwrap()];
+    let wr = SendWr::new(0xdead, SendOp::Write { remote: bad }, &sge);
+    a.qp().qp().post_send(&[wr]).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the stray error", || !seen.lock().unwrap().is_empty());
+    assert_eq!(*seen.lock().unwrap(), vec![(0xdead, WcStatus::RemAccessErr)]);
+    let st = a.cq.stats();
+    assert_eq!((st.stray, st.stray_errors), (1, 1));
+}

@@ -1,0 +1,146 @@
+//! Helpers of the ULP layer tests: fresh soft device pairs on the
+//! in-process fabric and connected layer QPs.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::ulp::{UlpCq, UlpQp, UlpQpInit};
+use softverbs::verbs::*;
+
+/// A fresh pair of soft devices (unique names and addresses per call).
+pub(crate) fn devices(tag: &str) -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id() as u8;
+    let mk = |k: u8| {
+        let addr = IpAddr::V4(Ipv4Addr::new(
+            127,
+            100 + k * 20 + (n / 250) as u8,
+            pid,
+            (n % 250) as u8 + 1,
+        ));
+        SoftDevice::create(SoftDeviceConfig::new(&format!("ulp_{tag}_{n}_{k}"), addr)).expect("device")
+    };
+    (mk(0), mk(1))
+}
+
+/// One end: context, PD, CQ and a QP through the layer.
+pub(crate) struct End {
+    pub(crate) ctx: Context,
+    pub(crate) pd: Pd,
+    pub(crate) cq: UlpCq,
+    pub(crate) qp: Option<UlpQp>,
+    pub(crate) gid: Gid,
+}
+
+impl End {
+    pub(crate) fn new(dev: &Arc<SoftDevice>, init: &UlpQpInit, cqe: u32) -> End {
+        End::from_ctx(dev.open().unwrap(), init, cqe)
+    }
+
+    pub(crate) fn from_ctx(ctx: Context, init: &UlpQpInit, cqe: u32) -> End {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = UlpCq::new(&ctx, cqe).unwrap();
+        let qp = UlpQp::create(&pd, &cq, &cq, init).unwrap();
+        let gid = ctx.query_gid(1, 0).unwrap();
+        End {
+            ctx,
+            pd,
+            cq,
+            qp: Some(qp),
+            gid,
+        }
+    }
+
+    pub(crate) fn qp(&self) -> &UlpQp {
+        self.qp.as_ref().unwrap()
+    }
+
+    pub(crate) fn mr(&self, len: usize) -> Arc<Mr> {
+        Arc::new(
+            self.pd
+                .alloc_mr(
+                    len,
+                    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
+                )
+                .unwrap(),
+        )
+    }
+}
+
+/// Moves `a`'s QP to RTS towards `b`'s, with `rd` READ credits each way.
+pub(crate) fn connect_one(a: &End, b: &End, rd: u8, retry: u8) {
+    let qp = a.qp();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rtr;
+    attr.path_mtu = Mtu::Mtu1024;
+    attr.dest_qp_num = b.qp().qp_num();
+    attr.rq_psn = 0;
+    attr.max_dest_rd_atomic = rd;
+    attr.min_rnr_timer = 1;
+    attr.ah_attr = AhAttr::roce(b.gid, 0, 1);
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = 0;
+    attr.timeout = 14;
+    attr.retry_cnt = retry;
+    attr.rnr_retry = 7;
+    attr.max_rd_atomic = rd;
+    qp.modify(
+        &attr,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+/// Two connected ends on a fresh device pair.
+pub(crate) fn pair(tag: &str, init: &UlpQpInit, rd: u8) -> (Arc<SoftDevice>, Arc<SoftDevice>, End, End) {
+    let (da, db) = devices(tag);
+    let a = End::new(&da, init, 1024);
+    let b = End::new(&db, init, 1024);
+    connect_one(&a, &b, rd, 7);
+    connect_one(&b, &a, rd, 7);
+    (da, db, a, b)
+}
+
+/// Polls both CQs until `done()` or the generous deadline; panics then.
+pub(crate) fn poll_until(cqs: &[&UlpCq], what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        for cq in cqs {
+            cq.poll(64).unwrap();
+        }
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
