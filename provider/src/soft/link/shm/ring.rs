@@ -186,11 +186,45 @@ const _: () = assert!(SLOT_LEN.is_multiple_of(64) && MAX_PAYLOAD.is_multiple_of(
 const _: () = assert!(MAX_PAYLOAD <= u16::MAX as usize);
 const _: () = assert!(RING_LEN.is_multiple_of(4096));
 
+/// The aligned `u64` of the region at `p`, as an atomic: the only way
+/// this module reads or writes the region's words.
+///
+/// # Safety
+///
+/// `p` is 8-aligned and its 8 bytes lie inside a region that outlives
+/// `'a`. (Every access to the word, ours and a correct peer's, is atomic
+/// and of this size: see the module's docs.)
+unsafe fn at64<'a>(p: *mut u8) -> &'a AtomicU64 {
+    // SAFETY: aligned, valid for reads and writes for 'a (the caller's
+    // promise); concurrent accesses are atomic.
+    unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }
+}
+
+/// [`at64`] for an aligned `u32`.
+///
+/// # Safety
+///
+/// As [`at64`], 4-aligned, 4 bytes.
+unsafe fn at32<'a>(p: *mut u8) -> &'a AtomicU32 {
+    // SAFETY: as in `at64`.
+    unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }
+}
+
 /// A mapped channel region.
 #[derive(Debug)]
 pub struct Region {
-    map: MmapRaw,
-    file: File,
+    mem: Mem,
+}
+
+/// What holds a region's bytes.
+#[derive(Debug)]
+enum Mem {
+    /// The channel's memfd, mapped shared.
+    Shared { map: MmapRaw, file: File },
+    /// Private memory standing in for the mapping: the tests' region
+    /// under Miri, which cannot map a memfd (see [`Region::in_heap`]).
+    #[cfg(test)]
+    Heap(std::sync::Arc<[AtomicU64]>),
 }
 
 impl Region {
@@ -204,16 +238,22 @@ impl Region {
         file.set_len(REGION_LEN as u64)?;
         sys::seal_size(&file)?;
         let region = Self::map(file)?;
-        let base = region.map.as_mut_ptr();
-        // SAFETY: the header page lies inside the fresh mapping (REGION_LEN
-        // bytes), which nobody else has seen yet; aligned u64/u32 stores.
-        unsafe {
-            std::ptr::write_volatile(base.cast::<u64>(), MAGIC);
-            std::ptr::write_volatile(base.add(8).cast::<u32>(), VERSION);
-            std::ptr::write_volatile(base.add(12).cast::<u32>(), SLOTS as u32);
-            std::ptr::write_volatile(base.add(16).cast::<u32>(), SLOT_LEN as u32);
-        }
+        region.format();
         Ok(region)
+    }
+
+    /// Writes the header page's format words.
+    fn format(&self) {
+        let base = self.base();
+        // SAFETY: the words lie in the header page, inside the region
+        // (REGION_LEN bytes from `base`), aligned for their size (`base`
+        // is 8-aligned); the region lives as long as `self`.
+        unsafe {
+            at64(base).store(MAGIC, Ordering::Relaxed);
+            at32(base.add(8)).store(VERSION, Ordering::Relaxed);
+            at32(base.add(12)).store(SLOTS as u32, Ordering::Relaxed);
+            at32(base.add(16)).store(SLOT_LEN as u32, Ordering::Relaxed);
+        }
     }
 
     /// Maps a region received from a peer, after checking that it cannot
@@ -233,15 +273,16 @@ impl Region {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "shm region too short"));
         }
         let region = Self::map(file)?;
-        let base = region.map.as_ptr();
+        let base = region.base();
         // SAFETY: the header page lies inside the mapping (length checked
-        // above, and it cannot shrink: sealed); aligned volatile loads.
+        // above, and it cannot shrink: sealed), which lives as long as
+        // `region`; aligned atomic loads (the peer may be writing).
         let (magic, version, slots, slot_len) = unsafe {
             (
-                std::ptr::read_volatile(base.cast::<u64>()),
-                std::ptr::read_volatile(base.add(8).cast::<u32>()),
-                std::ptr::read_volatile(base.add(12).cast::<u32>()),
-                std::ptr::read_volatile(base.add(16).cast::<u32>()),
+                at64(base).load(Ordering::Relaxed),
+                at32(base.add(8)).load(Ordering::Relaxed),
+                at32(base.add(12)).load(Ordering::Relaxed),
+                at32(base.add(16)).load(Ordering::Relaxed),
             )
         };
         if magic != MAGIC || version != VERSION || u64::from(slots) != SLOTS || slot_len as usize != SLOT_LEN {
@@ -261,12 +302,60 @@ impl Region {
             .len(REGION_LEN)
             .populate()
             .map_raw(file.as_raw_fd())?;
-        Ok(Region { map, file })
+        Ok(Region {
+            mem: Mem::Shared { map, file },
+        })
+    }
+
+    /// A region in private memory, formatted as [`Region::create`] does:
+    /// for tests that run under Miri, which cannot map a memfd (the ring
+    /// code does not tell the two apart). [`Region::alias`] gives the
+    /// peer's view of it.
+    #[cfg(test)]
+    pub(crate) fn in_heap() -> Region {
+        let words = std::sync::Arc::<[AtomicU64]>::new_zeroed_slice(REGION_LEN / 8);
+        // SAFETY: zero bytes are a valid AtomicU64.
+        let words = unsafe { words.assume_init() };
+        let region = Region { mem: Mem::Heap(words) };
+        region.format();
+        region
+    }
+
+    /// A second view of the same memory, as the peer has it (the memfd
+    /// opened again, or the same private memory): for tests.
+    #[cfg(test)]
+    pub(crate) fn alias(&self) -> Region {
+        match &self.mem {
+            Mem::Shared { file, .. } => Region::open(file.try_clone().expect("dup the memfd")).expect("open the memfd"),
+            Mem::Heap(words) => Region {
+                mem: Mem::Heap(std::sync::Arc::clone(words)),
+            },
+        }
     }
 
     /// The memfd (to pass to the peer, or for a test to scribble on).
+    ///
+    /// # Panics
+    ///
+    /// Only for a test's region in private memory, which has none.
     pub fn file(&self) -> &File {
-        &self.file
+        match &self.mem {
+            Mem::Shared { file, .. } => file,
+            #[cfg(test)]
+            Mem::Heap(_) => panic!("a test region in private memory has no memfd"),
+        }
+    }
+
+    /// The first byte of the region: page-aligned for a mapping,
+    /// 8-aligned for a test's private memory; `REGION_LEN` bytes follow.
+    fn base(&self) -> *mut u8 {
+        match &self.mem {
+            Mem::Shared { map, .. } => map.as_mut_ptr(),
+            // Written through: the words are atomics (interior
+            // mutability), so the shared borrow allows it.
+            #[cfg(test)]
+            Mem::Heap(words) => words.as_ptr().cast::<u8>().cast_mut(),
+        }
     }
 
     /// Pointer to byte `off` of ring `r`'s block.
@@ -274,23 +363,18 @@ impl Region {
         debug_assert!(r < 2 && off < RING_LEN);
         // SAFETY: 4096 + r * RING_LEN + off < REGION_LEN for r < 2 and
         // off < RING_LEN, so the result stays inside the mapping.
-        unsafe { self.map.as_mut_ptr().add(4096 + (r & 1) * RING_LEN + off % RING_LEN) }
+        unsafe { self.base().add(4096 + (r & 1) * RING_LEN + off % RING_LEN) }
     }
 
     fn index(&self, r: usize, off: usize) -> &AtomicU64 {
-        let p = self.ring_ptr(r, off).cast::<u64>();
-        // SAFETY: `p` is 8-aligned (page-aligned base, offset 128), in
-        // the mapping, which lives as long as `self`; an atomic view is
-        // sound under concurrent writes by the peer (all our accesses to
-        // this word are atomic).
-        unsafe { AtomicU64::from_ptr(p) }
+        // SAFETY: 8-aligned (8-aligned base, ring blocks of whole pages,
+        // `off` is OFF_TAIL), in the region, which lives as long as `self`.
+        unsafe { at64(self.ring_ptr(r, off)) }
     }
 
     fn sleep_flag(&self, r: usize) -> &AtomicU32 {
-        let p = self.ring_ptr(r, OFF_SLEEP).cast::<u32>();
-        // SAFETY: as in `index`: aligned, inside the mapping, only
-        // accessed atomically.
-        unsafe { AtomicU32::from_ptr(p) }
+        // SAFETY: as in `index`.
+        unsafe { at32(self.ring_ptr(r, OFF_SLEEP)) }
     }
 
     fn slot_ptr(&self, r: usize, i: u64) -> *mut u8 {
@@ -299,12 +383,10 @@ impl Region {
 
     /// The `seq` word of slot `i` of ring `r`.
     fn seq_word(&self, r: usize, i: u64) -> &AtomicU32 {
-        let p = self.slot_ptr(r, i).cast::<u32>();
-        // SAFETY: as in `index`: a slot starts on a 64-byte boundary
-        // (RING_CTRL and SLOT_LEN are multiples of 64) inside the mapping,
-        // which lives as long as `self`; every access to this word, ours
-        // and a correct peer's, is atomic.
-        unsafe { AtomicU32::from_ptr(p) }
+        // SAFETY: as in `index`: a slot starts on a 64-byte boundary of
+        // its ring (RING_CTRL and SLOT_LEN are multiples of 64) inside the
+        // region, which lives as long as `self`.
+        unsafe { at32(self.slot_ptr(r, i)) }
     }
 }
 
