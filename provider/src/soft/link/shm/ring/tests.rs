@@ -358,7 +358,13 @@ fn addresses_go_only_when_they_change() {
         src_port: 7,
         dst_port: 4791,
     };
-    let flags_of = |i: u64| u16::from_ne_bytes(peek64(&r, slot_offset(0, i) + 8).to_ne_bytes()[2..4].try_into().unwrap());
+    let flags_of = |i: u64| {
+        u16::from_ne_bytes(
+            peek64(&r, slot_offset(0, i) + 8).to_ne_bytes()[2..4]
+                .try_into()
+                .unwrap(),
+        )
+    };
     let metas = [meta(), meta(), other, other, meta(), other, meta(), meta()];
     for (i, m) in metas.iter().enumerate() {
         let data = [i as u8; 24];
@@ -494,7 +500,9 @@ fn datagram(i: u64) -> Vec<u8> {
         0 => MAX_PAYLOAD - (i as usize % 8),
         _ => 1 + (i as usize * 13) % 200,
     };
-    (0..len).map(|k| (i as u8).wrapping_mul(31).wrapping_add(k as u8)).collect()
+    (0..len)
+        .map(|k| (i as u8).wrapping_mul(31).wrapping_add(k as u8))
+        .collect()
 }
 
 /// A producer and a consumer in two threads, laps around the ring with
