@@ -56,7 +56,7 @@ use softverbs::verbs::{
 
 use softverbs_benches::perftest::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 
-use super::{eprintln_safe, CliError, Env};
+use super::{eprintln_safe, stats, CliError, Env};
 
 /// Arguments of `softverbs pingpong`.
 #[derive(Debug, Clone, clap::Args)]
@@ -126,7 +126,8 @@ pub struct Args {
     /// Seconds the client keeps retrying to reach the server
     #[arg(long = "connect-timeout", default_value_t = 10)]
     pub connect_timeout: u64,
-    /// Print the soft device's counters at the end
+    /// Print the soft device's counters at the end (SIGUSR1 prints them
+    /// to stderr at any time; drops are said at the end regardless)
     #[arg(long)]
     pub stats: bool,
 }
@@ -348,6 +349,8 @@ fn mtu_of(m: u32) -> Result<Mtu, CliError> {
 /// [`CliError::NotFound`] for an unknown `-d` device.
 pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     let mtu = mtu_of(args.mtu)?;
+    // Before any device (and its threads): SIGUSR1 prints the counters.
+    let _usr1 = stats::OnSignal::start("softverbs: pingpong");
     if args.iters == 0 || args.rx_depth == 0 || args.tx_depth == 0 {
         return Err(fail("--iters, --rx-depth and --tx-depth must be at least 1"));
     }
@@ -399,18 +402,17 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
     };
     let res = Resources::new(&device, args, mtu)?;
     let report = res.exchange_and_run(args, mtu, &mut oob, first, out);
-    if args.stats {
-        if let Some(d) = &soft {
-            let mut s = String::new();
-            for (k, v) in d.shared().counters().iter().chain(d.shared().link_stats()) {
-                if v != 0 {
-                    s.push_str(&format!("  {k}: {v}\n"));
-                }
-            }
+    if let Some(d) = &soft {
+        if args.stats {
+            let mut s = stats::counter_lines(d);
             for p in d.shared().link_peers() {
                 s.push_str(&format!("  peer: {p}\n"));
             }
             let _ = write!(out, "counters of {}:\n{s}", d.name());
+        }
+        // What was dropped is said after every run, asked or not.
+        if let Some(l) = stats::drop_line(d) {
+            eprintln_safe(&format!("softverbs: pingpong: {l}"));
         }
     }
     drop(res);
