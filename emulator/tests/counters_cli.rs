@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use pingpong_common::*;
 
-/// A UDP port free on the loopback now, below 49152: a server on a port
-/// of the private range (the kernel's ephemeral ports reach into it) is
-/// taken for an automatic-port device by its client, which then drops
-/// every packet as from the wrong source.
+/// A UDP port free on the loopback now, below 49152 (pingpong refuses
+/// RoCEv2's source-port range, into which the kernel's ephemeral ports
+/// reach).
 fn free_udp_port() -> u16 {
     let start = 20_000 + (std::process::id() % 20_000) as u16;
     (start..49_152)

@@ -329,6 +329,20 @@ fn connect(server: &str, port: u16, timeout: Duration) -> Result<TcpStream, CliE
     }
 }
 
+/// A port the device may be told to use: the peer takes a datagram from
+/// a port in RoCEv2's source-port range (0xC000-0xFFFF) for one from a
+/// standard GID, not the private GID such a device announces, and would
+/// drop every packet as from the wrong source.
+fn check_udp_port(p: u16) -> Result<(), String> {
+    match p {
+        0xc000..=0xffff => Err(format!(
+            "--udp-port {p}: 49152-65535 is RoCEv2's source-port range, where a peer cannot tell our GID; use 4791 or a \
+             port below 49152"
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn mtu_of(m: u32) -> Result<Mtu, CliError> {
     Ok(match m {
         256 => Mtu::Mtu256,
@@ -353,6 +367,9 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
     let _usr1 = stats::OnSignal::start("softverbs: pingpong");
     if args.iters == 0 || args.rx_depth == 0 || args.tx_depth == 0 {
         return Err(fail("--iters, --rx-depth and --tx-depth must be at least 1"));
+    }
+    if let Some(p) = args.udp_port {
+        check_udp_port(p).map_err(fail)?;
     }
     // A server told its address creates its device first, so that a client
     // on the same host cannot take the port it asked for in the meantime.
@@ -882,6 +899,16 @@ impl Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn udp_ports_of_the_entropy_range_are_refused() {
+        assert!(check_udp_port(4791).is_ok());
+        assert!(check_udp_port(40000).is_ok());
+        assert!(check_udp_port(49151).is_ok());
+        for p in [49152, 50000, 65535] {
+            assert!(check_udp_port(p).unwrap_err().contains("use 4791"), "{p}");
+        }
+    }
 
     #[test]
     fn address_lines_round_trip() {
