@@ -680,7 +680,7 @@ fn parts_of_any_length_arrive_whole() {
             parts.iter().map(Vec::len).collect::<Vec<_>>(),
             ext.len()
         );
-        if want.len() % 8 != 0 {
+        if !want.len().is_multiple_of(8) {
             let at = slot_offset(0, i) + SLOT_HDR as u64 + (want.len() / 8 * 8) as u64;
             let last = peek64(&r, at).to_ne_bytes();
             assert!(
