@@ -5,10 +5,12 @@
 //! `shm_pingpong` (a flag): the difference is what the ring's protocol
 //! costs, before any engine work.
 //!
-//! usage: `ring_pingpong [iterations=1000000]`, on a host with two idle
+//! usage: `ring_pingpong [iterations=1000000] [size=24]` (size: datagram
+//! bytes, 1 to the ring's `MAX_PAYLOAD`; 4096 shows the cost of the
+//! copies in and out of a slot), on a host with two idle
 //! CPUs for its two busy threads (`run_cross.sh` runs it under
 //! `taskset -c 0,1`; pinning each thread measured the same here).
-//! Output: `ring_pingpong size=24 iters=N p50_oneway_ns=.. p99_oneway_ns=..
+//! Output: `ring_pingpong size=S iters=N p50_oneway_ns=.. p99_oneway_ns=..
 //! avg_oneway_ns=..`. Each timed round trip includes one clock read, as
 //! the anchor's do (`Instant::now`, ~20 ns on this project's VMs); the
 //! average (whole run over its round trips) includes two.
@@ -17,9 +19,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Instant;
 
-use softverbs::soft::link::shm::ring::{Consumer, Producer, Region, Slot, SlotMeta};
-
-const SIZE: usize = 24;
+use softverbs::soft::link::shm::ring::{Consumer, Producer, Region, Slot, SlotMeta, MAX_PAYLOAD};
 
 /// Pushes one datagram, retrying while the ring is full.
 fn push(p: &mut Producer, region: &Region, meta: &SlotMeta, data: &[u8]) {
@@ -44,6 +44,10 @@ fn main() {
     let iters: usize = std::env::args()
         .nth(1)
         .map_or(1_000_000, |a| a.parse().expect("iterations: a number"));
+    let size: usize = std::env::args()
+        .nth(2)
+        .map_or(24, |a| a.parse().expect("size: a number"));
+    assert!((1..=MAX_PAYLOAD).contains(&size), "size: 1 to {MAX_PAYLOAD}");
     let region = Arc::new(Region::create().expect("creating the shared region"));
     let meta = SlotMeta {
         src: IpAddr::V4(Ipv4Addr::LOCALHOST),
@@ -56,7 +60,7 @@ fn main() {
         let region = Arc::clone(&region);
         std::thread::spawn(move || {
             let (mut rx, mut tx) = (Consumer::new(0), Producer::new(1));
-            let mut buf = Vec::with_capacity(SIZE);
+            let mut buf = Vec::with_capacity(size);
             for _ in 0..warmup + iters {
                 pop(&mut rx, &region, &mut buf);
                 push(&mut tx, &region, &meta, &buf);
@@ -64,8 +68,8 @@ fn main() {
         })
     };
     let (mut tx, mut rx) = (Producer::new(0), Consumer::new(1));
-    let data = [0x5au8; SIZE];
-    let mut buf = Vec::with_capacity(SIZE);
+    let data = vec![0x5au8; size];
+    let mut buf = Vec::with_capacity(size);
     let mut rtts = Vec::with_capacity(iters);
     let start = Instant::now();
     for i in 0..warmup + iters {
@@ -83,6 +87,6 @@ fn main() {
     let avg = total / (warmup + iters) as f64 / 2.0;
     let p99 = rtts[(rtts.len() - 1) * 99 / 100] as f64 / 2.0;
     println!(
-        "ring_pingpong size={SIZE} iters={iters} p50_oneway_ns={p50:.1} p99_oneway_ns={p99:.1} avg_oneway_ns={avg:.1}"
+        "ring_pingpong size={size} iters={iters} p50_oneway_ns={p50:.1} p99_oneway_ns={p99:.1} avg_oneway_ns={avg:.1}"
     );
 }

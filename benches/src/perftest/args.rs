@@ -368,6 +368,11 @@ pub struct PerfArgs {
         help_heading = "softverbs options"
     )]
     pub messages: u64,
+    /// Print every soft device counter that moved at the end (SIGUSR1
+    /// prints them to stderr at any time; drops are said at the end
+    /// regardless)
+    #[arg(long, help_heading = "softverbs options")]
+    pub stats: bool,
 }
 
 /// Where the two ends of the test run.

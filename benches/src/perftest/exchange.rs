@@ -13,9 +13,21 @@
 //! - `SYNC <size>` from both before a size, `DONE <peak> <avg> <rate>
 //!   <count>` (bytes/s, messages/s; `-` when the end measured nothing) from
 //!   both after it, and `BYE` at the end.
+//!
+//! # A server among strangers
+//!
+//! Anyone who can reach the port can connect. The server therefore takes
+//! connections as they come and keeps each one until it has sent its first
+//! line ([`accept_first_line`]): one that sends a line that is not a
+//! greeting of ours, more than [`MAX_LINE`] bytes without a newline, or
+//! nothing for [`GREETING_TIMEOUT`], is dropped with a one-line message
+//! on standard error, and the server goes on waiting for its client; a
+//! silent connection never delays another. Lines are bounded at
+//! [`MAX_LINE`] bytes everywhere, and once the client is in, every read
+//! and write on the connection gives up after [`PEER_TIMEOUT`].
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::args::Params;
@@ -25,6 +37,167 @@ use super::PerfError;
 
 /// The protocol greeting.
 pub const GREETING: &str = "SOFTVERBS-PERF 1";
+
+/// Longest line of the exchange, newline excluded (a greeting with every
+/// size of `-a` is about 300 bytes).
+pub const MAX_LINE: usize = 4096;
+/// How long a new connection may take to send its first line.
+pub const GREETING_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read or write on a client's connection may block (no
+/// message of the exchange waits longer for a live peer: each end's run
+/// of a size stops on its own after 20 s without progress).
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Most connections waiting for their first line at once; beyond, the
+/// oldest is dropped.
+pub const MAX_PENDING: usize = 64;
+
+/// A connection waiting for its first line.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    since: Instant,
+}
+
+/// The first line of a connection, if it has arrived whole: read without
+/// blocking and without taking anything past its newline (the rest stays
+/// in the socket for the protocol). `Err`: why the connection is no good.
+fn first_line(s: &TcpStream) -> Result<Option<String>, String> {
+    let mut buf = [0u8; MAX_LINE + 2];
+    let n = match s.peek(&mut buf) {
+        Ok(0) => return Err("closed before its first line".into()),
+        Ok(n) => n,
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    };
+    let Some(end) = buf[..n].iter().position(|&b| b == b'\n') else {
+        return match n > MAX_LINE {
+            true => Err(format!("more than {MAX_LINE} bytes without a newline")),
+            false => Ok(None),
+        };
+    };
+    if end > MAX_LINE {
+        return Err(format!("more than {MAX_LINE} bytes without a newline"));
+    }
+    let mut line = vec![0u8; end + 1];
+    // The bytes are in the socket (peeked): this read takes them at once.
+    (&*s).read_exact(&mut line).map_err(|e| e.to_string())?;
+    line.truncate(end);
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    String::from_utf8(line)
+        .map_err(|_| "a first line that is not text".to_string())
+        .map(Some)
+}
+
+/// Accepts connections on `l` until one sends a first line that `check`
+/// takes, and returns that connection (blocking again, with nothing read
+/// past the line) and what `check` made of the line.
+///
+/// Connections are served side by side: each has `greeting` (for the
+/// CLIs [`GREETING_TIMEOUT`]) to send its line, at most [`MAX_PENDING`] wait at once, and a line is
+/// at most [`MAX_LINE`] bytes. A connection that fails any of this, or
+/// whose line `check` refuses (`Err(why)`; `check` may answer on the
+/// stream first), is dropped and `log` gets one line saying who and why.
+/// The listener is polled every few milliseconds; it is left blocking.
+///
+/// # Errors
+///
+/// The listener fails, or `overall` passes without a client.
+pub fn accept_first_line<T>(
+    l: &TcpListener,
+    greeting: Duration,
+    overall: Option<Duration>,
+    mut check: impl FnMut(&str, &mut TcpStream) -> Result<T, String>,
+    log: &mut dyn FnMut(&str),
+) -> io::Result<(TcpStream, T)> {
+    l.set_nonblocking(true)?;
+    let r = accept_loop(l, greeting, overall, &mut check, log);
+    let restored = l.set_nonblocking(false);
+    let (s, t) = r?;
+    restored?;
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(PEER_TIMEOUT))?;
+    s.set_write_timeout(Some(PEER_TIMEOUT))?;
+    Ok((s, t))
+}
+
+fn accept_loop<T>(
+    l: &TcpListener,
+    greeting: Duration,
+    overall: Option<Duration>,
+    check: &mut impl FnMut(&str, &mut TcpStream) -> Result<T, String>,
+    log: &mut dyn FnMut(&str),
+) -> io::Result<(TcpStream, T)> {
+    let start = Instant::now();
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        loop {
+            match l.accept() {
+                Ok((stream, peer)) => {
+                    if pending.len() >= MAX_PENDING {
+                        let old = pending.remove(0);
+                        log(&format!(
+                            "dropped connection from {}: {MAX_PENDING} connections waiting",
+                            old.peer
+                        ));
+                    }
+                    stream.set_nonblocking(true)?;
+                    pending.push(Pending {
+                        stream,
+                        peer,
+                        since: Instant::now(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // A connection reset before we took it, a signal: go on.
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionAborted | io::ErrorKind::Interrupted) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut i = 0;
+        while i < pending.len() {
+            let verdict = match first_line(&pending[i].stream) {
+                Ok(Some(line)) => {
+                    let mut p = pending.swap_remove(i);
+                    // `check` may answer: blocking, with a bound.
+                    p.stream.set_nonblocking(false)?;
+                    p.stream.set_write_timeout(Some(GREETING_TIMEOUT))?;
+                    match check(&line, &mut p.stream) {
+                        Ok(t) => {
+                            for other in pending {
+                                log(&format!(
+                                    "dropped connection from {}: another client came first",
+                                    other.peer
+                                ));
+                            }
+                            return Ok((p.stream, t));
+                        }
+                        Err(why) => log(&format!("dropped connection from {}: {why}", p.peer)),
+                    }
+                    continue;
+                }
+                Ok(None) if pending[i].since.elapsed() < greeting => None,
+                Ok(None) => Some(format!("no line within {greeting:?}")),
+                Err(why) => Some(why),
+            };
+            match verdict {
+                Some(why) => {
+                    let p = pending.swap_remove(i);
+                    log(&format!("dropped connection from {}: {why}", p.peer));
+                }
+                None => i += 1,
+            }
+        }
+        if overall.is_some_and(|o| start.elapsed() >= o) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no client completed the greeting in time",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
 
 /// What both ends must agree on.
 pub fn signature(p: &Params) -> String {
@@ -48,6 +221,21 @@ fn failed(msg: impl Into<String>) -> PerfError {
     PerfError::Failed(msg.into())
 }
 
+/// An I/O error of the connection, said as a timeout when it is one.
+fn timed_out(e: io::Error, what: &str) -> PerfError {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            failed(format!("{what}: no progress for {} s", PEER_TIMEOUT.as_secs()))
+        }
+        _ => e.into(),
+    }
+}
+
+/// At most 80 characters of a stranger's line, for a message.
+fn clip(line: &str) -> String {
+    line.chars().take(80).collect()
+}
+
 /// A listener on `port` of every address: the IPv6 wildcard (which also
 /// takes IPv4 clients), or the IPv4 one on a host without IPv6.
 fn listener(port: u16) -> Result<TcpListener, PerfError> {
@@ -64,20 +252,61 @@ fn listener(port: u16) -> Result<TcpListener, PerfError> {
 #[derive(Debug)]
 pub struct PeerLink {
     reader: BufReader<TcpStream>,
-    partial: String,
+    /// A line read in part (at most [`MAX_LINE`] + 1 bytes).
+    partial: Vec<u8>,
+    /// The greeting is done (the server checked it when accepting).
+    greeted: bool,
 }
 
 impl PeerLink {
-    /// Waits on `port` (every address, IPv6 and IPv4) for one client.
+    /// Waits on `port` (every address, IPv6 and IPv4) for a client of
+    /// this test ([`PeerLink::accept_client`]); what is dropped on the
+    /// way is said on standard error.
     ///
     /// # Errors
     ///
     /// Binding or accepting fails.
-    pub fn listen(port: u16) -> Result<PeerLink, PerfError> {
-        Self::accept(&listener(port)?)
+    pub fn listen(port: u16, p: &Params) -> Result<PeerLink, PerfError> {
+        Self::accept_client(&listener(port)?, p, None, &mut |m| {
+            eprintln!("softverbs: perf {}: {m}", p.test);
+        })
     }
 
-    /// Accepts one client on `l`.
+    /// Accepts connections on `l` until a client greets us with our test
+    /// ([`accept_first_line`]), answers it `OK`, and returns its link. A
+    /// client of another test is answered `ERR <why>` and dropped like a
+    /// stranger, with a line to `log`.
+    ///
+    /// # Errors
+    ///
+    /// The listener fails, or `overall` passes without a client.
+    pub fn accept_client(
+        l: &TcpListener,
+        p: &Params,
+        overall: Option<Duration>,
+        log: &mut dyn FnMut(&str),
+    ) -> Result<PeerLink, PerfError> {
+        let ours = signature(p);
+        let check = |line: &str, s: &mut TcpStream| {
+            let theirs = line
+                .strip_prefix(GREETING)
+                .map(str::trim)
+                .ok_or_else(|| format!("not a softverbs perf client: {:?}", clip(line)))?;
+            if theirs != ours {
+                let why = format!("client runs `{theirs}`, server `{ours}`");
+                let _ = s.write_all(format!("ERR {why}\n").as_bytes());
+                return Err(format!("a client of another test: {why}"));
+            }
+            s.write_all(b"OK\n").map_err(|e| format!("answering OK: {e}"))
+        };
+        let (s, ()) = accept_first_line(l, GREETING_TIMEOUT, overall, check, log)?;
+        let mut link = Self::from_stream(s)?;
+        link.greeted = true;
+        Ok(link)
+    }
+
+    /// Accepts one client on `l`, as it comes (the greeting is then
+    /// [`PeerLink::hello_server`]'s).
     ///
     /// # Errors
     ///
@@ -119,9 +348,12 @@ impl PeerLink {
 
     fn from_stream(s: TcpStream) -> Result<PeerLink, PerfError> {
         s.set_nodelay(true)?;
+        s.set_read_timeout(Some(PEER_TIMEOUT))?;
+        s.set_write_timeout(Some(PEER_TIMEOUT))?;
         Ok(PeerLink {
             reader: BufReader::new(s),
-            partial: String::new(),
+            partial: Vec::new(),
+            greeted: false,
         })
     }
 
@@ -143,22 +375,30 @@ impl PeerLink {
     /// The write fails.
     pub fn send_line(&mut self, line: &str) -> Result<(), PerfError> {
         let s = self.reader.get_mut();
-        s.write_all(line.as_bytes())?;
-        s.write_all(b"\n")?;
-        Ok(())
+        let r = s.write_all(line.as_bytes()).and_then(|()| s.write_all(b"\n"));
+        r.map_err(|e| timed_out(e, "sending to the peer"))
     }
 
-    /// Receives one line (blocking).
+    /// Receives one line (blocking, for at most [`PEER_TIMEOUT`]).
     ///
     /// # Errors
     ///
-    /// The peer closed the connection or the read failed.
+    /// The peer closed the connection, sent nothing for
+    /// [`PEER_TIMEOUT`], sent a line longer than [`MAX_LINE`], or the read
+    /// failed.
     pub fn recv_line(&mut self) -> Result<String, PerfError> {
         self.reader.get_ref().set_nonblocking(false)?;
-        self.reader.get_ref().set_read_timeout(None)?;
+        self.reader.get_ref().set_read_timeout(Some(PEER_TIMEOUT))?;
+        let deadline = Instant::now() + PEER_TIMEOUT;
         loop {
             if let Some(l) = self.read_some()? {
                 return Ok(l);
+            }
+            if Instant::now() >= deadline {
+                return Err(failed(format!(
+                    "the peer sent nothing for {} s",
+                    PEER_TIMEOUT.as_secs()
+                )));
             }
         }
     }
@@ -175,19 +415,38 @@ impl PeerLink {
         r
     }
 
+    /// Takes what is there of the next line: `Some` once it is whole.
     fn read_some(&mut self) -> Result<Option<String>, PerfError> {
-        match self.reader.read_line(&mut self.partial) {
-            Ok(0) => Err(failed("the peer closed the connection")),
-            Ok(_) if self.partial.ends_with('\n') => {
-                let line = self.partial.trim_end().to_string();
-                self.partial.clear();
-                Ok(Some(line))
+        let avail = match self.reader.fill_buf() {
+            Ok([]) => return Err(failed("the peer closed the connection")),
+            Ok(b) => b,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(None)
             }
-            Ok(_) => Ok(None),
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Ok(None),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
+        };
+        let (take, whole) = match avail.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (avail.len(), false),
+        };
+        // Bounded: a peer that never sends a newline costs us MAX_LINE
+        // bytes, not its whole stream.
+        if self.partial.len() + take > MAX_LINE + 1 {
+            return Err(failed(format!("the peer sent a line longer than {MAX_LINE} bytes")));
         }
+        self.partial.extend_from_slice(&avail[..take]);
+        self.reader.consume(take);
+        if !whole {
+            return Ok(None);
+        }
+        let line = String::from_utf8(std::mem::take(&mut self.partial))
+            .map_err(|_| failed("the peer sent a line that is not text"))?;
+        Ok(Some(line.trim_end().to_string()))
     }
 
     /// Client side of the greeting: sends the signature, waits for `OK`.
@@ -212,6 +471,9 @@ impl PeerLink {
     ///
     /// A different test or flags (the client is told why), or I/O.
     pub fn hello_server(&mut self, p: &Params) -> Result<(), PerfError> {
+        if self.greeted {
+            return Ok(());
+        }
         let line = self.recv_line()?;
         let theirs = line
             .strip_prefix(GREETING)
@@ -248,8 +510,11 @@ impl PeerLink {
         self.reader.get_ref().set_nonblocking(false)?;
         let mut out = Vec::with_capacity(n);
         let mut buf = [0u8; KEY_MSG_SIZE_GID];
+        self.reader.get_ref().set_read_timeout(Some(PEER_TIMEOUT))?;
         for _ in 0..n {
-            self.reader.read_exact(&mut buf)?;
+            self.reader
+                .read_exact(&mut buf)
+                .map_err(|e| timed_out(e, "receiving the peer's key messages"))?;
             out.push(Dest::from_key_msg(&buf)?);
         }
         Ok(out)
@@ -339,6 +604,144 @@ mod tests {
         assert!(s.contains("link=shm") && s.contains("link=udp"), "{s}");
         let c = client.join().unwrap().unwrap_err();
         assert!(c.contains("the server refused") && c.contains("link=udp"), "{c}");
+    }
+
+    fn send_lat() -> Params {
+        super::super::args::testing::params(&["send_lat", "--link", "udp", "--server"]).unwrap()
+    }
+
+    /// A client of `send_lat` on `port`, in its own thread: its greeting's
+    /// outcome arrives on the channel.
+    fn good_client(port: u16) -> std::sync::mpsc::Receiver<Result<(), String>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = PeerLink::connect("127.0.0.1", port).and_then(|mut c| c.hello_client(&send_lat()));
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        });
+        rx
+    }
+
+    /// The server side in its own thread, bounded: the link's greeting
+    /// outcome and every line it logged.
+    fn server(l: TcpListener) -> std::thread::JoinHandle<(Result<(), String>, Vec<String>)> {
+        std::thread::spawn(move || {
+            let mut logged = Vec::new();
+            let r = PeerLink::accept_client(&l, &send_lat(), Some(Duration::from_secs(60)), &mut |m| {
+                logged.push(m.to_string())
+            });
+            (r.map(|_| ()).map_err(|e| e.to_string()), logged)
+        })
+    }
+
+    /// A connection that streams bytes without a newline and stays open
+    /// neither grows the server (a line is at most MAX_LINE bytes) nor
+    /// keeps it from the real client that comes next (before: `read_line`
+    /// without a bound took all of it, and the server never answered
+    /// anyone else).
+    #[test]
+    fn a_garbage_connection_is_dropped_and_the_client_served() {
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = server(l);
+        let garbage = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        // 64 KiB, no newline; the write may block once the server stops
+        // reading: a thread, bounded by the connection's end.
+        let g = garbage.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            let mut g = g;
+            let chunk = [b'x'; 4096];
+            for _ in 0..16 {
+                if g.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let client = good_client(port);
+        let got = client.recv_timeout(Duration::from_secs(30));
+        assert_eq!(got, Ok(Ok(())), "the real client was not served");
+        let (r, logged) = server.join().unwrap();
+        assert_eq!(r, Ok(()));
+        assert!(
+            logged.iter().any(|m| m.contains("bytes without a newline")),
+            "{logged:?}"
+        );
+        let _ = garbage.shutdown(std::net::Shutdown::Both);
+        writer.join().unwrap();
+    }
+
+    /// A connection that says nothing does not keep the server from the
+    /// client that comes after it (before: the server read the first
+    /// connection's line forever); a stranger's line and a client of
+    /// another test are dropped too, each with a line saying so.
+    #[test]
+    fn silent_and_wrong_connections_do_not_block_the_client() {
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = server(l);
+        let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut stranger = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stranger.write_all(b"GET / HTTP/1.0\r\n").unwrap();
+        let other = std::thread::spawn(move || {
+            let p = super::super::args::testing::params(&["send_bw", "--link", "udp", "--server"]).unwrap();
+            let mut c = PeerLink::connect("127.0.0.1", port).unwrap();
+            c.hello_client(&p).map_err(|e| e.to_string())
+        });
+        let refused = other.join().unwrap().unwrap_err();
+        assert!(refused.contains("the server refused"), "{refused}");
+        let client = good_client(port);
+        assert_eq!(client.recv_timeout(Duration::from_secs(30)), Ok(Ok(())));
+        let (r, logged) = server.join().unwrap();
+        assert_eq!(r, Ok(()));
+        let all = logged.join("\n");
+        assert!(all.contains("not a softverbs perf client: \"GET / HTTP/1.0\""), "{all}");
+        assert!(all.contains("a client of another test"), "{all}");
+        assert!(all.contains("another client came first"), "{all}: the silent one");
+        assert!(logged.iter().all(|m| !m.contains('\n')), "one line each: {logged:?}");
+    }
+
+    /// A connection that sends nothing is dropped after the greeting
+    /// time, and the server goes on; with an overall bound and no client,
+    /// it gives up.
+    #[test]
+    fn a_silent_connection_times_out() {
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let _silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut logged = Vec::new();
+        let r = accept_first_line(
+            &l,
+            Duration::from_millis(200),
+            Some(Duration::from_secs(2)),
+            |_, _| Ok(()),
+            &mut |m| logged.push(m.to_string()),
+        );
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert!(logged[0].contains("no line within 200ms"), "{logged:?}");
+    }
+
+    /// After the greeting, a line without an end is refused at MAX_LINE
+    /// bytes, not read on for ever.
+    #[test]
+    fn an_endless_line_after_the_greeting_is_refused() {
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = server(l);
+        let mut c = PeerLink::connect("127.0.0.1", port).unwrap();
+        c.hello_client(&send_lat()).unwrap();
+        assert_eq!(server.join().unwrap().0, Ok(()));
+        // Our own end reads what the peer sends: a fresh pair.
+        let l = listener(0).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let peer = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            let _ = s.write_all(&vec![b'y'; 3 * MAX_LINE]);
+            s
+        });
+        let mut link = PeerLink::accept(&l).unwrap();
+        let e = link.recv_line().unwrap_err().to_string();
+        assert!(e.contains("longer than 4096 bytes"), "{e}");
+        drop(peer.join().unwrap());
     }
 
     /// The server reaches IPv4 and IPv6 clients alike, and the address its

@@ -46,7 +46,7 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             writeln!(out, "* Waiting for client to connect... *")?;
             writeln!(out, "************************************")?;
             out.flush()?;
-            let link = PeerLink::listen(p.tcp_port)?;
+            let link = PeerLink::listen(p.tcp_port, &p)?;
             let dev = match dev {
                 Some(d) => d,
                 None => udp_device("perf_udp_server", link.local_ip()?, shm)?,

@@ -207,12 +207,7 @@ pub fn device_lines(s: &mut String, dev: &Device, a: &DeviceAttr, verbose: bool)
 /// and why: malformed, bad ICRC, unknown QP, wrong source, …), then the
 /// link's own counters. Nothing for other devices.
 pub fn soft_lines(s: &mut String, dev: &Device) {
-    let Some(soft) = dev
-        .ops()
-        .as_ref()
-        .as_any()
-        .downcast_ref::<softverbs::soft::SoftDevice>()
-    else {
+    let Some(soft) = softverbs::soft::SoftDevice::of(dev) else {
         return;
     };
     let shared = soft.shared();
@@ -228,7 +223,7 @@ pub fn soft_lines(s: &mut String, dev: &Device) {
         let _ = writeln!(s, "\tsoft_peer:\t\t\t{p}");
     }
     let _ = writeln!(s, "\tsoft_counters:");
-    for (name, value) in shared.counters().iter().chain(shared.link_stats()) {
+    for (name, value) in soft.counters() {
         let tabs = if name.len() >= 15 { "\t" } else { "\t\t" };
         let _ = writeln!(s, "\t\t{name}:{tabs}{value}");
     }

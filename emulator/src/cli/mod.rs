@@ -15,6 +15,7 @@ pub mod devinfo;
 pub mod perf;
 pub mod pingpong;
 pub mod sim;
+pub mod stats;
 
 use std::fmt;
 use std::io::{self, Write};

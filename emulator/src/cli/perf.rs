@@ -13,13 +13,19 @@
 //! $ softverbs perf send_lat -s 64 -n 10000
 //! $ softverbs --backend hw perf write_bw --server
 //! $ softverbs --backend hw perf write_bw --client server-host
+//! $ softverbs perf send_lat --link udp --server --stats   # counters at exit
 //! ```
+//!
+//! Counters ([`stats`]): `--stats` prints every soft device counter that
+//! moved at the end, `SIGUSR1` prints them to standard error during the
+//! run, and what was dropped or refused is said on standard error at the
+//! end of every run.
 
 use std::io::Write;
 
 use softverbs_benches::perftest::{self, PerfError};
 
-use super::{eprintln_safe, CliError, Env};
+use super::{eprintln_safe, stats, CliError, Env};
 
 /// Arguments of `softverbs perf` (perftest's flags).
 pub use softverbs_benches::perftest::PerfArgs as Args;
@@ -34,10 +40,27 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
     // With the `probes` feature: room for 4 Mi marks (32 MiB), and the
     // stages of this process's messages on stderr at the end.
     softverbs::soft::probe::start(1 << 22);
+    // Before any device (and its threads): SIGUSR1 prints the counters.
+    let usr1 = stats::OnSignal::start("softverbs: perf");
     let r = run_tests(env, args, out);
+    drop(usr1);
     if let Some(report) = softverbs::soft::probe::report() {
         eprint!("{report}");
     }
+    // The soft devices a run creates stay for the process: their
+    // counters are there after it, failed or not.
+    if args.stats {
+        let s = stats::all_counters();
+        let _ = out.write_all(
+            if s.is_empty() {
+                "no soft device counter moved\n"
+            } else {
+                &s
+            }
+            .as_bytes(),
+        );
+    }
+    stats::report_drops(&format!("softverbs: perf {}", args.test));
     r
 }
 

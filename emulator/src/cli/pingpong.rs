@@ -29,6 +29,15 @@
 //! buffer and prints the bandwidth; the server stays passive (with
 //! `--engine inline` it polls to make progress; `--engine thread` lets a
 //! progress thread answer while it blocks on TCP).
+//!
+//! The server takes connections side by side until one sends a valid
+//! address line: a connection that sends anything else, more than 4096
+//! bytes without a newline, or nothing for 10 s is dropped with one line
+//! on standard error, and the server goes on waiting (the perf exchange's
+//! [`accept_first_line`]). Every line of the exchange is bounded, and
+//! reads and writes give up after 60 s; only the passive end of `--op
+//! write` waits as long as the client's stream runs, looking at the
+//! connection every millisecond.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -45,7 +54,9 @@ use softverbs::verbs::{
     QpInitAttr, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
-use super::{eprintln_safe, CliError, Env};
+use softverbs_benches::perftest::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
+
+use super::{eprintln_safe, stats, CliError, Env};
 
 /// Arguments of `softverbs pingpong`.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,7 +126,8 @@ pub struct Args {
     /// Seconds the client keeps retrying to reach the server
     #[arg(long = "connect-timeout", default_value_t = 10)]
     pub connect_timeout: u64,
-    /// Print the soft device's counters at the end
+    /// Print the soft device's counters at the end (SIGUSR1 prints them
+    /// to stderr at any time; drops are said at the end regardless)
     #[arg(long)]
     pub stats: bool,
 }
@@ -225,7 +237,10 @@ struct Oob {
 impl Oob {
     fn new(s: TcpStream) -> Result<Oob, CliError> {
         let _ = s.set_nodelay(true);
-        let writer = s.try_clone().map_err(|e| fail(format!("TCP: {e}")))?;
+        let tcp = |e: std::io::Error| fail(format!("TCP: {e}"));
+        s.set_read_timeout(Some(PEER_TIMEOUT)).map_err(tcp)?;
+        s.set_write_timeout(Some(PEER_TIMEOUT)).map_err(tcp)?;
+        let writer = s.try_clone().map_err(tcp)?;
         Ok(Oob {
             reader: BufReader::new(s),
             writer,
@@ -235,15 +250,19 @@ impl Oob {
     fn send(&mut self, line: &str) -> Result<(), CliError> {
         self.writer
             .write_all(line.as_bytes())
-            .map_err(|e| fail(format!("sending to the peer: {e}")))
+            .map_err(|e| fail(format!("sending to the peer: {}", timeout_said(&e))))
     }
 
+    /// One line (with its newline), of at most [`MAX_LINE`] bytes, within
+    /// [`PEER_TIMEOUT`].
     fn recv(&mut self) -> Result<String, CliError> {
         let mut line = String::new();
-        match self.reader.read_line(&mut line) {
+        match (&mut self.reader).take(MAX_LINE as u64 + 1).read_line(&mut line) {
             Ok(0) => Err(fail("the peer closed the connection")),
-            Ok(_) => Ok(line),
-            Err(e) => Err(fail(format!("reading from the peer: {e}"))),
+            Ok(_) if line.ends_with('\n') => Ok(line),
+            Ok(n) if n > MAX_LINE => Err(fail(format!("the peer sent a line longer than {MAX_LINE} bytes"))),
+            Ok(_) => Err(fail("the peer closed the connection within a line")),
+            Err(e) => Err(fail(format!("reading from the peer: {}", timeout_said(&e)))),
         }
     }
 
@@ -263,6 +282,29 @@ impl Oob {
             Err(e) => Err(fail(format!("reading from the peer: {e}"))),
         }
     }
+}
+
+/// An I/O error of the connection, said as a timeout when it is one.
+fn timeout_said(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no progress for {} s", PEER_TIMEOUT.as_secs())
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// Waits on `listener` for a client whose first line is an address line
+/// ([`accept_first_line`]); returns its connection and its address.
+fn accept_client(listener: &TcpListener) -> Result<(TcpStream, Dest), CliError> {
+    let check = |line: &str, _: &mut TcpStream| {
+        Dest::parse(line).ok_or_else(|| {
+            let shown: String = line.chars().take(80).collect();
+            format!("not a pingpong address line: {shown:?}")
+        })
+    };
+    let log = &mut |m: &str| eprintln_safe(&format!("softverbs: pingpong: {m}"));
+    accept_first_line(listener, GREETING_TIMEOUT, None, check, log).map_err(|e| fail(format!("accept: {e}")))
 }
 
 fn connect(server: &str, port: u16, timeout: Duration) -> Result<TcpStream, CliError> {
@@ -287,6 +329,20 @@ fn connect(server: &str, port: u16, timeout: Duration) -> Result<TcpStream, CliE
     }
 }
 
+/// A port the device may be told to use: the peer takes a datagram from
+/// a port in RoCEv2's source-port range (0xC000-0xFFFF) for one from a
+/// standard GID, not the private GID such a device announces, and would
+/// drop every packet as from the wrong source.
+fn check_udp_port(p: u16) -> Result<(), String> {
+    match p {
+        0xc000..=0xffff => Err(format!(
+            "--udp-port {p}: 49152-65535 is RoCEv2's source-port range, where a peer cannot tell our GID; use 4791 or a \
+             port below 49152"
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn mtu_of(m: u32) -> Result<Mtu, CliError> {
     Ok(match m {
         256 => Mtu::Mtu256,
@@ -307,8 +363,13 @@ fn mtu_of(m: u32) -> Result<Mtu, CliError> {
 /// [`CliError::NotFound`] for an unknown `-d` device.
 pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     let mtu = mtu_of(args.mtu)?;
+    // Before any device (and its threads): SIGUSR1 prints the counters.
+    let _usr1 = stats::OnSignal::start("softverbs: pingpong");
     if args.iters == 0 || args.rx_depth == 0 || args.tx_depth == 0 {
         return Err(fail("--iters, --rx-depth and --tx-depth must be at least 1"));
+    }
+    if let Some(p) = args.udp_port {
+        check_udp_port(p).map_err(fail)?;
     }
     // A server told its address creates its device first, so that a client
     // on the same host cannot take the port it asked for in the meantime.
@@ -316,8 +377,11 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
         (None, Some(ip)) => Some(open_device(env, args, ip)?),
         _ => None,
     };
-    let stream = match &args.server {
-        Some(server) => connect(server, args.port, Duration::from_secs(args.connect_timeout))?,
+    let (stream, first) = match &args.server {
+        Some(server) => (
+            connect(server, args.port, Duration::from_secs(args.connect_timeout))?,
+            None,
+        ),
         None => {
             let listen = SocketAddr::new(
                 args.bind.unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
@@ -333,7 +397,8 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
                     }
                 })
                 .map_err(|e| fail(format!("listening on {listen}: {e}")))?;
-            listener.accept().map_err(|e| fail(format!("accept: {e}")))?.0
+            let (stream, remote) = accept_client(&listener)?;
+            (stream, Some(remote))
         }
     };
     let local_ip = match args.bind {
@@ -353,19 +418,18 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
         None => open_device(env, args, local_ip)?,
     };
     let res = Resources::new(&device, args, mtu)?;
-    let report = res.exchange_and_run(args, mtu, &mut oob, out);
-    if args.stats {
-        if let Some(d) = &soft {
-            let mut s = String::new();
-            for (k, v) in d.shared().counters().iter().chain(d.shared().link_stats()) {
-                if v != 0 {
-                    s.push_str(&format!("  {k}: {v}\n"));
-                }
-            }
+    let report = res.exchange_and_run(args, mtu, &mut oob, first, out);
+    if let Some(d) = &soft {
+        if args.stats {
+            let mut s = stats::counter_lines(d);
             for p in d.shared().link_peers() {
                 s.push_str(&format!("  peer: {p}\n"));
             }
             let _ = write!(out, "counters of {}:\n{s}", d.name());
+        }
+        // What was dropped is said after every run, asked or not.
+        if let Some(l) = stats::drop_line(d) {
+            eprintln_safe(&format!("softverbs: pingpong: {l}"));
         }
     }
     drop(res);
@@ -553,7 +617,16 @@ impl Resources {
             .map_err(verbs_fail("modify QP to RTS"))
     }
 
-    fn exchange_and_run(&self, args: &Args, mtu: Mtu, oob: &mut Oob, out: &mut dyn Write) -> Result<(), CliError> {
+    /// `first`: the client's address, which the server took when it
+    /// accepted the connection.
+    fn exchange_and_run(
+        &self,
+        args: &Args,
+        mtu: Mtu,
+        oob: &mut Oob,
+        first: Option<Dest>,
+        out: &mut dyn Write,
+    ) -> Result<(), CliError> {
         self.to_init()?;
         if args.op == Op::Send {
             for _ in 0..args.rx_depth {
@@ -577,7 +650,10 @@ impl Resources {
             oob.send(&local.line())?;
             Dest::parse(&oob.recv()?)
         } else {
-            let r = Dest::parse(&oob.recv()?);
+            let r = match first {
+                Some(d) => Some(d),
+                None => Dest::parse(&oob.recv()?),
+            };
             oob.send(&local.line())?;
             r
         }
@@ -746,17 +822,19 @@ impl Resources {
     ) -> Result<(), CliError> {
         let pattern = |i: usize| (i as u8).wrapping_mul(31).wrapping_add((i >> 12) as u8);
         if !client {
-            // Passive: the client writes into our buffer. Inline engines
-            // must be polled to make progress; a progress thread answers
-            // while we block.
-            if matches!(args.engine, Engine::Thread) || args.device.is_some() {
-                // Nothing to drive here: block on the connection.
-            } else {
-                let mut wc = [WorkCompletion::default(); 1];
-                while !oob.poll_line()? {
+            // Passive: the client writes into our buffer for as long as
+            // its stream runs. Inline engines must be polled to make
+            // progress; a progress thread (or hardware) answers while we
+            // look at the connection every millisecond.
+            let drive = !(matches!(args.engine, Engine::Thread) || args.device.is_some());
+            let mut wc = [WorkCompletion::default(); 1];
+            while !oob.poll_line()? {
+                if drive {
                     for _ in 0..64 {
                         let _ = self.cq.poll(&mut wc);
                     }
+                } else {
+                    std::thread::sleep(Duration::from_millis(1));
                 }
             }
             let line = oob.recv()?;
@@ -810,10 +888,8 @@ impl Resources {
         );
         write!(out, "{line}")?;
         oob.send(&format!("DONE {line}"))?;
-        // The server checks the data, then says goodbye.
-        let mut rest = String::new();
-        let _ = oob.reader.read_to_string(&mut rest);
-        if !rest.starts_with("BYE") {
+        // The server checks the data, then says goodbye (or closes).
+        if !oob.recv().is_ok_and(|l| l.starts_with("BYE")) {
             return Err(fail("the server reported a failure"));
         }
         Ok(())
@@ -823,6 +899,16 @@ impl Resources {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn udp_ports_of_the_entropy_range_are_refused() {
+        assert!(check_udp_port(4791).is_ok());
+        assert!(check_udp_port(40000).is_ok());
+        assert!(check_udp_port(49151).is_ok());
+        for p in [49152, 50000, 65535] {
+            assert!(check_udp_port(p).unwrap_err().contains("use 4791"), "{p}");
+        }
+    }
 
     #[test]
     fn address_lines_round_trip() {

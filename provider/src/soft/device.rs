@@ -19,6 +19,34 @@ use crate::verbs::{
     Result, Verb,
 };
 
+/// The counters of a soft device ([`SoftDevice::counters`]) that count a
+/// packet dropped or a peer refused: malformed packets, bad ICRCs,
+/// unknown destination QPs, packets a QP's transport, state, P_Key, source
+/// or Q_Key refuses, bad rkeys (unknown key, missing access, out of
+/// bounds), bad trains, and on the shared-memory link bad slots and
+/// exports and the channels refused. Present on every soft device; the
+/// `shm_` ones on the shared-memory link only.
+pub const DROP_COUNTERS: &[&str] = &[
+    "rx_malformed",
+    "rx_bad_icrc",
+    "rx_unknown_qp",
+    "rx_wrong_transport",
+    "rx_bad_state",
+    "rx_bad_pkey",
+    "rx_bad_source",
+    "rx_bad_qkey",
+    "rx_bad_rkey",
+    "rx_rkey_access",
+    "rx_rkey_bounds",
+    "rx_bad_train",
+    "shm_rx_bad_len",
+    "shm_rx_bad_index",
+    "shm_rx_bad_addr",
+    "shm_rx_bad_train",
+    "shm_rx_bad_export",
+    "shm_channels_refused",
+];
+
 /// Limits every soft device advertises (`ibv_query_device`).
 pub mod limits {
     /// Queue pairs per device.
@@ -282,6 +310,51 @@ impl SoftDevice {
     /// The device's engine (for drivers, counters and tests).
     pub fn shared(&self) -> &Arc<DeviceShared> {
         &self.shared
+    }
+
+    /// The soft device behind a verbs device handle, or `None` for a
+    /// device of another backend.
+    ///
+    /// ```
+    /// # softverbs::soft::embedded_default().unwrap();
+    /// let devices = softverbs::verbs::devices(Some(softverbs::verbs::BackendKind::Soft)).unwrap();
+    /// let soft = softverbs::soft::SoftDevice::of(&devices[0]).unwrap();
+    /// assert_eq!(soft.name(), devices[0].name());
+    /// ```
+    pub fn of(dev: &crate::verbs::Device) -> Option<&SoftDevice> {
+        downcast::<SoftDevice, _>(dev.ops())
+    }
+
+    /// Every counter of the device, by name, as `softverbs devinfo -v`
+    /// prints them: the engine's packet counters
+    /// ([`Counters`](super::proto::Counters), with what the link dropped
+    /// before the engine saw it added in), then the link's own (`udp_…`,
+    /// `shm_…`). A snapshot; each counter only grows while the device
+    /// lives. [`DROP_COUNTERS`] names those that count drops and
+    /// refusals.
+    ///
+    /// ```
+    /// # softverbs::soft::embedded_default().unwrap();
+    /// let devices = softverbs::verbs::devices(Some(softverbs::verbs::BackendKind::Soft)).unwrap();
+    /// let soft = softverbs::soft::SoftDevice::of(&devices[0]).unwrap();
+    /// let counters = soft.counters();
+    /// assert!(counters.iter().any(|&(name, _)| name == "rx_bad_icrc"));
+    /// ```
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.shared.counters().iter().chain(self.shared.link_stats()).collect()
+    }
+
+    /// The counters of [`SoftDevice::counters`] that count a packet
+    /// dropped or a peer refused ([`DROP_COUNTERS`]), in that order: what
+    /// the operator of a server watches for hostile or broken peers.
+    pub fn drop_counters(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self
+            .counters()
+            .into_iter()
+            .filter(|(n, _)| DROP_COUNTERS.contains(n))
+            .collect();
+        v.sort_by_key(|(n, _)| DROP_COUNTERS.iter().position(|d| d == n));
+        v
     }
 
     /// The device's GIDs (index order).

@@ -22,5 +22,5 @@ pub mod probe;
 pub mod proto;
 pub mod wire;
 
-pub use device::{embedded_default, provider, SoftDevice, SoftDeviceConfig};
+pub use device::{embedded_default, provider, SoftDevice, SoftDeviceConfig, DROP_COUNTERS};
 pub use engine::DeviceShared;

@@ -23,6 +23,8 @@
 //!             bytes at +48; without: the bytes at +16, and the addresses
 //!             are those of the ring's previous slot
 //!         bytes: len bytes of datagram, then ext bytes of extension
+//!             (written and read as whole u64 words; the last one's
+//!             bytes past the end are padding)
 //! ```
 //!
 //! A small datagram (an 8-byte RC SEND is 24 bytes) to the same
@@ -68,17 +70,40 @@
 //! expected (published), or what a correct producer left there a lap
 //! before (or 0 on the first lap; not yet published), or else proof of a
 //! broken peer; slot positions are always taken modulo [`SLOTS`] from the
-//! private count; the lengths (datagram plus extension), kind and flags
-//! are read once and checked against [`MAX_PAYLOAD`] and the known values
-//! before any byte is copied. Extensions
-//! are parsed from the private copy ([`TrainDesc::decode`],
-//! [`decode_forget`]), never from the slot. Payloads are copied out
-//! into private memory with volatile loads before the engine sees them,
-//! so a peer changing a slot mid-read can only change what we read, never
-//! where. No Rust reference into the mapping is ever created except the
-//! `AtomicU64`/`AtomicU32` views of the index, flag and `seq` words
-//! (atomics allow concurrent writers). The memfd is sealed against shrinking (checked on
-//! open), so the peer cannot truncate it under us (SIGBUS).
+//! private count; the header is read once, as two words (`len`/`ext`,
+//! then `kind`/`flags`/ports), and the lengths (datagram plus extension),
+//! kind and flags are checked on those private copies against
+//! [`MAX_PAYLOAD`] and the known values before any byte is copied; the
+//! addresses and bytes are copied out once into private memory, and only
+//! that copy is used: extensions are parsed from it ([`TrainDesc::decode`],
+//! [`decode_forget`]), the engine sees only it. Nothing is read from the
+//! slot twice, so a peer changing a slot mid-read can only change what we
+//! read, never where or how much. The memfd is sealed against shrinking
+//! (checked on open), so the peer cannot truncate it under us (SIGBUS).
+//!
+//! # Memory model
+//!
+//! Every access of this module to the region, in either direction, is an
+//! atomic load or store of an aligned word (no Rust reference to the
+//! region's bytes is ever created, only `AtomicU64`/`AtomicU32` views of
+//! single words): the peer may write any byte at any time, and a plain
+//! or volatile access racing with a write is undefined behaviour in the
+//! Rust memory model (volatile says nothing about concurrency), which
+//! would let the compiler assume, for example, that two reads of a slot
+//! agree. The ordering that matters is on the `seq` (release by the
+//! producer, acquire by the consumer), `tail` (release, acquire) and
+//! `sleep` (with SeqCst fences) words; the header, address and byte
+//! words are relaxed. Datagrams are copied in and out word by word (u64):
+//! on x86-64 a relaxed atomic load or store is a plain `mov`, so this
+//! costs only the wider SIMD copies the compiler may not use for atomics
+//! (measured with `ring_pingpong` in `docs/testing.md`).
+//!
+//! Each word has one size, which a peer (and the tests, playing one) uses
+//! too: `seq` u32 at +0, `len`/`ext` one u32 at +4, `kind` to `dst_port`
+//! one u64 at +8, and u64 words from +16 to the end of the slot; the
+//! control words as in the table. The ring's tests run under Miri, which
+//! checks every access for data races, on a region in private memory
+//! (Miri cannot map a memfd): see `docs/testing.md`.
 
 use std::fs::File;
 use std::io;
@@ -186,11 +211,111 @@ const _: () = assert!(SLOT_LEN.is_multiple_of(64) && MAX_PAYLOAD.is_multiple_of(
 const _: () = assert!(MAX_PAYLOAD <= u16::MAX as usize);
 const _: () = assert!(RING_LEN.is_multiple_of(4096));
 
+/// The aligned `u64` of the region at `p`, as an atomic: the only way
+/// this module reads or writes the region's words.
+///
+/// # Safety
+///
+/// `p` is 8-aligned and its 8 bytes lie inside a region that outlives
+/// `'a`. (Every access to the word, ours and a correct peer's, is atomic
+/// and of this size: see the module's docs.)
+unsafe fn at64<'a>(p: *mut u8) -> &'a AtomicU64 {
+    // SAFETY: aligned, valid for reads and writes for 'a (the caller's
+    // promise); concurrent accesses are atomic.
+    unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }
+}
+
+/// Copies `words` u64 words from the region at `src` into private memory
+/// at `dst`, each with one relaxed atomic load: a peer writing them
+/// meanwhile changes what we copy, and nothing else.
+///
+/// # Safety
+///
+/// `src` is 8-aligned and `src..src + 8 * words` lies inside a live
+/// region; `dst..dst + 8 * words` is private memory we may write (any
+/// alignment), not in the region.
+unsafe fn load_words(src: *mut u8, dst: *mut u8, words: usize) {
+    for k in 0..words {
+        // SAFETY: word `k` is inside the source range, 8-aligned (the
+        // caller's promise).
+        let w = unsafe { at64(src.add(8 * k)) }.load(Ordering::Relaxed);
+        // SAFETY: inside the destination range (the caller's promise).
+        unsafe { dst.add(8 * k).cast::<u64>().write_unaligned(w) };
+    }
+}
+
+/// Stores the bytes of `parts`, one after the other, into the region at
+/// `dst` as u64 words, each with one relaxed atomic store; the last word
+/// is padded with zeros. Returns the words stored (`total.div_ceil(8)`).
+///
+/// # Safety
+///
+/// `dst` is 8-aligned and the region holds `total.div_ceil(8)` words from
+/// it, `total` the parts' summed length.
+unsafe fn store_words<'p>(dst: *mut u8, parts: impl IntoIterator<Item = &'p [u8]>) -> usize {
+    let mut k = 0;
+    let mut put = |w: u64| {
+        // SAFETY: one of the total.div_ceil(8) words the caller vouched
+        // for: each call stores the next of them, for 8 bytes of the
+        // parts (or the last, padded, bytes).
+        unsafe { at64(dst.add(8 * k)) }.store(w, Ordering::Relaxed);
+        k += 1;
+    };
+    // A word being assembled across parts: `fill` bytes of `acc`.
+    let (mut acc, mut fill) = ([0u8; 8], 0);
+    for part in parts {
+        let mut p = part;
+        if fill > 0 {
+            let n = (8 - fill).min(p.len());
+            acc[fill..fill + n].copy_from_slice(&p[..n]);
+            fill += n;
+            p = &p[n..];
+            if fill < 8 {
+                continue;
+            }
+            // (`fill` is set again below, for what follows the word.)
+            put(u64::from_ne_bytes(acc));
+        }
+        let mut words = p.chunks_exact(8);
+        for w in &mut words {
+            put(u64::from_ne_bytes(w.try_into().unwrap_or([0; 8])));
+        }
+        let rest = words.remainder();
+        acc[..rest.len()].copy_from_slice(rest);
+        fill = rest.len();
+    }
+    if fill > 0 {
+        acc[fill..].fill(0);
+        put(u64::from_ne_bytes(acc));
+    }
+    k
+}
+
+/// [`at64`] for an aligned `u32`.
+///
+/// # Safety
+///
+/// As [`at64`], 4-aligned, 4 bytes.
+unsafe fn at32<'a>(p: *mut u8) -> &'a AtomicU32 {
+    // SAFETY: as in `at64`.
+    unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }
+}
+
 /// A mapped channel region.
 #[derive(Debug)]
 pub struct Region {
-    map: MmapRaw,
-    file: File,
+    mem: Mem,
+}
+
+/// What holds a region's bytes.
+#[derive(Debug)]
+enum Mem {
+    /// The channel's memfd, mapped shared.
+    Shared { map: MmapRaw, file: File },
+    /// Private memory standing in for the mapping: the tests' region
+    /// under Miri, which cannot map a memfd (see [`Region::in_heap`]).
+    #[cfg(test)]
+    Heap(std::sync::Arc<[AtomicU64]>),
 }
 
 impl Region {
@@ -204,16 +329,22 @@ impl Region {
         file.set_len(REGION_LEN as u64)?;
         sys::seal_size(&file)?;
         let region = Self::map(file)?;
-        let base = region.map.as_mut_ptr();
-        // SAFETY: the header page lies inside the fresh mapping (REGION_LEN
-        // bytes), which nobody else has seen yet; aligned u64/u32 stores.
-        unsafe {
-            std::ptr::write_volatile(base.cast::<u64>(), MAGIC);
-            std::ptr::write_volatile(base.add(8).cast::<u32>(), VERSION);
-            std::ptr::write_volatile(base.add(12).cast::<u32>(), SLOTS as u32);
-            std::ptr::write_volatile(base.add(16).cast::<u32>(), SLOT_LEN as u32);
-        }
+        region.format();
         Ok(region)
+    }
+
+    /// Writes the header page's format words.
+    fn format(&self) {
+        let base = self.base();
+        // SAFETY: the words lie in the header page, inside the region
+        // (REGION_LEN bytes from `base`), aligned for their size (`base`
+        // is 8-aligned); the region lives as long as `self`.
+        unsafe {
+            at64(base).store(MAGIC, Ordering::Relaxed);
+            at32(base.add(8)).store(VERSION, Ordering::Relaxed);
+            at32(base.add(12)).store(SLOTS as u32, Ordering::Relaxed);
+            at32(base.add(16)).store(SLOT_LEN as u32, Ordering::Relaxed);
+        }
     }
 
     /// Maps a region received from a peer, after checking that it cannot
@@ -233,15 +364,16 @@ impl Region {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "shm region too short"));
         }
         let region = Self::map(file)?;
-        let base = region.map.as_ptr();
+        let base = region.base();
         // SAFETY: the header page lies inside the mapping (length checked
-        // above, and it cannot shrink: sealed); aligned volatile loads.
+        // above, and it cannot shrink: sealed), which lives as long as
+        // `region`; aligned atomic loads (the peer may be writing).
         let (magic, version, slots, slot_len) = unsafe {
             (
-                std::ptr::read_volatile(base.cast::<u64>()),
-                std::ptr::read_volatile(base.add(8).cast::<u32>()),
-                std::ptr::read_volatile(base.add(12).cast::<u32>()),
-                std::ptr::read_volatile(base.add(16).cast::<u32>()),
+                at64(base).load(Ordering::Relaxed),
+                at32(base.add(8)).load(Ordering::Relaxed),
+                at32(base.add(12)).load(Ordering::Relaxed),
+                at32(base.add(16)).load(Ordering::Relaxed),
             )
         };
         if magic != MAGIC || version != VERSION || u64::from(slots) != SLOTS || slot_len as usize != SLOT_LEN {
@@ -261,12 +393,61 @@ impl Region {
             .len(REGION_LEN)
             .populate()
             .map_raw(file.as_raw_fd())?;
-        Ok(Region { map, file })
+        Ok(Region {
+            mem: Mem::Shared { map, file },
+        })
+    }
+
+    /// A region in private memory, formatted as [`Region::create`] does:
+    /// for tests that run under Miri, which cannot map a memfd (the ring
+    /// code does not tell the two apart). [`Region::alias`] gives the
+    /// peer's view of it.
+    #[cfg(test)]
+    pub(crate) fn in_heap() -> Region {
+        let words = std::sync::Arc::<[AtomicU64]>::new_zeroed_slice(REGION_LEN / 8);
+        // SAFETY: zero bytes are a valid AtomicU64.
+        let words = unsafe { words.assume_init() };
+        let region = Region { mem: Mem::Heap(words) };
+        region.format();
+        region
+    }
+
+    /// A second view of the same memory, as the peer has it (the memfd
+    /// opened again, or the same private memory): for tests.
+    #[cfg(test)]
+    pub(crate) fn alias(&self) -> Region {
+        match &self.mem {
+            Mem::Shared { file, .. } => Region::open(file.try_clone().expect("dup the memfd")).expect("open the memfd"),
+            Mem::Heap(words) => Region {
+                mem: Mem::Heap(std::sync::Arc::clone(words)),
+            },
+        }
     }
 
     /// The memfd (to pass to the peer, or for a test to scribble on).
+    ///
+    /// # Panics
+    ///
+    /// Only for a test's region in private memory, which has none.
     pub fn file(&self) -> &File {
-        &self.file
+        match &self.mem {
+            Mem::Shared { file, .. } => file,
+            #[cfg(test)]
+            Mem::Heap(_) => panic!("a test region in private memory has no memfd"),
+        }
+    }
+
+    /// The first byte of the region: page-aligned for a mapping,
+    /// 8-aligned for a test's private memory; `REGION_LEN` bytes follow.
+    fn base(&self) -> *mut u8 {
+        match &self.mem {
+            Mem::Shared { map, .. } => map.as_mut_ptr(),
+            // Written through: the words are atomics (interior
+            // mutability). `Arc::as_ptr` makes no reference to the whole
+            // slice (which Miri would retag, 4.5 MiB, on every access).
+            #[cfg(test)]
+            Mem::Heap(words) => std::sync::Arc::as_ptr(words).cast::<u8>().cast_mut(),
+        }
     }
 
     /// Pointer to byte `off` of ring `r`'s block.
@@ -274,23 +455,18 @@ impl Region {
         debug_assert!(r < 2 && off < RING_LEN);
         // SAFETY: 4096 + r * RING_LEN + off < REGION_LEN for r < 2 and
         // off < RING_LEN, so the result stays inside the mapping.
-        unsafe { self.map.as_mut_ptr().add(4096 + (r & 1) * RING_LEN + off % RING_LEN) }
+        unsafe { self.base().add(4096 + (r & 1) * RING_LEN + off % RING_LEN) }
     }
 
     fn index(&self, r: usize, off: usize) -> &AtomicU64 {
-        let p = self.ring_ptr(r, off).cast::<u64>();
-        // SAFETY: `p` is 8-aligned (page-aligned base, offset 128), in
-        // the mapping, which lives as long as `self`; an atomic view is
-        // sound under concurrent writes by the peer (all our accesses to
-        // this word are atomic).
-        unsafe { AtomicU64::from_ptr(p) }
+        // SAFETY: 8-aligned (8-aligned base, ring blocks of whole pages,
+        // `off` is OFF_TAIL), in the region, which lives as long as `self`.
+        unsafe { at64(self.ring_ptr(r, off)) }
     }
 
     fn sleep_flag(&self, r: usize) -> &AtomicU32 {
-        let p = self.ring_ptr(r, OFF_SLEEP).cast::<u32>();
-        // SAFETY: as in `index`: aligned, inside the mapping, only
-        // accessed atomically.
-        unsafe { AtomicU32::from_ptr(p) }
+        // SAFETY: as in `index`.
+        unsafe { at32(self.ring_ptr(r, OFF_SLEEP)) }
     }
 
     fn slot_ptr(&self, r: usize, i: u64) -> *mut u8 {
@@ -299,12 +475,10 @@ impl Region {
 
     /// The `seq` word of slot `i` of ring `r`.
     fn seq_word(&self, r: usize, i: u64) -> &AtomicU32 {
-        let p = self.slot_ptr(r, i).cast::<u32>();
-        // SAFETY: as in `index`: a slot starts on a 64-byte boundary
-        // (RING_CTRL and SLOT_LEN are multiples of 64) inside the mapping,
-        // which lives as long as `self`; every access to this word, ours
-        // and a correct peer's, is atomic.
-        unsafe { AtomicU32::from_ptr(p) }
+        // SAFETY: as in `index`: a slot starts on a 64-byte boundary of
+        // its ring (RING_CTRL and SLOT_LEN are multiples of 64) inside the
+        // region, which lives as long as `self`.
+        unsafe { at32(self.slot_ptr(r, i)) }
     }
 }
 
@@ -589,34 +763,23 @@ impl Producer {
         let h = slot_header(self.head, len as u16, ext.len() as u16, kind, flags, meta);
         let lens = u32::from_ne_bytes(h[4..8].try_into().unwrap_or([0; 4]));
         let rest = u64::from_ne_bytes(h[8..16].try_into().unwrap_or([0; 8]));
-        // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the mapping
-        // (index taken modulo SLOTS), 64-byte aligned; every write below
-        // stays in it: the header after the `seq` word (aligned volatile
-        // stores at 4..16), the addresses at 16..48, and the bytes at
-        // `at..at + len + ext <= SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN`
-        // (checked above against MAX_PAYLOAD; `len` is the sum of the
-        // parts, which are copied one after the other); the parts and
-        // `ext` are private memory, so the copies do not overlap.
+        // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the region
+        // (index taken modulo SLOTS), 64-byte aligned; every store below
+        // is an aligned atomic one inside it: the header after the `seq`
+        // word (u32 at 4, u64 at 8), the addresses (u64s at 16..48), and
+        // the bytes as u64 words from `at` (16 or 48), which end at most
+        // at `SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN` (len + ext <=
+        // MAX_PAYLOAD, checked above, and MAX_PAYLOAD is a whole number of
+        // words). Atomic, because the peer may access the slot meanwhile
+        // (a broken one): that garbles what it reads, and nothing here.
         unsafe {
-            std::ptr::write_volatile(slot.add(4).cast::<u32>(), lens);
-            std::ptr::write_volatile(slot.add(8).cast::<u64>(), rest);
+            at32(slot.add(OFF_LEN)).store(lens, Ordering::Relaxed);
+            at64(slot.add(OFF_KIND)).store(rest, Ordering::Relaxed);
             if !same {
                 let (src, dst) = (ip16(meta.src), ip16(meta.dst));
-                for k in 0..2 {
-                    let s = u64::from_ne_bytes(src[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
-                    let d = u64::from_ne_bytes(dst[8 * k..8 * k + 8].try_into().unwrap_or([0; 8]));
-                    std::ptr::write_volatile(slot.add(SLOT_HDR + 8 * k).cast::<u64>(), s);
-                    std::ptr::write_volatile(slot.add(SLOT_HDR + 16 + 8 * k).cast::<u64>(), d);
-                }
+                store_words(slot.add(SLOT_HDR), [&src[..], &dst[..]]);
             }
-            // A plain copy: the peer may read these bytes concurrently
-            // (a broken peer), which can only garble what it reads.
-            let mut to = slot.add(at);
-            for p in parts {
-                std::ptr::copy_nonoverlapping(p.as_ptr(), to, p.len());
-                to = to.add(p.len());
-            }
-            std::ptr::copy_nonoverlapping(ext.as_ptr(), to, ext.len());
+            store_words(slot.add(at), parts.iter().copied().chain([ext]));
         }
         region
             .seq_word(self.ring, self.head)
@@ -778,19 +941,24 @@ impl Consumer {
             Some(true) => {}
         }
         let slot = region.slot_ptr(self.ring, self.tail);
-        // SAFETY: `slot` starts a slot inside the mapping (index modulo
-        // SLOTS), 64-byte aligned; the header reads are aligned, within
-        // its first 16 bytes.
-        let (len, ext, kind, flags, src_port, dst_port) = unsafe {
+        // SAFETY: `slot` starts a slot inside the region (index modulo
+        // SLOTS), 64-byte aligned; the header words (u32 at 4, u64 at 8)
+        // are aligned, within its first 16 bytes. Ordered after the
+        // acquire load of `seq` in `ready`.
+        let (lens, rest) = unsafe {
             (
-                std::ptr::read_volatile(slot.add(OFF_LEN).cast::<u16>()) as usize,
-                std::ptr::read_volatile(slot.add(OFF_EXT).cast::<u16>()) as usize,
-                std::ptr::read_volatile(slot.add(OFF_KIND).cast::<u16>()),
-                std::ptr::read_volatile(slot.add(OFF_FLAGS).cast::<u16>()),
-                std::ptr::read_volatile(slot.add(OFF_PORTS).cast::<u16>()),
-                std::ptr::read_volatile(slot.add(OFF_PORTS + 2).cast::<u16>()),
+                at32(slot.add(OFF_LEN)).load(Ordering::Relaxed).to_ne_bytes(),
+                at64(slot.add(OFF_KIND)).load(Ordering::Relaxed).to_ne_bytes(),
             )
         };
+        // From here on only the private copies of the words are used.
+        let u16_at = |b: &[u8], o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
+        let (len, ext) = (
+            usize::from(u16_at(&lens, OFF_LEN - 4)),
+            usize::from(u16_at(&lens, OFF_EXT - 4)),
+        );
+        let (kind, flags) = (u16_at(&rest, OFF_KIND - 8), u16_at(&rest, OFF_FLAGS - 8));
+        let (src_port, dst_port) = (u16_at(&rest, OFF_PORTS - 8), u16_at(&rest, OFF_PORTS + 2 - 8));
         self.tail += 1;
         crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
         // Checked on our private copies of the words, once.
@@ -809,38 +977,35 @@ impl Consumer {
         }
         let total = len + ext;
         let at = if flags & FLAG_ADDRS != 0 {
-            let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
-            for k in 0..2 {
-                // SAFETY: aligned u64 loads at 16..48 of the slot, inside
-                // it as above.
-                let (s, d) = unsafe {
-                    (
-                        std::ptr::read_volatile(slot.add(SLOT_HDR + 8 * k).cast::<u64>()),
-                        std::ptr::read_volatile(slot.add(SLOT_HDR + 16 + 8 * k).cast::<u64>()),
-                    )
-                };
-                src[8 * k..8 * k + 8].copy_from_slice(&s.to_ne_bytes());
-                dst[8 * k..8 * k + 8].copy_from_slice(&d.to_ne_bytes());
-            }
-            self.addrs = (ip_of(src), ip_of(dst));
+            let mut a = [0u8; 32];
+            // SAFETY: four aligned u64 words at 16..48 of the slot, inside
+            // it as above, into the private array (32 bytes).
+            unsafe { load_words(slot.add(SLOT_HDR), a.as_mut_ptr(), 4) };
+            let (src, dst) = a.split_at(16);
+            let ip = |b: &[u8]| ip_of(b.try_into().unwrap_or([0; 16]));
+            self.addrs = (ip(src), ip(dst));
             self.fresh = true;
             SLOT_DATA_ADDRS
         } else {
             SLOT_HDR
         };
-        // No zero fill: the copy below initializes all `total` bytes.
+        // Whole words: the last may carry bytes past `total`, still in
+        // the slot, which the length below leaves out.
+        let words = total.div_ceil(8);
+        // No zero fill: the copy below initializes the first `total` bytes.
         buf.clear();
-        buf.reserve(total);
-        // SAFETY: the read covers `total` bytes from `at`, so ends at most
-        // at SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN (total <=
-        // MAX_PAYLOAD checked above, on our private copies of the
-        // lengths), inside the slot; into `buf`, which has room for
-        // `total` bytes (reserved) and does not overlap the mapping; its
-        // length is set once they are written. One copy into private
-        // memory, which is all the engine ever sees: a peer writing the
-        // slot meanwhile garbles the copy, never its bounds.
+        buf.reserve(8 * words);
+        // SAFETY: the words start at `at` (16 or 48: 8-aligned) and end at
+        // most at SLOT_DATA_ADDRS + MAX_PAYLOAD <= SLOT_LEN (total <=
+        // MAX_PAYLOAD checked above on our private copies of the lengths,
+        // and MAX_PAYLOAD is a whole number of words), inside the slot;
+        // into `buf`, which has room for them (reserved) and does not
+        // overlap the region; its length is set once the `total <= 8 *
+        // words` bytes are written. One copy into private memory, which is
+        // all the engine ever sees: a peer writing the slot meanwhile
+        // garbles the copy, never its bounds.
         unsafe {
-            std::ptr::copy_nonoverlapping(slot.add(at), buf.as_mut_ptr(), total);
+            load_words(slot.add(at), buf.as_mut_ptr(), words);
             buf.set_len(total);
         }
         if self.tail - self.freed >= FREE_EVERY {

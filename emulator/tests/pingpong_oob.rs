@@ -1,0 +1,97 @@
+//! The out-of-band TCP exchange of `softverbs pingpong` among strangers:
+//! a connection that streams garbage without a newline, or says nothing,
+//! reaches the server before the real client; the server drops it with a
+//! line on standard error and serves the client (before: it read the
+//! first connection's line without bound and for ever).
+
+mod pingpong_common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use pingpong_common::*;
+
+/// Connects to the server on `port` once it listens (bounded).
+fn connect_when_listening(port: u16) -> TcpStream {
+    let start = Instant::now();
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("the server never listened: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Runs a server, lets `stranger` connect first, then a client; returns
+/// the server's standard error after checking that both runs succeeded.
+fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
+    let port = free_tcp_port();
+    let p = port.to_string();
+    let common = ["-p", p.as_str(), "-s", "64", "-n", "50", "--warmup", "5"];
+    let mut server_args = vec!["--bind", "127.0.0.1"];
+    server_args.extend_from_slice(&common);
+    let server = spawn(None, &server_args);
+    let held = stranger(port);
+    let mut client_args = vec!["127.0.0.1"];
+    client_args.extend_from_slice(&common);
+    let client = spawn(None, &client_args);
+    let (c_ok, c_out, c_err) = finish(client);
+    let (s_ok, s_out, s_err) = finish(server);
+    drop(held);
+    assert!(
+        c_ok && s_ok,
+        "server ok={s_ok}\n{s_out}\n{s_err}\nclient ok={c_ok}\n{c_out}\n{c_err}"
+    );
+    check_send_report(&s_out, 50);
+    check_send_report(&c_out, 50);
+    s_err
+}
+
+#[test]
+fn a_garbage_connection_is_dropped_and_the_client_served() {
+    let err = serve_after(|port| {
+        let s = connect_when_listening(port);
+        let mut w = s.try_clone().unwrap();
+        // 64 KiB without a newline, the connection held open; the writes
+        // stop when the server closes it.
+        std::thread::spawn(move || {
+            for _ in 0..16 {
+                if w.write_all(&[b'x'; 4096]).is_err() {
+                    break;
+                }
+            }
+        });
+        s
+    });
+    assert!(
+        err.contains("softverbs: pingpong: dropped connection from 127.0.0.1:")
+            && err.contains("more than 4096 bytes without a newline"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_silent_connection_does_not_keep_the_client_waiting() {
+    let err = serve_after(connect_when_listening);
+    assert!(
+        err.contains("softverbs: pingpong: dropped connection from 127.0.0.1:"),
+        "{err}"
+    );
+    // Dropped for its silence, or when the client came first.
+    assert!(
+        err.contains("another client came first") || err.contains("no line within"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_stranger_line_is_dropped() {
+    let err = serve_after(|port| {
+        let mut s = connect_when_listening(port);
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        s
+    });
+    assert!(err.contains("not a pingpong address line: \"GET / HTTP/1.0\""), "{err}");
+}
