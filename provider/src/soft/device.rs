@@ -24,7 +24,9 @@ use crate::verbs::{
 /// unknown destination QPs, packets a QP's transport, state, P_Key, source
 /// or Q_Key refuses, bad rkeys (unknown key, missing access, out of
 /// bounds), bad trains, and on the shared-memory link bad slots and
-/// exports and the channels refused. Present on every soft device; the
+/// exports, the channels refused, and the rendezvous' refusals (an
+/// unproven GID, a doorbell of the wrong kind, a per-device limit, a
+/// connection that never said hello). Present on every soft device; the
 /// `shm_` ones on the shared-memory link only.
 pub const DROP_COUNTERS: &[&str] = &[
     "rx_malformed",
@@ -45,6 +47,11 @@ pub const DROP_COUNTERS: &[&str] = &[
     "shm_rx_bad_train",
     "shm_rx_bad_export",
     "shm_channels_refused",
+    "shm_refused_gid",
+    "shm_refused_doorbell",
+    "shm_refused_limit",
+    "shm_hello_timeouts",
+    "shm_hellos_dropped",
 ];
 
 /// Limits every soft device advertises (`ibv_query_device`).
