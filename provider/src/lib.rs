@@ -13,6 +13,7 @@
 //!
 //! See the [`verbs`] module for the memory-safety rule of the API.
 
+pub mod cm;
 #[cfg(feature = "hardware")]
 pub mod hw;
 #[cfg(target_os = "linux")]

@@ -1,0 +1,1 @@
+//! A sockets-like API over CM ids (to be filled in below).
