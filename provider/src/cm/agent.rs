@@ -584,9 +584,15 @@ impl Inner {
             .filter(|(_, id)| id.dev.as_ref().is_some_and(|(n, g)| n == name && *g == gen))
             .map(|(k, _)| *k)
             .collect();
+        let mut contexts = Vec::new();
         for key in keys {
             Self::remove_one(&mut st, key);
+            // The id's own handle on the device's context goes now, so the
+            // removal waits only for what the application holds.
+            contexts.extend(st.ids.get_mut(&key).and_then(|id| id.ctx.take()));
         }
+        drop(st);
+        drop(contexts);
     }
 
     fn remove_one(st: &mut State, key: u64) {

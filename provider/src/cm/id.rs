@@ -617,11 +617,24 @@ impl CmId {
         Ok(())
     }
 
-    /// Destroys the id now (what dropping it does), returning its QP
-    /// handle if the application still wants to drain it. Always succeeds,
-    /// also after `DeviceRemoval`.
+    /// Destroys the id now (what dropping it does). Always succeeds, also
+    /// after `DeviceRemoval`.
     pub fn destroy(self) {
         drop(self);
+    }
+
+    /// Moves the id's future events to `channel` (`rdma_migrate_id`);
+    /// events already queued stay where they are.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a destroyed id.
+    pub fn migrate(&self, channel: &super::EventChannel) -> Result<()> {
+        self.with(|st, k| {
+            let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
+            id.chan = channel.inner.clone();
+            Ok(())
+        })
     }
 }
 

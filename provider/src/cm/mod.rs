@@ -93,7 +93,7 @@ use std::time::Duration;
 
 pub use channel::EventChannel;
 pub use id::CmId;
-// SOCKET_REEXPORT
+pub use socket::{ConnOptions, Connection, ConnectionError, Listener};
 
 use crate::subsystem::{Generation, NamespaceId, Subsystem};
 use crate::verbs::{AhAttr, Gid};
