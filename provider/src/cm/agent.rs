@@ -525,6 +525,13 @@ impl Inner {
         c
     }
 
+    pub(crate) fn id_states(&self) -> Vec<(u64, &'static str)> {
+        let st = self.lock();
+        let mut v: Vec<_> = st.ids.iter().map(|(k, id)| (*k, id.state.name())).collect();
+        v.sort();
+        v
+    }
+
     pub(crate) fn id_count(&self) -> usize {
         self.lock().ids.len()
     }

@@ -500,6 +500,12 @@ impl Cm {
         self.shared.inner.id_count()
     }
 
+    /// Every id's number and state (including destroyed ones still in
+    /// time-wait), sorted by number: for diagnostics.
+    pub fn id_states(&self) -> Vec<(u64, &'static str)> {
+        self.shared.inner.id_states()
+    }
+
     /// The subsystem.
     pub fn subsystem(&self) -> &Arc<Subsystem> {
         &self.shared.inner.sub
