@@ -68,10 +68,6 @@ impl Core {
     /// counted.
     pub(super) fn gsi_receive(&mut self, d: &Datagram<'_>) {
         self.counters.rx_packets += 1;
-        let Some(sink) = self.gsi_sink.clone() else {
-            self.counters.rx_unknown_qp += 1;
-            return;
-        };
         let Ok(pkt) = Packet::parse(d.data) else {
             self.counters.rx_malformed += 1;
             return;
@@ -88,6 +84,11 @@ impl Core {
                 return;
             }
         }
+        // Counted as before the GSI existed when nobody owns QP1.
+        let Some(sink) = self.gsi_sink.clone() else {
+            self.counters.rx_unknown_qp += 1;
+            return;
+        };
         if pkt.headers.bth.opcode != Opcode::UdSendOnly {
             self.counters.rx_wrong_transport += 1;
             return;
@@ -140,5 +141,91 @@ impl Core {
         let before = self.tx.len();
         self.queue_packet(GSI_QPN, GSI_QPN, sgid_index, dst, MAD_LEN, data);
         self.tx.len() > before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::soft::proto::CoreConfig;
+    use crate::soft::SoftDevice;
+    use crate::verbs::{Gid, Guid};
+
+    #[derive(Debug, Default)]
+    struct Catch(Mutex<Vec<GsiMad>>);
+
+    impl GsiSink for Catch {
+        fn receive(&self, mad: GsiMad) {
+            self.0.lock().unwrap().push(mad);
+        }
+    }
+
+    fn core(ip: &str) -> Core {
+        Core::new(CoreConfig::new(
+            SoftDevice::default_attr(Guid(1)),
+            SoftDevice::default_port_attr(),
+            vec![Gid::from_ip(ip.parse().unwrap())],
+            1,
+        ))
+    }
+
+    fn deliver(to: &mut Core, t: &crate::soft::proto::Transmit) {
+        to.handle_datagram(
+            0,
+            Datagram {
+                src: t.src,
+                dst: t.dst,
+                src_port: t.src_port,
+                dst_port: t.dst_port,
+                data: &t.data,
+                train: None,
+            },
+        );
+    }
+
+    #[test]
+    fn a_mad_goes_from_qp1_to_the_peer_s_sink() {
+        let (mut a, mut b) = (core("10.1.1.1"), core("10.1.1.2"));
+        let sink = Arc::new(Catch::default());
+        b.set_gsi_sink(Some(sink.clone()));
+        let mut mad = [0u8; MAD_LEN];
+        mad[0] = 1;
+        mad[255] = 0xee;
+        assert!(a.gsi_send(0, "10.1.1.2".parse().unwrap(), &mad));
+        assert!(!a.gsi_send(3, "10.1.1.2".parse().unwrap(), &mad), "no such GID");
+        let t = a.poll_transmit().unwrap();
+        // BTH (12) + DETH (8) + MAD (256) + ICRC (4).
+        assert_eq!(t.data.len(), 12 + 8 + MAD_LEN + 4);
+        assert_eq!(t.data[0], 0x64); // UD SEND_ONLY
+        assert_eq!(&t.data[5..8], &[0, 0, 1]); // to QP1
+        assert_eq!(&t.data[12..16], &GSI_QKEY.to_be_bytes());
+        deliver(&mut b, &t);
+        let got = sink.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].src_qpn, got[0].mad), (1, mad));
+        assert_eq!(got[0].src, "10.1.1.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn wrong_qkey_bad_icrc_and_no_sink_are_dropped_and_counted() {
+        let (mut a, mut b) = (core("10.1.1.1"), core("10.1.1.2"));
+        let mad = [0u8; MAD_LEN];
+        a.gsi_send(0, "10.1.1.2".parse().unwrap(), &mad);
+        let t = a.poll_transmit().unwrap();
+        // Nobody owns QP1: an unknown QP, as before the GSI.
+        deliver(&mut b, &t);
+        assert_eq!(b.counters().rx_unknown_qp, 1);
+        let sink = Arc::new(Catch::default());
+        b.set_gsi_sink(Some(sink.clone()));
+        let mut bad = t.clone();
+        bad.data[12] ^= 1; // the Q_Key (and so the ICRC)
+        deliver(&mut b, &bad);
+        assert_eq!(b.counters().rx_bad_icrc, 1);
+        b.cfg.check_icrc = false;
+        deliver(&mut b, &bad);
+        assert_eq!(b.counters().rx_bad_qkey, 1);
+        assert!(sink.0.lock().unwrap().is_empty());
     }
 }
