@@ -259,3 +259,39 @@ fn event_channel_fd_is_readable_while_events_wait() {
     // chosen (loopback, as the kernel's routing would).
     assert_eq!(id.device().unwrap().0, w.names[1]);
 }
+
+#[test]
+fn connect_without_an_id_qp_gets_connect_response_then_establish() {
+    let w = world(88, 2, fast_config());
+    let sch = EventChannel::new().unwrap();
+    let _l = listener(&w.cm, &sch, PortSpace::Tcp, sa(88, 2, 7800));
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(88, 1), sa(88, 2, 7800));
+    // Without a QP or qp_num, connect is refused.
+    assert!(matches!(
+        c.connect(&ConnParam::default()),
+        Err(Error::InvalidState { .. })
+    ));
+    c.connect(&ConnParam {
+        qp_num: 0x42,
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    assert_eq!(req.conn.as_ref().unwrap().qp_num, 0x42);
+    let s = req.take_id().unwrap();
+    let _sr = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    let resp = expect(&ch, CmEventKind::ConnectResponse);
+    assert_eq!(resp.conn.as_ref().unwrap().qp_num, s.qp().unwrap().qp_num());
+    let (peer_qpn, _, _) = c.path().unwrap();
+    assert_eq!(peer_qpn, s.qp().unwrap().qp_num());
+    // The server waits for the RTU.
+    assert!(sch
+        .get_event(Some(std::time::Duration::from_millis(50)))
+        .unwrap()
+        .is_none());
+    c.establish().unwrap();
+    expect(&sch, CmEventKind::Established);
+    assert!(matches!(c.establish(), Err(Error::InvalidState { .. })));
+}

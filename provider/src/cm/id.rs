@@ -95,6 +95,20 @@ impl CmId {
         self.with(|st, k| Ok(st.ids.get(&k).and_then(|i| i.dst))).ok().flatten()
     }
 
+    /// What a QP of this connection needs for RTR and RTS, once the peer
+    /// answered: `(peer QPN, peer's first PSN = our rq_psn, our sq_psn)`.
+    pub fn path(&self) -> Option<(u32, u32, u32)> {
+        self.with(|st, k| {
+            Ok(st
+                .ids
+                .get(&k)
+                .filter(|i| i.remote_qpn != 0)
+                .map(|i| (i.remote_qpn, i.remote_psn, i.local_psn)))
+        })
+        .ok()
+        .flatten()
+    }
+
     /// The id's state, by rdma_cm's name (`ESTABLISHED`, `LISTEN`, …).
     pub fn state(&self) -> &'static str {
         self.with(|st, k| Ok(st.ids.get(&k).map_or("DESTROYED", |i| i.state.name())))
@@ -346,7 +360,7 @@ impl CmId {
     /// # Errors
     ///
     /// [`Error::InvalidState`] unless the route is resolved, or (TCP)
-    /// without a QP; [`Error::PrivateDataTooLong`].
+    /// with neither a QP nor `param.qp_num`; [`Error::PrivateDataTooLong`].
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
         let outs = self.with(|st, k| {
@@ -385,14 +399,21 @@ impl CmId {
             let msg = match ps {
                 PortSpace::Tcp => {
                     check_pd(&param.private_data, mad::REQ_PRIVATE - mad::CMA_HDR_LEN)?;
-                    let qp = id.qp.as_ref().ok_or_else(|| bad("connect without a QP", state))?;
+                    // The id's QP, or (rdma_cm's `qp_num`) one the
+                    // application drives itself: the REP then comes as
+                    // `ConnectResponse` and `establish` finishes.
+                    let qpn = match (&id.qp, param.qp_num) {
+                        (Some(qp), _) => qp.qp_num(),
+                        (None, n) if n != 0 => n,
+                        (None, _) => return Err(bad("connect without a QP or qp_num", state)),
+                    };
                     id.state = IdState::ReqSent;
                     CmMsg::Req(mad::Req {
                         local_comm_id: c,
                         service_id: mad::service_id(ps.number(), dst.port()),
                         local_ca_guid: guid,
                         local_qkey: 0,
-                        local_qpn: qp.qp_num(),
+                        local_qpn: qpn,
                         responder_resources: param.responder_resources,
                         initiator_depth: param.initiator_depth,
                         remote_cm_response_timeout: cfg.response_timeout,
@@ -573,20 +594,22 @@ impl CmId {
         Ok(())
     }
 
-    /// Completes a connection whose REP arrived before the id had a QP
-    /// (`rdma_establish`, after `ConnectResponse`): moves the QP to RTR and
-    /// RTS and sends the RTU.
+    /// Completes a connection whose REP came as `ConnectResponse` (the
+    /// id had no QP at connect; `rdma_establish`): moves the id's QP, if it
+    /// has one now, to RTR and RTS, and sends the RTU. An application that
+    /// drives its own QP moves it first ([`CmId::path`] has the peer's
+    /// QPN and PSNs).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidState`] unless a `ConnectResponse` came and the id
-    /// has a QP; the verbs error if the QP refuses its states.
+    /// [`Error::InvalidState`] unless a `ConnectResponse` came; the verbs
+    /// error if the QP refuses its states.
     pub fn establish(&self) -> Result<()> {
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let sgid = st_sgid(&st.devices, &st.ids[&k]);
             let id = st.ids.get_mut(&k).expect("alive");
-            if id.state != IdState::RepRcvd || id.qp.is_none() {
+            if id.state != IdState::RepRcvd {
                 return Err(bad("establish", id.state));
             }
             connect_qp(id, sgid)?;
