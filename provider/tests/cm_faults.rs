@@ -227,3 +227,65 @@ fn malformed_mads_on_qp1_are_dropped_and_counted() {
     }
     assert_eq!(w.cm.counters().rx_dropped, 2);
 }
+
+#[test]
+fn hostile_mads_never_break_the_cm() {
+    let w = world(125, 2, fast_config());
+    let sch = EventChannel::new().unwrap();
+    let _l = listener(&w.cm, &sch, PortSpace::Tcp, "0.0.0.0:8300".parse().unwrap());
+    let dev = w.sub.device(&w.names[0]).unwrap().soft_device().unwrap();
+    // Valid CM headers, every handled attribute, random bodies (a fixed
+    // generator: reproducible).
+    let mut x: u64 = 0x1234_5678_9abc_def0;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for i in 0..400u32 {
+        let mut m = [0u8; 256];
+        for b in m.iter_mut() {
+            *b = next() as u8;
+        }
+        m[..4].copy_from_slice(&[1, 0x07, 2, 3]);
+        m[16] = 0;
+        m[17] = 0x10 + (i % 9) as u8;
+        if i % 3 == 0 {
+            // A REQ to the listener's service with a plausible header.
+            m[17] = 0x10;
+            m[24 + 8..24 + 16].copy_from_slice(&mad::service_id(0x0106, 8300).to_be_bytes());
+            m[24 + 140] = 0;
+            m[24 + 141] = 0x40;
+        }
+        assert!(dev.shared().gsi_send(0, ip(125, 2), &m));
+    }
+    // Requests may have reached the listener (bounded by its backlog);
+    // reject them all, then a real connection still works.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while w.cm.counters().rx_mads < 400 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    while let Some(mut ev) = sch.try_get_event() {
+        if let Some(id) = ev.take_id() {
+            let _ = id.reject(&[]);
+        }
+    }
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(125, 1), sa(125, 2, 8300));
+    let _cr = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    // Late hostile requests may still come first: reject those.
+    let s = loop {
+        let mut req = expect(&sch, CmEventKind::ConnectRequest);
+        let id = req.take_id().unwrap();
+        if req.peer == c.local_addr() {
+            break id;
+        }
+        let _ = id.reject(&[]);
+    };
+    let _sr = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, CmEventKind::Established);
+    assert!(w.cm.counters().backlog_drops + w.cm.counters().rx_dropped > 0);
+}
