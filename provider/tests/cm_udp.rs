@@ -180,6 +180,7 @@ fn capture_decodes_as_infiniband_cm() {
             "-e",
             "infiniband.mad.mgmtclass",
         ])
+        .stderr(Stdio::null())
         .output()
         .expect("tshark -r");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
