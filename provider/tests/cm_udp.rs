@@ -118,7 +118,11 @@ fn connect_over_udp_with_progress_threads() {
 
 #[test]
 fn capture_decodes_as_infiniband_cm() {
-    let have = Command::new("tshark").arg("--version").stdout(Stdio::null()).status();
+    let have = Command::new("tshark")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
     if !have.is_ok_and(|s| s.success()) {
         println!("SKIP: tshark is not installed");
         return;
