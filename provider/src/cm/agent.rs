@@ -305,9 +305,13 @@ impl State {
                 return;
             }
         }
-        // Nobody to tell (a destroyed id); a ConnectRequest's new id is
-        // rejected by the event's drop, which must not run under the lock.
-        std::mem::forget(ev);
+        // Nobody to tell (a destroyed id). An event carrying a new id
+        // would reject it in its drop, which takes the state lock held
+        // here: forget the id instead (the listener is gone, so no such
+        // event is ever made; this is a guard) and drop the rest.
+        let mut ev = ev;
+        ev.new_id = None;
+        drop(ev);
     }
 
     pub(crate) fn post_kind(&self, key: u64, kind: CmEventKind) {
