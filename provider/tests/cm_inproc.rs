@@ -295,3 +295,26 @@ fn connect_without_an_id_qp_gets_connect_response_then_establish() {
     expect(&sch, CmEventKind::Established);
     assert!(matches!(c.establish(), Err(Error::InvalidState { .. })));
 }
+
+#[test]
+fn a_listener_dropped_with_untaken_requests_rejects_them() {
+    let w = world(89, 2, fast_config());
+    let sch = EventChannel::new().unwrap();
+    let l = listener(&w.cm, &sch, PortSpace::Tcp, sa(89, 2, 7900));
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(89, 1), sa(89, 2, 7900));
+    let _r = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    // The request is queued on the server's channel; nobody takes it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while sch.pending() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let before = w.cm.id_count();
+    drop(l);
+    let ev = expect(&ch, CmEventKind::Rejected);
+    assert_eq!(ev.status, 28);
+    // The listener and its child are gone; only the client is left.
+    assert_eq!(w.cm.id_count(), before - 2);
+    drop(sch); // the queued event's id is gone: dropping it is harmless
+}

@@ -724,6 +724,41 @@ impl Drop for CmId {
                         });
                         outs.extend(st.out_for(k, msg));
                     }
+                    IdState::Listen => {
+                        // Requests nobody took from this listener are
+                        // refused now, not left for ever.
+                        let pending: Vec<u64> = st
+                            .ids
+                            .iter()
+                            .filter(|(_, c)| {
+                                c.listener == Some(k) && matches!(c.state, IdState::ReqRcvd | IdState::SidrReqRcvd)
+                            })
+                            .map(|(ck, _)| *ck)
+                            .collect();
+                        for ck in pending {
+                            let c = &st.ids[&ck];
+                            let msg = if c.state == IdState::ReqRcvd {
+                                CmMsg::Rej(mad::Rej {
+                                    local_comm_id: c.local_comm_id,
+                                    remote_comm_id: c.remote_comm_id,
+                                    message_rejected: MsgRef::Req,
+                                    reason: mad::rej::CONSUMER_REJECT,
+                                    private_data: Vec::new(),
+                                })
+                            } else {
+                                CmMsg::SidrRep(mad::SidrRep {
+                                    request_id: c.remote_comm_id,
+                                    status: 2,
+                                    qpn: 0,
+                                    service_id: 0,
+                                    qkey: 0,
+                                    private_data: Vec::new(),
+                                })
+                            };
+                            outs.extend(st.out_for(ck, msg));
+                            agent::forget_id(&mut st, ck);
+                        }
+                    }
                     IdState::SidrReqRcvd => {
                         let id = &st.ids[&k];
                         let msg = CmMsg::SidrRep(mad::SidrRep {
