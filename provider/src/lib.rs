@@ -4,6 +4,8 @@
 //!   address handles, work requests and completions, async events), with
 //!   libibverbs semantics and typed errors that carry the errno hardware
 //!   returns.
+//! - [`cm`]: the connection manager (rdma_cm's semantics, IBTA CM MADs on
+//!   QP1 between soft devices, hotplug and namespaces handled once).
 //! - [`soft`]: the soft provider, a verbs device in pure Rust speaking RoCEv2
 //!   (no kernel module, no root, no NIC).
 //! - `hw` (feature `hardware`): the same API over real ibverbs via rdma-sys.
@@ -16,6 +18,7 @@
 //!
 //! See the [`verbs`] module for the memory-safety rule of the API.
 
+pub mod cm;
 #[cfg(feature = "hardware")]
 pub mod hw;
 #[cfg(target_os = "linux")]

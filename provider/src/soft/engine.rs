@@ -54,6 +54,7 @@
 //! busy threads.
 
 mod acks;
+mod gsi;
 mod progress;
 
 use std::collections::HashMap;

@@ -27,6 +27,7 @@
 mod completer;
 mod cq;
 mod fast;
+pub mod gsi;
 mod memops;
 mod mr;
 mod post;
@@ -333,6 +334,8 @@ pub struct Core {
     fatal: bool,
     /// Where trains may go; none without a route.
     train_route: Option<TrainRouteRef>,
+    /// Where QP1 (GSI) MADs go ([`gsi`]); none: QP1 is unknown.
+    gsi_sink: Option<std::sync::Arc<dyn gsi::GsiSink>>,
 }
 
 /// The requester's view of the link for trains.
@@ -367,6 +370,7 @@ impl Core {
             revoked: false,
             fatal: false,
             train_route: None,
+            gsi_sink: None,
         }
     }
 

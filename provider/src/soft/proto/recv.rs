@@ -119,6 +119,11 @@ impl Core {
         if self.cfg.fast_paths && self.fast_request(&d) {
             return;
         }
+        if super::gsi::is_qp1(d.data) {
+            // QP1 is the GSI, not a verbs QP (see `gsi`).
+            self.gsi_receive(&d);
+            return;
+        }
         self.counters.rx_packets += 1;
         let pkt = match Packet::parse(d.data) {
             Ok(p) => p,
