@@ -460,20 +460,17 @@ impl DeviceShared {
         // posting a receive or an empty poll, send nothing).
         let mut out = Vec::new();
         let mut events = Vec::new();
-        if threaded && core.has_transmit() && self.progress.awake.load(Ordering::SeqCst) {
-            // The progress thread is spinning: it sends on its next
-            // turn, and this thread makes no system call.
-            self.progress.pending.store(true, Ordering::Release);
-            while let Some(e) = core.poll_event() {
-                events.push(e);
-            }
-        } else {
-            Self::drain_locked(&mut core, &mut out, &mut events);
-            if self.network && !threaded {
-                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                held.sort(&mut out, now, hold, flush_acks);
-                self.held_none.store(held.is_empty(), Ordering::Relaxed);
-            }
+        // Whatever the verb produced leaves now, from this thread, even
+        // while a progress thread spins: a UC or UD send completes when
+        // its last packet is built, so a completion the application can
+        // poll must never stand for a datagram still waiting for another
+        // thread's turn (an application that exits after its last
+        // completion would lose it, and its peer would wait forever).
+        Self::drain_locked(&mut core, &mut out, &mut events);
+        if self.network && !threaded {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.sort(&mut out, now, hold, flush_acks);
+            self.held_none.store(held.is_empty(), Ordering::Relaxed);
         }
         if threaded {
             let deadline = core.poll_timeout();
