@@ -1252,24 +1252,9 @@ pub unsafe extern "C" fn __softverbs_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int
 
 // ---------------------------------------------------------------- QP
 
-/// The smallest send queue a QP gets when it asks for one at all.
-///
-/// An unsignaled send keeps its slot until an ACK retires it, and a
-/// requester whose queue would fill asks for an ACK with every message:
-/// with perftest's latency tests (tx depth 1) each message then cost its
-/// peer an ACK datagram (a system call on UDP, ~1 µs one way). Providers
-/// may give more than asked (`ibv_create_qp` reports the actual capacity,
-/// and mlx5 rounds its queues up alike); with 64 slots the requester asks
-/// for an ACK about every 32 unsignaled messages.
-const MIN_SEND_WR: u32 = 64;
-
 fn cap_from(c: &ibv_qp_cap) -> QpCap {
     QpCap {
-        max_send_wr: if c.max_send_wr == 0 {
-            0
-        } else {
-            c.max_send_wr.max(MIN_SEND_WR)
-        },
+        max_send_wr: c.max_send_wr,
         max_recv_wr: c.max_recv_wr,
         max_send_sge: c.max_send_sge,
         max_recv_sge: c.max_recv_sge,
