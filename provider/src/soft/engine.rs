@@ -46,9 +46,11 @@
 //! runs timers and sends, busy-polling for `spin` after the last work and
 //! then sleeping on a `mio` poller. Use it for targets of one-sided
 //! operations, applications that block (completion channels, `epoll`,
-//! async runtimes) and background progress in general. Posting while the
-//! thread is awake costs no system call (the thread sends); while it sleeps
-//! the posting thread sends itself. Each wake-up of a sleeping thread costs
+//! async runtimes) and background progress in general. The posting thread
+//! sends what its verb produced itself, whether the progress thread spins
+//! or sleeps: a UC or UD send completes when its packet is built, and the
+//! packet must have left by the time that completion can be polled. Each
+//! wake-up of a sleeping thread costs
 //! a context switch (~50 µs here), and a spinning thread is one more
 //! runnable thread: set `spin` to zero on a machine with fewer cores than
 //! busy threads.
