@@ -46,9 +46,11 @@
 //! runs timers and sends, busy-polling for `spin` after the last work and
 //! then sleeping on a `mio` poller. Use it for targets of one-sided
 //! operations, applications that block (completion channels, `epoll`,
-//! async runtimes) and background progress in general. Posting while the
-//! thread is awake costs no system call (the thread sends); while it sleeps
-//! the posting thread sends itself. Each wake-up of a sleeping thread costs
+//! async runtimes) and background progress in general. The posting thread
+//! sends what its verb produced itself, whether the progress thread spins
+//! or sleeps: a UC or UD send completes when its packet is built, and the
+//! packet must have left by the time that completion can be polled. Each
+//! wake-up of a sleeping thread costs
 //! a context switch (~50 µs here), and a spinning thread is one more
 //! runnable thread: set `spin` to zero on a machine with fewer cores than
 //! busy threads.
@@ -461,20 +463,17 @@ impl DeviceShared {
         // posting a receive or an empty poll, send nothing).
         let mut out = Vec::new();
         let mut events = Vec::new();
-        if threaded && core.has_transmit() && self.progress.awake.load(Ordering::SeqCst) {
-            // The progress thread is spinning: it sends on its next
-            // turn, and this thread makes no system call.
-            self.progress.pending.store(true, Ordering::Release);
-            while let Some(e) = core.poll_event() {
-                events.push(e);
-            }
-        } else {
-            Self::drain_locked(&mut core, &mut out, &mut events);
-            if self.network && !threaded {
-                let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-                held.sort(&mut out, now, hold, flush_acks);
-                self.held_none.store(held.is_empty(), Ordering::Relaxed);
-            }
+        // Whatever the verb produced leaves now, from this thread, even
+        // while a progress thread spins: a UC or UD send completes when
+        // its last packet is built, so a completion the application can
+        // poll must never stand for a datagram still waiting for another
+        // thread's turn (an application that exits after its last
+        // completion would lose it, and its peer would wait forever).
+        Self::drain_locked(&mut core, &mut out, &mut events);
+        if self.network && !threaded {
+            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.sort(&mut out, now, hold, flush_acks);
+            self.held_none.store(held.is_empty(), Ordering::Relaxed);
         }
         if threaded {
             let deadline = core.poll_timeout();

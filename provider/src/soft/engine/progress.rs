@@ -5,14 +5,15 @@
 //! engine deadline).
 //!
 //! Hand-off with application threads (in [`DeviceShared::with_core`]): a
-//! verb that leaves datagrams in the engine while the thread is **awake**
-//! only raises a flag, which the spinning thread picks up on its next turn
-//! (no system call); while it **sleeps**, the application thread sends them
-//! itself (one `sendmmsg`, no wake-up) and wakes the thread only if it
-//! armed an earlier deadline than the one the thread sleeps towards (a new
+//! verb sends what it produced itself, whether the thread spins or sleeps
+//! (a UC or UD send completes when its packet is built, so the packet must
+//! have left when the application can poll the completion: one that exits
+//! right after its last completion must not take its last datagram with
+//! it). While the thread sleeps, the verb wakes it only if it armed an
+//! earlier deadline than the one the thread sleeps towards (a new
 //! retransmission timer). The thread announces sleep (`awake = false`)
 //! before it takes the engine lock for its last look, and application
-//! threads read `awake` under that lock, so work is never stranded.
+//! threads read `awake` under that lock, so no deadline is missed.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -66,8 +67,6 @@ pub(crate) struct Progress {
     mode: OnceLock<EngineMode>,
     /// The thread is spinning (or working), not sleeping.
     pub(crate) awake: AtomicBool,
-    /// An application thread left datagrams in the engine for the thread.
-    pub(crate) pending: AtomicBool,
     /// The engine deadline the sleeping thread wakes up for.
     pub(crate) armed: AtomicU64,
     /// The engine's next deadline, refreshed at the end of every engine
@@ -167,9 +166,8 @@ impl DeviceShared {
             guard.get_or_insert_with(|| self.lock()).handle_datagram(now, d);
         });
         let due = self.progress.deadline.load(Ordering::Relaxed) <= now;
-        let pending = self.progress.pending.swap(false, Ordering::AcqRel);
         let inbox = !self.inbox.is_empty();
-        if n == 0 && !due && !pending && !inbox && guard.is_none() {
+        if n == 0 && !due && !inbox && guard.is_none() {
             return !self.link.flush();
         }
         let mut core = match guard {
@@ -181,7 +179,7 @@ impl DeviceShared {
         Self::progress_locked(&mut core, &self.inbox, now);
         Self::drain_locked(&mut core, &mut out, &mut events);
         self.progress.set_deadline(core.poll_timeout());
-        let worked = n > 0 || pending || !out.is_empty() || !events.is_empty();
+        let worked = n > 0 || !out.is_empty() || !events.is_empty();
         if self.network {
             Self::send_recycling(&self.link, &mut core, &mut out);
         }
@@ -220,7 +218,7 @@ fn run(dev: Weak<DeviceShared>, mut poll: Poll, spin: Duration, _waker: Arc<Wake
         d.progress.awake.store(false, Ordering::SeqCst);
         let (busy, deadline) = {
             let core = d.lock();
-            let busy = core.has_transmit() || d.progress.pending.load(Ordering::SeqCst) || !d.inbox.is_empty();
+            let busy = core.has_transmit() || !d.inbox.is_empty();
             let deadline = core.poll_timeout();
             d.progress
                 .armed

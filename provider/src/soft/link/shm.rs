@@ -1312,8 +1312,9 @@ impl Link for ShmLink {
 
     fn woken(&self) {
         // As after a sleep: the next receive drains the doorbell, runs the
-        // slow path (listeners, peers) and reads UDP.
+        // slow path (listeners, peers) and reads UDP (every socket).
         self.armed.store(true, Ordering::Release);
+        self.udp.woken();
     }
 
     fn prepare_sleep(&self) -> bool {

@@ -404,6 +404,11 @@ pub struct UdpLink {
     gso_mode: GsoMode,
     gso_ok: AtomicBool,
     detached: AtomicBool,
+    /// The caller is about to sleep on (or was woken by) a poller that may
+    /// be edge-triggered: the next receive reads every socket until dry
+    /// (no probe, no skipping of quiet sockets), so that no datagram whose
+    /// readiness was already reported stays behind.
+    armed: AtomicBool,
     stats: AtomicStats,
     rcvbuf: i32,
 }
@@ -498,6 +503,7 @@ impl UdpLink {
             gso_mode: cfg.gso,
             gso_ok: AtomicBool::new(gso_ok),
             detached: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
             stats: AtomicStats::default(),
             rcvbuf,
         }))
@@ -909,6 +915,18 @@ impl Link for UdpLink {
 
     fn poll_fds(&self) -> Vec<RawFd> {
         self.socks.iter().flat_map(Sock::fds).collect()
+    }
+
+    fn woken(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
+    fn prepare_sleep(&self) -> bool {
+        // The wake-up that ends the sleep is a `woken`: a probe may leave
+        // a quiet socket unread, which an edge-triggered poller would not
+        // report again.
+        self.woken();
+        true
     }
 
     fn needs_icrc(&self) -> bool {

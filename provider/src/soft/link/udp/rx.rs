@@ -134,7 +134,10 @@ impl UdpLink {
         // ping-pong's reply is not held up by a second system call. The
         // next call probes again, unless two calls in a row found
         // datagrams (a stream: see `GroPolicy::after_call`).
-        let probe = rx.policy.probe();
+        // After a wake-up every socket is read until dry (see `armed`); if
+        // the budget ran out first, the next call does it again.
+        let woke = self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel);
+        let probe = !woke && rx.policy.probe();
         // Each empty receive call is ~0.3–0.5 µs on our VMs, and a probe
         // of two sockets makes a datagram wait for the other one's call.
         // So once the bound sockets beside live twins found nothing for
@@ -183,6 +186,9 @@ impl UdpLink {
             }
         }
         rx.icrc = icrc;
+        if woke && total >= budget {
+            self.armed.store(true, Ordering::Release);
+        }
         if let Some(on) = rx.policy.after_call(total) {
             self.switch_gro(on, &mut rx.policy);
         }
