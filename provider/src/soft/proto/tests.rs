@@ -846,4 +846,5 @@ fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
 mod ack_req;
 mod fast;
 mod go_back;
+mod keys;
 mod trains;
