@@ -885,4 +885,6 @@ impl Consumer {
 }
 
 #[cfg(test)]
+mod mutant_tests;
+#[cfg(test)]
 mod tests;
