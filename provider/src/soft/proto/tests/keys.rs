@@ -485,3 +485,246 @@ fn fast_registration_checks_its_access_and_pd_and_invalidation_frees_it() {
     };
     assert_eq!(local(&mut k.n, reg), WcStatus::MwBindErr);
 }
+
+// ----- the responder's checks of remote requests and receive buffers -----
+
+fn set_qp_access(n: &mut Node, access: AccessFlags) {
+    let attr = QpAttr {
+        qp_access_flags: access,
+        ..QpAttr::default()
+    };
+    n.core.modify_qp(0, n.qpn, &attr, QpAttrMask::ACCESS_FLAGS).unwrap();
+}
+
+fn atomic_req(n: &Node, va_off: u64, rkey: u32) -> PacketRepr {
+    let mut h = req(Opcode::RcFetchAdd, n.qpn, RQ_PSN);
+    h.atomic_eth = Some(AtomicEthRepr {
+        va: n.mem.addr() + va_off,
+        rkey,
+        swap_add: 5,
+        compare: 0,
+    });
+    h
+}
+
+/// The request `n` answers with a NAK of `code`, its QP then in ERR.
+fn naks(n: &mut Node, h: &PacketRepr, payload: &[u8], code: NakCode) {
+    n.inject(0, h, payload);
+    let out = n.sent();
+    assert_eq!(out.len(), 1, "{:?}: one NAK", h.bth.opcode);
+    assert_eq!(aeth_of(&out[0].0), Syndrome::Nak(code), "{:?}", h.bth.opcode);
+    assert_eq!(n.state(), QpState::Err);
+}
+
+#[test]
+fn each_remote_operation_needs_its_right_on_the_qp_unless_it_moves_no_byte() {
+    let all = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    let write = |n: &Node, len| reth_req(n, Opcode::RcRdmaWriteOnly, RQ_PSN, 0, len, n.rkey);
+    let read = |n: &Node, len| reth_req(n, Opcode::RcRdmaReadRequest, RQ_PSN, 0, len, n.rkey);
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    set_qp_access(&mut n, all - AccessFlags::REMOTE_WRITE);
+    let h = write(&n, 4);
+    naks(&mut n, &h, b"evil", NakCode::RemoteAccessError);
+    assert_eq!(n.mem.load_u64(0).unwrap(), 0, "nothing written");
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    set_qp_access(&mut n, all - AccessFlags::REMOTE_READ);
+    let h = read(&n, 8);
+    naks(&mut n, &h, &[], NakCode::RemoteAccessError);
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    set_qp_access(&mut n, all - AccessFlags::REMOTE_ATOMIC);
+    let h = atomic_req(&n, 8, n.rkey);
+    naks(&mut n, &h, &[], NakCode::RemoteAccessError);
+    assert_eq!(n.mem.load_u64(8).unwrap(), 0, "not executed");
+    // Zero-length writes and reads touch no memory and need no right.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    set_qp_access(&mut n, AccessFlags::empty());
+    n.inject(0, &write(&n, 0), &[]);
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+    let mut h = read(&n, 0);
+    h.bth.psn = Psn::new(RQ_PSN + 1);
+    n.inject(1, &h, &[]);
+    let out = n.sent();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RcRdmaReadResponseOnly);
+    assert!(out[0].1.is_empty());
+    assert_eq!(n.state(), QpState::Rts);
+}
+
+#[test]
+fn key_errors_of_remote_requests_are_counted_by_kind() {
+    type Case = (&'static str, fn(&mut Node) -> PacketRepr, fn(&Counters) -> u64);
+    let cases: [Case; 6] = [
+        (
+            "bad rkey",
+            |n| reth_req(n, Opcode::RcRdmaWriteOnly, RQ_PSN, 0, 4, n.rkey ^ 0x80),
+            |c| c.rx_bad_rkey,
+        ),
+        (
+            "bounds",
+            |n| reth_req(n, Opcode::RcRdmaWriteOnly, RQ_PSN, MEM as u64 - 2, 4, n.rkey),
+            |c| c.rx_rkey_bounds,
+        ),
+        (
+            "MR without the right",
+            |n| {
+                let pd = qp_pd(n);
+                let ro = Arc::new(MemorySource::Owned(MrMemory::new(64).unwrap()));
+                let (_, rkey) = n.core.reg_mr(pd, ro.clone(), AccessFlags::REMOTE_READ).unwrap();
+                let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, RQ_PSN);
+                h.reth = Some(RethRepr {
+                    va: ro.addr(),
+                    rkey,
+                    dma_len: 4,
+                });
+                h
+            },
+            |c| c.rx_rkey_access,
+        ),
+        (
+            "MR of another PD",
+            |n| {
+                let pd = n.core.alloc_pd(1).unwrap();
+                let m = Arc::new(MemorySource::Owned(MrMemory::new(64).unwrap()));
+                let (_, rkey) = n.core.reg_mr(pd, m.clone(), RW).unwrap();
+                let mut h = req(Opcode::RcRdmaWriteOnly, n.qpn, RQ_PSN);
+                h.reth = Some(RethRepr {
+                    va: m.addr(),
+                    rkey,
+                    dma_len: 4,
+                });
+                h
+            },
+            |c| c.rx_rkey_access,
+        ),
+        (
+            "read, bad rkey",
+            |n| reth_req(n, Opcode::RcRdmaReadRequest, RQ_PSN, 0, 8, n.rkey ^ 0x80),
+            |c| c.rx_bad_rkey,
+        ),
+        (
+            "atomic, bounds",
+            |n| atomic_req(n, MEM as u64, n.rkey),
+            |c| c.rx_rkey_bounds,
+        ),
+    ];
+    for (label, make, counter) in cases {
+        let mut n = node(QpType::Rc, Mtu::Mtu1024);
+        let h = make(&mut n);
+        let payload: &[u8] = if h.bth.opcode == Opcode::RcRdmaWriteOnly {
+            b"evil"
+        } else {
+            &[]
+        };
+        n.inject(0, &h, payload);
+        assert_eq!(
+            aeth_of(&n.sent()[0].0),
+            Syndrome::Nak(NakCode::RemoteAccessError),
+            "{label}"
+        );
+        let c = n.core.counters();
+        assert_eq!(counter(&c), 1, "{label}");
+        assert_eq!(
+            c.rx_bad_rkey + c.rx_rkey_access + c.rx_rkey_bounds,
+            1,
+            "{label}: one kind"
+        );
+    }
+    // A misaligned atomic is an invalid request, counted as such.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let h = atomic_req(&n, 12, n.rkey);
+    naks(&mut n, &h, &[], NakCode::InvalidRequest);
+    assert_eq!(n.core.counters().rx_misaligned_atomics, 1);
+}
+
+#[test]
+fn write_packets_fill_the_mtu_and_end_exactly_at_the_dma_length() {
+    let first = |n: &Node, dma| reth_req(n, Opcode::RcRdmaWriteFirst, RQ_PSN, 0, dma, n.rkey);
+    let last = |n: &Node| req(Opcode::RcRdmaWriteLast, n.qpn, RQ_PSN + 1);
+    let bytes = |k: usize, v: u8| vec![v; k];
+    // Good: a full first packet, a short last one; both land in place.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.inject(0, &first(&n, 1500), &bytes(1024, 1));
+    n.inject(1, &last(&n), &bytes(476, 2));
+    assert_eq!(aeth_of(&n.sent().last().unwrap().0), Syndrome::ACK);
+    let mut got = vec![0u8; 1502];
+    n.mem.read_at(0, &mut got).unwrap();
+    assert_eq!(&got[..1024], &bytes(1024, 1)[..]);
+    assert_eq!(&got[1024..1500], &bytes(476, 2)[..]);
+    assert_eq!(&got[1500..], &[0, 0], "nothing past the DMA length");
+    // Bad: a short first packet, a last packet short of or past the DMA
+    // length, an only packet of another length than its RETH says.
+    #[allow(clippy::type_complexity)]
+    let bad: [(&str, &dyn Fn(&mut Node)); 5] = [
+        ("short first", &|n| {
+            let h = first(n, 2048);
+            naks(n, &h, &bytes(1000, 1), NakCode::InvalidRequest)
+        }),
+        ("short last", &|n| {
+            n.inject(0, &first(n, 2048), &bytes(1024, 1));
+            n.sent();
+            let h = last(n);
+            naks(n, &h, &bytes(1000, 1), NakCode::InvalidRequest)
+        }),
+        ("long last", &|n| {
+            n.inject(0, &first(n, 1500), &bytes(1024, 1));
+            n.sent();
+            let h = last(n);
+            naks(n, &h, &bytes(1024, 1), NakCode::InvalidRequest)
+        }),
+        ("short only", &|n| {
+            let h = reth_req(n, Opcode::RcRdmaWriteOnly, RQ_PSN, 0, 8, n.rkey);
+            naks(n, &h, b"four", NakCode::InvalidRequest)
+        }),
+        ("long only", &|n| {
+            let h = reth_req(n, Opcode::RcRdmaWriteOnly, RQ_PSN, 0, 2, n.rkey);
+            naks(n, &h, b"four", NakCode::InvalidRequest)
+        }),
+    ];
+    for (label, f) in bad {
+        let mut n = node(QpType::Rc, Mtu::Mtu1024);
+        f(&mut n);
+        assert_eq!(n.core.counters().rx_bad_length, 1, "{label}");
+    }
+}
+
+#[test]
+fn a_receive_buffer_is_checked_whole_and_a_message_may_not_overflow_it() {
+    // A multi-packet send into a buffer with a bad lkey: LOC_PROT_ERR here,
+    // REM_OP_ERR there.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let sgl = [n.sge(0, 1024), Sge::checked(n.mem.addr() + 1024, 1024, n.lkey ^ 0x80)];
+    n.core.post_recv(n.qpn, &[RecvWr::new(6, &sgl)]).unwrap();
+    let h = req(Opcode::RcSendFirst, n.qpn, RQ_PSN);
+    naks(&mut n, &h, &[1; 1024], NakCode::RemoteOperationalError);
+    let wc = n.cqes();
+    assert_eq!((wc[0].wr_id, wc[0].status), (6, WcStatus::LocProtErr));
+    // Exactly the buffer's length fits; a byte more is a local length
+    // error (RC: NAK invalid request; UC: the message is dropped).
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_recv(1, 0, 64);
+    n.inject(0, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN), &[3; 64]);
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+    assert_eq!(
+        (n.cqes()[0].status, n.core.counters().rx_recv_too_long),
+        (WcStatus::Success, 0)
+    );
+    n.post_recv(2, 0, 64);
+    let h = req(Opcode::RcSendOnly, n.qpn, RQ_PSN + 1);
+    naks(&mut n, &h, &[3; 65], NakCode::InvalidRequest);
+    assert_eq!(n.cqes()[0].status, WcStatus::LocLenErr);
+    assert_eq!(n.core.counters().rx_recv_too_long, 1);
+    // Across packets: the second packet overflows.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_recv(1, 0, 1500);
+    n.inject(0, &req(Opcode::RcSendFirst, n.qpn, RQ_PSN), &[1; 1024]);
+    assert_eq!(aeth_of(&n.sent()[0].0), Syndrome::ACK);
+    let h = req(Opcode::RcSendLast, n.qpn, RQ_PSN + 1);
+    naks(&mut n, &h, &[1; 1024], NakCode::InvalidRequest);
+    assert_eq!(n.cqes()[0].status, WcStatus::LocLenErr);
+    let mut n = node(QpType::Uc, Mtu::Mtu1024);
+    n.post_recv(1, 0, 64);
+    n.inject(0, &req(Opcode::UcSendOnly, n.qpn, RQ_PSN), &[3; 65]);
+    assert!(n.sent().is_empty(), "UC answers nothing");
+    assert_eq!(n.cqes()[0].status, WcStatus::LocLenErr);
+    assert_eq!(n.state(), QpState::Rts, "UC drops the message, the QP goes on");
+}
