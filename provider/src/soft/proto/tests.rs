@@ -847,4 +847,5 @@ mod ack_req;
 mod fast;
 mod go_back;
 mod keys;
+mod modify;
 mod trains;

@@ -1,0 +1,172 @@
+//! The soft provider's use of the QP state table (`Core::modify_qp`): the
+//! limits it gives the table (the device's own GID table), and what each
+//! transition does to the QP beside its attributes: RESET drops the queues
+//! and the transport state, ERR flushes, RTS starts waiting sends, SQD
+//! drains and says so when asked. Each test was written against a mutant
+//! of `modify_qp` or `modify_limits` the rest of the suite let through
+//! (docs/testing.md, "Mutation testing").
+
+use crate::verbs::{ErrorKind, EventType};
+
+use super::*;
+
+fn async_events(n: &mut Node) -> Vec<EventType> {
+    let mut out = Vec::new();
+    while let Some(e) = n.core.poll_event() {
+        if let CoreEvent::Async { event, .. } = e {
+            out.push(event.event_type);
+        }
+    }
+    out
+}
+
+fn modify(n: &mut Node, attr: &QpAttr, mask: QpAttrMask) -> crate::verbs::Result<()> {
+    n.core.modify_qp(0, n.qpn, attr, mask)
+}
+
+/// Moves `n`'s QP RTS -> RESET -> INIT and returns the RTR attributes
+/// and mask of `node`, with the source GID index `sgid`.
+fn reset_to_init(n: &mut Node, sgid: u8) -> (QpAttr, QpAttrMask) {
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    modify(n, &reset, QpAttrMask::STATE).unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    modify(n, &init, mask).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: REMOTE_QPN,
+        rq_psn: RQ_PSN,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1,
+        ah_attr: AhAttr::roce(Gid::from_ip(REMOTE), sgid, 1),
+        ..QpAttr::default()
+    };
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    (rtr, mask)
+}
+
+#[test]
+fn the_state_table_sees_the_device_s_populated_gid_slots() {
+    let second = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 9, 0, 11)));
+    let fourth = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 9, 0, 13)));
+    let gids = vec![Gid::from_ip(LOCAL), second, Gid::ZERO, fourth];
+    for (sgid, ok) in [(1u8, true), (2, false), (3, true), (0, true)] {
+        let mut n = node_cfg(QpType::Rc, Mtu::Mtu1024, |c| c.gids = gids.clone());
+        let (rtr, mask) = reset_to_init(&mut n, sgid);
+        match modify(&mut n, &rtr, mask) {
+            Ok(()) => assert!(ok, "sgid {sgid}: an empty slot was taken"),
+            Err(e) => {
+                assert!(!ok, "sgid {sgid}: {e}");
+                assert_eq!(e.kind(), ErrorKind::Other(libc::ENODATA), "sgid {sgid}: {e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_path_mtu_is_the_one_asked_for_on_connected_qps_and_the_port_s_on_ud() {
+    let n = node(QpType::Rc, Mtu::Mtu1024);
+    assert_eq!(n.core.query_qp(n.qpn).unwrap().path_mtu, Mtu::Mtu1024);
+    let n = node(QpType::Ud, Mtu::Mtu1024);
+    let active = SoftDevice::default_port_attr().active_mtu;
+    assert_eq!(n.core.query_qp(n.qpn).unwrap().path_mtu, active);
+}
+
+#[test]
+fn reset_drops_the_queues_and_the_transport_state_without_completions() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_recv(1, 0, 64);
+    n.post_send(0, 2, SendOp::Send, 0, 8);
+    n.sent();
+    let (rtr, mask) = reset_to_init(&mut n, 0);
+    let q = n.core.query_qp(n.qpn).unwrap();
+    assert_eq!((q.sq_psn, q.rq_psn), (0, 0), "the PSNs start over");
+    assert!(n.cqes().is_empty(), "RESET completes nothing");
+    // The receive posted before the reset is gone: a send after the
+    // reconnection finds no receive (RNR NAK).
+    modify(&mut n, &rtr, mask).unwrap();
+    n.inject(0, &req(Opcode::RcSendOnly, n.qpn, RQ_PSN), b"x");
+    assert!(matches!(aeth_of(&n.sent()[0].0), Syndrome::RnrNak { .. }));
+}
+
+#[test]
+fn err_flushes_once_and_rts_starts_what_waited_in_sqd() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    // SQD without notification: no event; a send posted now waits.
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        ..QpAttr::default()
+    };
+    modify(&mut n, &sqd, QpAttrMask::STATE).unwrap();
+    assert!(!async_events(&mut n).contains(&EventType::SqDrained));
+    n.post_send(0, 1, SendOp::Send, 0, 8);
+    assert!(n.sent().is_empty(), "nothing starts in SQD");
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    modify(&mut n, &rts, QpAttrMask::STATE).unwrap();
+    assert_eq!(n.sent().len(), 1, "RTS starts the waiting send at once");
+    // ERR flushes what is outstanding, once.
+    n.post_recv(7, 0, 64);
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    modify(&mut n, &err, QpAttrMask::STATE).unwrap();
+    let wc = n.cqes();
+    let got: Vec<(u64, WcStatus)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(1, WcStatus::WrFlushErr), (7, WcStatus::WrFlushErr)]);
+    modify(&mut n, &err, QpAttrMask::STATE).unwrap();
+    assert!(n.cqes().is_empty(), "flushed once");
+}
+
+#[test]
+fn sqd_with_notification_says_drained_when_nothing_is_in_flight() {
+    let notify = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..QpAttr::default()
+    };
+    let mask = QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY;
+    // Nothing in flight: drained at once.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    async_events(&mut n);
+    modify(&mut n, &notify, mask).unwrap();
+    assert_eq!(async_events(&mut n), [EventType::SqDrained]);
+    assert!(!n.core.query_qp(n.qpn).unwrap().sq_draining);
+    // The bit set but the value false: no notification.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    async_events(&mut n);
+    let quiet = QpAttr {
+        en_sqd_async_notify: false,
+        ..notify
+    };
+    modify(&mut n, &quiet, mask).unwrap();
+    assert!(async_events(&mut n).is_empty());
+    // A send in flight: draining until its ACK.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_send(0, 1, SendOp::Send, 0, 8);
+    assert_eq!(n.sent().len(), 1);
+    async_events(&mut n);
+    modify(&mut n, &notify, mask).unwrap();
+    assert!(async_events(&mut n).is_empty(), "not drained while a send is in flight");
+    assert!(n.core.query_qp(n.qpn).unwrap().sq_draining);
+    n.inject(1, &ack(n.qpn, SQ_PSN, Syndrome::ACK), &[]);
+    assert_eq!(async_events(&mut n), [EventType::SqDrained], "drained by the ACK");
+    assert!(!n.core.query_qp(n.qpn).unwrap().sq_draining);
+}
