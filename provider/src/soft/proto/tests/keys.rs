@@ -622,7 +622,7 @@ fn key_errors_of_remote_requests_are_counted_by_kind() {
             "{label}"
         );
         let c = n.core.counters();
-        assert_eq!(counter(&c), 1, "{label}");
+        assert_eq!(counter(c), 1, "{label}");
         assert_eq!(
             c.rx_bad_rkey + c.rx_rkey_access + c.rx_rkey_bounds,
             1,
