@@ -728,3 +728,38 @@ fn a_receive_buffer_is_checked_whole_and_a_message_may_not_overflow_it() {
     assert_eq!(n.cqes()[0].status, WcStatus::LocLenErr);
     assert_eq!(n.state(), QpState::Rts, "UC drops the message, the QP goes on");
 }
+
+#[test]
+fn a_one_sge_receive_takes_the_same_checks_as_any_other() {
+    // The usual receive (one SGE, a plain MR) is checked and placed in one
+    // step; that step must refuse what the general path refuses.
+    type Spoil = fn(&mut Node) -> (Sge<'static>, Arc<MemorySource>);
+    let cases: [(&str, Spoil); 3] = [
+        ("an MR of another PD", |n| {
+            let pd = n.core.alloc_pd(1).unwrap();
+            let m = Arc::new(MemorySource::Owned(MrMemory::new(4096).unwrap()));
+            let (l, _) = n.core.reg_mr(pd, m.clone(), AccessFlags::LOCAL_WRITE).unwrap();
+            (Sge::checked(m.addr(), 64, l), m)
+        }),
+        ("an MR without LOCAL_WRITE", |n| {
+            let pd = qp_pd(n);
+            let m = Arc::new(MemorySource::Owned(MrMemory::new(4096).unwrap()));
+            let (l, _) = n.core.reg_mr(pd, m.clone(), AccessFlags::REMOTE_READ).unwrap();
+            (Sge::checked(m.addr(), 64, l), m)
+        }),
+        ("an SGE starting below its MR", |n| {
+            let m = n.mem.clone();
+            (Sge::checked(m.addr() - 8, 64, n.lkey), m)
+        }),
+    ];
+    for (label, spoil) in cases {
+        let mut n = node(QpType::Rc, Mtu::Mtu1024);
+        let (sge, mem) = spoil(&mut n);
+        n.core.post_recv(n.qpn, &[RecvWr::new(9, &[sge])]).unwrap();
+        let h = req(Opcode::RcSendOnly, n.qpn, RQ_PSN);
+        naks(&mut n, &h, b"payload!", NakCode::RemoteOperationalError);
+        let wc = n.cqes();
+        assert_eq!((wc[0].wr_id, wc[0].status), (9, WcStatus::LocProtErr), "{label}");
+        assert_eq!(mem.load_u64(0).unwrap(), 0, "{label}: nothing written");
+    }
+}
