@@ -763,3 +763,41 @@ fn a_one_sge_receive_takes_the_same_checks_as_any_other() {
         assert_eq!(mem.load_u64(0).unwrap(), 0, "{label}: nothing written");
     }
 }
+
+// ----- what a receive completion says -----
+
+#[test]
+fn receive_completions_carry_every_field() {
+    // RC: a send with immediate, then a failed receive (its status).
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    n.post_recv(5, 0, 64);
+    let mut h = req(Opcode::RcSendOnlyWithImmediate, n.qpn, RQ_PSN);
+    h.immdt = Some(wire::ImmDtRepr::from_be_value(0xfeed));
+    n.inject(0, &h, b"abc");
+    let w = n.cqes()[0];
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data),
+        (5, WcStatus::Success, WcOpcode::Recv, 3, 0xfeed)
+    );
+    assert_eq!(
+        (w.qp_num, w.src_qp, w.wc_flags),
+        (n.qpn, REMOTE_QPN, crate::verbs::WcFlags::WITH_IMM)
+    );
+    // UD: the same fields, the GRH flag and the sender's QPN.
+    let mut n = node(QpType::Ud, Mtu::Mtu1024);
+    n.post_recv(6, 0, 1024);
+    let mut h = req(Opcode::UdSendOnlyWithImmediate, n.qpn, 0);
+    h.deth = Some(DethRepr {
+        qkey: 0x1234,
+        src_qpn: Qpn::new(0x42),
+    });
+    h.immdt = Some(wire::ImmDtRepr::from_be_value(0xbeef));
+    n.inject(0, &h, b"datagram");
+    let w = n.cqes()[0];
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data),
+        (6, WcStatus::Success, WcOpcode::Recv, 40 + 8, 0xbeef)
+    );
+    let flags = crate::verbs::WcFlags::GRH | crate::verbs::WcFlags::WITH_IMM;
+    assert_eq!((w.qp_num, w.src_qp, w.wc_flags), (n.qpn, 0x42, flags));
+}
