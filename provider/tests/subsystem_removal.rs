@@ -357,6 +357,8 @@ fn consumers_that_hold_on_are_named_and_made_inert_after_the_deadline() {
     let sge: [Sge<'_>; 0] = [];
     let e = qp.post_recv(&[RecvWr::new(7, &sge)]).unwrap_err();
     assert_eq!(e.error.kind(), ErrorKind::NoDevice);
+    let e = qp.post_send(&[SendWr::new(8, SendOp::Send, &sge)]).unwrap_err();
+    assert_eq!(e.error.kind(), ErrorKind::NoDevice);
     assert!(async_events(&slow.0).contains(&EventType::DeviceFatal));
     assert!(async_events(&raw).contains(&EventType::DeviceFatal));
     // Destroying after the removal succeeds.
@@ -441,4 +443,27 @@ fn which_reasons_remove_the_device() {
     ] {
         assert_eq!(why.is_device_removal(), device_goes, "{why}");
     }
+}
+
+#[test]
+fn a_call_inside_the_gate_is_waited_for_and_not_reported_stuck() {
+    let log: Log = Arc::default();
+    let s = sub(Duration::from_secs(30));
+    s.add_device(traced("rm_gate0", 7, &log), NamespaceId::INIT).unwrap();
+    let gate = s.device("rm_gate0").unwrap().gate().clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A fast-path call that is inside the gate when the removal closes it,
+    // and leaves a little later.
+    let t = thread::spawn(move || {
+        let inside = gate.enter().expect("the gate is open");
+        tx.send(()).unwrap();
+        thread::sleep(Duration::from_millis(50));
+        drop(inside);
+    });
+    rx.recv().unwrap();
+    let r = s.remove_device("rm_gate0").unwrap();
+    t.join().unwrap();
+    assert_eq!(r.stuck_calls, 0, "{r}");
+    assert!(r.is_clean(), "{r}");
+    assert!(!take(&log).contains(&"inert".to_string()));
 }
