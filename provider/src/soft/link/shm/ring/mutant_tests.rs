@@ -208,3 +208,21 @@ fn the_encoding_side_keeps_to_the_limits_the_decoder_enforces() {
     encode_forget(&vec![7; FORGET_MAX + 3], &mut listed);
     assert_eq!(listed.len(), 8 * FORGET_MAX, "the rest is left out");
 }
+
+#[test]
+fn finding_the_ring_empty_frees_what_was_read_and_only_then() {
+    let r = Region::create().unwrap();
+    let mut p = Producer::new(0);
+    let mut c = Consumer::new(0);
+    let mut buf = Vec::new();
+    for _ in 0..3 {
+        p.push(&r, &meta(), b"x").unwrap();
+    }
+    for _ in 0..3 {
+        assert!(c.pop_slot(&r, &mut buf).unwrap().is_some());
+    }
+    assert_eq!(c.position(), (3, 0), "fewer than FREE_EVERY read: nothing freed yet");
+    assert_eq!(c.pop_slot(&r, &mut buf), Ok(None));
+    assert_eq!(c.position(), (3, 3), "freed on finding the ring empty");
+    assert_eq!(p.room(&r, SLOTS), Ok(SLOTS));
+}
