@@ -467,3 +467,55 @@ fn a_call_inside_the_gate_is_waited_for_and_not_reported_stuck() {
     assert!(r.is_clean(), "{r}");
     assert!(!take(&log).contains(&"inert".to_string()));
 }
+
+/// A backend that cannot count its contexts (the trait's default
+/// `open_contexts`): only consumers that opened through the subsystem
+/// can be waited for and named.
+struct Uncounted(Arc<dyn HotplugDevice>);
+
+impl HotplugDevice for Uncounted {
+    fn device(&self) -> Device {
+        self.0.device()
+    }
+    fn revoke(&self) {
+        self.0.revoke();
+    }
+    fn unlist(&self) {
+        self.0.unlist();
+    }
+    fn raise_device_fatal(&self) {
+        self.0.raise_device_fatal();
+    }
+}
+
+struct UncountedFactory(Arc<TracedFactory>);
+
+impl DeviceFactory for UncountedFactory {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    fn backend(&self) -> BackendKind {
+        BackendKind::Soft
+    }
+    fn instantiate(&self, ns: NamespaceId) -> verbs::Result<Arc<dyn HotplugDevice>> {
+        Ok(Arc::new(Uncounted(self.0.instantiate(ns)?)))
+    }
+}
+
+#[test]
+fn a_backend_that_cannot_count_contexts_has_only_named_stragglers() {
+    let log: Log = Arc::default();
+    let s = sub(Duration::from_millis(50));
+    let f = Arc::new(UncountedFactory(traced("rm_uncnt0", 8, &log)));
+    s.add_device(f.clone(), NamespaceId::INIT).unwrap();
+    let r = s.remove_device("rm_uncnt0").unwrap();
+    assert!(r.is_clean(), "nobody opened it: {r}");
+    s.add_device(f, NamespaceId::INIT).unwrap();
+    let d = s.device("rm_uncnt0").unwrap();
+    let named = d.open("named").unwrap();
+    let unseen = d.device().open().unwrap();
+    let r = s.remove_device("rm_uncnt0").unwrap();
+    let names: Vec<&str> = r.stragglers.iter().map(|s| s.consumer.as_str()).collect();
+    assert_eq!(names, ["named"], "a context opened around the subsystem cannot be seen");
+    drop((named, unseen));
+}
