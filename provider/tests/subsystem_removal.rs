@@ -245,7 +245,7 @@ fn the_steps_run_in_order_and_each_has_its_effect() {
         seen.events = async_events(&a.ctx);
         seen.alloc_pd = a.ctx.alloc_pd().err().map(|e| e.kind());
     });
-    s.register_client("first", ClientScope::All, first).unwrap();
+    let first_id = s.register_client("first", ClientScope::All, first).unwrap();
     s.register_client("second", ClientScope::All, client("second", &log, || {}))
         .unwrap();
     s.add_cm_hook(Arc::new(LogHook(log.clone())));
@@ -301,6 +301,9 @@ fn the_steps_run_in_order_and_each_has_its_effect() {
     // The name is free for a new instance.
     s.add_device(traced("rm_order0", 1, &log), NamespaceId::INIT).unwrap();
     assert_eq!(s.device("rm_order0").unwrap().state(), DeviceState::Live);
+    // The remove upcall is over: the client may unregister (it is not
+    // inside one of its upcalls any more).
+    s.unregister_client(first_id).unwrap();
 }
 
 #[test]
