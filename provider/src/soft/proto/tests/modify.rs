@@ -170,3 +170,53 @@ fn sqd_with_notification_says_drained_when_nothing_is_in_flight() {
     assert_eq!(async_events(&mut n), [EventType::SqDrained], "drained by the ACK");
     assert!(!n.core.query_qp(n.qpn).unwrap().sq_draining);
 }
+
+#[test]
+fn a_new_qp_reports_its_capacities_and_ud_its_port_mtu_before_any_modify() {
+    for qp_type in [QpType::Rc, QpType::Ud] {
+        let mut n = node(qp_type, Mtu::Mtu1024);
+        let pd = {
+            let qp = n.core.take_qp(n.qpn).unwrap();
+            let pd = qp.pd;
+            n.core.put_qp(qp);
+            pd
+        };
+        let want = QpCap {
+            max_send_wr: 8,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let (qpn, granted) = n
+            .core
+            .create_qp(&QpCreate {
+                qp_type,
+                pd,
+                send_cq: n.cq,
+                recv_cq: n.cq,
+                srq: None,
+                cap: want,
+                sq_sig_all: false,
+                owner: 1,
+            })
+            .unwrap();
+        let q = n.core.query_qp(qpn).unwrap();
+        assert_eq!((q.qp_state, q.cap), (QpState::Reset, granted), "{qp_type}");
+        if qp_type == QpType::Ud {
+            assert_eq!(q.path_mtu, SoftDevice::default_port_attr().active_mtu);
+        }
+        // RESET -> RTR is illegal, and that is what the error says: the
+        // QP is bound to no port yet, so no port check speaks first.
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: AhAttr::roce(Gid::from_ip(REMOTE), 0, 1),
+            ..QpAttr::default()
+        };
+        let e = n
+            .core
+            .modify_qp(0, qpn, &rtr, QpAttrMask::STATE | QpAttrMask::AV)
+            .unwrap_err();
+        assert!(e.detail().contains("illegal transition"), "{qp_type}: {e}");
+    }
+}
