@@ -95,6 +95,7 @@ fn reset_drops_the_queues_and_the_transport_state_without_completions() {
     let (rtr, mask) = reset_to_init(&mut n, 0);
     let q = n.core.query_qp(n.qpn).unwrap();
     assert_eq!((q.sq_psn, q.rq_psn), (0, 0), "the PSNs start over");
+    assert_eq!(q.cap.max_send_wr, 32, "the capacities stay");
     assert!(n.cqes().is_empty(), "RESET completes nothing");
     // The receive posted before the reset is gone: a send after the
     // reconnection finds no receive (RNR NAK).
@@ -122,6 +123,11 @@ fn err_flushes_once_and_rts_starts_what_waited_in_sqd() {
     modify(&mut n, &rts, QpAttrMask::STATE).unwrap();
     assert_eq!(n.sent().len(), 1, "RTS starts the waiting send at once");
     // ERR flushes what is outstanding, once.
+    let remote = RemoteAddr {
+        addr: 0x1000,
+        rkey: 0x55,
+    };
+    n.post_send(0, 2, SendOp::Write { remote }, 0, 8);
     n.post_recv(7, 0, 64);
     let err = QpAttr {
         qp_state: QpState::Err,
@@ -129,8 +135,16 @@ fn err_flushes_once_and_rts_starts_what_waited_in_sqd() {
     };
     modify(&mut n, &err, QpAttrMask::STATE).unwrap();
     let wc = n.cqes();
-    let got: Vec<(u64, WcStatus)> = wc.iter().map(|w| (w.wr_id, w.status)).collect();
-    assert_eq!(got, [(1, WcStatus::WrFlushErr), (7, WcStatus::WrFlushErr)]);
+    let got: Vec<(u64, WcStatus, WcOpcode, u32)> = wc.iter().map(|w| (w.wr_id, w.status, w.opcode, w.qp_num)).collect();
+    let flush = WcStatus::WrFlushErr;
+    assert_eq!(
+        got,
+        [
+            (1, flush, WcOpcode::Send, n.qpn),
+            (2, flush, WcOpcode::RdmaWrite, n.qpn),
+            (7, flush, WcOpcode::Recv, n.qpn)
+        ]
+    );
     modify(&mut n, &err, QpAttrMask::STATE).unwrap();
     assert!(n.cqes().is_empty(), "flushed once");
 }
