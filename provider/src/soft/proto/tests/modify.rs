@@ -234,3 +234,26 @@ fn a_new_qp_reports_its_capacities_and_ud_its_port_mtu_before_any_modify() {
         assert!(e.detail().contains("illegal transition"), "{qp_type}: {e}");
     }
 }
+
+#[test]
+fn a_send_error_completion_carries_opcode_qp_and_vendor_error() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let remote = RemoteAddr {
+        addr: 0x1000,
+        rkey: 0x55,
+    };
+    n.post_send(0, 5, SendOp::Write { remote }, 0, 8);
+    assert_eq!(n.sent().len(), 1);
+    n.inject(1, &ack(n.qpn, SQ_PSN, Syndrome::Nak(NakCode::RemoteAccessError)), &[]);
+    let w = n.cqes()[0];
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode, w.qp_num, w.vendor_err),
+        (
+            5,
+            WcStatus::RemAccessErr,
+            WcOpcode::RdmaWrite,
+            n.qpn,
+            super::super::requester::vendor::NAK
+        )
+    );
+}
