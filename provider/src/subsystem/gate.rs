@@ -491,7 +491,9 @@ mod tests {
         use std::cell::RefCell;
         use std::sync::Mutex;
 
-        struct OnExit(Option<(Arc<RemovalGate>, Arc<Mutex<Option<(bool, usize)>>>)>);
+        /// What the exiting thread saw: (took the shared counter, inside).
+        type Seen = Arc<Mutex<Option<(bool, usize)>>>;
+        struct OnExit(Option<(Arc<RemovalGate>, Seen)>);
         impl Drop for OnExit {
             fn drop(&mut self) {
                 if let Some((gate, seen)) = self.0.take() {
