@@ -32,6 +32,12 @@ fn reset_to_init(n: &mut Node, sgid: u8) -> (QpAttr, QpAttrMask) {
         ..QpAttr::default()
     };
     modify(n, &reset, QpAttrMask::STATE).unwrap();
+    let q = n.core.query_qp(n.qpn).unwrap();
+    assert_eq!(
+        (q.qp_state, q.cap.max_send_wr),
+        (QpState::Reset, 32),
+        "RESET keeps the capacities"
+    );
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -255,5 +261,61 @@ fn a_send_error_completion_carries_opcode_qp_and_vendor_error() {
             n.qpn,
             super::super::requester::vendor::NAK
         )
+    );
+}
+
+#[test]
+fn err_to_err_flushes_nothing_more_and_says_last_wqe_reached_once() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    let pd = {
+        let qp = n.core.take_qp(n.qpn).unwrap();
+        let pd = qp.pd;
+        n.core.put_qp(qp);
+        pd
+    };
+    let srq_attr = crate::verbs::SrqAttr {
+        max_wr: 4,
+        max_sge: 1,
+        srq_limit: 0,
+    };
+    let (srq, _) = n.core.create_srq(pd, srq_attr, 0, 1).unwrap();
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (qpn, _) = n
+        .core
+        .create_qp(&QpCreate {
+            qp_type: QpType::Rc,
+            pd,
+            send_cq: n.cq,
+            recv_cq: n.cq,
+            srq: Some(srq),
+            cap,
+            sq_sig_all: false,
+            owner: 1,
+        })
+        .unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..QpAttr::default()
+    };
+    let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    n.core.modify_qp(0, qpn, &init, mask).unwrap();
+    async_events(&mut n);
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    n.core.modify_qp(0, qpn, &err, QpAttrMask::STATE).unwrap();
+    assert_eq!(async_events(&mut n), [EventType::QpLastWqeReached]);
+    n.core.modify_qp(0, qpn, &err, QpAttrMask::STATE).unwrap();
+    assert!(
+        async_events(&mut n).is_empty(),
+        "ERR -> ERR: no second LAST_WQE_REACHED"
     );
 }
