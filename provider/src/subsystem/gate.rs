@@ -482,4 +482,43 @@ mod tests {
         }
         assert_eq!(gate.inside(), 0);
     }
+
+    /// A call made while its thread exits (from another thread-local's
+    /// destructor, after the thread gave its index back) goes through the
+    /// shared counter, and is counted inside like any other.
+    #[test]
+    fn a_call_from_an_exiting_thread_is_counted_inside() {
+        use std::cell::RefCell;
+        use std::sync::Mutex;
+
+        /// What the exiting thread saw: (took the shared counter, inside).
+        type Seen = Arc<Mutex<Option<(bool, usize)>>>;
+        struct OnExit(Option<(Arc<RemovalGate>, Seen)>);
+        impl Drop for OnExit {
+            fn drop(&mut self) {
+                if let Some((gate, seen)) = self.0.take() {
+                    let guard = gate.enter();
+                    *seen.lock().unwrap() = Some((super::my_index().is_none(), gate.inside()));
+                    drop(guard);
+                }
+            }
+        }
+        thread_local! {
+            static ON_EXIT: RefCell<OnExit> = const { RefCell::new(OnExit(None)) };
+        }
+        let gate = Arc::new(RemovalGate::new());
+        let seen = Arc::new(Mutex::new(None));
+        let (g, s) = (gate.clone(), seen.clone());
+        std::thread::spawn(move || {
+            // Registered before the thread takes its index, so destroyed
+            // after the index is given back (thread-locals are destroyed
+            // in the reverse order of their first use).
+            ON_EXIT.with(|o| o.borrow_mut().0 = Some((g.clone(), s)));
+            drop(g.enter());
+        })
+        .join()
+        .unwrap();
+        assert_eq!(*seen.lock().unwrap(), Some((true, 1)), "(shared counter, inside)");
+        assert_eq!(gate.inside(), 0);
+    }
 }

@@ -516,6 +516,19 @@ mod tests {
         })
     }
 
+    /// No row lists an attribute as both required and optional, and none
+    /// lists STATE (it is implied): every mask is a union of distinct
+    /// bits, so building it with `^` instead of `|` would change nothing
+    /// (the equivalent mutants of docs/testing.md rest on this).
+    #[test]
+    fn no_row_lists_an_attribute_twice_or_names_state() {
+        for (t, from, to, m) in legal_rows() {
+            assert!((m.required & m.optional).is_empty(), "{t} {from}->{to}");
+            assert!(!(m.required | m.optional).contains(M::STATE), "{t} {from}->{to}");
+            assert_eq!(m.allowed(), m.required ^ m.optional ^ M::STATE, "{t} {from}->{to}");
+        }
+    }
+
     /// docs/design.md §3.2 / the kernel's qp_state_table, written out independently.
     #[test]
     fn the_table_is_exactly_design_3_2() {

@@ -683,4 +683,49 @@ mod tests {
             KeyError::BadKey
         );
     }
+
+    #[test]
+    fn a_fast_reg_range_in_a_later_segment_skips_the_earlier_ones() {
+        let mut t = MrTable::default();
+        let mut rng = SplitMix::new(3);
+        let m1 = Arc::new(MemorySource::Owned(MrMemory::new(4096).unwrap()));
+        let m2 = Arc::new(MemorySource::Owned(MrMemory::new(8192).unwrap()));
+        let seg = |memory: &Arc<MemorySource>, offset, len| Segment {
+            memory: memory.clone(),
+            offset,
+            len,
+        };
+        let backing = Backing::FastReg {
+            max_pages: 3,
+            valid: true,
+            mapping: Some(Mapping {
+                segments: vec![seg(&m1, 0, 4096), seg(&m2, 0, 4096), seg(&m2, 4096, 4096)],
+            }),
+        };
+        let key = t
+            .insert(&mut rng, PdId(1), AccessFlags::REMOTE_WRITE, 0x20000, 3 * 4096, backing)
+            .unwrap();
+        // 8 bytes 10 bytes into the second segment: the first is skipped
+        // whole, and the range starts 10 bytes into the second.
+        let r = t
+            .check_remote(key, PdId(1), 5, 0x20000 + 4096 + 10, 8, AccessFlags::REMOTE_WRITE)
+            .unwrap()
+            .unwrap();
+        r.write(&[7u8; 8]).unwrap();
+        let mut b = [0u8; 20];
+        m2.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [[0u8; 10].as_slice(), &[7; 8], &[0; 2]].concat()[..]);
+        // Into the third segment, across none.
+        let r = t
+            .check_remote(key, PdId(1), 5, 0x20000 + 2 * 4096 + 4, 4, AccessFlags::REMOTE_WRITE)
+            .unwrap()
+            .unwrap();
+        r.write(&[9u8; 4]).unwrap();
+        let mut b = [0u8; 4];
+        m2.read_at(4096 + 4, &mut b).unwrap();
+        assert_eq!(b, [9; 4]);
+        let mut b = [0u8; 8];
+        m1.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [0; 8], "the first segment untouched");
+    }
 }

@@ -846,5 +846,7 @@ fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
 mod ack_req;
 mod fast;
 mod go_back;
+mod keys;
+mod modify;
 mod sqe;
 mod trains;

@@ -1050,4 +1050,6 @@ impl Consumer {
 }
 
 #[cfg(test)]
+mod mutant_tests;
+#[cfg(test)]
 mod tests;
