@@ -57,6 +57,7 @@ use super::registry::Subsystem;
 use super::removal::RemovalReport;
 use crate::hw::netns::NetnsId;
 use crate::hw::{netlink, sysfs};
+use crate::verbs::backend::DeviceOps;
 use crate::verbs::BackendKind;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,8 +188,49 @@ impl DeviceSource for SysfsSource {
     }
 }
 
+/// The devices libibverbs itself lists (`ibv_get_device_list`), with their
+/// node GUID and uverbs node name as identity.
+///
+/// With rdma-core's library this is the sysfs view again (rdma-core reads
+/// sysfs); it matters for a libibverbs whose devices the kernel does not
+/// know, such as softverbs' own `libibverbs.so.1` (`emulator/ibverbs`),
+/// which lists its soft devices and drops a device from the list when it
+/// is unplugged. It answers for the namespace sysfs was mounted in (with
+/// rdma-core) or for the process (without a kernel device), never for the
+/// calling thread's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerbsSource;
+
+impl DeviceSource for VerbsSource {
+    fn list(&self) -> io::Result<Vec<PresentDevice>> {
+        let devices = crate::hw::list_devices(None).map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        Ok(devices
+            .iter()
+            .map(|d| PresentDevice {
+                name: d.name().to_string(),
+                identity: Identity {
+                    node_guid: Some(d.node_guid().0),
+                    instance: Some(d.uverbs_name().to_string()),
+                },
+                openable: true,
+            })
+            .collect())
+    }
+
+    fn follows_netns(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        "ibv_get_device_list".to_string()
+    }
+}
+
 /// RDMA netlink, falling back to sysfs (`/sys`) in the process's own
-/// network namespace when netlink is unavailable.
+/// network namespace when netlink is unavailable; when the kernel shows no
+/// RDMA device at all there, the devices libibverbs lists ([`VerbsSource`]:
+/// a libibverbs with devices of its own, such as softverbs' library).
+/// Where the kernel has RDMA devices the answer is the kernel's alone.
 #[derive(Debug, Clone)]
 pub struct AutoSource {
     sysfs: SysfsSource,
@@ -204,23 +246,33 @@ impl Default for AutoSource {
 
 impl DeviceSource for AutoSource {
     fn list(&self) -> io::Result<Vec<PresentDevice>> {
-        match NetlinkSource.list() {
+        // sysfs and libibverbs show the namespace sysfs was mounted in (or
+        // the process's own): only valid in the process's own.
+        let own_netns = || {
+            let own = NetnsId::of_path(Path::new("/proc/self/ns/net")).ok();
+            own.is_some() && NetnsId::current().ok() == own
+        };
+        let kernel = match NetlinkSource.list() {
+            Ok(v) => v,
+            Err(e) if own_netns() => self.sysfs.list().map_err(|_| e)?,
+            Err(e) => return Err(e),
+        };
+        if !kernel.is_empty() || !own_netns() {
+            return Ok(kernel);
+        }
+        // No kernel device: a libibverbs with devices of its own, or none.
+        match VerbsSource.list() {
             Ok(v) => Ok(v),
-            Err(e) => {
-                // sysfs shows the namespace it was mounted in: only valid in
-                // the process's own.
-                let own = NetnsId::of_path(Path::new("/proc/self/ns/net")).ok();
-                if own.is_some() && NetnsId::current().ok() == own {
-                    self.sysfs.list()
-                } else {
-                    Err(e)
-                }
+            // No RDMA subsystem and no user-space device: nothing present.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::ENOSYS) => {
+                Ok(kernel)
             }
+            Err(e) => Err(e),
         }
     }
 
     fn describe(&self) -> String {
-        "RDMA netlink, else sysfs".to_string()
+        "RDMA netlink, else sysfs; else ibv_get_device_list".to_string()
     }
 }
 
