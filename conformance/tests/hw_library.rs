@@ -303,6 +303,19 @@ fn removal_mid_traffic_scenario() {
         a_send.statuses.iter().filter(|s| **s == WcStatus::WrFlushErr).count()
     );
     wait_removed(&sub, &name);
+    // The removal ran: posts now go to the backend's shadow rings only, and
+    // the backend itself completes them (a synthesized WR_FLUSH_ERR), once.
+    let (mut late_send, mut late_recv) = (Ledger::default(), Ledger::default());
+    p.a.qp
+        .post_send(&[SendWr::new(90, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+        .expect("a post after the removal is accepted and flushed");
+    late_send.posted.push(90);
+    p.b.post_recv(91, 0, 64).expect("a receive after the removal");
+    late_recv.posted.push(91);
+    late_send.drain(&p.a.scq, "A's send after the removal");
+    late_recv.drain(&p.b.rcq, "B's receive after the removal");
+    assert_eq!(late_send.statuses, [WcStatus::WrFlushErr]);
+    assert_eq!(late_recv.statuses, [WcStatus::WrFlushErr]);
     // Control verbs fail with ENODEV; DEVICE_FATAL is the last async event.
     assert_eq!(ca.alloc_pd().map(|_| ()).unwrap_err().kind(), ErrorKind::NoDevice);
     assert_eq!(
