@@ -125,14 +125,21 @@ fn isolated(test: &str, scenario: &str, body: impl FnOnce()) {
 
 /// A subsystem with the library's device under it through [`HwFactory`]
 /// (a monitor thread included), and the device's hardware events.
-fn rig(name: &str) -> (Arc<Subsystem>, std::sync::mpsc::Receiver<softverbs::subsystem::HwDeviceEvent>) {
+fn rig(
+    name: &str,
+) -> (
+    Arc<Subsystem>,
+    std::sync::mpsc::Receiver<softverbs::subsystem::HwDeviceEvent>,
+) {
     let sub = Arc::new(Subsystem::new(SubsystemConfig {
         removal_deadline: Duration::from_millis(200),
         ..SubsystemConfig::default()
     }));
     let factory = HwFactory::new(&sub, name);
     let events = factory.hub().subscribe();
-    let info = sub.add_device(factory, NamespaceId::INIT).expect("add the library's device");
+    let info = sub
+        .add_device(factory, NamespaceId::INIT)
+        .expect("add the library's device");
     assert_eq!(info.backend, BackendKind::Hardware);
     (sub, events)
 }
@@ -152,7 +159,9 @@ impl Ledger {
         let start = Instant::now();
         let mut wc = [WorkCompletion::default(); 32];
         while self.seen.values().sum::<u32>() < self.posted.len() as u32 {
-            let n = cq.poll(&mut wc).unwrap_or_else(|e| panic!("{what}: poll after removal: {e}"));
+            let n = cq
+                .poll(&mut wc)
+                .unwrap_or_else(|e| panic!("{what}: poll after removal: {e}"));
             for w in &wc[..n] {
                 assert!(
                     matches!(w.status, WcStatus::Success | WcStatus::WrFlushErr),
@@ -174,7 +183,11 @@ impl Ledger {
             }
         }
         for id in &self.posted {
-            assert_eq!(self.seen.get(id).copied().unwrap_or(0), 1, "{what}: completions of wr {id}");
+            assert_eq!(
+                self.seen.get(id).copied().unwrap_or(0),
+                1,
+                "{what}: completions of wr {id}"
+            );
         }
         assert!(
             stays_empty(cq, Duration::from_millis(50)).expect("poll"),
@@ -217,13 +230,18 @@ fn fatal_is_last(ctx: &Context) {
     let deadline = Instant::now() + GENEROUS;
     let mut last = None;
     while last != Some(EventType::DeviceFatal) {
-        match ctx.get_async_event(Some(Duration::from_millis(50))).expect("get_async_event") {
+        match ctx
+            .get_async_event(Some(Duration::from_millis(50)))
+            .expect("get_async_event")
+        {
             Some(e) => last = Some(e.event_type),
             None => assert!(Instant::now() < deadline, "no DEVICE_FATAL on the context"),
         }
     }
     assert!(
-        ctx.get_async_event(Some(Duration::from_millis(50))).expect("get_async_event").is_none(),
+        ctx.get_async_event(Some(Duration::from_millis(50)))
+            .expect("get_async_event")
+            .is_none(),
         "an async event after DEVICE_FATAL"
     );
 }
@@ -251,8 +269,14 @@ fn removal_mid_traffic_scenario() {
     p.a.qp
         .post_send(&[SendWr::new(1, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
         .expect("post_send");
-    assert_eq!(p.a.wait_send(GENEROUS).expect("send completion").status, WcStatus::Success);
-    assert_eq!(p.b.wait_recv(GENEROUS).expect("recv completion").status, WcStatus::Success);
+    assert_eq!(
+        p.a.wait_send(GENEROUS).expect("send completion").status,
+        WcStatus::Success
+    );
+    assert_eq!(
+        p.b.wait_recv(GENEROUS).expect("recv completion").status,
+        WcStatus::Success
+    );
 
     let (mut a_send, mut a_recv, mut b_recv) = (Ledger::default(), Ledger::default(), Ledger::default());
     for i in 0..32 {
@@ -308,7 +332,11 @@ fn removal_mid_traffic_scenario() {
     // WR_FLUSH_ERR), once, or — once the device went inert after the
     // removal deadline — refused with ENODEV.
     let (mut late_send, mut late_recv) = (Ledger::default(), Ledger::default());
-    match p.a.qp.post_send(&[SendWr::new(90, SendOp::Send, &sge).flags(SendFlags::SIGNALED)]) {
+    match p
+        .a
+        .qp
+        .post_send(&[SendWr::new(90, SendOp::Send, &sge).flags(SendFlags::SIGNALED)])
+    {
         Ok(()) => late_send.posted.push(90),
         Err(e) => assert_eq!(e.error.kind(), ErrorKind::NoDevice, "a post after the removal: {e}"),
     }
@@ -339,7 +367,9 @@ fn removal_mid_traffic_scenario() {
     }
     // The library no longer lists the device.
     assert!(
-        devices(Some(BackendKind::Hardware)).map(|d| d.is_empty()).unwrap_or(true),
+        devices(Some(BackendKind::Hardware))
+            .map(|d| d.is_empty())
+            .unwrap_or(true),
         "the removed device is still listed"
     );
 }

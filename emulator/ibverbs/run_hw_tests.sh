@@ -13,7 +13,9 @@
 #        fixed or a documented known divergence);
 #      - the hotplug and namespace properties on the library's device
 #        (conformance/tests/hw_library.rs: the library unplugs the device,
-#        the backend's monitor, removal and synthesized flushes run).
+#        the backend's monitor, removal and synthesized flushes run);
+#      - `softverbs perf send_lat --backends soft,hw`: the side-by-side
+#        table, the hw column on the library's device.
 #
 #   emulator/ibverbs/run_hw_tests.sh [DIR]     (default: $TMPDIR/softverbs-hwlib)
 #
@@ -66,12 +68,38 @@ run "the library lists its device" \
     "$target/debug/softverbs" --backend hw devices
 run "hw backend unit tests" \
     cargo test -p softverbs --features hardware --lib --quiet -- hw
-run "softverbs conformance --backend hw" \
-    "$target/debug/softverbs" conformance --backend hw --case-timeout 60
+# A few cases let completions settle for a fixed 20 ms before checking
+# them (cq.resize.below_queued): on a loaded 2-core machine the library's
+# progress thread can miss that. A failed case is run once more on its
+# own, and named, so that a real failure still fails the step.
+conformance_cli() {
+    local log=$dir/conformance.txt
+    "$target/debug/softverbs" conformance --backend hw --case-timeout 60 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] && return 0
+    [ "$rc" -ne 4 ] && return "$rc"
+    local cases
+    cases=$(sed -n '/^failed:/,/^$/p' "$log" | sed -n 's/^  \([^:]*\):.*/\1/p' | paste -sd, -)
+    [ -n "$cases" ] || return 1
+    echo "run_hw_tests: FLAKY? re-running the failed case(s) alone: $cases"
+    "$target/debug/softverbs" conformance --backend hw --case-timeout 60 --filter "$cases"
+}
+run "softverbs conformance --backend hw" conformance_cli
 run "conformance expectation (hw-softverbs.txt)" \
     cargo test -p softverbs-conformance --features hardware --test suite --quiet -- hardware_device --nocapture
 run "hotplug and namespace properties on the library's device" \
     cargo test -p softverbs-conformance --features hardware --test hw_library -- --nocapture --test-threads=1
+
+# Item: soft vs hw in one command; here the hw column is the library's
+# device through the hardware backend. A short run: it checks that both
+# columns and the ratio come out, not the figures.
+perf_side_by_side() {
+    local out
+    out=$("$target/debug/softverbs" perf send_lat -s 8 -n 500 --backends soft,hw) || return 1
+    echo "$out" | sed -n '/side by side/,$p'
+    echo "$out" | grep -Eq '^ 8 +[0-9.]+ +[0-9.]+ +[0-9.]+x$'
+}
+run "softverbs perf send_lat --backends soft,hw" perf_side_by_side
 
 if [ ${#failed[@]} -ne 0 ]; then
     printf 'run_hw_tests: FAILED: %s\n' "${failed[@]}"

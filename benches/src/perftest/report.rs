@@ -585,14 +585,29 @@ mod comparison_tests {
 
     #[test]
     fn ratios_are_each_backend_over_the_first() {
-        let t = comparison(&[("soft", vec![bw(64, 100.0), bw(4096, 400.0)]), ("hw", vec![bw(64, 250.0)])], false);
+        let t = comparison(
+            &[
+                ("soft", vec![bw(64, 100.0), bw(4096, 400.0)]),
+                ("hw", vec![bw(64, 250.0)]),
+            ],
+            false,
+        );
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[1].contains("soft BW") && lines[1].contains("hw/soft"), "{t}");
         assert!(lines[1].contains("MiB/sec"), "{t}");
-        let r64 = lines.iter().find(|l| l.trim_start().starts_with("64 ")).expect("64-byte row");
-        assert!(r64.contains("100.00") && r64.contains("250.00") && r64.ends_with("2.50x"), "{t}");
+        let r64 = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with("64 "))
+            .expect("64-byte row");
+        assert!(
+            r64.contains("100.00") && r64.contains("250.00") && r64.ends_with("2.50x"),
+            "{t}"
+        );
         // A size only one backend ran has no ratio.
-        let r4k = lines.iter().find(|l| l.trim_start().starts_with("4096")).expect("4096-byte row");
+        let r4k = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with("4096"))
+            .expect("4096-byte row");
         assert!(r4k.contains("400.00") && r4k.trim_end().ends_with('-'), "{t}");
     }
 
@@ -613,6 +628,10 @@ mod comparison_tests {
         };
         let t = comparison(&[("soft", vec![lat(8, 4.0)]), ("hw", vec![lat(8, 1.0)])], false);
         assert!(t.contains("t_typical[usec]"), "{t}");
-        assert!(t.lines().any(|l| l.trim_start().starts_with("8 ") && l.ends_with("0.25x")), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.trim_start().starts_with("8 ") && l.ends_with("0.25x")),
+            "{t}"
+        );
     }
 }

@@ -178,12 +178,7 @@ pub(crate) unsafe extern "C" fn post_send(
 /// # Safety
 ///
 /// As [`post_send`].
-unsafe fn post_send_chain(
-    q: &SvQp,
-    qp: *mut ibv_qp,
-    wr: *mut ibv_send_wr,
-    bad_wr: *mut *mut ibv_send_wr,
-) -> c_int {
+unsafe fn post_send_chain(q: &SvQp, qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
     let mut ops = Vec::new();
     let mut sgls: Vec<Vec<Sge<'static>>> = Vec::new();

@@ -124,3 +124,75 @@ fn cli_error(args: &PerfArgs, e: PerfError) -> CliError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{run as run_cli, Cli};
+    use super::*;
+
+    fn cli(args: &[&str]) -> (Result<(), CliError>, String) {
+        let cli = Cli::try_parse_from(args).expect("valid command line");
+        let mut out = Vec::new();
+        let r = run_cli(cli, &mut out);
+        (r, String::from_utf8(out).expect("UTF-8 output"))
+    }
+
+    #[test]
+    fn backends_are_a_comma_separated_list() {
+        let cli = Cli::try_parse_from(["softverbs", "perf", "send_lat", "--backends", "soft,hw"]).expect("parses");
+        match cli.command {
+            super::super::Command::Perf(a) => assert_eq!(a.backends, vec![Backend::Soft, Backend::Hw]),
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["softverbs", "perf", "send_lat", "--backends", "soft,nic"]).is_err());
+    }
+
+    #[test]
+    fn a_comparison_runs_each_backend_then_prints_the_table() {
+        // The soft backend twice over (listed once): one full report, then
+        // the side-by-side table with its figure.
+        let (r, out) = cli(&[
+            "softverbs",
+            "perf",
+            "send_lat",
+            "-s",
+            "8",
+            "-n",
+            "200",
+            "--backends",
+            "soft,soft",
+        ]);
+        assert!(r.is_ok(), "{r:?}\n{out}");
+        assert_eq!(out.matches("==== send_lat on backend soft ====").count(), 1, "{out}");
+        let table = out.split("side by side ====").nth(1).expect("the comparison table");
+        assert!(table.contains("soft lat") && table.contains("t_typical[usec]"), "{out}");
+        let row = table
+            .lines()
+            .find(|l| l.trim_start().starts_with("8 "))
+            .expect("the 8-byte row");
+        let t: f64 = row
+            .split_whitespace()
+            .nth(1)
+            .expect("figure")
+            .parse()
+            .expect("a number");
+        assert!(t > 0.0, "{row}");
+    }
+
+    #[test]
+    fn a_comparison_refuses_server_mode() {
+        let (r, _) = cli(&[
+            "softverbs",
+            "perf",
+            "send_lat",
+            "--server",
+            "--link",
+            "udp",
+            "--backends",
+            "soft",
+        ]);
+        assert!(matches!(r, Err(CliError::Reported(2))), "{r:?}");
+    }
+}

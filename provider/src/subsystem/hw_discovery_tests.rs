@@ -537,9 +537,7 @@ fn the_real_kernel_agrees_with_sysfs() {
         let mut present: Vec<String> = names(&sub).into_iter().map(|(n, _)| n).collect();
         present.sort();
         assert_eq!(present, own_sorted);
-        println!(
-            "no RDMA core in this kernel: libibverbs' own devices {own:?}, nothing else read or changed"
-        );
+        println!("no RDMA core in this kernel: libibverbs' own devices {own:?}, nothing else read or changed");
         return;
     }
     let (m, from) = mode.expect("the netns mode with ib_core loaded");
