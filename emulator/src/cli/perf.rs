@@ -43,9 +43,9 @@ use super::{eprintln_safe, Backend, CliError, Env};
 /// Arguments of `softverbs perf`: perftest's flags, and `--backends`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// perftest's flags.
+    /// perftest's flags (boxed: they are most of the command line's size).
     #[command(flatten)]
-    pub perf: PerfArgs,
+    pub perf: Box<PerfArgs>,
     /// Run the test on each of these backends in turn (comma-separated,
     /// e.g. soft,hw) and print their results side by side with ratios to
     /// the first (loopback only; overrides --backend)
