@@ -374,10 +374,10 @@ fn removal_mid_traffic_scenario() {
     );
 }
 
-/// The library unplugs the device while one thread posts and polls on
-/// queues of the hardware backend: the backend's monitor sees
-/// DEVICE_FATAL, the subsystem runs the removal, and every WR completes
-/// exactly once.
+/// The library unplugs the device between posts on queues of the hardware
+/// backend (with sends, writes and receives outstanding): the backend's
+/// monitor sees DEVICE_FATAL, the subsystem runs the removal, and every WR
+/// completes exactly once.
 #[test]
 fn removal_mid_traffic_completes_every_wr_once() {
     isolated(
