@@ -19,6 +19,9 @@
 #
 #   emulator/ibverbs/run_hw_tests.sh [DIR]     (default: $TMPDIR/softverbs-hwlib)
 #
+# SOFTVERBS_HW_FEATURES: the provider's features for the builds (default
+# `hardware`; it must include it).
+#
 # Every step runs; the script exits non-zero if any failed. A few minutes
 # on 2 cores once the workspace is built.
 set -uo pipefail
@@ -58,16 +61,21 @@ rm -rf "$dir/links"
 export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset SOFTVERBS_UNPLUG_AFTER_MS
 
+# The provider's features: `hardware` and whatever else the caller's
+# builds use (CI passes its feature build's set, so nothing is rebuilt).
+feats=${SOFTVERBS_HW_FEATURES:-hardware}
+sv_feats=$(echo "$feats" | sed 's/[^,][^,]*/softverbs\/&/g')
+
 # Build everything first (without the library on the path: build scripts
 # and proc macros must not load it).
-LD_LIBRARY_PATH= cargo build -p softverbs --features hardware --lib --tests --quiet || exit 1
-LD_LIBRARY_PATH= cargo build -p softverbs-conformance --features hardware --tests --quiet || exit 1
-LD_LIBRARY_PATH= cargo build -p softverbs-emulator --features softverbs/hardware --quiet || exit 1
+LD_LIBRARY_PATH= cargo build -p softverbs --features "$feats" --lib --tests --quiet || exit 1
+LD_LIBRARY_PATH= cargo build -p softverbs-conformance --features "hardware,$sv_feats" --tests --quiet || exit 1
+LD_LIBRARY_PATH= cargo build -p softverbs-emulator --features "$sv_feats" --quiet || exit 1
 
 run "the library lists its device" \
     "$target/debug/softverbs" --backend hw devices
 run "hw backend unit tests" \
-    cargo test -p softverbs --features hardware --lib --quiet -- hw
+    cargo test -p softverbs --features "$feats" --lib --quiet -- hw
 # A few cases let completions settle for a fixed 20 ms before checking
 # them (cq.resize.below_queued): on a loaded 2-core machine the library's
 # progress thread can miss that. A failed case is run once more on its
@@ -86,9 +94,9 @@ conformance_cli() {
 }
 run "softverbs conformance --backend hw" conformance_cli
 run "conformance expectation (hw-softverbs.txt)" \
-    cargo test -p softverbs-conformance --features hardware --test suite --quiet -- hardware_device --nocapture
+    cargo test -p softverbs-conformance --features "hardware,$sv_feats" --test suite --quiet -- hardware_device --nocapture
 run "hotplug and namespace properties on the library's device" \
-    cargo test -p softverbs-conformance --features hardware --test hw_library -- --nocapture --test-threads=1
+    cargo test -p softverbs-conformance --features "hardware,$sv_feats" --test hw_library -- --nocapture --test-threads=1
 
 # Item: soft vs hw in one command; here the hw column is the library's
 # device through the hardware backend. A short run: it checks that both
