@@ -227,10 +227,11 @@ impl DeviceSource for VerbsSource {
 }
 
 /// RDMA netlink, falling back to sysfs (`/sys`) in the process's own
-/// network namespace when netlink is unavailable; when the kernel shows no
-/// RDMA device at all there, the devices libibverbs lists ([`VerbsSource`]:
-/// a libibverbs with devices of its own, such as softverbs' library).
-/// Where the kernel has RDMA devices the answer is the kernel's alone.
+/// network namespace when netlink is unavailable; when that is because the
+/// kernel has no RDMA core (sysfs shows no device either), the devices
+/// libibverbs lists ([`VerbsSource`]: a libibverbs with devices of its own,
+/// such as softverbs' library). A kernel with an RDMA core is the only
+/// source of its devices: real NICs are listed as before.
 #[derive(Debug, Clone)]
 pub struct AutoSource {
     sysfs: SysfsSource,
@@ -253,14 +254,16 @@ impl DeviceSource for AutoSource {
             own.is_some() && NetnsId::current().ok() == own
         };
         let kernel = match NetlinkSource.list() {
-            Ok(v) => v,
-            Err(e) if own_netns() => self.sysfs.list().map_err(|_| e)?,
+            // The kernel has an RDMA core: its answer, as always.
+            Ok(v) => return Ok(v),
+            Err(_) if own_netns() => self.sysfs.list()?,
             Err(e) => return Err(e),
         };
-        if !kernel.is_empty() || !own_netns() {
+        if !kernel.is_empty() {
             return Ok(kernel);
         }
-        // No kernel device: a libibverbs with devices of its own, or none.
+        // No RDMA core in the kernel, so no kernel device: a libibverbs with
+        // devices of its own, or none.
         match VerbsSource.list() {
             Ok(v) => Ok(v),
             // No RDMA subsystem and no user-space device: nothing present.
