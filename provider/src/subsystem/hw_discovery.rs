@@ -11,7 +11,10 @@
 //! counts as gone). [`AutoSource`] asks RDMA netlink (the `rdma dev`
 //! dump, answered for the namespace the socket was created in) and falls
 //! back to sysfs (`/sys/class/infiniband`, whose view is that of the
-//! namespace sysfs was mounted in) where netlink is unavailable.
+//! namespace sysfs was mounted in) where netlink is unavailable. Without an
+//! RDMA core in the kernel it lists what libibverbs lists ([`VerbsSource`]):
+//! the devices of a libibverbs that has its own, such as softverbs'
+//! `libibverbs.so.1`.
 //!
 //! # Namespaces
 //!
