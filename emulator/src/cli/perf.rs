@@ -30,7 +30,10 @@
 //! With a NIC the `hw` column is the NIC; built with `--features hardware`
 //! and run with `LD_LIBRARY_PATH` at softverbs' own `libibverbs.so.1`
 //! (`emulator/ibverbs/mklibdir.sh`), it is the library's soft device seen
-//! through the hardware backend.
+//! through the hardware backend. The soft column uses the soft backend's
+//! default link (two devices of this process, no network); `--link udp`
+//! puts it on RoCEv2 over loopback UDP, as the library's device is (the
+//! hardware backend ignores `--link`).
 
 use std::io::Write;
 
