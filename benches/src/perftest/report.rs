@@ -483,3 +483,155 @@ mod tests {
         assert_eq!(json_str("a\"b\\"), "\"a\\\"b\\\\\"");
     }
 }
+
+/// The figure a comparison puts side by side for `row`, and whether more
+/// is better: average bandwidth (MiB/s, or Gb/s with `gbits`) for
+/// bandwidth rows, typical latency (µs) for latency rows, average latency
+/// for `-D` rows.
+fn compared_figure(row: &Row, gbits: bool) -> (u64, f64, bool) {
+    match row {
+        Row::Bw(b) => (b.size, BwResult::in_units(b.avg_bps, gbits), true),
+        Row::Lat(l) => (l.size, l.t_typical, false),
+        Row::LatDur(l) => (l.size, l.t_avg, false),
+    }
+}
+
+/// The side-by-side table of `softverbs perf --backends`: one line per
+/// message size with each backend's figure (see the header), then the
+/// ratio of every other backend to the first (`hw/soft 1.80x`: the second
+/// backend's figure over the first's, so above 1 means more bandwidth or
+/// more latency). A size a backend did not run shows `-`.
+pub fn comparison(columns: &[(&str, Vec<Row>)], gbits: bool) -> String {
+    let Some(first_rows) = columns.iter().find_map(|(_, r)| r.first()) else {
+        return "no results to compare\n".to_string();
+    };
+    let (_, _, bw) = compared_figure(first_rows, gbits);
+    let unit = match (bw, gbits) {
+        (true, false) => "BW average[MiB/sec]",
+        (true, true) => "BW average[Gb/sec]",
+        (false, _) => {
+            if matches!(first_rows, Row::LatDur(_)) {
+                "t_avg[usec]"
+            } else {
+                "t_typical[usec]"
+            }
+        }
+    };
+    let mut sizes: Vec<u64> = columns
+        .iter()
+        .flat_map(|(_, rows)| rows.iter().map(|r| compared_figure(r, gbits).0))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut s = String::new();
+    let _ = writeln!(s, "{RESULT_LINE}");
+    let _ = write!(s, " {:<10}", "#bytes");
+    for (name, _) in columns {
+        let _ = write!(s, " {:>16}", format!("{name} {}", if bw { "BW" } else { "lat" }));
+    }
+    let base = columns.first().map_or("", |c| c.0);
+    for (name, _) in columns.iter().skip(1) {
+        let _ = write!(s, " {:>12}", format!("{name}/{base}"));
+    }
+    let _ = writeln!(s, "    ({unit})");
+    for size in sizes {
+        let figure = |rows: &Vec<Row>| {
+            rows.iter()
+                .map(|r| compared_figure(r, gbits))
+                .find(|(sz, _, _)| *sz == size)
+                .map(|(_, v, _)| v)
+        };
+        let values: Vec<Option<f64>> = columns.iter().map(|(_, rows)| figure(rows)).collect();
+        let _ = write!(s, " {size:<10}");
+        for v in &values {
+            match v {
+                Some(v) => {
+                    let _ = write!(s, " {v:>16.2}");
+                }
+                None => {
+                    let _ = write!(s, " {:>16}", "-");
+                }
+            }
+        }
+        for v in values.iter().skip(1) {
+            match (values[0], v) {
+                (Some(b), Some(v)) if b > 0.0 => {
+                    let _ = write!(s, " {:>12}", format!("{:.2}x", v / b));
+                }
+                _ => {
+                    let _ = write!(s, " {:>12}", "-");
+                }
+            }
+        }
+        s.push('\n');
+    }
+    let _ = writeln!(s, "{RESULT_LINE}");
+    s
+}
+
+#[cfg(test)]
+mod comparison_tests {
+    use super::*;
+
+    fn bw(size: u64, mib: f64) -> Row {
+        Row::Bw(BwResult {
+            size,
+            iters: 10,
+            peak_bps: mib * 1_048_576.0,
+            avg_bps: mib * 1_048_576.0,
+            msg_rate: 1.0,
+        })
+    }
+
+    #[test]
+    fn ratios_are_each_backend_over_the_first() {
+        let t = comparison(
+            &[
+                ("soft", vec![bw(64, 100.0), bw(4096, 400.0)]),
+                ("hw", vec![bw(64, 250.0)]),
+            ],
+            false,
+        );
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[1].contains("soft BW") && lines[1].contains("hw/soft"), "{t}");
+        assert!(lines[1].contains("MiB/sec"), "{t}");
+        let r64 = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with("64 "))
+            .expect("64-byte row");
+        assert!(
+            r64.contains("100.00") && r64.contains("250.00") && r64.ends_with("2.50x"),
+            "{t}"
+        );
+        // A size only one backend ran has no ratio.
+        let r4k = lines
+            .iter()
+            .find(|l| l.trim_start().starts_with("4096"))
+            .expect("4096-byte row");
+        assert!(r4k.contains("400.00") && r4k.trim_end().ends_with('-'), "{t}");
+    }
+
+    #[test]
+    fn latency_compares_the_typical_latency() {
+        let lat = |size, t| {
+            Row::Lat(LatResult {
+                size,
+                iters: 10,
+                t_min: 0.5,
+                t_max: 9.0,
+                t_typical: t,
+                t_avg: 1.0,
+                t_stdev: 0.1,
+                p99: 2.0,
+                p99_9: 3.0,
+            })
+        };
+        let t = comparison(&[("soft", vec![lat(8, 4.0)]), ("hw", vec![lat(8, 1.0)])], false);
+        assert!(t.contains("t_typical[usec]"), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.trim_start().starts_with("8 ") && l.ends_with("0.25x")),
+            "{t}"
+        );
+    }
+}

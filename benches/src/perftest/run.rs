@@ -32,14 +32,7 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
     let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
     let shm = p.link == LinkKind::Shm;
     match p.mode.clone() {
-        Mode::Loopback if net => {
-            let (a, b) = udp_loopback_devices(p.bw, p.verb, shm)?;
-            run_loopback(&p, &a, &b, out)
-        }
-        Mode::Loopback => {
-            let (a, b) = loopback_devices(&p)?;
-            run_loopback(&p, &a, &b, out)
-        }
+        Mode::Loopback => run_loopback_on(&p, out).map(|_| ()),
         Mode::Server => {
             let dev = if net { None } else { Some(device(&p)?) };
             writeln!(out, "\n************************************")?;
@@ -63,6 +56,41 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             run_networked(&p, &dev, link, false, out)
         }
     }
+}
+
+/// Runs a loopback test (both ends in this process) on `backend` and
+/// returns its rows (one per message size) besides writing the report to
+/// `out`: what `softverbs perf --backends` puts side by side.
+///
+/// # Errors
+///
+/// [`PerfError::Usage`] for `scale` or a server/client mode (a comparison
+/// runs both ends here); otherwise see [`PerfError`].
+pub fn run_rows(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
+    if args.test == PerfTest::Scale {
+        return Err(PerfError::Usage(
+            "the scale test has no per-size rows to compare".to_string(),
+        ));
+    }
+    let p = Params::from_args(args, backend)?;
+    if p.mode != Mode::Loopback {
+        return Err(PerfError::Usage(
+            "a comparison of backends runs both ends in this process: drop --server/--client".to_string(),
+        ));
+    }
+    run_loopback_on(&p, out)
+}
+
+/// The loopback devices of `p` (UDP or shared memory for a networked soft
+/// link, else the backend's devices), then [`run_loopback`].
+fn run_loopback_on(p: &Params, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
+    let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
+    let (a, b) = if net {
+        udp_loopback_devices(p.bw, p.verb, p.link == LinkKind::Shm)?
+    } else {
+        loopback_devices(p)?
+    };
+    run_loopback(p, &a, &b, out)
 }
 
 /// A soft device on the UDP link bound to `ip` (automatic port; the
@@ -251,7 +279,7 @@ fn write_json(p: &Params, info: &BannerInfo<'_>, rows: &[Row]) -> Result<(), Per
 /// # Errors
 ///
 /// See [`PerfError`].
-pub fn run_loopback(p: &Params, a: &Device, b: &Device, out: &mut dyn Write) -> Result<(), PerfError> {
+pub fn run_loopback(p: &Params, a: &Device, b: &Device, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
     let ctx_a = a.open().ctx(&format!("opening {}", a.name()))?;
     let ctx_b = b.open().ctx(&format!("opening {}", b.name()))?;
     let mut sa = Side::new(&ctx_a, p, p.max_size(), 1)?;
@@ -278,7 +306,8 @@ pub fn run_loopback(p: &Params, a: &Device, b: &Device, out: &mut dyn Write) -> 
         }
     }
     writeln!(out, "{RESULT_LINE}")?;
-    write_json(p, &info, &rows)
+    write_json(p, &info, &rows)?;
+    Ok(rows)
 }
 
 /// One message size of a loopback run.

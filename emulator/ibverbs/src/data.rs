@@ -123,6 +123,11 @@ pub(crate) unsafe extern "C" fn post_send(
     }
     // SAFETY: a live QP of this library.
     let q = unsafe { SvQp::from_ibv(qp) };
+    // SAFETY: the chain is readable (ibv_post_send's contract).
+    if !wr.is_null() && !unsafe { (*wr).next }.is_null() {
+        // SAFETY: forwarded contract.
+        return unsafe { post_send_chain(q, qp, wr, bad_wr) };
+    }
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: the chain's work requests are readable (ibv_post_send's
@@ -159,6 +164,71 @@ pub(crate) unsafe extern "C" fn post_send(
         cur = unsafe { (*cur).next };
     }
     0
+}
+
+/// `ibv_post_send` of a chain of more than one work request: the chain is
+/// handed to the QP in one post, as a NIC sees a chain (the QP processes
+/// it in order, so an error completion of the first work request flushes
+/// the rest of the chain before the receive queue). Posting one at a time
+/// would let the first one's error flush the receive queue before the
+/// later work requests even reach the send queue. A work request the
+/// library cannot convert ends the chain there: those before it are
+/// posted, it is `*bad_wr`.
+///
+/// # Safety
+///
+/// As [`post_send`].
+unsafe fn post_send_chain(q: &SvQp, qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
+    let mut ops = Vec::new();
+    let mut sgls: Vec<Vec<Sge<'static>>> = Vec::new();
+    let mut rejected = None;
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the chain's work requests are readable (ibv_post_send's
+        // contract); their AH/MW/MR pointers are live objects; each entry's
+        // memory as with_sges requires.
+        let conv = unsafe {
+            let w = &*cur;
+            send_op(w).and_then(|op| with_sges(w.sg_list, w.num_sge, <[Sge<'static>]>::to_vec).map(|sgl| (op, sgl)))
+        };
+        match conv {
+            Ok((op, sgl)) => {
+                ptrs.push(cur);
+                ops.push(op);
+                sgls.push(sgl);
+            }
+            Err(e) => {
+                rejected = Some((cur, e));
+                break;
+            }
+        }
+        // SAFETY: readable, as above.
+        cur = unsafe { (*cur).next };
+    }
+    let mut wrs = Vec::with_capacity(ptrs.len());
+    for ((&p, op), sgl) in ptrs.iter().zip(ops).zip(&sgls) {
+        // SAFETY: readable, as above; a UD work request's AH is a live AH
+        // of this library.
+        unsafe {
+            let w = &*p;
+            let mut s = SendWr::new(w.wr_id, op, sgl).flags(SendFlags::from_bits_truncate(w.send_flags));
+            if w.opcode <= IBV_WR_SEND_WITH_IMM && !w.wr.ud.ah.is_null() && (*qp).qp_type == 4 {
+                s = s.ud(&(*(w.wr.ud.ah as *mut SvAh)).h, w.wr.ud.remote_qpn, w.wr.ud.remote_qkey);
+            }
+            wrs.push(s);
+        }
+    }
+    let (bad, errno) = match (q.h.post_send(&wrs), rejected) {
+        (Err(e), _) => (ptrs[e.index], e.error.errno()),
+        (Ok(()), Some((p, e))) => (p, e),
+        (Ok(()), None) => return 0,
+    };
+    if !bad_wr.is_null() {
+        // SAFETY: writable per the contract.
+        unsafe { *bad_wr = bad };
+    }
+    errno
 }
 
 /// Posts a receive chain through `post` (a QP's or an SRQ's).

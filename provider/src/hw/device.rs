@@ -140,6 +140,8 @@ pub struct HwDevice {
     list: Arc<DeviceList>,
     index: usize,
     name: String,
+    /// The uverbs node's name (`uverbs0`), `ibv_device::dev_name`.
+    uverbs: String,
     guid: Guid,
     life: Arc<HwDeviceLife>,
     /// The network namespace it was listed in, if not the caller's: opens
@@ -157,14 +159,25 @@ impl HwDevice {
             .into_owned();
         // SAFETY: as above; the GUID is read from sysfs, big-endian.
         let guid = convert::guid_from_raw(unsafe { rdma_sys::ibv_get_device_guid(dev) });
+        // SAFETY: as above; dev_name is a NUL-terminated array inside it.
+        let uverbs = unsafe { CStr::from_ptr((*dev).dev_name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
         HwDevice {
             life: HwDeviceLife::for_device(&name),
             list,
             index,
             name,
+            uverbs,
             guid,
             netns,
         }
+    }
+
+    /// The name of the device's uverbs node (`uverbs0`): which kernel
+    /// instance it is.
+    pub(crate) fn uverbs_name(&self) -> &str {
+        &self.uverbs
     }
 
     /// The device's life (shared by every entry of the same device).

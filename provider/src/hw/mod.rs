@@ -84,7 +84,6 @@ mod wake;
 use std::sync::Arc;
 
 pub(crate) use device::find_device;
-#[cfg(test)]
 pub(crate) use device::list_devices;
 pub use device::{HwContext, HwDevice, HwProvider};
 pub use monitor::HwEvent;

@@ -539,6 +539,17 @@ mod tests {
             .expect("qp");
         let mr = pd.alloc_mr(4096, crate::verbs::AccessFlags::LOCAL_WRITE).expect("mr");
         let sge = [mr.sge(0, 64).unwrap()];
+        // Receives can be posted from INIT on (a RESET QP rejects them
+        // with EINVAL, as rxe and the IB spec do).
+        let init = crate::verbs::QpAttr {
+            qp_state: crate::verbs::QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            ..crate::verbs::QpAttr::default()
+        };
+        use crate::verbs::QpAttrMask as M;
+        qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            .expect("RESET -> INIT");
         let wrs: Vec<_> = (0..8).map(|i| crate::verbs::RecvWr::new(i, &sge)).collect();
         qp.post_recv(&wrs).expect("post_recv");
         cq.req_notify(false).expect("arm");

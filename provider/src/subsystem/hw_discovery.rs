@@ -11,7 +11,10 @@
 //! counts as gone). [`AutoSource`] asks RDMA netlink (the `rdma dev`
 //! dump, answered for the namespace the socket was created in) and falls
 //! back to sysfs (`/sys/class/infiniband`, whose view is that of the
-//! namespace sysfs was mounted in) where netlink is unavailable.
+//! namespace sysfs was mounted in) where netlink is unavailable. Without an
+//! RDMA core in the kernel it lists what libibverbs lists ([`VerbsSource`]):
+//! the devices of a libibverbs that has its own, such as softverbs'
+//! `libibverbs.so.1`.
 //!
 //! # Namespaces
 //!
@@ -57,6 +60,7 @@ use super::registry::Subsystem;
 use super::removal::RemovalReport;
 use crate::hw::netns::NetnsId;
 use crate::hw::{netlink, sysfs};
+use crate::verbs::backend::DeviceOps;
 use crate::verbs::BackendKind;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,8 +191,50 @@ impl DeviceSource for SysfsSource {
     }
 }
 
+/// The devices libibverbs itself lists (`ibv_get_device_list`), with their
+/// node GUID and uverbs node name as identity.
+///
+/// With rdma-core's library this is the sysfs view again (rdma-core reads
+/// sysfs); it matters for a libibverbs whose devices the kernel does not
+/// know, such as softverbs' own `libibverbs.so.1` (`emulator/ibverbs`),
+/// which lists its soft devices and drops a device from the list when it
+/// is unplugged. It answers for the namespace sysfs was mounted in (with
+/// rdma-core) or for the process (without a kernel device), never for the
+/// calling thread's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct VerbsSource;
+
+impl DeviceSource for VerbsSource {
+    fn list(&self) -> io::Result<Vec<PresentDevice>> {
+        let devices = crate::hw::list_devices(None).map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        Ok(devices
+            .iter()
+            .map(|d| PresentDevice {
+                name: d.name().to_string(),
+                identity: Identity {
+                    node_guid: Some(d.node_guid().0),
+                    instance: Some(d.uverbs_name().to_string()),
+                },
+                openable: true,
+            })
+            .collect())
+    }
+
+    fn follows_netns(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        "ibv_get_device_list".to_string()
+    }
+}
+
 /// RDMA netlink, falling back to sysfs (`/sys`) in the process's own
-/// network namespace when netlink is unavailable.
+/// network namespace when netlink is unavailable; when that is because the
+/// kernel has no RDMA core (sysfs shows no device either), the devices
+/// libibverbs lists ([`VerbsSource`]: a libibverbs with devices of its own,
+/// such as softverbs' library). A kernel with an RDMA core is the only
+/// source of its devices: real NICs are listed as before.
 #[derive(Debug, Clone)]
 pub struct AutoSource {
     sysfs: SysfsSource,
@@ -204,23 +250,35 @@ impl Default for AutoSource {
 
 impl DeviceSource for AutoSource {
     fn list(&self) -> io::Result<Vec<PresentDevice>> {
-        match NetlinkSource.list() {
+        // sysfs and libibverbs show the namespace sysfs was mounted in (or
+        // the process's own): only valid in the process's own.
+        let own_netns = || {
+            let own = NetnsId::of_path(Path::new("/proc/self/ns/net")).ok();
+            own.is_some() && NetnsId::current().ok() == own
+        };
+        let kernel = match NetlinkSource.list() {
+            // The kernel has an RDMA core: its answer, as always.
+            Ok(v) => return Ok(v),
+            Err(_) if own_netns() => self.sysfs.list()?,
+            Err(e) => return Err(e),
+        };
+        if !kernel.is_empty() {
+            return Ok(kernel);
+        }
+        // No RDMA core in the kernel, so no kernel device: a libibverbs with
+        // devices of its own, or none.
+        match VerbsSource.list() {
             Ok(v) => Ok(v),
-            Err(e) => {
-                // sysfs shows the namespace it was mounted in: only valid in
-                // the process's own.
-                let own = NetnsId::of_path(Path::new("/proc/self/ns/net")).ok();
-                if own.is_some() && NetnsId::current().ok() == own {
-                    self.sysfs.list()
-                } else {
-                    Err(e)
-                }
+            // No RDMA subsystem and no user-space device: nothing present.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::ENOSYS) => {
+                Ok(kernel)
             }
+            Err(e) => Err(e),
         }
     }
 
     fn describe(&self) -> String {
-        "RDMA netlink, else sysfs".to_string()
+        "RDMA netlink, else sysfs; else ibv_get_device_list".to_string()
     }
 }
 
