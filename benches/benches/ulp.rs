@@ -8,8 +8,9 @@
 //! for a fast pass).
 //!
 //! Counting mode, for instruction counts on a loaded machine (wall clock
-//! is noise there): with `ULP_COUNT=<raw|ulp>:<n>` in the environment the
-//! binary sets the pair up, runs `n` 8-byte operations of that arm and
+//! is noise there): with `ULP_COUNT=<raw|ulp|ulpvec>:<n>` in the environment the
+//! binary sets the pair up, runs `n` 8-byte operations of that arm (or of
+//! `ulpvec`: the layer with the scatter list as a `Vec`) and
 //! exits, without criterion. Run it under callgrind at two values of `n`:
 //! the difference of the totals divided by the difference of the `n`s is
 //! the instructions of one operation, setup excluded.
@@ -25,7 +26,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use softverbs::ulp::{LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 
@@ -162,7 +163,14 @@ impl Pair {
     #[inline(never)]
     fn raw(&mut self, len: u32) {
         let sge = [self.src.sge(0, len).unwrap()];
-        let wr = SendWr::new(1, SendOp::Write { remote: self.dst.remote(0) }, &sge).flags(SendFlags::SIGNALED);
+        let wr = SendWr::new(
+            1,
+            SendOp::Write {
+                remote: self.dst.remote(0),
+            },
+            &sge,
+        )
+        .flags(SendFlags::SIGNALED);
         self.a.raw_qp.post_send(&[wr]).unwrap();
         loop {
             let n = self.a.raw_cq.poll(&mut self.wc).unwrap();
@@ -173,21 +181,33 @@ impl Pair {
         }
     }
 
-    /// The same through the layer: posted with a callback, polled until
-    /// the callback ran.
+    /// The same through the layer: one WR over one buffer (kept inline
+    /// by the layer), posted with a callback, polled until the callback
+    /// ran.
     #[inline(never)]
     fn ulp(&mut self, len: u32) {
+        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
+        self.post_and_poll(vec![wr]);
+    }
+
+    /// As [`Pair::ulp`], with the scatter list given as a `Vec` (one more
+    /// allocation).
+    #[inline(never)]
+    fn ulp_vec(&mut self, len: u32) {
+        let wr = UlpWr::write(vec![LocalBuf::new(&self.src, 0, len).unwrap()], self.dst.remote(0));
+        self.post_and_poll(vec![wr]);
+    }
+
+    #[inline(always)]
+    fn post_and_poll(&mut self, chain: Vec<UlpWr>) {
         let want = self.done.load(Ordering::Relaxed) + 1;
         let d = self.done.clone();
         self.a
             .qp
-            .post(
-                vec![UlpWr::write(vec![LocalBuf::new(&self.src, 0, len).unwrap()], self.dst.remote(0))],
-                move |wc| {
-                    assert!(wc.is_success());
-                    d.fetch_add(1, Ordering::Relaxed);
-                },
-            )
+            .post(chain, move |wc| {
+                assert!(wc.is_success());
+                d.fetch_add(1, Ordering::Relaxed);
+            })
             .unwrap();
         while self.done.load(Ordering::Relaxed) < want {
             self.a.cq.poll(16).unwrap();
@@ -211,14 +231,15 @@ criterion_group!(benches, ulp);
 
 fn main() {
     if let Ok(spec) = std::env::var("ULP_COUNT") {
-        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp>:<n>");
+        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp|ulpvec>:<n>");
         let n: u64 = n.parse().expect("a count");
         let mut p = Pair::new();
         for _ in 0..n {
             match arm {
                 "raw" => p.raw(8),
                 "ulp" => p.ulp(8),
-                _ => panic!("ULP_COUNT arm is raw or ulp"),
+                "ulpvec" => p.ulp_vec(8),
+                _ => panic!("ULP_COUNT arm is raw, ulp or ulpvec"),
             }
         }
         return;
