@@ -6,6 +6,19 @@
 //!
 //! Run: `cargo bench -p softverbs-benches --bench ulp` (add `-- --quick`
 //! for a fast pass).
+//!
+//! Counting mode, for instruction counts on a loaded machine (wall clock
+//! is noise there): with `ULP_COUNT=<raw|ulp|ulpvec>:<n>` in the environment the
+//! binary sets the pair up, runs `n` 8-byte operations of that arm (or of
+//! `ulpvec`: the layer with the scatter list as a `Vec`) and
+//! exits, without criterion. Run it under callgrind at two values of `n`:
+//! the difference of the totals divided by the difference of the `n`s is
+//! the instructions of one operation, setup excluded.
+//!
+//! ```text
+//! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
+//! ULP_COUNT=ulp:20000 valgrind --tool=callgrind --callgrind-out-file=/dev/null <binary>
+//! ```
 
 // criterion_group!/criterion_main! generate undocumented functions.
 #![allow(missing_docs)]
@@ -13,7 +26,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 use softverbs::ulp::{LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 
@@ -112,58 +125,125 @@ fn connect(qp: &Qp, dest_qpn: u32, gid: Gid) {
     .unwrap();
 }
 
-fn ulp(c: &mut Criterion) {
-    let devs = softverbs::soft::embedded_default().unwrap();
-    let a = end(devs[0].open().unwrap());
-    let b = end(devs[1].open().unwrap());
-    connect(&a.raw_qp, b.raw_qp.qp_num(), b.gid);
-    connect(&b.raw_qp, a.raw_qp.qp_num(), a.gid);
-    connect(a.qp.qp(), b.qp.qp_num(), b.gid);
-    connect(b.qp.qp(), a.qp.qp_num(), a.gid);
-    let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
-    let dst =
-        b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+/// Both ends connected twice (raw and through the layer), and the
+/// buffers.
+struct Pair {
+    a: End,
+    _b: End,
+    src: Arc<Mr>,
+    dst: Mr,
+    done: Arc<AtomicU64>,
+    wc: [WorkCompletion; 4],
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let devs = softverbs::soft::embedded_default().unwrap();
+        let a = end(devs[0].open().unwrap());
+        let b = end(devs[1].open().unwrap());
+        connect(&a.raw_qp, b.raw_qp.qp_num(), b.gid);
+        connect(&b.raw_qp, a.raw_qp.qp_num(), a.gid);
+        connect(a.qp.qp(), b.qp.qp_num(), b.gid);
+        connect(b.qp.qp(), a.qp.qp_num(), a.gid);
+        let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
+        let dst =
+            b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                .unwrap();
+        Pair {
+            a,
+            _b: b,
+            src,
+            dst,
+            done: Arc::new(AtomicU64::new(0)),
+            wc: [WorkCompletion::default(); 4],
+        }
+    }
+
+    /// One signaled WRITE of `len` bytes posted and polled, raw verbs.
+    #[inline(never)]
+    fn raw(&mut self, len: u32) {
+        let sge = [self.src.sge(0, len).unwrap()];
+        let wr = SendWr::new(
+            1,
+            SendOp::Write {
+                remote: self.dst.remote(0),
+            },
+            &sge,
+        )
+        .flags(SendFlags::SIGNALED);
+        self.a.raw_qp.post_send(&[wr]).unwrap();
+        loop {
+            let n = self.a.raw_cq.poll(&mut self.wc).unwrap();
+            if n > 0 {
+                assert!(self.wc[0].is_success());
+                break;
+            }
+        }
+    }
+
+    /// The same through the layer: one WR over one buffer (kept inline
+    /// by the layer), posted with a callback, polled until the callback
+    /// ran.
+    #[inline(never)]
+    fn ulp(&mut self, len: u32) {
+        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
+        self.post_and_poll(vec![wr]);
+    }
+
+    /// As [`Pair::ulp`], with the scatter list given as a `Vec` (one more
+    /// allocation).
+    #[inline(never)]
+    fn ulp_vec(&mut self, len: u32) {
+        let wr = UlpWr::write(vec![LocalBuf::new(&self.src, 0, len).unwrap()], self.dst.remote(0));
+        self.post_and_poll(vec![wr]);
+    }
+
+    #[inline(always)]
+    fn post_and_poll(&mut self, chain: Vec<UlpWr>) {
+        let want = self.done.load(Ordering::Relaxed) + 1;
+        let d = self.done.clone();
+        self.a
+            .qp
+            .post(chain, move |wc| {
+                assert!(wc.is_success());
+                d.fetch_add(1, Ordering::Relaxed);
+            })
             .unwrap();
+        while self.done.load(Ordering::Relaxed) < want {
+            self.a.cq.poll(16).unwrap();
+        }
+    }
+}
+
+fn ulp(c: &mut Criterion) {
+    let mut p = Pair::new();
     let mut g = c.benchmark_group("ulp");
     for len in [8u32, 64 << 10] {
         g.throughput(Throughput::Elements(1));
         let name = if len == 8 { "8B" } else { "64KiB" };
-        g.bench_function(format!("raw_write_{name}"), |bch| {
-            let mut wc = [WorkCompletion::default(); 4];
-            bch.iter(|| {
-                let sge = [src.sge(0, len).unwrap()];
-                let wr = SendWr::new(1, SendOp::Write { remote: dst.remote(0) }, &sge).flags(SendFlags::SIGNALED);
-                a.raw_qp.post_send(&[wr]).unwrap();
-                loop {
-                    let n = a.raw_cq.poll(&mut wc).unwrap();
-                    if n > 0 {
-                        assert!(wc[0].is_success());
-                        break;
-                    }
-                }
-            })
-        });
-        let done = Arc::new(AtomicU64::new(0));
-        g.bench_function(format!("ulp_write_{name}"), |bch| {
-            bch.iter(|| {
-                let want = done.load(Ordering::Relaxed) + 1;
-                let d = done.clone();
-                a.qp.post(
-                    vec![UlpWr::write(vec![LocalBuf::new(&src, 0, len).unwrap()], dst.remote(0))],
-                    move |wc| {
-                        assert!(wc.is_success());
-                        d.fetch_add(1, Ordering::Relaxed);
-                    },
-                )
-                .unwrap();
-                while done.load(Ordering::Relaxed) < want {
-                    a.cq.poll(16).unwrap();
-                }
-            })
-        });
+        g.bench_function(format!("raw_write_{name}"), |bch| bch.iter(|| p.raw(len)));
+        g.bench_function(format!("ulp_write_{name}"), |bch| bch.iter(|| p.ulp(len)));
     }
     g.finish();
 }
 
 criterion_group!(benches, ulp);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(spec) = std::env::var("ULP_COUNT") {
+        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp|ulpvec>:<n>");
+        let n: u64 = n.parse().expect("a count");
+        let mut p = Pair::new();
+        for _ in 0..n {
+            match arm {
+                "raw" => p.raw(8),
+                "ulp" => p.ulp(8),
+                "ulpvec" => p.ulp_vec(8),
+                _ => panic!("ULP_COUNT arm is raw, ulp or ulpvec"),
+            }
+        }
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -63,13 +63,20 @@ pub struct CqStats {
     pub stray_errors: u64,
 }
 
+/// What a poller holds while it reads completions and retires them: the
+/// completion buffer and the QPs attached to the CQ, under one lock (a
+/// poll takes it once; attaching and detaching a QP are rare).
+struct PollState {
+    wcs: Vec<WorkCompletion>,
+    qps: QpMap,
+}
+
 pub(crate) struct CqShared {
     // Field order: the CQ is destroyed before its channel.
     cq: Cq,
     channel: CompChannel,
     ctx: Context,
-    poll: Mutex<Vec<WorkCompletion>>,
-    qps: RwLock<QpMap>,
+    poll: Mutex<PollState>,
     committed: Mutex<u32>,
     polled: AtomicU64,
     callbacks: AtomicU64,
@@ -104,33 +111,26 @@ impl CqShared {
     }
 
     pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
-        self.qps
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(qp.qp.qp_num(), qp.clone());
+        lock(&self.poll).qps.insert(qp.qp.qp_num(), qp.clone());
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
         // Under the poll lock: no poller is between reading a completion
         // of this QP and retiring it.
-        let _p = lock(&self.poll);
-        self.qps.write().unwrap_or_else(|p| p.into_inner()).remove(&qpn);
+        lock(&self.poll).qps.remove(&qpn);
     }
 
     /// Reads up to `want` completions and retires what they complete;
     /// the finished requests go to `out`. Returns how many were read.
     fn poll_once(&self, want: usize, out: &mut Vec<Done>) -> Result<usize> {
-        let mut wcs = lock(&self.poll);
-        if wcs.len() < BATCH {
-            wcs.resize(BATCH, WorkCompletion::default());
-        }
+        let mut st = lock(&self.poll);
+        let PollState { wcs, qps } = &mut *st;
         let want = want.min(BATCH);
         let n = self.cq.poll(&mut wcs[..want])?;
         if n == 0 {
             return Ok(0);
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
-        let qps = self.qps.read().unwrap_or_else(|p| p.into_inner());
         for wc in &wcs[..n] {
             let known = qps.get(&wc.qp_num).is_some_and(|qp| qp.retire(wc, out));
             if !known {
@@ -235,8 +235,10 @@ impl UlpCq {
                 cq,
                 channel,
                 ctx: ctx.clone(),
-                poll: Mutex::new(Vec::new()),
-                qps: RwLock::new(QpMap::default()),
+                poll: Mutex::new(PollState {
+                    wcs: vec![WorkCompletion::default(); BATCH],
+                    qps: QpMap::default(),
+                }),
                 committed: Mutex::new(0),
                 polled: AtomicU64::new(0),
                 callbacks: AtomicU64::new(0),

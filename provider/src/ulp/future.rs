@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use super::qp::{UlpPostError, UlpQp};
-use super::wr::{LocalBuf, UlpWr};
+use super::wr::{Sgl, UlpWr};
 use crate::verbs::WorkCompletion;
 
 #[derive(Default)]
@@ -103,7 +103,7 @@ impl UlpQp {
     /// # Errors
     ///
     /// As [`UlpQp::post_recv`].
-    pub fn recv_async(&self, sgl: Vec<LocalBuf>) -> Result<WrFuture, UlpPostError> {
+    pub fn recv_async(&self, sgl: impl Into<Sgl>) -> Result<WrFuture, UlpPostError> {
         let (fut, done) = pair();
         self.post_recv(sgl, move |wc| done.complete(wc))?;
         Ok(fut)

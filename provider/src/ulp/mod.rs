@@ -29,6 +29,30 @@
 //! - **MR pools** ([`MrPool`]): pre-registered fast-registration and
 //!   plain MRs, taken and returned without a verb.
 //!
+//! # Cost per operation
+//!
+//! The layer sits on every post and every poll, so its fast path is kept
+//! short:
+//!
+//! - **Locks**: one per QP (the tracker: requests, both queues' order,
+//!   slots, READ credits, all under one mutex) and one per CQ poll (the
+//!   completion buffer and the map of attached QPs together); a post takes
+//!   the QP's lock once, a poll takes the CQ's once and each completing
+//!   QP's once.
+//! - **Allocations**: a scatter list of one buffer ([`Sgl`] from a
+//!   [`LocalBuf`]) is kept inline, not in a `Vec`; request slots are
+//!   reused by index (the `wr_id` carries the queue's sequence number, the
+//!   slot is found in the queue's order); the completion buffer belongs to
+//!   the CQ and the list of finished requests to the polling thread, both
+//!   reused. What remains per request is the chain's `Vec` and the boxed
+//!   callback (none if it captures nothing). The chain stays a `Vec` on
+//!   purpose: a request's WRs move from the caller to its slot, to the
+//!   list of finished requests and to the thread that runs the callback,
+//!   and a WR kept inline (over a hundred bytes) costs more in those
+//!   copies than the allocation it saves.
+//! - **Callbacks run outside every lock**, after the poll has retired all
+//!   it read: a callback may post, poll or close.
+//!
 //! # Examples
 //!
 //! ```
@@ -62,4 +86,4 @@ pub use poll::{CqPool, CqWorker};
 pub use pool::{MrPool, PoolKind, PooledMr};
 pub use qp::{QpStats, SqBudget, SqReservation, UlpPostError, UlpQp, UlpQpInit};
 pub use rw::{Exposed, RegMode, RwCaps, RwDir, RwOptions, RwPosted};
-pub use wr::{Callback, LocalBuf, UlpOp, UlpWr};
+pub use wr::{Callback, LocalBuf, Sgl, UlpOp, UlpWr};

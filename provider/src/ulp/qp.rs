@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::cq::{CqShared, UlpCq};
 use super::pool::PooledMr;
-use super::wr::{Callback, LocalBuf, UlpWr};
+use super::wr::{Callback, Sgl, UlpWr};
 use crate::verbs::{
     verr, Context, Error, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
     SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -1108,9 +1108,10 @@ impl UlpQp {
     /// post's own errors. The callback comes back uncalled.
     pub fn post_recv(
         &self,
-        sgl: Vec<LocalBuf>,
+        sgl: impl Into<Sgl>,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
+        let sgl = sgl.into();
         let cb: Callback = Box::new(cb);
         let sh = &*self.sh;
         let mut t = sh.track();
@@ -1127,14 +1128,22 @@ impl UlpQp {
             });
         }
         let seq = t.next_rq;
-        let sges: Vec<Sge<'_>> = sgl.iter().map(LocalBuf::sge).collect();
-        if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, &sges)]) {
+        // One buffer (the common case) stays on the stack.
+        let one;
+        let many: Vec<Sge<'_>>;
+        let sges: &[Sge<'_>] = if sgl.len() == 1 {
+            one = [sgl[0].sge()];
+            &one
+        } else {
+            many = sgl.iter().map(|b| b.sge()).collect();
+            &many
+        };
+        if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
             return Err(UlpPostError {
                 error: e.error,
                 callback: Some(cb),
             });
         }
-        drop(sges);
         let keep = vec![UlpWr::send(sgl)];
         let i = t.alloc_req(Req {
             cb: Some(cb),

@@ -319,7 +319,7 @@ impl UlpQp {
         let mr = pooled.mr().clone();
         let mut wr = UlpWr::reg_mr(mr, key, access | AccessFlags::LOCAL_WRITE);
         // The registered memory stays alive with the exposure.
-        wr.sgl = local.clone();
+        wr.sgl = local.clone().into();
         self.submit(vec![wr], Some(cb), true, 0, Vec::new(), None)?;
         Ok(Exposed {
             pooled: Some(pooled),
@@ -342,7 +342,7 @@ impl UlpQp {
     ) -> std::result::Result<(), UlpPostError> {
         let pooled = exposed.pooled.take().expect("present until consumed");
         let mut wr = UlpWr::local_inv(exposed.remote.rkey);
-        wr.sgl = std::mem::take(&mut exposed.local);
+        wr.sgl = std::mem::take(&mut exposed.local).into();
         self.submit(vec![wr], Some(Box::new(cb)), true, 0, vec![pooled], None)
     }
 }

@@ -137,6 +137,75 @@ impl UlpOp {
     }
 }
 
+/// A local scatter list: one buffer kept inline (the common case: no
+/// allocation per request), or any number in a `Vec`. Built from a
+/// [`LocalBuf`] or a `Vec<LocalBuf>` wherever the layer takes one.
+///
+/// # Examples
+///
+/// ```
+/// # use std::sync::Arc;
+/// use softverbs::ulp::{LocalBuf, Sgl, UlpWr};
+/// # use softverbs::verbs::{AccessFlags, RemoteAddr};
+/// # let pd = softverbs::soft::embedded_default()?[0].open()?.alloc_pd()?;
+/// let mr = Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+/// let remote = RemoteAddr { addr: 0x1000, rkey: 7 };
+/// // One buffer: nothing allocated for the list.
+/// let one = UlpWr::write(LocalBuf::new(&mr, 0, 8)?, remote);
+/// let two: Sgl = vec![LocalBuf::new(&mr, 0, 8)?, LocalBuf::new(&mr, 64, 8)?].into();
+/// assert_eq!((format!("{one:?}").matches("LocalBuf").count(), two.len()), (1, 2));
+/// # Ok::<(), softverbs::verbs::Error>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct Sgl(SglRepr);
+
+#[derive(Clone)]
+enum SglRepr {
+    One(LocalBuf),
+    Many(Vec<LocalBuf>),
+}
+
+impl Default for SglRepr {
+    fn default() -> Self {
+        SglRepr::Many(Vec::new())
+    }
+}
+
+impl Sgl {
+    /// The buffers.
+    pub fn as_slice(&self) -> &[LocalBuf] {
+        match &self.0 {
+            SglRepr::One(b) => std::slice::from_ref(b),
+            SglRepr::Many(v) => v,
+        }
+    }
+}
+
+impl std::ops::Deref for Sgl {
+    type Target = [LocalBuf];
+    fn deref(&self) -> &[LocalBuf] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Sgl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl From<LocalBuf> for Sgl {
+    fn from(b: LocalBuf) -> Sgl {
+        Sgl(SglRepr::One(b))
+    }
+}
+
+impl From<Vec<LocalBuf>> for Sgl {
+    fn from(v: Vec<LocalBuf>) -> Sgl {
+        Sgl(SglRepr::Many(v))
+    }
+}
+
 /// What one WR of a chain does.
 pub(crate) enum WrKind {
     Op(UlpOp),
@@ -147,7 +216,7 @@ pub(crate) enum WrKind {
 /// A send-queue work request owned by the layer.
 pub struct UlpWr {
     pub(crate) kind: WrKind,
-    pub(crate) sgl: Vec<LocalBuf>,
+    pub(crate) sgl: Sgl,
     /// A single entry over a fast-registration MR the chain registers
     /// (address, length, new key): its key exists only once the chain's
     /// REG_MR is posted, so no checked [`Sge`] can be made for it.
@@ -174,7 +243,8 @@ impl std::fmt::Debug for UlpWr {
 }
 
 impl UlpWr {
-    /// A work request of `op` over `sgl`.
+    /// A work request of `op` over `sgl` (one [`LocalBuf`], kept inline,
+    /// or a `Vec` of them).
     ///
     /// # Examples
     ///
@@ -189,10 +259,10 @@ impl UlpWr {
     /// assert!(wr.is_rd_atomic());
     /// # Ok::<(), softverbs::verbs::Error>(())
     /// ```
-    pub fn new(op: UlpOp, sgl: Vec<LocalBuf>) -> UlpWr {
+    pub fn new(op: UlpOp, sgl: impl Into<Sgl>) -> UlpWr {
         UlpWr {
             kind: WrKind::Op(op),
-            sgl,
+            sgl: sgl.into(),
             frmr_sge: None,
             frmr: None,
             inline: None,
@@ -201,26 +271,26 @@ impl UlpWr {
     }
 
     /// A SEND of `sgl`.
-    pub fn send(sgl: Vec<LocalBuf>) -> UlpWr {
+    pub fn send(sgl: impl Into<Sgl>) -> UlpWr {
         UlpWr::new(UlpOp::Send, sgl)
     }
 
     /// A SEND of `data`, copied into the WR at post time (inline; at most
     /// the QP's `max_inline_data`).
     pub fn send_inline(data: &[u8]) -> UlpWr {
-        let mut wr = UlpWr::new(UlpOp::Send, Vec::new());
+        let mut wr = UlpWr::new(UlpOp::Send, Sgl::default());
         wr.inline = Some(data.to_vec());
         wr.flags |= SendFlags::INLINE;
         wr
     }
 
     /// An RDMA WRITE of `sgl` to `remote`.
-    pub fn write(sgl: Vec<LocalBuf>, remote: RemoteAddr) -> UlpWr {
+    pub fn write(sgl: impl Into<Sgl>, remote: RemoteAddr) -> UlpWr {
         UlpWr::new(UlpOp::Write(remote), sgl)
     }
 
     /// An RDMA READ of `remote` into `sgl`.
-    pub fn read(sgl: Vec<LocalBuf>, remote: RemoteAddr) -> UlpWr {
+    pub fn read(sgl: impl Into<Sgl>, remote: RemoteAddr) -> UlpWr {
         UlpWr::new(UlpOp::Read(remote), sgl)
     }
 
@@ -250,7 +320,7 @@ impl UlpWr {
     pub(crate) fn reg_mr(mr: Arc<Mr>, key: u32, access: AccessFlags) -> UlpWr {
         UlpWr {
             kind: WrKind::RegMr { mr, key, access },
-            sgl: Vec::new(),
+            sgl: Sgl::default(),
             frmr_sge: None,
             frmr: None,
             inline: None,
@@ -261,7 +331,7 @@ impl UlpWr {
     pub(crate) fn local_inv(key: u32) -> UlpWr {
         UlpWr {
             kind: WrKind::LocalInv { key },
-            sgl: Vec::new(),
+            sgl: Sgl::default(),
             frmr_sge: None,
             frmr: None,
             inline: None,
