@@ -36,6 +36,32 @@ fn shm_device(engine: EngineMode, trains: bool) -> (Arc<SoftDevice>, Arc<ShmLink
     (SoftDevice::create(cfg).expect("create"), link)
 }
 
+/// Local ACK timeout of the QPs of these tests: 4.096 µs · 2^21 ≈ 8.6 s.
+/// The tests count trains, and a retransmitted message goes as a train
+/// again: with the usual 67 ms (14), a receiver whose thread waits that
+/// long for a CPU (a loaded machine) gets the message twice, which is
+/// correct RC behaviour but not what these tests count. The shared-memory
+/// path loses nothing, so with this timeout a retransmission means a
+/// receiver stalled for seconds (and the test fails, as it should).
+const PATIENT: u8 = 21;
+
+/// Connects `a` and `b` with the [`PATIENT`] ACK timeout.
+fn connect_patient(a: &Side, b: &Side, mtu: Mtu) {
+    connect_to_timeout(a, b.gid, b.qp.qp_num(), b.psn, mtu, PATIENT);
+    connect_to_timeout(b, a.gid, a.qp.qp_num(), a.psn, mtu, PATIENT);
+}
+
+/// No retransmission happened on either device: every train counted was
+/// sent once.
+fn no_retransmission(da: &SoftDevice, db: &SoftDevice) {
+    let (ca, cb) = (da.shared().counters(), db.shared().counters());
+    assert_eq!(
+        (ca.retransmit_timeouts, cb.retransmit_timeouts),
+        (0, 0),
+        "a message was retransmitted (a lost train, or a receiver stalled for seconds): {ca:?} {cb:?}"
+    );
+}
+
 fn stat(link: &ShmLink, name: &str) -> u64 {
     link.stats().into_iter().find(|(k, _)| *k == name).map_or(0, |(_, v)| v)
 }
@@ -83,7 +109,7 @@ fn open_channel(a: &Side, b: &Side) {
 fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLink>) {
     let ((da, la), (db, lb)) = (shm_device(engine, trains), shm_device(engine, trains));
     let (a, b) = (side(&da, 4 << 20, 100), side(&db, 4 << 20, 9000));
-    connect(&a, &b, Mtu::Mtu4096);
+    connect_patient(&a, &b, Mtu::Mtu4096);
     open_channel(&a, &b);
     assert_eq!(la.train_caps(b.gid.to_ip()).any(), trains);
 
@@ -131,6 +157,7 @@ fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLin
 
     let (ca, cb) = (da.shared().counters(), db.shared().counters());
     assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    no_retransmission(&da, &db);
     for l in [&la, &lb] {
         assert_eq!(
             stat(l, "shm_rx_bad_train") + stat(l, "shm_rx_bad_export") + stat(l, "shm_tx_train_dropped"),
@@ -184,7 +211,7 @@ fn raw_memory_goes_as_cma_trains() {
     let engine = EngineMode::Inline;
     let ((da, la), (db, lb)) = (shm_device(engine, true), shm_device(engine, true));
     let (a, b) = (side(&da, 1 << 20, 100), side(&db, 2 << 20, 9000));
-    connect(&a, &b, Mtu::Mtu4096);
+    connect_patient(&a, &b, Mtu::Mtu4096);
     // Caller-owned source, kept alive (and not touched) until dereg.
     let mut raw: Box<[u8]> = pattern(LEN + 100, 0x5a).into_boxed_slice();
     // SAFETY: `raw` lives until the end of the test, after `raw_mr` is
@@ -230,6 +257,7 @@ fn raw_memory_goes_as_cma_trains() {
 
     let (ca, cb) = (da.shared().counters(), db.shared().counters());
     assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    no_retransmission(&da, &db);
     if cma {
         assert_eq!(
             stat(&la, "shm_tx_trains_cma"),
@@ -272,7 +300,7 @@ fn messages_of_one_packet_go_as_trains() {
         shm_device(EngineMode::Inline, true),
     );
     let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
-    connect(&a, &b, Mtu::Mtu4096);
+    connect_patient(&a, &b, Mtu::Mtu4096);
     open_channel(&a, &b);
     let caps = la.train_caps(b.gid.to_ip());
     assert!(caps.shared && caps.one_packet, "{caps:?}");
@@ -320,6 +348,7 @@ fn messages_of_one_packet_go_as_trains() {
 
     let (ca, cb) = (da.shared().counters(), db.shared().counters());
     assert_eq!(ca.rx_dropped() + cb.rx_dropped(), 0, "{ca:?} {cb:?}");
+    no_retransmission(&da, &db);
     drop((a, b));
     da.remove();
     db.remove();

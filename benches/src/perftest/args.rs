@@ -240,6 +240,10 @@ pub struct PerfArgs {
     /// Size of the tx queue [default: 128 for bw, 1 for lat]
     #[arg(short = 't', long = "tx-depth", value_name = "DEPTH")]
     pub tx_depth: Option<u32>,
+    /// Local ACK timeout of RC QPs, 4.096 µs · 2^N per try (0: none)
+    #[arg(short = 'u', long = "qp-timeout", value_name = "N", default_value_t = super::resources::DEF_QP_TIME,
+          value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// Size of the rx queue (send tests) [default: 512]
     #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
     pub rx_depth: Option<u32>,
@@ -406,6 +410,8 @@ pub struct Params {
     pub margin: f64,
     /// Send queue depth per QP.
     pub tx_depth: u32,
+    /// `-u`: local ACK timeout of RC QPs (IBTA exponent).
+    pub qp_timeout: u8,
     /// Receive queue depth per QP.
     pub rx_depth: u32,
     /// CQ moderation.
@@ -616,6 +622,7 @@ impl Params {
             duration,
             margin,
             tx_depth,
+            qp_timeout: a.qp_timeout,
             rx_depth,
             cq_mod,
             inline_size,

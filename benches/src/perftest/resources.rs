@@ -148,6 +148,8 @@ pub struct Side {
     pub psns: Vec<u32>,
     /// Outstanding reads/atomics.
     pub out_reads: u32,
+    /// Local ACK timeout of RC QPs (`-u`).
+    pub qp_timeout: u8,
     /// Inline size granted.
     pub inline_size: u32,
     /// Transport.
@@ -310,6 +312,7 @@ impl Side {
             link_layer: pattr.link_layer,
             psns,
             out_reads,
+            qp_timeout: p.qp_timeout,
             inline_size,
             connection: p.connection,
             ahs: Vec::new(),
@@ -406,7 +409,7 @@ impl Side {
             };
             let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
             if ty == QpType::Rc {
-                a.timeout = DEF_QP_TIME;
+                a.timeout = self.qp_timeout;
                 a.retry_cnt = 7;
                 a.rnr_retry = 7;
                 a.max_rd_atomic = r.out_reads.min(self.out_reads).min(255) as u8;

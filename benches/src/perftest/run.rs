@@ -762,12 +762,19 @@ mod tests {
     }
 
     /// [`networked_pair`] between two inline UDP devices, each driven only
-    /// by its own thread's verbs (as between two processes).
+    /// by its own thread's verbs (as between two processes), with a local
+    /// ACK timeout of 1.07 s per try (`-u 18`): an inline device answers
+    /// only while its thread is in a verb, and on a loaded host a thread can
+    /// wait half a second for a CPU, which exhausts the 8 tries of the
+    /// default 67 ms (the peer's WRITEs then end with RETRY_EXC_ERR, one
+    /// full-suite run in two at load ~15 on 2 cores).
     fn between_inline_udp_devices(args: &[&str], names: (&str, &str)) -> (String, String) {
         let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         let a = udp_device(names.0, lo, false).unwrap();
         let b = udp_device(names.1, lo, false).unwrap();
-        networked_pair(args, &a, &b)
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["-u", "18"]);
+        networked_pair(&args, &a, &b)
     }
 
     /// A side waiting for the peer's WRITE in its memory must still call

@@ -130,6 +130,15 @@ pub struct Args {
     /// to stderr at any time; drops are said at the end regardless)
     #[arg(long)]
     pub stats: bool,
+    /// Local ACK timeout of the QP, as in `ibv_modify_qp`: 4.096 µs ·
+    /// 2^N per try (14: 67 ms), 0 for none. With `retry_cnt` 7 the run
+    /// fails with `RETRY_EXC_ERR` once the peer has not answered for 8
+    /// tries, so on a loaded host (where a busy-polling peer can wait
+    /// half a second for a CPU) a larger value keeps a slow peer from
+    /// counting as a dead one
+    #[arg(long = "qp-timeout", value_name = "N", default_value_t = 14,
+          value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
 }
 
 /// What `pingpong` measures.
@@ -598,7 +607,7 @@ impl Resources {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: self.psn,
-            timeout: 14,
+            timeout: args.qp_timeout,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 1,
