@@ -76,23 +76,8 @@ run "the library lists its device" \
     "$target/debug/softverbs" --backend hw devices
 run "hw backend unit tests" \
     cargo test -p softverbs --features "$feats" --lib --quiet -- hw
-# A few cases let completions settle for a fixed 20 ms before checking
-# them (cq.resize.below_queued): on a loaded 2-core machine the library's
-# progress thread can miss that. A failed case is run once more on its
-# own, and named, so that a real failure still fails the step.
-conformance_cli() {
-    local log=$dir/conformance.txt
-    "$target/debug/softverbs" conformance --backend hw --case-timeout 60 | tee "$log"
-    local rc=${PIPESTATUS[0]}
-    [ "$rc" -eq 0 ] && return 0
-    [ "$rc" -ne 4 ] && return "$rc"
-    local cases
-    cases=$(sed -n '/^failed:/,/^$/p' "$log" | sed -n 's/^  \([^:]*\):.*/\1/p' | paste -sd, -)
-    [ -n "$cases" ] || return 1
-    echo "run_hw_tests: FLAKY? re-running the failed case(s) alone: $cases"
-    "$target/debug/softverbs" conformance --backend hw --case-timeout 60 --filter "$cases"
-}
-run "softverbs conformance --backend hw" conformance_cli
+run "softverbs conformance --backend hw" \
+    "$target/debug/softverbs" conformance --backend hw --case-timeout 60
 run "conformance expectation (hw-softverbs.txt)" \
     cargo test -p softverbs-conformance --features "hardware,$sv_feats" --test suite --quiet -- hardware_device --nocapture
 run "hotplug and namespace properties on the library's device" \

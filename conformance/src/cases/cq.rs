@@ -74,7 +74,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
             post_writes(&p, 0..10, true)?;
-            settle();
+            settle_writes(&p, 10)?;
             let mut got = Vec::new();
             let mut sizes = Vec::new();
             let start = Instant::now();
@@ -139,7 +139,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
             post_writes(&p, 0..4, true)?;
-            settle();
+            settle_writes(&p, 4)?;
             p.a.scq.resize(64)?;
             let wcs = expect_n(&p.a.scq, 4, "completions after the resize")?;
             let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
@@ -155,7 +155,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
         |env: &Env| {
             let p = Pair::new(&env.a, &env.b, PairConfig::default())?;
             post_writes(&p, 0..6, true)?;
-            settle();
+            settle_writes(&p, 6)?;
             expect_err(
                 p.a.scq.resize(2),
                 ErrorKind::InvalidArgument,
@@ -196,7 +196,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
             loop {
                 match cq.poll(&mut wc) {
                     Err(_) => return Ok(()),
-                    Ok(_) if start.elapsed() > Duration::from_millis(200) => {
+                    Ok(_) if start.elapsed() > WAIT => {
                         fail!("poll_cq kept succeeding after the CQ overran")
                     }
                     Ok(_) => {}
@@ -355,6 +355,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
 
 /// Posts one 64-byte write from A to B per id in `ids` (signaled or not).
 pub(crate) fn post_writes(p: &Pair, ids: std::ops::Range<u64>, signaled: bool) -> Check {
+    p.a.mr.fill(0, 64, WRITE_BYTE)?;
     let sge = [p.a.mr.sge(0, 64)?];
     let flags = if signaled {
         SendFlags::SIGNALED
@@ -367,6 +368,28 @@ pub(crate) fn post_writes(p: &Pair, ids: std::ops::Range<u64>, signaled: bool) -
     }
     Ok(())
 }
+
+/// Waits until the bytes of the last of `n` WRITEs from [`post_writes`]
+/// are at B, then gives the ACKs time to come back, so that the
+/// completions are queued at A without consuming them (a CQ cannot be
+/// peeked). A device that completes asynchronously (a NIC, or the emulator
+/// library's progress thread on a loaded machine) may need more than a
+/// fixed pause for the first part.
+fn settle_writes(p: &Pair, n: u64) -> Check {
+    let at = 64 * ((n - 1) % 64);
+    let start = Instant::now();
+    while p.b.mr.to_vec(at as usize, 64)? != [WRITE_BYTE; 64] {
+        if start.elapsed() > WAIT {
+            fail!("the last of {n} WRITEs did not land within {WAIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    Ok(())
+}
+
+/// The byte [`post_writes`] writes.
+const WRITE_BYTE: u8 = 0x5a;
 
 /// Gives the device time to generate the completions of work already
 /// posted without consuming them (a CQ cannot be peeked). The soft provider
