@@ -102,7 +102,7 @@ impl ShmLink {
         // for it; the reader polls one line per ring, as the raw flag
         // ping-pong (which never pauses) does. Without it the 8-byte
         // one-way trip was 4-13 % shorter (three alternated runs, 56
-        // rounds; README "Figures").
+        // rounds; benches/RESULTS.md).
         n
     }
 
