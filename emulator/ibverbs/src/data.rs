@@ -126,7 +126,7 @@ pub(crate) unsafe extern "C" fn post_send(
     // SAFETY: the chain is readable (ibv_post_send's contract).
     if !wr.is_null() && !unsafe { (*wr).next }.is_null() {
         // SAFETY: forwarded contract.
-        return unsafe { post_send_chain(q, qp, wr, bad_wr) };
+        return unsafe { post_send_chain(q, qp, wr, bad_wr, false) };
     }
     let mut cur = wr;
     while !cur.is_null() {
@@ -173,12 +173,19 @@ pub(crate) unsafe extern "C" fn post_send(
 /// would let the first one's error flush the receive queue before the
 /// later work requests even reach the send queue. A work request the
 /// library cannot convert ends the chain there: those before it are
-/// posted, it is `*bad_wr`.
+/// posted (with `all_or_nothing`, as `ibv_wr_complete` needs, none is),
+/// it is `*bad_wr`.
 ///
 /// # Safety
 ///
 /// As [`post_send`].
-unsafe fn post_send_chain(q: &SvQp, qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+pub(crate) unsafe fn post_send_chain(
+    q: &SvQp,
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+    all_or_nothing: bool,
+) -> c_int {
     let mut ptrs: Vec<*mut ibv_send_wr> = Vec::new();
     let mut ops = Vec::new();
     let mut sgls: Vec<Vec<Sge<'static>>> = Vec::new();
@@ -205,6 +212,13 @@ unsafe fn post_send_chain(q: &SvQp, qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_w
         }
         // SAFETY: readable, as above.
         cur = unsafe { (*cur).next };
+    }
+    if let (true, Some((p, e))) = (all_or_nothing, rejected) {
+        if !bad_wr.is_null() {
+            // SAFETY: writable per the contract.
+            unsafe { *bad_wr = p };
+        }
+        return e;
     }
     let mut wrs = Vec::with_capacity(ptrs.len());
     for ((&p, op), sgl) in ptrs.iter().zip(ops).zip(&sgls) {

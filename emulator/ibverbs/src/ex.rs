@@ -159,6 +159,9 @@ pub(crate) fn install_cq_ex_ops(c: &mut ibv_cq_ex) {
 
 // ---------------------------------------------------------------- QP
 
+/// `IBV_SEND_INLINE` of `enum ibv_send_flags`.
+const IBV_SEND_INLINE: u32 = 1 << 3;
+
 /// The `send_ops_flags` this library's `ibv_wr_*` API implements.
 const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
@@ -382,29 +385,106 @@ unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, bufs:
     });
 }
 
+/// Why the provider would refuse `w` on `q` (a QP of type `qp_type`),
+/// judged before anything of the batch is posted: the checks of
+/// `ibv_post_send` that depend only on the work request and the QP's
+/// type and capabilities.
+fn refusal(q: &SvQp, qp_type: c_uint, b: &ExBatch, w: &ExWr) -> Option<c_int> {
+    let op_ok = match qp_type {
+        // UC: no READ, no atomics.
+        3 => !matches!(
+            w.opcode,
+            IBV_WR_RDMA_READ | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
+        ),
+        // UD: sends only, each with a destination.
+        4 => matches!(w.opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM) && !w.ah.is_null(),
+        _ => true,
+    };
+    if !op_ok || (w.opcode == IBV_WR_BIND_MW && (w.bind.is_none() || w.mw.is_null())) {
+        return Some(libc::EINVAL);
+    }
+    let length: u64 = if w.inline {
+        b.inline[w.sge_start].len() as u64
+    } else {
+        b.sges[w.sge_start..w.sge_start + w.sge_len]
+            .iter()
+            .map(|s| u64::from(s.length))
+            .sum()
+    };
+    if w.inline {
+        let payload = matches!(
+            w.opcode,
+            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
+        );
+        if !payload || length > u64::from(q.cap.max_inline_data) {
+            return Some(libc::EINVAL);
+        }
+    } else if w.sge_len > q.cap.max_send_sge as usize {
+        return Some(libc::EINVAL);
+    }
+    if length > u64::from(u32::MAX) {
+        return Some(libc::EINVAL);
+    }
+    let atomic = matches!(w.opcode, IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD);
+    if atomic && (w.inline || w.sge_len != 1 || length < 8 || !w.remote_addr.is_multiple_of(8)) {
+        return Some(libc::EINVAL);
+    }
+    None
+}
+
+/// `ibv_wr_complete`: posts the batch built since `ibv_wr_start` as one
+/// unit, as `ibv_post_send` posts a chain (so an error of an early work
+/// request flushes the later ones before the receive queue). A batch with
+/// any work request that cannot be posted (a setter without an operation,
+/// an operation the QP type does not take, too many SGEs, inline data
+/// over `max_inline_data`, more work requests than the send queue holds,
+/// …) fails with its errno and posts none of them, as rdma-core's
+/// providers abort the whole posting.
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let b = with_batch(qp, |b, _| std::mem::take(b));
     if b.error != 0 {
         return b.error;
     }
-    for w in &b.wrs {
-        let mut sges: Vec<ibv_sge> = if w.inline {
-            let d = &b.inline[w.sge_start];
-            vec![ibv_sge {
-                addr: d.as_ptr() as u64,
-                length: d.len() as u32,
-                lkey: 0,
-            }]
-        } else {
-            b.sges[w.sge_start..w.sge_start + w.sge_len].to_vec()
-        };
+    if b.wrs.is_empty() {
+        return 0;
+    }
+    // SAFETY: a live QP of this library (the ibv_wr_* contract).
+    let q = unsafe { SvQp::from_ibv(qp as *mut ibv_qp) };
+    // SAFETY: as above.
+    let qp_type = unsafe { (*qp).qp_base.qp_type };
+    if b.wrs.len() > q.cap.max_send_wr as usize {
+        return libc::ENOMEM;
+    }
+    if let Some(e) = b.wrs.iter().find_map(|w| refusal(q, qp_type, &b, w)) {
+        return e;
+    }
+    // Each work request's scatter/gather list, built before the requests
+    // so that their pointers stay put.
+    let mut sgls: Vec<Vec<ibv_sge>> = b
+        .wrs
+        .iter()
+        .map(|w| {
+            if w.inline {
+                let d = &b.inline[w.sge_start];
+                vec![ibv_sge {
+                    addr: d.as_ptr() as u64,
+                    length: d.len() as u32,
+                    lkey: 0,
+                }]
+            } else {
+                b.sges[w.sge_start..w.sge_start + w.sge_len].to_vec()
+            }
+        })
+        .collect();
+    let mut chain: Vec<ibv_send_wr> = Vec::with_capacity(b.wrs.len());
+    for (w, sges) in b.wrs.iter().zip(&mut sgls) {
         // SAFETY: plain data, all-zero is valid (NULL pointers).
         let mut c: ibv_send_wr = unsafe { std::mem::zeroed() };
         c.wr_id = w.wr_id;
-        c.sg_list = sges.as_mut_ptr();
+        c.sg_list = if sges.is_empty() { null_mut() } else { sges.as_mut_ptr() };
         c.num_sge = sges.len() as c_int;
         c.opcode = w.opcode;
-        c.send_flags = w.flags | if w.inline { 8 } else { 0 };
+        c.send_flags = w.flags | if w.inline { IBV_SEND_INLINE } else { 0 };
         c.imm_data = w.imm;
         match w.opcode {
             IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD => {
@@ -422,16 +502,15 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                     remote_qkey: w.remote_qkey,
                 }
             }
-            IBV_WR_BIND_MW => match w.bind {
-                Some(info) => {
+            IBV_WR_BIND_MW => {
+                if let Some(info) = w.bind {
                     c.ext.bind_mw = wr_bind_mw {
                         mw: w.mw,
                         rkey: w.rkey,
                         bind_info: info,
                     }
                 }
-                None => return libc::EINVAL,
-            },
+            }
             _ => {
                 c.wr.rdma = wr_rdma {
                     remote_addr: w.remote_addr,
@@ -439,15 +518,19 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
                 }
             }
         }
-        let mut bad = null_mut();
-        // SAFETY: a well-formed single work request over the caller's
-        // registered memory (or inline data owned by this frame).
-        let r = unsafe { crate::data::post_send(qp as *mut ibv_qp, &mut c, &mut bad) };
-        if r != 0 {
-            return r;
-        }
+        chain.push(c);
     }
-    0
+    // Linked only now: `chain` no longer moves.
+    let base = chain.as_mut_ptr();
+    for i in 1..chain.len() {
+        // SAFETY: `i - 1` and `i` are in bounds of `chain`.
+        unsafe { (*base.add(i - 1)).next = base.add(i) };
+    }
+    let mut bad = null_mut();
+    // SAFETY: a well-formed chain over the caller's registered memory (or
+    // inline data owned by `b`, alive for the call); all-or-nothing, so a
+    // work request the library cannot convert posts none.
+    unsafe { crate::data::post_send_chain(q, qp as *mut ibv_qp, base, &mut bad, true) }
 }
 
 /// Fills the work-request builder functions of a new QP.

@@ -1073,7 +1073,18 @@ pub unsafe extern "C" fn __softverbs_ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) 
     }
 }
 
-/// `ibv_get_cq_event`: blocks until a CQ of the channel fires.
+/// Whether the application set `O_NONBLOCK` on `fd` (read on every call:
+/// it may change it with `fcntl` at any time).
+fn fd_nonblocking(fd: c_int) -> bool {
+    // SAFETY: F_GETFL only reads the descriptor's flags; a bad descriptor
+    // gives -1, taken as blocking.
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl != -1 && fl & libc::O_NONBLOCK != 0
+}
+
+/// `ibv_get_cq_event`: blocks until a CQ of the channel fires; with
+/// `O_NONBLOCK` set on the channel's `fd`, returns -1 with `EAGAIN` at
+/// once when no event is pending.
 ///
 /// # Safety
 ///
@@ -1087,7 +1098,10 @@ pub unsafe extern "C" fn __softverbs_ibv_get_cq_event(
     null_check!(-1; ch, cq, cq_context);
     let c = ch as *mut SvChannel;
     // SAFETY: a live channel of this library.
-    match unsafe { (*c).h.get_cq_event(None) } {
+    let fd = unsafe { (*ch).fd };
+    let wait = if fd_nonblocking(fd) { Some(Duration::ZERO) } else { None };
+    // SAFETY: as above.
+    match unsafe { (*c).h.get_cq_event(wait) } {
         Ok(Some(ptr)) => {
             let svcq = ptr as *mut SvCq;
             // SAFETY: the provider context of every CQ is its SvCq, alive
@@ -1741,7 +1755,9 @@ pub unsafe extern "C" fn __softverbs_ibv_create_ah_from_wc(
 // ---------------------------------------------------------------- async events
 
 /// `ibv_get_async_event`: blocks until the device reports an event; on a
-/// removed device whose events were all read, -1 with `EIO`.
+/// removed device whose events were all read, -1 with `EIO`. With
+/// `O_NONBLOCK` set on the context's `async_fd`, returns -1 with `EAGAIN`
+/// at once when no event is pending.
 ///
 /// # Safety
 ///
@@ -1751,12 +1767,15 @@ pub unsafe extern "C" fn __softverbs_ibv_get_async_event(ctx: *mut ibv_context, 
     null_check!(-1; ctx, event);
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) };
+    // SAFETY: as above.
+    let async_fd = unsafe { (*ctx).async_fd };
     loop {
         // After a removal, once its events are consumed, the event file
         // reports EIO, as the kernel's does for a disassociated device;
         // until then wait in slices to notice a removal.
         let removed = sv.dev.removed();
-        let wait = if removed {
+        let nonblocking = fd_nonblocking(async_fd);
+        let wait = if removed || nonblocking {
             Duration::ZERO
         } else {
             Duration::from_millis(100)
@@ -1765,6 +1784,10 @@ pub unsafe extern "C" fn __softverbs_ibv_get_async_event(ctx: *mut ibv_context, 
             Ok(Some(ev)) => ev,
             Ok(None) if removed => {
                 set_errno(libc::EIO);
+                return -1;
+            }
+            Ok(None) if nonblocking => {
+                set_errno(libc::EAGAIN);
                 return -1;
             }
             Ok(None) => continue,

@@ -77,6 +77,34 @@ type AckAsync = unsafe extern "C" fn(*mut ibv_async_event);
 type Remove = unsafe extern "C" fn(*const c_char) -> c_int;
 type StrFn = unsafe extern "C" fn(c_uint) -> *const c_char;
 
+type GetCqEvent = unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+
+/// Runs `f` on another thread and fails the test if it has not returned
+/// within 30 s (a call that should not block, blocking).
+fn within<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what} blocked"))
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd`.
+fn set_nonblocking(fd: c_int, on: bool) {
+    // SAFETY: flag changes on a descriptor the library handed out.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert!(fl >= 0);
+        let fl = if on {
+            fl | libc::O_NONBLOCK
+        } else {
+            fl & !libc::O_NONBLOCK
+        };
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl), 0);
+    }
+}
+
 fn s(p: *const c_char) -> String {
     // SAFETY: the library returns static NUL-terminated strings.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
@@ -148,6 +176,27 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         let ctx = open(dev);
         free_list(list);
         assert!(!ctx.is_null());
+
+        // O_NONBLOCK on async_fd: ibv_get_async_event returns -1/EAGAIN
+        // once nothing is pending instead of blocking.
+        set_nonblocking((*ctx).async_fd, true);
+        let (c, ga, ack) = (ctx as usize, get_async as usize, ack_async as usize);
+        let drained = within("ibv_get_async_event with O_NONBLOCK", move || {
+            // The library's functions, an open context (the closure is
+            // inside the test's unsafe block).
+            let get_async: GetAsync = std::mem::transmute(ga);
+            let ack_async: AckAsync = std::mem::transmute(ack);
+            for _ in 0..16 {
+                let mut ev: ibv_async_event = std::mem::zeroed();
+                if get_async(c as *mut ibv_context, &mut ev) != 0 {
+                    return Some(errno());
+                }
+                ack_async(&mut ev);
+            }
+            None
+        });
+        assert_eq!(drained, Some(libc::EAGAIN));
+        set_nonblocking((*ctx).async_fd, false);
 
         // The verbs_context in front of the context, as the inlines find it.
         let off = std::mem::offset_of!(verbs_context, context);
@@ -265,6 +314,18 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         let cq_ch = create_cq(ctx, 4, null_mut(), ch, 0);
         assert!(!cq_ch.is_null());
         assert_eq!(destroy_ch(ch), libc::EBUSY, "a CQ uses the channel");
+        // O_NONBLOCK on the channel's fd: no event pending, -1/EAGAIN.
+        set_nonblocking((*ch).fd, true);
+        let get_cq_event: GetCqEvent = lib.sym("ibv_get_cq_event");
+        let (chp, gce) = (ch as usize, get_cq_event as usize);
+        let r = within("ibv_get_cq_event with O_NONBLOCK", move || {
+            // The library's function, a live channel.
+            let get_cq_event: GetCqEvent = std::mem::transmute(gce);
+            let (mut cq, mut cqc) = (null_mut(), null_mut());
+            let r = get_cq_event(chp as *mut ibv_comp_channel, &mut cq, &mut cqc);
+            (r, errno())
+        });
+        assert_eq!(r, (-1, libc::EAGAIN));
         assert_eq!(destroy_cq(cq_ch), 0);
         assert_eq!(destroy_ch(ch), 0);
 
@@ -398,6 +459,84 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         ((*qx).wr_start.expect("wr_start"))(qx);
         ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
         assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+
+        // Completions of the extended CQ, until `n` or 30 s.
+        let poll_ex = |n: usize| {
+            let mut seen = Vec::new();
+            let start = std::time::Instant::now();
+            while seen.len() < n && start.elapsed() < std::time::Duration::from_secs(30) {
+                let mut pa = ibv_poll_cq_attr { comp_mask: 0 };
+                let mut r = ((*cqx).start_poll.expect("start_poll"))(cqx, &mut pa);
+                if r == libc::ENOENT {
+                    continue;
+                }
+                while r == 0 {
+                    let op = ((*cqx).read_opcode.expect("read_opcode"))(cqx);
+                    seen.push(((*cqx).wr_id, (*cqx).status, op));
+                    r = ((*cqx).next_poll.expect("next_poll"))(cqx);
+                }
+                ((*cqx).end_poll.expect("end_poll"))(cqx);
+            }
+            seen
+        };
+        let write = |id: u64, off: u64| {
+            (*qx).wr_id = id;
+            ((*qx).wr_rdma_write.expect("wr_rdma_write"))(qx, (*mr).rkey, buf.as_ptr() as u64 + off);
+        };
+        // ibv_wr_complete posts all or nothing: a batch whose middle WR
+        // has more SGEs than the QP allows fails and posts neither of the
+        // valid ones around it; so does a batch longer than the queue.
+        let over = vec![
+            ibv_sge {
+                addr: buf.as_ptr() as u64,
+                length: 4,
+                lkey: (*mr).lkey,
+            };
+            qattr.cap.max_send_sge as usize + 1
+        ];
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        write(20, 3100);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        write(21, 3200);
+        ((*qx).wr_set_sge_list.expect("wr_set_sge_list"))(qx, over.len(), over.as_ptr());
+        write(22, 3300);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        for i in 0..=u64::from(qattr.cap.max_send_wr) {
+            write(100 + i, 3400);
+            ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        }
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::ENOMEM);
+        // A valid batch after them: its completion is the first one (the
+        // QP completes in order, so a WR of the failed batches that had
+        // been posted would come before it).
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        write(23, 3500);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        assert_eq!(poll_ex(1), vec![(23, 0, 1)], "nothing of the failed batches was posted");
+        assert_eq!(&buf[3500..3504], b"abcd");
+        assert_eq!(&buf[3100..3104], [0; 4], "WR 20 never ran");
+
+        // The batch reaches the send queue as one unit: the first WR's
+        // error (a bad lkey) flushes the SEND after it before the posted
+        // receive, as for a chain of ibv_post_send.
+        (*rwr.sg_list).addr = buf.as_ptr() as u64 + 2560;
+        rwr.wr_id = 78;
+        assert_eq!(ops.post_recv.expect("post_recv")(qp2, &mut rwr, &mut rbad), 0);
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        write(30, 3600);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey ^ 0x00ff_ff00, buf.as_ptr() as u64, 4);
+        (*qx).wr_id = 31;
+        ((*qx).wr_send.expect("wr_send"))(qx);
+        ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        let got = poll_ex(3);
+        let ids: Vec<u64> = got.iter().map(|g| g.0).collect();
+        assert_eq!(ids, vec![30, 31, 78], "{got:?}");
+        assert!(got[0].1 != 0 && got[0].1 != 5, "WR 30 fails itself: {got:?}");
+        assert_eq!((got[1].1, got[2].1), (5, 5), "the rest is flushed: {got:?}");
         assert_eq!(destroy_qp(qp2), 0);
         assert_eq!(destroy_cq(cqx as *mut ibv_cq), 0);
 
