@@ -85,8 +85,10 @@
 //! calls fail with `EOPNOTSUPP`. The Rust implementations behind the
 //! versioned names are also exported, unversioned, as `__softverbs_*`
 //! (rustc exports every `#[no_mangle]` function); nothing should call them.
-//! Completion-channel and async-event descriptors are readable exactly when
-//! an event is pending; with `O_NONBLOCK` set on them (`fcntl`),
+//! Completion-channel and async-event descriptors (epoll instances over the
+//! provider's event descriptors: for `poll`/`epoll`/`select`, not `read`)
+//! are readable exactly when an event is pending and start blocking; with
+//! `O_NONBLOCK` set on them (`fcntl`),
 //! `ibv_get_cq_event`/`ibv_get_async_event` return -1 with `EAGAIN` when
 //! none is, as libibverbs documents. `ibv_destroy_cq` with unacknowledged
 //! events fails with `EBUSY` instead of waiting for them.

@@ -142,7 +142,10 @@ pub unsafe extern "C" fn __softverbs_ibv_open_device(dev: *mut ibv_device) -> *m
         Ok(c) => c,
         Err(e) => return fail_null(e.errno()),
     };
-    let async_fd = std::os::fd::AsRawFd::as_raw_fd(&ctx);
+    let async_fd = match app_fd(std::os::fd::AsRawFd::as_raw_fd(&ctx)) {
+        Ok(fd) => fd,
+        Err(e) => return fail_null(e),
+    };
     // SAFETY: verbs_context is plain data (nullable function pointers,
     // integers, pointers and a pthread mutex, for which all-zero bytes are
     // valid; the mutex is initialised right after).
@@ -187,11 +190,56 @@ pub unsafe extern "C" fn __softverbs_ibv_close_device(ctx: *mut ibv_context) -> 
     null_check!(libc::EINVAL; ctx);
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) } as *const SvContext as *mut SvContext;
+    // SAFETY: as above.
+    let async_fd = unsafe { (*ctx).async_fd };
     // SAFETY: made by into_raw in ibv_open_device; the application gives
     // it up here. Objects still alive keep the device engine alive
     // through their own references.
     unsafe { free_raw(sv) };
+    close_app_fd(async_fd);
     0
+}
+
+/// The descriptor the application gets for the provider's event
+/// descriptor `fd` (a completion channel's, a context's async events'):
+/// an epoll instance watching `fd`, level-triggered, so it is readable
+/// exactly when `fd` is, for `poll`/`epoll`/`select`. It is a file of its
+/// own because the provider's descriptor is non-blocking for its own reads
+/// while the application's starts blocking, as the kernel's does: an
+/// application that sets `O_NONBLOCK` on it (`fcntl`) changes only this
+/// one, and the library reads that flag to choose between waiting and
+/// `EAGAIN`.
+///
+/// # Errors
+///
+/// The errno of `epoll_create1`/`epoll_ctl` (`EMFILE`, `ENOMEM`).
+fn app_fd(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: no memory is passed; a negative return is an error.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(errno());
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: `ev` is a live epoll_event; `ep` and `fd` are open.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        let e = errno();
+        close_app_fd(ep);
+        return Err(e);
+    }
+    Ok(ep)
+}
+
+/// Closes a descriptor made by [`app_fd`].
+fn close_app_fd(fd: c_int) {
+    // SAFETY: the library's own descriptor, closed once, by its owner.
+    unsafe { libc::close(fd) };
+}
+
+fn errno() -> c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 fn fill_device_attr(a: &softverbs::verbs::DeviceAttr, out: &mut ibv_device_attr) {
@@ -899,7 +947,10 @@ pub unsafe extern "C" fn __softverbs_ibv_create_comp_channel(ctx: *mut ibv_conte
     let sv = unsafe { SvContext::from_ibv(ctx) };
     match sv.ctx.create_comp_channel() {
         Ok(h) => {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&h);
+            let fd = match app_fd(std::os::fd::AsRawFd::as_raw_fd(&h)) {
+                Ok(fd) => fd,
+                Err(e) => return fail_null(e),
+            };
             let c = into_raw(SvChannel {
                 ch: ibv_comp_channel {
                     context: ctx,
@@ -933,8 +984,11 @@ pub unsafe extern "C" fn __softverbs_ibv_destroy_comp_channel(ch: *mut ibv_comp_
     // SAFETY: as above.
     match unsafe { (*c).h.ops().destroy() } {
         Ok(()) => {
+            // SAFETY: as above.
+            let fd = unsafe { (*ch).fd };
             // SAFETY: made by into_raw.
             unsafe { free_raw(c) };
+            close_app_fd(fd);
             0
         }
         Err(e) => fail(&e),

@@ -177,8 +177,10 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         free_list(list);
         assert!(!ctx.is_null());
 
-        // O_NONBLOCK on async_fd: ibv_get_async_event returns -1/EAGAIN
-        // once nothing is pending instead of blocking.
+        // async_fd starts blocking, as the kernel's; with O_NONBLOCK set,
+        // ibv_get_async_event returns -1/EAGAIN once nothing is pending
+        // instead of blocking.
+        assert_eq!(libc::fcntl((*ctx).async_fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
         set_nonblocking((*ctx).async_fd, true);
         let (c, ga, ack) = (ctx as usize, get_async as usize, ack_async as usize);
         let drained = within("ibv_get_async_event with O_NONBLOCK", move || {
@@ -314,7 +316,9 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         let cq_ch = create_cq(ctx, 4, null_mut(), ch, 0);
         assert!(!cq_ch.is_null());
         assert_eq!(destroy_ch(ch), libc::EBUSY, "a CQ uses the channel");
-        // O_NONBLOCK on the channel's fd: no event pending, -1/EAGAIN.
+        // The channel's fd starts blocking; with O_NONBLOCK and no event
+        // pending, -1/EAGAIN.
+        assert_eq!(libc::fcntl((*ch).fd, libc::F_GETFL) & libc::O_NONBLOCK, 0);
         set_nonblocking((*ch).fd, true);
         let get_cq_event: GetCqEvent = lib.sym("ibv_get_cq_event");
         let (chp, gce) = (ch as usize, get_cq_event as usize);
