@@ -30,6 +30,29 @@ fn fail(e: &Error) -> c_int {
     n
 }
 
+/// The shape of every `ibv_destroy_*`, `ibv_dealloc_*` and `ibv_dereg_mr`:
+/// `destroy` releases the backend object (and does the object's own
+/// bookkeeping); only if it succeeds is the library's object freed.
+/// Returns 0, or the errno of the failure (also in `errno`), the object
+/// kept.
+///
+/// # Safety
+///
+/// `p` is a live object of this library made by [`into_raw`] as a `T`,
+/// which the application no longer uses once this returns 0.
+unsafe fn destroy_then_free<T>(p: *mut T, destroy: impl FnOnce(&T) -> softverbs::verbs::Result<()>) -> c_int {
+    // SAFETY: live, by the caller's promise.
+    match destroy(unsafe { &*p }) {
+        Ok(()) => {
+            // SAFETY: made by into_raw as a T; released, the application
+            // lets go.
+            unsafe { free_raw(p) };
+            0
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 /// Sets errno and returns NULL (for verbs that return an object).
 fn fail_null<T>(n: c_int) -> *mut T {
     set_errno(n);
@@ -648,16 +671,8 @@ pub unsafe extern "C" fn __softverbs_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     null_check!(libc::EINVAL; pd);
-    let p = pd as *mut SvPd;
     // SAFETY: a live PD of this library (the first field of an SvPd).
-    match unsafe { (*p).h.ops().destroy() } {
-        Ok(()) => {
-            // SAFETY: made by into_raw; destroyed, the application lets go.
-            unsafe { free_raw(p) };
-            0
-        }
-        Err(e) => fail(&e),
-    }
+    unsafe { destroy_then_free(pd as *mut SvPd, |p| p.h.ops().destroy()) }
 }
 
 /// Access bits `ibv_reg_mr` accepts: the defined ones; the optional
@@ -793,16 +808,8 @@ pub unsafe extern "C" fn __softverbs_ibv_reg_dmabuf_mr(
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     null_check!(libc::EINVAL; mr);
-    let m = mr as *mut SvMr;
     // SAFETY: a live MR of this library.
-    match unsafe { (*m).h.ops().dereg() } {
-        Ok(()) => {
-            // SAFETY: made by into_raw, deregistered.
-            unsafe { free_raw(m) };
-            0
-        }
-        Err(e) => fail(&e),
-    }
+    unsafe { destroy_then_free(mr as *mut SvMr, |m| m.h.ops().dereg()) }
 }
 
 /// `ibv_rereg_mr`: changes translation, PD and/or access. Returns 0 or
@@ -920,16 +927,8 @@ pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: c_uint) -> *mut ib
 /// `ibv_context_ops::dealloc_mw`.
 pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
     null_check!(libc::EINVAL; mw);
-    let w = mw as *mut SvMw;
     // SAFETY: a live MW of this library.
-    match unsafe { (*w).h.ops().dealloc() } {
-        Ok(()) => {
-            // SAFETY: made by into_raw.
-            unsafe { free_raw(w) };
-            0
-        }
-        Err(e) => fail(&e),
-    }
+    unsafe { destroy_then_free(mw as *mut SvMw, |w| w.h.ops().dealloc()) }
 }
 
 // ---------------------------------------------------------------- channels and CQs
@@ -1084,22 +1083,17 @@ pub unsafe extern "C" fn __softverbs_ibv_create_cq(
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     null_check!(libc::EINVAL; cq);
-    let c = cq as *mut SvCq;
-    // SAFETY: a live CQ of this library.
-    match unsafe { (*c).h.ops().destroy() } {
-        Ok(()) => {
-            // SAFETY: as above.
-            let ch = unsafe { (*c).channel };
-            if !ch.is_null() {
+    // SAFETY: a live CQ of this library (made in create_cq_common).
+    unsafe {
+        destroy_then_free(cq as *mut SvCq, |c| {
+            c.h.ops().destroy()?;
+            if !c.channel.is_null() {
                 // SAFETY: a channel outlives its CQs (destroy_comp_channel
                 // refuses while they exist).
-                unsafe { (*ch).users.fetch_sub(1, Ordering::AcqRel) };
+                (*c.channel).users.fetch_sub(1, Ordering::AcqRel);
             }
-            // SAFETY: made in create_cq_common (a Box of an SvCq).
-            unsafe { free_raw(c) };
-            0
-        }
-        Err(e) => fail(&e),
+            Ok(())
+        })
     }
 }
 
@@ -1306,16 +1300,8 @@ pub unsafe extern "C" fn __softverbs_ibv_query_srq(srq: *mut ibv_srq, attr: *mut
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     null_check!(libc::EINVAL; srq);
-    let s = srq as *mut SvSrq;
-    // SAFETY: a live SRQ of this library.
-    match unsafe { (*s).h.ops().destroy() } {
-        Ok(()) => {
-            // SAFETY: made in ibv_create_srq (a Box of an SvSrq).
-            unsafe { free_raw(s) };
-            0
-        }
-        Err(e) => fail(&e),
-    }
+    // SAFETY: a live SRQ of this library (made in ibv_create_srq).
+    unsafe { destroy_then_free(srq as *mut SvSrq, |s| s.h.ops().destroy()) }
 }
 
 // ---------------------------------------------------------------- QP
@@ -1649,19 +1635,15 @@ pub unsafe extern "C" fn __softverbs_ibv_query_qp_data_in_order(_qp: *mut ibv_qp
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     null_check!(libc::EINVAL; qp);
-    let p = qp as *mut SvQp;
     // SAFETY: a live QP of this library.
-    match unsafe { (*p).h.ops().destroy() } {
-        Ok(()) => {
+    unsafe {
+        destroy_then_free(qp as *mut SvQp, |p| {
+            p.h.ops().destroy()?;
             // SAFETY: the QP's context is open while the QP exists.
-            unsafe {
-                let ctx = &*(*p).ctx;
-                ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&(*qp).qp_num);
-                free_raw(p);
-            }
-            0
-        }
-        Err(e) => fail(&e),
+            let ctx = &*p.ctx;
+            ctx.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&(*qp).qp_num);
+            Ok(())
+        })
     }
 }
 
@@ -1714,16 +1696,8 @@ pub unsafe extern "C" fn __softverbs_ibv_create_ah(pd: *mut ibv_pd, attr: *mut i
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     null_check!(libc::EINVAL; ah);
-    let p = ah as *mut SvAh;
     // SAFETY: a live AH of this library.
-    match unsafe { (*p).h.ops().destroy() } {
-        Ok(()) => {
-            // SAFETY: made by into_raw.
-            unsafe { free_raw(p) };
-            0
-        }
-        Err(e) => fail(&e),
-    }
+    unsafe { destroy_then_free(ah as *mut SvAh, |a| a.h.ops().destroy()) }
 }
 
 /// `struct ibv_grh` (40 bytes in front of a UD receive).
