@@ -24,6 +24,42 @@ fn connect_when_listening(port: u16) -> TcpStream {
     }
 }
 
+/// Waits (bounded) until the server listening on 127.0.0.1:`port` has
+/// taken the connection from local port `from` off its accept queue, so
+/// that the stranger is surely among the connections the server holds
+/// before the client starts. On a loaded machine the last ACK of a
+/// handshake can reach the listener after a later connection's, and the
+/// server would then serve the client without ever seeing the stranger.
+/// Reads `/proc/net/tcp`: the server's end of the connection is past
+/// `SYN_RECV` (or already closed), and the listener's accept queue (its
+/// `rx_queue`) is empty.
+fn wait_until_accepted(port: u16, from: u16) {
+    let start = Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let (mut handshaking, mut queued) = (false, true);
+        for line in table.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port_of = |a: &str| a.split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
+            let (local, remote, state) = (port_of(f[1]), port_of(f[2]), f[3]);
+            if local == Some(port) && remote == Some(from) && state == "03" {
+                handshaking = true;
+            }
+            if local == Some(port) && state == "0A" {
+                queued = f[4].split(':').nth(1).is_some_and(|q| q != "00000000");
+            }
+        }
+        if !handshaking && !queued {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the server never accepted the stranger's connection"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Runs a server, lets `stranger` connect first, then a client; returns
 /// the server's standard error after checking that both runs succeeded.
 fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
@@ -34,6 +70,7 @@ fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
     server_args.extend_from_slice(&common);
     let server = spawn(None, &server_args);
     let held = stranger(port);
+    wait_until_accepted(port, held.local_addr().unwrap().port());
     let mut client_args = vec!["127.0.0.1"];
     client_args.extend_from_slice(&common);
     let client = spawn(None, &client_args);
