@@ -293,6 +293,102 @@ impl RemovalGate {
     }
 }
 
+/// A value that calls use inside a [`RemovalGate`] and that one owner
+/// takes away once no call is inside: the read side is the gate's (a
+/// plain increment and decrement of the calling thread's own counter, no
+/// lock), and [`Gated::take`] closes the gate, waits for the calls inside
+/// to leave, and moves the value out. A hotplug-safe handle keeps its
+/// verbs objects in one, so that its fast path takes no lock and its
+/// removal path can still release the objects while other threads call.
+///
+/// # Examples
+///
+/// ```
+/// use softverbs::subsystem::Gated;
+/// use std::time::Duration;
+/// let g = Gated::new(vec![1, 2, 3]);
+/// assert_eq!(g.with(|v| v.len()), Some(3));
+/// assert_eq!(g.take(Duration::from_secs(1)), Some(vec![1, 2, 3]));
+/// assert_eq!(g.with(|v| v.len()), None);
+/// assert_eq!(g.take(Duration::ZERO), None);
+/// ```
+pub struct Gated<T> {
+    gate: RemovalGate,
+    /// Serializes takers; `true` once the value was taken.
+    taken: Mutex<bool>,
+    value: std::cell::UnsafeCell<Option<T>>,
+}
+
+// SAFETY: `with` hands out `&T` to any thread (so `T: Sync`) and `take`
+// moves the value to the taking thread (so `T: Send`). The value is only
+// mutated by `take`, after the gate was closed and no call was inside it,
+// and no call can enter a closed gate; see `with` and `take`.
+unsafe impl<T: Send + Sync> Sync for Gated<T> {}
+
+impl<T> std::fmt::Debug for Gated<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gated").field("closed", &self.gate.is_closed()).finish()
+    }
+}
+
+impl<T> Gated<T> {
+    /// Holds `value` behind an open gate.
+    pub fn new(value: T) -> Gated<T> {
+        Gated {
+            gate: RemovalGate::new(),
+            taken: Mutex::new(false),
+            value: std::cell::UnsafeCell::new(Some(value)),
+        }
+    }
+
+    /// Runs `f` on the value from inside the gate; `None` once the value
+    /// is being taken or was taken. `f` must not call [`Gated::take`] on
+    /// the same cell (the take would wait for `f` itself and give up).
+    #[inline]
+    pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let _inside = self.gate.enter()?;
+        // SAFETY: we are inside the open gate. `take` writes the cell only
+        // after closing the gate and seeing no call inside it; the gate's
+        // Dekker protocol (our count published before we read `closed`,
+        // the closer's heavy fence before it counts) means either this
+        // entry saw the gate closed and returned above, or `take` sees us
+        // inside and waits until the guard is dropped at the end of this
+        // function. So no write overlaps this shared read.
+        let value = unsafe { &*self.value.get() };
+        value.as_ref().map(f)
+    }
+
+    /// Closes the gate, waits up to `timeout` for the calls inside to
+    /// leave, and moves the value out. `None` if it was taken before, or
+    /// if calls were still inside at the timeout (the gate stays closed,
+    /// the value stays; a later `take` may succeed).
+    pub fn take(&self, timeout: Duration) -> Option<T> {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        if *taken {
+            return None;
+        }
+        self.gate.close();
+        if !self.gate.synchronize(timeout) {
+            return None;
+        }
+        *taken = true;
+        // SAFETY: the gate is closed and no call is inside it, so no `with`
+        // holds a reference and none can start; takers are serialized by
+        // `taken`, which we hold. This is the only access.
+        unsafe { (*self.value.get()).take() }
+    }
+
+    /// Whether the value was taken or is being taken.
+    pub fn is_closed(&self) -> bool {
+        self.gate.is_closed()
+    }
+
+    /// The value, through exclusive access (no gate needed).
+    pub fn get_mut(&mut self) -> Option<&mut T> {
+        self.value.get_mut().as_mut()
+    }
+}
+
 fn gone(verb: Verb) -> Error {
     Error::new(
         verb,
@@ -408,6 +504,34 @@ mod tests {
     use std::time::Duration;
 
     use super::RemovalGate;
+
+    #[test]
+    fn gated_take_waits_for_readers_and_refuses_new_ones() {
+        use super::Gated;
+        let g = Arc::new(Gated::new(String::from("objects")));
+        let reading = Arc::new(Barrier::new(2));
+        let release = Arc::new(Barrier::new(2));
+        let reader = {
+            let (g, reading, release) = (g.clone(), reading.clone(), release.clone());
+            std::thread::spawn(move || {
+                g.with(|s| {
+                    reading.wait();
+                    release.wait();
+                    s.len()
+                })
+            })
+        };
+        reading.wait();
+        // A reader is inside: the take gives up, and the value stays.
+        assert_eq!(g.take(Duration::from_millis(20)), None);
+        assert!(g.is_closed());
+        release.wait();
+        assert_eq!(reader.join().unwrap(), Some(7));
+        // The gate stayed closed: no new reader, and now the take succeeds.
+        assert_eq!(g.with(|s| s.len()), None);
+        assert_eq!(g.take(Duration::from_secs(10)).as_deref(), Some("objects"));
+        assert_eq!(g.take(Duration::from_secs(10)), None);
+    }
 
     #[test]
     fn nested_and_out_of_order_guards_count_right() {

@@ -90,7 +90,7 @@ pub use device::{
 };
 pub use error::{Error, Op, Result};
 pub use events::{CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
-pub use gate::{GateGuard, GuardedCq, GuardedQp, RemovalGate};
+pub use gate::{GateGuard, Gated, GuardedCq, GuardedQp, RemovalGate};
 #[cfg(feature = "hardware")]
 pub use hw::{HwDeviceEvent, HwEventHub, HwFactory, HwPlugged, NetnsBindings};
 #[cfg(feature = "hardware")]
