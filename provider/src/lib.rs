@@ -25,5 +25,6 @@ pub mod hw;
 pub mod netns;
 pub mod soft;
 pub mod subsystem;
+mod sys;
 pub mod ulp;
 pub mod verbs;

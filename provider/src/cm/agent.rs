@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::thread::{JoinHandle, ThreadId};
@@ -442,13 +442,7 @@ impl CmHook for Hook {
 
 impl Shared {
     pub(crate) fn start(sub: Arc<Subsystem>, cfg: CmConfig) -> Result<Arc<Shared>> {
-        // SAFETY: eventfd has no memory arguments; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::Io(std::io::Error::last_os_error().kind()));
-        }
-        // SAFETY: a fresh descriptor nothing else owns.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let wake = crate::sys::eventfd(libc::EFD_NONBLOCK).map_err(|e| Error::Io(e.kind()))?;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)

@@ -3,7 +3,7 @@
 //! `mio` or `poll`, and a blocking [`EventChannel::get_event`].
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,13 +70,7 @@ impl EventChannel {
     ///
     /// [`Error::Io`] if the process cannot create an `eventfd`.
     pub fn new() -> Result<EventChannel> {
-        // SAFETY: eventfd has no memory arguments; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::Io(std::io::Error::last_os_error().kind()));
-        }
-        // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = crate::sys::eventfd(libc::EFD_NONBLOCK).map_err(|e| Error::Io(e.kind()))?;
         Ok(EventChannel {
             inner: Arc::new(ChannelInner {
                 queue: Mutex::new(VecDeque::new()),

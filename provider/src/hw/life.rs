@@ -30,9 +30,10 @@
 //! contexts opened straight from `hw::provider()`. Unlisting a removed
 //! device's life lets the next listing of that name start a new one.
 
+use crate::sys::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::shadow::PollMode;
@@ -45,10 +46,6 @@ pub(crate) const LIVE_FLUSH_GRACE: Duration = Duration::from_millis(20);
 const LIVE: u8 = 0;
 const REVOKED: u8 = 1;
 const INERT: u8 = 2;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Where a device is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

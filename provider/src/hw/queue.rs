@@ -1,5 +1,6 @@
 //! Completion channels, completion queues and shared receive queues.
 
+use crate::sys::lock;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::os::raw::c_void;
@@ -96,10 +97,6 @@ impl HwCompChannel {
         self.ch
             .destroy(|ch| life.destroy_rc(unsafe { rdma_sys::ibv_destroy_comp_channel(ch) }))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for HwCompChannel {

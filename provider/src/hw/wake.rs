@@ -34,21 +34,16 @@ pub(crate) struct WakeFd {
     attached: AtomicBool,
 }
 
+/// [`crate::sys::cvt`], with the error as an errno.
 fn cvt(rc: libc::c_int) -> Result<libc::c_int, i32> {
-    if rc < 0 {
-        Err(ffi::errno())
-    } else {
-        Ok(rc)
-    }
+    crate::sys::cvt(rc).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 impl WakeFd {
     /// Joins `kernel` (which stays owned by libibverbs) with a new eventfd.
     /// Returns an errno on failure.
     pub(crate) fn new(kernel: RawFd) -> Result<WakeFd, i32> {
-        // SAFETY: eventfd takes two integers; a non-negative result is a
-        // new descriptor that only this OwnedFd closes.
-        let event = unsafe { OwnedFd::from_raw_fd(cvt(libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))?) };
+        let event = crate::sys::eventfd(libc::EFD_NONBLOCK).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         // SAFETY: as above, for epoll_create1.
         let epoll = unsafe { OwnedFd::from_raw_fd(cvt(libc::epoll_create1(libc::EPOLL_CLOEXEC))?) };
         let add = |fd: RawFd| -> Result<(), i32> {

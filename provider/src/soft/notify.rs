@@ -2,7 +2,7 @@
 //! event queues expose as a pollable file descriptor.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// A semaphore-mode eventfd: each `post` makes one `wait` succeed.
@@ -13,14 +13,7 @@ pub(crate) struct EventFd {
 
 impl EventFd {
     pub(crate) fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd has no memory-safety preconditions; a negative
-        // return is an error, checked below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = crate::sys::eventfd(libc::EFD_NONBLOCK | libc::EFD_SEMAPHORE)?;
         Ok(EventFd { fd })
     }
 

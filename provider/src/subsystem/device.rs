@@ -3,6 +3,7 @@
 //! implementation ([`SoftFactory`]), and the handle upcalls and lookups
 //! give out ([`DeviceRef`]).
 
+use crate::sys::lock;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -13,10 +14,6 @@ use super::removal::{RemovalReason, UNATTRIBUTED};
 use crate::soft::{SoftDevice, SoftDeviceConfig};
 use crate::verbs::backend::{AsAny, ContextOps};
 use crate::verbs::{self, BackendKind, Context, Cq, Device, ErrorKind, Qp, Verb};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A device's generation: a number that changes every time a device is
 /// (re-)added, so a handle or event of an earlier life never names the

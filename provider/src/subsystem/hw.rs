@@ -33,11 +33,12 @@
 //! 4. A device that comes back (re-registered, replugged, moved back) is a
 //!    new instance: a new generation, a new life, fresh objects.
 
+use crate::sys::lock;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use super::device::{DeviceFactory, DeviceRef, Generation, HotplugDevice};
@@ -48,10 +49,6 @@ use crate::hw::monitor::Monitor;
 use crate::hw::{HwDevice, HwEvent};
 use crate::verbs::backend::DeviceOps;
 use crate::verbs::{self, BackendKind, Device, Guid};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Which real network namespace (a path such as `/run/netns/blue` or
 /// `/proc/<pid>/ns/net`) stands behind which subsystem namespace. A

@@ -44,11 +44,12 @@
 //! added again until it disappears from the scan or its identity changes —
 //! a real replug. A view that could not be listed changes nothing.
 
+use crate::sys::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -62,10 +63,6 @@ use crate::hw::netns::NetnsId;
 use crate::hw::{netlink, sysfs};
 use crate::verbs::backend::DeviceOps;
 use crate::verbs::BackendKind;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Which instance of a device the kernel shows: a device whose identity
 /// changed was replaced (or re-registered).

@@ -12,13 +12,10 @@
 //! exactly one [`NamespaceEvent::Deleted`] to every [`NamespaceWatch`]
 //! without waiting for anyone to read it.
 
+use crate::sys::lock;
 use std::fmt;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A namespace's identifier. [`NamespaceId::INIT`] is the initial namespace,
 /// which always exists; the others are numbered in creation order and never

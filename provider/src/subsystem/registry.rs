@@ -9,10 +9,11 @@
 //! upcalling thread, and every loop that makes upcalls re-reads the state
 //! after each one (a nested operation may have changed anything).
 
+use crate::sys::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -22,10 +23,6 @@ use super::error::{serr, Error, Op, Result};
 use super::events::{CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
 use super::namespace::{NamespaceId, NetnsMode, NsLife, WeakNamespace};
 use super::removal::{RemovalReason, RemovalReport, Straggler};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// How a [`Subsystem`] behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,81 @@
+//! Small system-call wrappers and helpers shared by the whole crate, so
+//! that each exists once: taking a lock whose holder panicked, checking a
+//! libc return value, and making an eventfd.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
+
+/// Locks `m`, taking the data even if a thread panicked while holding it.
+///
+/// Every structure these locks protect is kept consistent between
+/// statements that may panic (a panic in a verb leaves the object as the
+/// failed call found it), and refusing all later calls because one call
+/// panicked would turn one bug into a dead device: the poison is ignored.
+#[inline]
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A libc return value: negative is the calling thread's `errno`.
+#[inline]
+pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    match r {
+        r if r < 0 => Err(io::Error::last_os_error()),
+        r => Ok(r),
+    }
+}
+
+/// A new eventfd with counter 0 and `flags` (`EFD_*`; `EFD_CLOEXEC` is
+/// always added).
+pub(crate) fn eventfd(flags: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes two integers and touches no memory of ours; a
+    // negative return is an error, checked by `cvt`.
+    let fd = cvt(unsafe { libc::eventfd(0, flags | libc::EFD_CLOEXEC) })?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    #[test]
+    fn lock_takes_a_poisoned_mutex() {
+        let m = std::sync::Arc::new(Mutex::new(1));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poison it");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        *lock(&m) += 1;
+        assert_eq!(*lock(&m), 2);
+    }
+
+    #[test]
+    fn cvt_passes_values_and_reads_errno() {
+        assert_eq!(cvt(3).unwrap(), 3);
+        // SAFETY: closing a descriptor number that is not open fails with
+        // EBADF and touches nothing.
+        let r = unsafe { libc::close(-1) };
+        assert_eq!(cvt(r).unwrap_err().raw_os_error(), Some(libc::EBADF));
+    }
+
+    #[test]
+    fn eventfd_is_close_on_exec_and_non_blocking() {
+        let e = eventfd(libc::EFD_NONBLOCK).unwrap();
+        // SAFETY: F_GETFD on our own open descriptor.
+        let flags = unsafe { libc::fcntl(e.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        // Non-blocking: reading the empty counter does not wait.
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from our own descriptor.
+        let r = unsafe { libc::read(e.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        assert_eq!(r, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EAGAIN));
+    }
+}
