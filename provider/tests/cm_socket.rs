@@ -1,7 +1,9 @@
 //! The sockets-like API: connect/accept and data; a device removal under
 //! a connection ends in its completions (every WR exactly once, flushed)
 //! followed by one typed error, with no straggler; a wildcard listener
-//! accepts on a device plugged after it started.
+//! accepts on a device plugged after it started; with a reconnection
+//! policy, a removal ends in the flushes and one `Reconnected`, and the
+//! connection goes on through another device.
 
 mod cm_common;
 
@@ -102,6 +104,99 @@ fn removal_completes_every_wr_then_one_error_and_no_straggler() {
     let report = remover.join().unwrap();
     assert!(report.stragglers.is_empty(), "{report:?}");
     drop((c, s));
+}
+
+#[test]
+fn with_a_policy_a_removal_reconnects_through_another_device() {
+    let w = world(125, 3, fast_config());
+    // Devices: .1 and .3 on the client's side, .2 the server's.
+    let l = Listener::bind(&w.cm, NamespaceId::INIT, "0.0.0.0:9500".parse().unwrap(), 4).unwrap();
+    let server = std::thread::spawn(move || {
+        let first = l.accept(&ConnOptions::default(), WAIT).unwrap().unwrap();
+        let second = l.accept(&ConnOptions::default(), WAIT).unwrap().unwrap();
+        (first, second)
+    });
+    let opts = ConnOptions {
+        reconnect: Some(Reconnect {
+            // The removed device first: its attempt fails, the next wins.
+            sources: vec![ip(125, 1), ip(125, 3)],
+            timeout: Duration::from_secs(20),
+        }),
+        ..ConnOptions::default()
+    };
+    let c = Connection::connect(
+        &w.cm,
+        NamespaceId::INIT,
+        Some(ip(125, 1)),
+        sa(125, 2, 9500),
+        &opts,
+        WAIT,
+    )
+    .unwrap();
+    assert_eq!(c.device().unwrap().0, w.names[0]);
+    let old_pd = c.pd().unwrap();
+    let old_mr = old_pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..4u64 {
+        c.post_recv(&[RecvWr::new(i, &[old_mr.sge(0, 64).unwrap()])]).unwrap();
+    }
+    drop((old_mr, old_pd));
+
+    let sub = w.sub.clone();
+    let name = w.names[0].clone();
+    let remover = std::thread::spawn(move || sub.remove_device(&name).unwrap());
+    // Every WR in flight completes once, flushed; then the reconnection.
+    let (got, end) = drain(&c);
+    let mut ids: Vec<u64> = got.iter().map(|g| g.0).collect();
+    ids.sort();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+    assert!(got.iter().all(|g| g.1 == WcStatus::WrFlushErr), "{got:?}");
+    assert_eq!(end, ConnectionError::Reconnected);
+    let report = remover.join().unwrap();
+    assert!(report.stragglers.is_empty(), "{report:?}");
+    assert_eq!(c.device().unwrap().0, w.names[2]);
+    assert_eq!(c.local_addr().unwrap().ip(), ip(125, 3));
+    assert_eq!(c.inflight(), 0);
+
+    // The connection goes on: the server's listener took the new one, and
+    // data crosses after registering again with the new PD.
+    let (_first, s) = server.join().unwrap();
+    assert_eq!(s.peer_addr(), c.local_addr());
+    let spd = s.pd().unwrap();
+    let smr = spd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    s.post_recv(&[RecvWr::new(50, &[smr.sge(0, 64).unwrap()])]).unwrap();
+    let cpd = c.pd().unwrap();
+    let cmr = cpd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    cmr.write(0, b"again").unwrap();
+    c.post_send(&[SendWr::new(60, SendOp::Send, &[cmr.sge(0, 5).unwrap()])])
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 4];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (mut sent, mut received) = (false, false);
+    while !(sent && received) {
+        if let Ok(n) = c.poll(&mut wc) {
+            sent |= wc[..n].iter().any(|w| (w.wr_id, w.status) == (60, WcStatus::Success));
+        }
+        if let Ok(n) = s.poll(&mut wc) {
+            received |= wc[..n].iter().any(|w| (w.wr_id, w.status) == (50, WcStatus::Success));
+        }
+        assert!(std::time::Instant::now() < deadline, "sent {sent}, received {received}");
+    }
+    assert_eq!(smr.to_vec(0, 5).unwrap(), b"again");
+    drop((cmr, cpd, smr, spd));
+}
+
+#[test]
+fn without_a_policy_the_active_side_ends_on_removal() {
+    let w = world(126, 3, fast_config());
+    let (c, _s) = pair(&w, 126, 2, 9600);
+    let sub = w.sub.clone();
+    let name = w.names[0].clone();
+    let remover = std::thread::spawn(move || sub.remove_device(&name).unwrap());
+    let (got, end) = drain(&c);
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(end, ConnectionError::DeviceRemoved);
+    assert_eq!(c.device(), None);
+    remover.join().unwrap();
 }
 
 #[test]

@@ -93,7 +93,7 @@ use std::time::Duration;
 
 pub use channel::EventChannel;
 pub use id::CmId;
-pub use socket::{ConnOptions, Connection, ConnectionError, Listener};
+pub use socket::{ConnOptions, Connection, ConnectionError, Listener, Reconnect};
 
 use crate::subsystem::{Generation, NamespaceId, Subsystem};
 use crate::verbs::{AhAttr, Gid};

@@ -64,6 +64,10 @@ pub struct ConnOptions {
     pub max_sge: u32,
     /// Private data for the peer (connect: 56 bytes, accept: 196).
     pub private_data: Vec<u8>,
+    /// Connect again through another device when the connection's device
+    /// is removed (active side only; `None`: the removal ends the
+    /// connection).
+    pub reconnect: Option<Reconnect>,
 }
 
 impl Default for ConnOptions {
@@ -73,6 +77,35 @@ impl Default for ConnOptions {
             max_recv_wr: 64,
             max_sge: 1,
             private_data: Vec::new(),
+            reconnect: None,
+        }
+    }
+}
+
+/// The reconnection policy of an active [`Connection`]: when its device
+/// is removed, once every WR in flight has completed (flushed), it
+/// connects to the same peer again, from each of `sources` in turn (the
+/// first that connects wins; empty: from the device the CM picks for the
+/// peer), each attempt bounded by `timeout`. The peer sees a new
+/// connection on its listener.
+///
+/// A new device means a new protection domain: memory registered with
+/// the old [`Connection::pd`] must be registered again with the new one,
+/// and remote keys exchanged again. [`Connection::poll`] returns
+/// [`ConnectionError::Reconnected`] once to say so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reconnect {
+    /// Local addresses to connect from, in order of preference.
+    pub sources: Vec<IpAddr>,
+    /// Bound on each attempt's resolution and handshake.
+    pub timeout: Duration,
+}
+
+impl Default for Reconnect {
+    fn default() -> Reconnect {
+        Reconnect {
+            sources: Vec::new(),
+            timeout: Duration::from_secs(5),
         }
     }
 }
@@ -87,6 +120,11 @@ pub enum ConnectionError {
     Disconnected,
     /// The connection ended earlier (the error above was returned).
     Closed,
+    /// Not a failure: the device under the connection was removed, every
+    /// WR posted before completed (flushed), and the connection was made
+    /// again through another device ([`ConnOptions::reconnect`]). Register
+    /// memory again with the new [`Connection::pd`]; posting works again.
+    Reconnected,
     /// Setting the connection up failed.
     Setup(Error),
     /// The peer rejected the connection (IBTA reason, private data).
@@ -106,6 +144,10 @@ impl std::fmt::Display for ConnectionError {
             ConnectionError::DeviceRemoved => write!(f, "the connection's device was removed"),
             ConnectionError::Disconnected => write!(f, "the peer disconnected"),
             ConnectionError::Closed => write!(f, "the connection is closed"),
+            ConnectionError::Reconnected => write!(
+                f,
+                "the connection's device was removed and the connection made again through another device"
+            ),
             ConnectionError::Setup(e) => write!(f, "connection setup failed: {e}"),
             ConnectionError::Rejected(r, _) => write!(f, "rejected by the peer (reason {r})"),
             ConnectionError::Unreachable => write!(f, "the peer did not answer"),
@@ -126,7 +168,8 @@ impl From<Error> for ConnectionError {
 /// A listening endpoint.
 #[derive(Debug)]
 pub struct Listener {
-    cm: Cm,
+    /// Keeps the CM (and its agent) alive while the listener is.
+    _cm: Cm,
     chan: EventChannel,
     id: CmId,
 }
@@ -144,7 +187,7 @@ impl Listener {
         id.bind_addr(addr)?;
         id.listen(backlog)?;
         Ok(Listener {
-            cm: cm.clone(),
+            _cm: cm.clone(),
             chan,
             id,
         })
@@ -182,15 +225,15 @@ impl Listener {
                     let Some(id) = ev.take_id() else { continue };
                     let chan = EventChannel::new()?;
                     id.migrate(&chan)?;
-                    let Ok(conn) = Connection::setup(&self.cm, id, chan, opts) else {
+                    let Ok(session) = Connection::setup(id, chan, opts) else {
                         continue;
                     };
-                    conn.id.accept(&ConnParam {
+                    session.id.accept(&ConnParam {
                         private_data: opts.private_data.clone(),
                         ..ConnParam::default()
                     })?;
-                    match conn.wait_established(left)? {
-                        true => return Ok(Some(conn)),
+                    match Connection::wait_established(&session.chan, left)? {
+                        true => return Ok(Some(Connection::new(session, None))),
                         false => continue,
                     }
                 }
@@ -205,11 +248,10 @@ impl Listener {
 /// receives).
 #[derive(Debug)]
 pub struct Connection {
-    id: CmId,
-    chan: EventChannel,
-    /// The verbs objects: posting and polling use them inside the cell's
-    /// gate (no lock); the end of the connection takes them away.
-    res: Gated<Res>,
+    /// The id, its channel and the verbs objects: posting and polling use
+    /// them inside the cell's gate (no lock); the end of the connection
+    /// takes them away, and a reconnection puts new ones in.
+    session: Gated<Session>,
     /// WRs posted and not yet returned by `poll`.
     inflight: AtomicU64,
     /// How the connection ended, as far as `poll` has seen; read without
@@ -218,6 +260,9 @@ pub struct Connection {
     /// `ended`, for the fast path: [`OPEN`], [`PENDING_REMOVED`],
     /// [`PENDING_DISCONNECTED`] or [`RETURNED`].
     state: AtomicU8,
+    /// How to connect again after a device removal (active side, with
+    /// [`ConnOptions::reconnect`]).
+    redial: Option<Redial>,
 }
 
 const OPEN: u8 = 0;
@@ -229,11 +274,37 @@ const RETURNED: u8 = 3;
 /// polls on it to leave before it releases the verbs objects.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
+/// One incarnation of a connection: its id, event channel and verbs
+/// objects. Dropping it destroys the QP, then its CQ and PD, then the id
+/// (which disconnects).
+#[derive(Debug)]
+struct Session {
+    res: Res,
+    id: CmId,
+    chan: EventChannel,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.id.destroy_qp();
+    }
+}
+
 #[derive(Debug)]
 struct Res {
     qp: Arc<Qp>,
     cq: Cq,
     pd: Arc<Pd>,
+}
+
+/// What an active connection needs to connect again.
+#[derive(Debug)]
+struct Redial {
+    cm: Cm,
+    ns: NamespaceId,
+    dst: SocketAddr,
+    opts: ConnOptions,
+    policy: Reconnect,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,6 +329,8 @@ impl Ending {
 impl Connection {
     /// Connects to `dst` from namespace `ns` (from `src`'s device, or the
     /// one the CM picks), waiting up to `timeout` for the whole handshake.
+    /// With [`ConnOptions::reconnect`], the connection will connect again
+    /// through another device should this one be removed.
     ///
     /// # Errors
     ///
@@ -272,6 +345,36 @@ impl Connection {
         opts: &ConnOptions,
         timeout: Option<Duration>,
     ) -> std::result::Result<Connection, ConnectionError> {
+        let session = Self::dial(cm, ns, src, dst, opts, timeout)?;
+        let redial = opts.reconnect.clone().map(|policy| Redial {
+            cm: cm.clone(),
+            ns,
+            dst,
+            opts: opts.clone(),
+            policy,
+        });
+        Ok(Connection::new(session, redial))
+    }
+
+    fn new(session: Session, redial: Option<Redial>) -> Connection {
+        Connection {
+            session: Gated::new(session),
+            inflight: AtomicU64::new(0),
+            ended: Mutex::new(Ending::Open),
+            state: AtomicU8::new(OPEN),
+            redial,
+        }
+    }
+
+    /// Resolves, sets up and connects one session.
+    fn dial(
+        cm: &Cm,
+        ns: NamespaceId,
+        src: Option<IpAddr>,
+        dst: SocketAddr,
+        opts: &ConnOptions,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<Session, ConnectionError> {
         let deadline = timeout.map(|t| Instant::now() + t);
         let left = || deadline.map(|d| d.saturating_duration_since(Instant::now()));
         let chan = EventChannel::new()?;
@@ -280,13 +383,13 @@ impl Connection {
         Self::expect(&chan, CmEventKind::AddrResolved, left())?;
         id.resolve_route()?;
         Self::expect(&chan, CmEventKind::RouteResolved, left())?;
-        let conn = Connection::setup(cm, id, chan, opts)?;
-        conn.id.connect(&ConnParam {
+        let session = Self::setup(id, chan, opts)?;
+        session.id.connect(&ConnParam {
             private_data: opts.private_data.clone(),
             ..ConnParam::default()
         })?;
-        if conn.wait_established(left())? {
-            Ok(conn)
+        if Self::wait_established(&session.chan, left())? {
+            Ok(session)
         } else {
             Err(ConnectionError::Setup(Error::InvalidState {
                 op: "connect",
@@ -306,7 +409,7 @@ impl Connection {
         }
     }
 
-    fn setup(_cm: &Cm, id: CmId, chan: EventChannel, opts: &ConnOptions) -> Result<Connection> {
+    fn setup(id: CmId, chan: EventChannel, opts: &ConnOptions) -> Result<Session> {
         let ctx = id.verbs()?;
         let pd = ctx.alloc_pd()?;
         let cq = ctx.create_cq(opts.max_send_wr + opts.max_recv_wr, 0, None, 0)?;
@@ -328,23 +431,20 @@ impl Connection {
             },
         )?;
         let qp = id.qp().ok_or(Error::InvalidArgument("no QP"))?;
-        Ok(Connection {
-            id,
-            chan,
-            res: Gated::new(Res {
+        Ok(Session {
+            res: Res {
                 qp,
                 cq,
                 pd: Arc::new(pd),
-            }),
-            inflight: AtomicU64::new(0),
-            ended: Mutex::new(Ending::Open),
-            state: AtomicU8::new(OPEN),
+            },
+            id,
+            chan,
         })
     }
 
     /// `Ok(true)` once established, `Ok(false)` on timeout.
-    fn wait_established(&self, t: Option<Duration>) -> std::result::Result<bool, ConnectionError> {
-        match self.chan.get_event(t)? {
+    fn wait_established(chan: &EventChannel, t: Option<Duration>) -> std::result::Result<bool, ConnectionError> {
+        match chan.get_event(t)? {
             None => Ok(false),
             Some(ev) => match ev.kind {
                 CmEventKind::Established => Ok(true),
@@ -360,23 +460,30 @@ impl Connection {
     }
 
     /// The protection domain to register memory in (keep it only as long
-    /// as the connection: a removal waits for it).
+    /// as the connection: a removal waits for it). After
+    /// [`ConnectionError::Reconnected`] it is a new one, on the new
+    /// device.
     ///
     /// # Errors
     ///
     /// [`ConnectionError::Closed`] once the connection ended.
     pub fn pd(&self) -> std::result::Result<Arc<Pd>, ConnectionError> {
-        self.res.with(|r| r.pd.clone()).ok_or(ConnectionError::Closed)
+        self.session.with(|s| s.res.pd.clone()).ok_or(ConnectionError::Closed)
     }
 
-    /// The local address.
+    /// The local address (`None` once the connection ended).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.id.local_addr()
+        self.session.with(|s| s.id.local_addr()).flatten()
     }
 
-    /// The peer's address.
+    /// The peer's address (`None` once the connection ended).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.id.peer_addr()
+        self.session.with(|s| s.id.peer_addr()).flatten()
+    }
+
+    /// The device the connection runs on now, and its generation.
+    pub fn device(&self) -> Option<(String, crate::subsystem::Generation)> {
+        self.session.with(|s| s.id.device()).flatten()
     }
 
     /// Posts sends (every one is signaled: each completes exactly once in
@@ -414,7 +521,7 @@ impl Connection {
         // never sees their completions before the count (and never finds
         // the count at zero while they are in flight).
         self.inflight.fetch_add(n as u64, Ordering::Relaxed);
-        let r = self.res.with(|r| f(&r.qp));
+        let r = self.session.with(|s| f(&s.res.qp));
         match r {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => {
@@ -442,14 +549,18 @@ impl Connection {
     /// coming until every posted WR has completed; then one
     /// [`ConnectionError::DeviceRemoved`] or
     /// [`ConnectionError::Disconnected`], then
-    /// [`ConnectionError::Closed`].
+    /// [`ConnectionError::Closed`]. With a reconnection policy, a removal
+    /// ends instead, once the flushed WRs were returned, in one
+    /// [`ConnectionError::Reconnected`] when the connection could be made
+    /// again through another device; the connection then goes on.
     ///
     /// # Errors
     ///
     /// As above; [`ConnectionError::Verbs`] if polling itself failed.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> std::result::Result<usize, ConnectionError> {
-        let n = match self.res.with(|r| r.cq.poll(wc)) {
-            Some(n) => n.unwrap_or(0),
+        let n = match self.session.with(|s| s.res.cq.poll(wc)) {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return Err(ConnectionError::Verbs(e)),
             None => return Err(ConnectionError::Closed),
         };
         if n > 0 {
@@ -460,8 +571,12 @@ impl Connection {
         }
         // No completion, or an error one: look at the connection's events.
         let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(ev) = self.chan.try_get_event() {
-            match ev.kind {
+        let events: Vec<CmEventKind> = self
+            .session
+            .with(|s| std::iter::from_fn(|| s.chan.try_get_event()).map(|e| e.kind).collect())
+            .unwrap_or_default();
+        for kind in events {
+            match kind {
                 CmEventKind::DeviceRemoval if *ended != Ending::Returned => *ended = Ending::Pending(true),
                 CmEventKind::Disconnected if *ended == Ending::Open => {
                     *ended = Ending::Pending(false);
@@ -475,14 +590,18 @@ impl Connection {
         }
         match *ended {
             Ending::Pending(removed) if self.inflight.load(Ordering::Relaxed) == 0 => {
-                *ended = Ending::Returned;
-                self.state.store(RETURNED, Ordering::Relaxed);
-                drop(ended);
                 // Let go of the device now: the removal need not wait.
                 // (Other threads' posts and polls leave first; new ones
                 // find the objects gone.)
-                self.id.destroy_qp();
-                drop(self.res.take(RELEASE_WAIT));
+                drop(self.session.take(RELEASE_WAIT));
+                if let Some(session) = removed.then(|| self.redial()).flatten() {
+                    let _ = self.session.put(session);
+                    *ended = Ending::Open;
+                    self.state.store(OPEN, Ordering::Relaxed);
+                    return Err(ConnectionError::Reconnected);
+                }
+                *ended = Ending::Returned;
+                self.state.store(RETURNED, Ordering::Relaxed);
                 Err(if removed {
                     ConnectionError::DeviceRemoved
                 } else {
@@ -494,6 +613,19 @@ impl Connection {
         }
     }
 
+    /// Connects again as the policy says, if the connection has one: from
+    /// each of its sources in turn (or the device the CM picks).
+    fn redial(&self) -> Option<Session> {
+        let r = self.redial.as_ref()?;
+        let sources: Vec<Option<IpAddr>> = match r.policy.sources.is_empty() {
+            true => vec![None],
+            false => r.policy.sources.iter().copied().map(Some).collect(),
+        };
+        sources
+            .into_iter()
+            .find_map(|src| Self::dial(&r.cm, r.ns, src, r.dst, &r.opts, Some(r.policy.timeout)).ok())
+    }
+
     /// How many posted WRs have not been returned by [`Connection::poll`].
     pub fn inflight(&self) -> u64 {
         self.inflight.load(Ordering::Relaxed)
@@ -503,13 +635,5 @@ impl Connection {
     /// CM). Dropping it does the same.
     pub fn close(self) {
         drop(self);
-    }
-}
-
-impl Drop for Connection {
-    fn drop(&mut self) {
-        // The id's drop disconnects; the QP goes before its CQ and PD.
-        self.id.destroy_qp();
-        drop(self.res.take(Duration::ZERO));
     }
 }

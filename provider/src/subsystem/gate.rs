@@ -259,6 +259,13 @@ impl RemovalGate {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Opens a closed gate again. Whatever the closer changed before this
+    /// is visible to a call that enters after it, if that call issues an
+    /// acquire fence once inside (as [`Gated::with`] does).
+    pub fn reopen(&self) {
+        self.closed.store(false, Ordering::Release);
+    }
+
     /// Calls inside the gate now.
     pub fn inside(&self) -> usize {
         let owned: usize = self
@@ -297,7 +304,8 @@ impl RemovalGate {
 /// takes away once no call is inside: the read side is the gate's (a
 /// plain increment and decrement of the calling thread's own counter, no
 /// lock), and [`Gated::take`] closes the gate, waits for the calls inside
-/// to leave, and moves the value out. A hotplug-safe handle keeps its
+/// to leave, and moves the value out; [`Gated::put`] may put a new one
+/// in and open the gate again. A hotplug-safe handle keeps its
 /// verbs objects in one, so that its fast path takes no lock and its
 /// removal path can still release the objects while other threads call.
 ///
@@ -319,10 +327,11 @@ pub struct Gated<T> {
     value: std::cell::UnsafeCell<Option<T>>,
 }
 
-// SAFETY: `with` hands out `&T` to any thread (so `T: Sync`) and `take`
-// moves the value to the taking thread (so `T: Send`). The value is only
-// mutated by `take`, after the gate was closed and no call was inside it,
-// and no call can enter a closed gate; see `with` and `take`.
+// SAFETY: `with` hands out `&T` to any thread (so `T: Sync`), and `take`
+// and `put` move values between threads (so `T: Send`). The value is only
+// written by `take` and `put`, while the gate is closed and no call is
+// inside it, and no call can enter a closed gate; see `with`, `take` and
+// `put`.
 unsafe impl<T: Send + Sync> Sync for Gated<T> {}
 
 impl<T> std::fmt::Debug for Gated<T> {
@@ -347,6 +356,9 @@ impl<T> Gated<T> {
     #[inline]
     pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         let _inside = self.gate.enter()?;
+        // Pairs with the release of `put`'s reopening: a value put back is
+        // seen whole (free on x86).
+        std::sync::atomic::fence(Ordering::Acquire);
         // SAFETY: we are inside the open gate. `take` writes the cell only
         // after closing the gate and seeing no call inside it; the gate's
         // Dekker protocol (our count published before we read `closed`,
@@ -376,6 +388,26 @@ impl<T> Gated<T> {
         // holds a reference and none can start; takers are serialized by
         // `taken`, which we hold. This is the only access.
         unsafe { (*self.value.get()).take() }
+    }
+
+    /// Puts a value back after [`Gated::take`] and opens the gate again;
+    /// gives `value` back if the cell is not empty.
+    ///
+    /// # Errors
+    ///
+    /// `Err(value)` if no value was taken.
+    pub fn put(&self, value: T) -> std::result::Result<(), T> {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        if !*taken {
+            return Err(value);
+        }
+        // SAFETY: a taken value means the gate was closed and seen empty,
+        // and a closed gate admits no call, so no `with` holds a reference;
+        // takers and putters are serialized by `taken`, which we hold.
+        unsafe { *self.value.get() = Some(value) };
+        *taken = false;
+        self.gate.reopen();
+        Ok(())
     }
 
     /// Whether the value was taken or is being taken.
@@ -531,6 +563,11 @@ mod tests {
         assert_eq!(g.with(|s| s.len()), None);
         assert_eq!(g.take(Duration::from_secs(10)).as_deref(), Some("objects"));
         assert_eq!(g.take(Duration::from_secs(10)), None);
+        // Put back: readers see the new value, and it can be taken again.
+        g.put(String::from("new")).unwrap();
+        assert_eq!(g.put(String::from("twice")), Err(String::from("twice")));
+        assert_eq!(g.with(|s| s.clone()).as_deref(), Some("new"));
+        assert_eq!(g.take(Duration::from_secs(10)).as_deref(), Some("new"));
     }
 
     #[test]
