@@ -58,8 +58,7 @@
 //! the thread every 20 ms for timers. `SOFTVERBS_ENGINE=inline` removes
 //! the thread (nothing progresses while no thread is in a verb);
 //! `provider-thread` uses the soft provider's edge-triggered progress
-//! thread instead, with which UD and UC programs that sleep in
-//! `ibv_get_cq_event` were seen to miss datagrams.
+//! thread instead.
 //!
 //! # Hotplug
 //!
