@@ -91,13 +91,10 @@
 //! `ibv_get_cq_event`/`ibv_get_async_event` return -1 with `EAGAIN` when
 //! none is, as libibverbs documents. `ibv_destroy_cq` with unacknowledged
 //! events fails with `EBUSY` instead of waiting for them.
-//! `ibv_wr_complete` posts its batch as one unit and refuses the whole
-//! batch for any work request it can judge invalid before posting (QP
-//! type, SGE count, inline size, atomic shape, batch longer than the send
-//! queue); a refusal that only the engine can make (send queue full with
-//! work already outstanding, message over the path MTU or `max_msg_sz`)
-//! still posts the work requests before the refused one, as
-//! `ibv_post_send` does.
+//! `ibv_wr_complete` posts its batch as one unit, all or nothing: the
+//! provider checks every work request of the batch (QP type, SGE count,
+//! inline size, atomic shape, message size, room in the send queue)
+//! before it queues any, and a refusal posts none of them.
 
 // The C entry points are `pub` for the linker, not for Rust callers.
 #![allow(unreachable_pub)]

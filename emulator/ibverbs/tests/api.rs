@@ -522,6 +522,26 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         assert_eq!(poll_ex(1), vec![(23, 0, 1)], "nothing of the failed batches was posted");
         assert_eq!(&buf[3500..3504], b"abcd");
         assert_eq!(&buf[3100..3104], [0; 4], "WR 20 never ran");
+        // A refusal only the provider makes (a message over max_msg_sz,
+        // 2 GiB) at the end of the batch: nothing of it is posted. Then a
+        // good batch: every WR, completing in the order built.
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        for (id, len) in [(40, 4), (41, 4), (42, 0x8000_0001)] {
+            write(id, 3700 + 16 * (id - 40));
+            ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, len);
+        }
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        for id in 43..46 {
+            write(id, 3700 + 16 * (id - 43));
+            ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        }
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        assert_eq!(
+            poll_ex(3),
+            vec![(43, 0, 1), (44, 0, 1), (45, 0, 1)],
+            "only the good batch ran, in order"
+        );
 
         // The batch reaches the send queue as one unit: the first WR's
         // error (a bad lkey) flushes the SEND after it before the posted
