@@ -4,7 +4,7 @@
 //! Build with `cargo build -p softverbs-ibverbs --release`; the library is
 //! `libsoftverbs_ibverbs.so` in the target directory, linked with SONAME
 //! `libibverbs.so.1` and the symbol versions of rdma-core's libibverbs
-//! (`IBVERBS_1.1` … `IBVERBS_1.14`, `IBVERBS_PRIVATE_34`). Put it in a
+//! (`IBVERBS_1.0` … `IBVERBS_1.14`, `IBVERBS_PRIVATE_34`). Put it in a
 //! directory as `libibverbs.so.1` (the script `emulator/ibverbs/mklibdir.sh`
 //! does this) and run any program linked against the system libibverbs
 //! with `LD_LIBRARY_PATH=<dir>`:
@@ -76,8 +76,11 @@
 //! with `errno` = `EOPNOTSUPP`), as libibverbs does for a provider that
 //! lacks them: XRC, flow steering, WQs and RSS, device memory, counters,
 //! parent domains and thread domains, dmabuf MRs, on-demand paging, TSO,
-//! multicast (`ibv_attach_mcast`), ECE. The `IBVERBS_1.0` compatibility
-//! symbols (the pre-2006 ABI) are not exported. The `IBVERBS_PRIVATE_34`
+//! multicast (`ibv_attach_mcast`), ECE. The `IBVERBS_1.0` verbs of the
+//! pre-2006 ABI (`ibv_get_device_list@IBVERBS_1.0` and the 32 others that
+//! rdma-core keeps, bound only by binaries linked against a libibverbs of
+//! that time) work as rdma-core's do: 1.0 objects wrapping current ones,
+//! and a 1.0 operation table for the data path. The `IBVERBS_PRIVATE_34`
 //! symbols exist so that provider libraries linked against libibverbs
 //! (libmlx5, libefa, librdmacm, which perftest links) load; the provider
 //! interface itself is not implemented (drivers are never loaded) and its
