@@ -6,8 +6,10 @@
 //! names are made here instead: for each line of `symbols.txt`
 //! (`name version implementation`), a small assembly thunk that jumps to
 //! the Rust implementation, renamed by `.symver thunk, name@@@version` to
-//! the default version of `name`. `libibverbs.map` declares the version
-//! nodes. Nothing here needs a system library.
+//! the default version of `name` (or, for a version written `(VERSION)`,
+//! by `.symver thunk, name@VERSION` to a version that is not the default:
+//! the `IBVERBS_1.0` compatibility verbs). `libibverbs.map` declares the
+//! version nodes. Nothing here needs a system library.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -32,11 +34,17 @@ fn main() {
             i + 1
         );
         let (name, ver, imp) = (f[0], f[1], f[2]);
+        // `(VERSION)`: a version that is not the default (a binary linked
+        // when it was binds it; the linker never picks it now).
+        let (ver, at) = match ver.strip_prefix('(').and_then(|v| v.strip_suffix(')')) {
+            Some(v) => (v, "@"),
+            None => (ver, "@@@"),
+        };
         if imp == "DATA" {
             // A one-byte bool variable, initially true.
             let _ = writeln!(
                 s,
-                ".pushsection .data\n.globl __svd_{i}\n.type __svd_{i}, @object\n.size __svd_{i}, 1\n__svd_{i}:\n.byte 1\n.popsection\n.symver __svd_{i}, {name}@@@{ver}"
+                ".pushsection .data\n.globl __svd_{i}\n.type __svd_{i}, @object\n.size __svd_{i}, 1\n__svd_{i}:\n.byte 1\n.popsection\n.symver __svd_{i}, {name}{at}{ver}"
             );
             continue;
         }
@@ -47,7 +55,7 @@ fn main() {
         };
         let _ = writeln!(
             s,
-            ".pushsection .text.__svt_{i},\"ax\",@progbits\n.globl __svt_{i}\n.type __svt_{i}, @function\n__svt_{i}:\n{jump}\n.size __svt_{i}, .-__svt_{i}\n.popsection\n.symver __svt_{i}, {name}@@@{ver}"
+            ".pushsection .text.__svt_{i},\"ax\",@progbits\n.globl __svt_{i}\n.type __svt_{i}, @function\n__svt_{i}:\n{jump}\n.size __svt_{i}, .-__svt_{i}\n.popsection\n.symver __svt_{i}, {name}{at}{ver}"
         );
     }
     std::fs::write(out.join("symver.s"), s).expect("write symver.s");

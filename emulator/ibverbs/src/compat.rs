@@ -4,6 +4,8 @@
 //! `IBVERBS_PRIVATE_34` entry points that provider libraries linked with
 //! libibverbs (libmlx5, libefa, librdmacm) need in order to load.
 
+mod v1_0;
+
 use std::ffi::{c_void, CStr};
 use std::os::raw::{c_char, c_int, c_uint};
 use std::ptr::null_mut;

@@ -173,8 +173,9 @@ pub(crate) unsafe extern "C" fn post_send(
 /// would let the first one's error flush the receive queue before the
 /// later work requests even reach the send queue. A work request the
 /// library cannot convert ends the chain there: those before it are
-/// posted (with `all_or_nothing`, as `ibv_wr_complete` needs, none is),
-/// it is `*bad_wr`.
+/// posted, it is `*bad_wr`. With `all_or_nothing`, as `ibv_wr_complete`
+/// needs, nothing is posted unless every work request can be
+/// ([`softverbs::verbs::Qp::post_send_all`]).
 ///
 /// # Safety
 ///
@@ -233,7 +234,12 @@ pub(crate) unsafe fn post_send_chain(
             wrs.push(s);
         }
     }
-    let (bad, errno) = match (q.h.post_send(&wrs), rejected) {
+    let posted = if all_or_nothing {
+        q.h.post_send_all(&wrs)
+    } else {
+        q.h.post_send(&wrs)
+    };
+    let (bad, errno) = match (posted, rejected) {
         (Err(e), _) => (ptrs[e.index], e.error.errno()),
         (Ok(()), Some((p, e))) => (p, e),
         (Ok(()), None) => return 0,

@@ -385,61 +385,16 @@ unsafe extern "C" fn wr_set_inline_data_list(qp: *mut ibv_qp_ex, n: usize, bufs:
     });
 }
 
-/// Why the provider would refuse `w` on `q` (a QP of type `qp_type`),
-/// judged before anything of the batch is posted: the checks of
-/// `ibv_post_send` that depend only on the work request and the QP's
-/// type and capabilities.
-fn refusal(q: &SvQp, qp_type: c_uint, b: &ExBatch, w: &ExWr) -> Option<c_int> {
-    let op_ok = match qp_type {
-        // UC: no READ, no atomics.
-        3 => !matches!(
-            w.opcode,
-            IBV_WR_RDMA_READ | IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD
-        ),
-        // UD: sends only, each with a destination.
-        4 => matches!(w.opcode, IBV_WR_SEND | IBV_WR_SEND_WITH_IMM) && !w.ah.is_null(),
-        _ => true,
-    };
-    if !op_ok || (w.opcode == IBV_WR_BIND_MW && (w.bind.is_none() || w.mw.is_null())) {
-        return Some(libc::EINVAL);
-    }
-    let length: u64 = if w.inline {
-        b.inline[w.sge_start].len() as u64
-    } else {
-        b.sges[w.sge_start..w.sge_start + w.sge_len]
-            .iter()
-            .map(|s| u64::from(s.length))
-            .sum()
-    };
-    if w.inline {
-        let payload = matches!(
-            w.opcode,
-            IBV_WR_SEND | IBV_WR_SEND_WITH_IMM | IBV_WR_SEND_WITH_INV | IBV_WR_RDMA_WRITE | IBV_WR_RDMA_WRITE_WITH_IMM
-        );
-        if !payload || length > u64::from(q.cap.max_inline_data) {
-            return Some(libc::EINVAL);
-        }
-    } else if w.sge_len > q.cap.max_send_sge as usize {
-        return Some(libc::EINVAL);
-    }
-    if length > u64::from(u32::MAX) {
-        return Some(libc::EINVAL);
-    }
-    let atomic = matches!(w.opcode, IBV_WR_ATOMIC_CMP_AND_SWP | IBV_WR_ATOMIC_FETCH_AND_ADD);
-    if atomic && (w.inline || w.sge_len != 1 || length < 8 || !w.remote_addr.is_multiple_of(8)) {
-        return Some(libc::EINVAL);
-    }
-    None
-}
-
 /// `ibv_wr_complete`: posts the batch built since `ibv_wr_start` as one
 /// unit, as `ibv_post_send` posts a chain (so an error of an early work
 /// request flushes the later ones before the receive queue). A batch with
 /// any work request that cannot be posted (a setter without an operation,
 /// an operation the QP type does not take, too many SGEs, inline data
-/// over `max_inline_data`, more work requests than the send queue holds,
-/// …) fails with its errno and posts none of them, as rdma-core's
-/// providers abort the whole posting.
+/// over `max_inline_data`, a message over the path MTU or `max_msg_sz`,
+/// more work requests than the send queue has room for, …) fails with
+/// its errno and posts none of them, as the verbs contract asks: the
+/// provider checks the whole batch before it queues any of it
+/// ([`softverbs::verbs::Qp::post_send_all`]).
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     let b = with_batch(qp, |b, _| std::mem::take(b));
     if b.error != 0 {
@@ -450,14 +405,6 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     }
     // SAFETY: a live QP of this library (the ibv_wr_* contract).
     let q = unsafe { SvQp::from_ibv(qp as *mut ibv_qp) };
-    // SAFETY: as above.
-    let qp_type = unsafe { (*qp).qp_base.qp_type };
-    if b.wrs.len() > q.cap.max_send_wr as usize {
-        return libc::ENOMEM;
-    }
-    if let Some(e) = b.wrs.iter().find_map(|w| refusal(q, qp_type, &b, w)) {
-        return e;
-    }
     // Each work request's scatter/gather list, built before the requests
     // so that their pointers stay put.
     let mut sgls: Vec<Vec<ibv_sge>> = b
@@ -528,8 +475,9 @@ unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
     }
     let mut bad = null_mut();
     // SAFETY: a well-formed chain over the caller's registered memory (or
-    // inline data owned by `b`, alive for the call); all-or-nothing, so a
-    // work request the library cannot convert posts none.
+    // inline data owned by `b`, alive for the call); all-or-nothing: a
+    // work request the library cannot convert or the provider refuses
+    // posts none.
     unsafe { crate::data::post_send_chain(q, qp as *mut ibv_qp, base, &mut bad, true) }
 }
 

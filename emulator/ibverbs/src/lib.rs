@@ -4,7 +4,7 @@
 //! Build with `cargo build -p softverbs-ibverbs --release`; the library is
 //! `libsoftverbs_ibverbs.so` in the target directory, linked with SONAME
 //! `libibverbs.so.1` and the symbol versions of rdma-core's libibverbs
-//! (`IBVERBS_1.1` … `IBVERBS_1.14`, `IBVERBS_PRIVATE_34`). Put it in a
+//! (`IBVERBS_1.0` … `IBVERBS_1.14`, `IBVERBS_PRIVATE_34`). Put it in a
 //! directory as `libibverbs.so.1` (the script `emulator/ibverbs/mklibdir.sh`
 //! does this) and run any program linked against the system libibverbs
 //! with `LD_LIBRARY_PATH=<dir>`:
@@ -58,8 +58,7 @@
 //! the thread every 20 ms for timers. `SOFTVERBS_ENGINE=inline` removes
 //! the thread (nothing progresses while no thread is in a verb);
 //! `provider-thread` uses the soft provider's edge-triggered progress
-//! thread instead, with which UD and UC programs that sleep in
-//! `ibv_get_cq_event` were seen to miss datagrams.
+//! thread instead.
 //!
 //! # Hotplug
 //!
@@ -77,8 +76,11 @@
 //! with `errno` = `EOPNOTSUPP`), as libibverbs does for a provider that
 //! lacks them: XRC, flow steering, WQs and RSS, device memory, counters,
 //! parent domains and thread domains, dmabuf MRs, on-demand paging, TSO,
-//! multicast (`ibv_attach_mcast`), ECE. The `IBVERBS_1.0` compatibility
-//! symbols (the pre-2006 ABI) are not exported. The `IBVERBS_PRIVATE_34`
+//! multicast (`ibv_attach_mcast`), ECE. The `IBVERBS_1.0` verbs of the
+//! pre-2006 ABI (`ibv_get_device_list@IBVERBS_1.0` and the 32 others that
+//! rdma-core keeps, bound only by binaries linked against a libibverbs of
+//! that time) work as rdma-core's do: 1.0 objects wrapping current ones,
+//! and a 1.0 operation table for the data path. The `IBVERBS_PRIVATE_34`
 //! symbols exist so that provider libraries linked against libibverbs
 //! (libmlx5, libefa, librdmacm, which perftest links) load; the provider
 //! interface itself is not implemented (drivers are never loaded) and its
@@ -92,13 +94,10 @@
 //! `ibv_get_cq_event`/`ibv_get_async_event` return -1 with `EAGAIN` when
 //! none is, as libibverbs documents. `ibv_destroy_cq` with unacknowledged
 //! events fails with `EBUSY` instead of waiting for them.
-//! `ibv_wr_complete` posts its batch as one unit and refuses the whole
-//! batch for any work request it can judge invalid before posting (QP
-//! type, SGE count, inline size, atomic shape, batch longer than the send
-//! queue); a refusal that only the engine can make (send queue full with
-//! work already outstanding, message over the path MTU or `max_msg_sz`)
-//! still posts the work requests before the refused one, as
-//! `ibv_post_send` does.
+//! `ibv_wr_complete` posts its batch as one unit, all or nothing: the
+//! provider checks every work request of the batch (QP type, SGE count,
+//! inline size, atomic shape, message size, room in the send queue)
+//! before it queues any, and a refusal posts none of them.
 
 // The C entry points are `pub` for the linker, not for Rust callers.
 #![allow(unreachable_pub)]

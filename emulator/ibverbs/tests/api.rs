@@ -46,6 +46,18 @@ impl Lib {
         unsafe { std::mem::transmute_copy(&p) }
     }
 
+    /// Version `ver` of `name`, as a function pointer of type `T`.
+    fn vsym<T: Copy>(&self, name: &str, ver: &str) -> T {
+        let (n, v) = (CString::new(name).expect("name"), CString::new(ver).expect("ver"));
+        // SAFETY: a valid handle and strings.
+        let p = unsafe { libc::dlvsym(self.0, n.as_ptr(), v.as_ptr()) };
+        assert!(!p.is_null(), "{name}@{ver} not exported");
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: T is the function pointer type of that version of `name`
+        // (the caller's promise), the same size as a pointer.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
     /// Whether `name` exists with version `ver`.
     fn has_version(&self, name: &str, ver: &str) -> bool {
         let (n, v) = (CString::new(name).expect("name"), CString::new(ver).expect("ver"));
@@ -127,10 +139,6 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
     ] {
         assert!(lib.has_version(name, ver), "{name}@{ver}");
     }
-    assert!(
-        !lib.has_version("ibv_get_device_list", "IBVERBS_1.0"),
-        "no 1.0 compat ABI"
-    );
 
     let wc_str: StrFn = lib.sym("ibv_wc_status_str");
     let ev_str: StrFn = lib.sym("ibv_event_type_str");
@@ -522,6 +530,26 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         assert_eq!(poll_ex(1), vec![(23, 0, 1)], "nothing of the failed batches was posted");
         assert_eq!(&buf[3500..3504], b"abcd");
         assert_eq!(&buf[3100..3104], [0; 4], "WR 20 never ran");
+        // A refusal only the provider makes (a message over max_msg_sz,
+        // 2 GiB) at the end of the batch: nothing of it is posted. Then a
+        // good batch: every WR, completing in the order built.
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        for (id, len) in [(40, 4), (41, 4), (42, 0x8000_0001)] {
+            write(id, 3700 + 16 * (id - 40));
+            ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, len);
+        }
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), libc::EINVAL);
+        ((*qx).wr_start.expect("wr_start"))(qx);
+        for id in 43..46 {
+            write(id, 3700 + 16 * (id - 43));
+            ((*qx).wr_set_sge.expect("wr_set_sge"))(qx, (*mr).lkey, buf.as_ptr() as u64, 4);
+        }
+        assert_eq!(((*qx).wr_complete.expect("wr_complete"))(qx), 0);
+        assert_eq!(
+            poll_ex(3),
+            vec![(43, 0, 1), (44, 0, 1), (45, 0, 1)],
+            "only the good batch ran, in order"
+        );
 
         // The batch reaches the send queue as one unit: the first WR's
         // error (a bad lkey) flushes the SEND after it before the posted
@@ -543,6 +571,9 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         assert_eq!((got[1].1, got[2].1), (5, 5), "the rest is flushed: {got:?}");
         assert_eq!(destroy_qp(qp2), 0);
         assert_eq!(destroy_cq(cqx as *mut ibv_cq), 0);
+
+        // The IBVERBS_1.0 ABI, as a binary linked before 1.1 uses it.
+        abi_1_0(&lib);
 
         // Hot unplug from outside the application.
         let name = CString::new("softverbs_0").expect("name");
@@ -581,5 +612,364 @@ fn c_abi_misuse_bad_wr_and_hot_unplug() {
         assert_eq!(destroy_cq(cq), 0);
         assert_eq!(dealloc_pd(pd), 0);
         assert_eq!(close(ctx), 0);
+    }
+}
+
+/// rdma-core's `struct ibv_context_1_0` (libibverbs/compat-1_0.c): the
+/// 27 operations (a 1.0 binary's inlines call `poll_cq` (7),
+/// `req_notify_cq` (8), `post_send` (21) and `post_recv` (22)), then the
+/// descriptors.
+#[repr(C)]
+struct Ctx10 {
+    device: *mut c_void,
+    ops: [*const c_void; 27],
+    cmd_fd: c_int,
+    async_fd: c_int,
+    num_comp_vectors: c_int,
+    real_context: *mut ibv_context,
+}
+
+/// The leading fields of `struct ibv_mr_1_0`.
+#[repr(C)]
+struct Mr10 {
+    context: *mut Ctx10,
+    pd: *mut c_void,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+}
+
+/// The leading fields of `struct ibv_cq_1_0`.
+#[repr(C)]
+struct Cq10 {
+    context: *mut Ctx10,
+    cq_context: *mut c_void,
+    handle: u32,
+    cqe: c_int,
+}
+
+/// The leading fields of `struct ibv_qp_1_0`.
+#[repr(C)]
+struct Qp10 {
+    context: *mut Ctx10,
+    qp_context: *mut c_void,
+    pd: *mut c_void,
+    send_cq: *mut Cq10,
+    recv_cq: *mut Cq10,
+    srq: *mut c_void,
+    handle: u32,
+    qp_num: u32,
+    state: c_uint,
+    qp_type: c_uint,
+}
+
+/// `struct ibv_qp_init_attr_1_0`.
+#[repr(C)]
+struct QpInit10 {
+    qp_context: *mut c_void,
+    send_cq: *mut Cq10,
+    recv_cq: *mut Cq10,
+    srq: *mut c_void,
+    cap: ibv_qp_cap,
+    qp_type: c_uint,
+    sq_sig_all: c_int,
+}
+
+/// `struct ibv_send_wr_1_0` (`next` first; the `wr` union as words).
+#[repr(C)]
+struct SendWr10 {
+    next: *mut SendWr10,
+    wr_id: u64,
+    sg_list: *mut ibv_sge,
+    num_sge: c_int,
+    opcode: c_uint,
+    send_flags: c_int,
+    imm_data: u32,
+    wr: [u64; 4],
+}
+
+/// `struct ibv_recv_wr_1_0`.
+#[repr(C)]
+struct RecvWr10 {
+    next: *mut RecvWr10,
+    wr_id: u64,
+    sg_list: *mut ibv_sge,
+    num_sge: c_int,
+}
+
+type PollCq10 = unsafe extern "C" fn(*mut Cq10, c_int, *mut ibv_wc) -> c_int;
+type PostSend10 = unsafe extern "C" fn(*mut Qp10, *mut SendWr10, *mut *mut SendWr10) -> c_int;
+type PostRecv10 = unsafe extern "C" fn(*mut Qp10, *mut RecvWr10, *mut *mut RecvWr10) -> c_int;
+type Notify10 = unsafe extern "C" fn(*mut Cq10, c_int) -> c_int;
+
+/// The `IBVERBS_1.0` verbs through `dlvsym`: every one rdma-core exports
+/// is there, next to (not instead of) the current default; a 1.0 program's
+/// objects work end to end: device list, context, PD, MR, CQ with a
+/// completion channel, RC QP connected to itself, posts through the 1.0
+/// operation table (`bad_wr` names the 1.0 WR), completion events naming
+/// the 1.0 CQ and its context, query of the QP naming the 1.0 CQs, and
+/// every destroy.
+///
+/// # Safety
+///
+/// The library's device exists and is not removed meanwhile.
+unsafe fn abi_1_0(lib: &Lib) {
+    const V: &str = "IBVERBS_1.0";
+    for name in [
+        "ibv_ack_async_event",
+        "ibv_ack_cq_events",
+        "ibv_alloc_pd",
+        "ibv_attach_mcast",
+        "ibv_close_device",
+        "ibv_create_ah",
+        "ibv_create_cq",
+        "ibv_create_qp",
+        "ibv_create_srq",
+        "ibv_dealloc_pd",
+        "ibv_dereg_mr",
+        "ibv_destroy_ah",
+        "ibv_destroy_cq",
+        "ibv_destroy_qp",
+        "ibv_destroy_srq",
+        "ibv_detach_mcast",
+        "ibv_free_device_list",
+        "ibv_get_async_event",
+        "ibv_get_cq_event",
+        "ibv_get_device_guid",
+        "ibv_get_device_list",
+        "ibv_get_device_name",
+        "ibv_modify_qp",
+        "ibv_modify_srq",
+        "ibv_open_device",
+        "ibv_query_device",
+        "ibv_query_gid",
+        "ibv_query_pkey",
+        "ibv_query_port",
+        "ibv_query_qp",
+        "ibv_query_srq",
+        "ibv_reg_mr",
+        "ibv_resize_cq",
+    ] {
+        assert!(lib.has_version(name, V), "{name}@{V}");
+        let (cur, old): (*mut c_void, *mut c_void) = (lib.sym(name), lib.vsym(name, V));
+        assert_ne!(cur, old, "{name}: the default is the current verb, not the 1.0 one");
+    }
+    assert!(lib.has_version("ibv_register_driver", "IBVERBS_1.1"));
+
+    let get_list: unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void = lib.vsym("ibv_get_device_list", V);
+    let free_list: unsafe extern "C" fn(*mut *mut c_void) = lib.vsym("ibv_free_device_list", V);
+    let get_name: unsafe extern "C" fn(*mut c_void) -> *const c_char = lib.vsym("ibv_get_device_name", V);
+    let open: unsafe extern "C" fn(*mut c_void) -> *mut Ctx10 = lib.vsym("ibv_open_device", V);
+    let close: unsafe extern "C" fn(*mut Ctx10) -> c_int = lib.vsym("ibv_close_device", V);
+    let query_port: unsafe extern "C" fn(*mut Ctx10, u8, *mut ibv_port_attr) -> c_int = lib.vsym("ibv_query_port", V);
+    let query_gid: unsafe extern "C" fn(*mut Ctx10, u8, c_int, *mut ibv_gid) -> c_int = lib.vsym("ibv_query_gid", V);
+    let alloc_pd: unsafe extern "C" fn(*mut Ctx10) -> *mut c_void = lib.vsym("ibv_alloc_pd", V);
+    let dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int = lib.vsym("ibv_dealloc_pd", V);
+    let reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut Mr10 = lib.vsym("ibv_reg_mr", V);
+    let dereg_mr: unsafe extern "C" fn(*mut Mr10) -> c_int = lib.vsym("ibv_dereg_mr", V);
+    let create_cq: unsafe extern "C" fn(*mut Ctx10, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut Cq10 =
+        lib.vsym("ibv_create_cq", V);
+    let destroy_cq: unsafe extern "C" fn(*mut Cq10) -> c_int = lib.vsym("ibv_destroy_cq", V);
+    let get_cq_event: unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut Cq10, *mut *mut c_void) -> c_int =
+        lib.vsym("ibv_get_cq_event", V);
+    let ack_cq_events: unsafe extern "C" fn(*mut Cq10, c_uint) = lib.vsym("ibv_ack_cq_events", V);
+    let create_qp: unsafe extern "C" fn(*mut c_void, *mut QpInit10) -> *mut Qp10 = lib.vsym("ibv_create_qp", V);
+    let modify_qp: unsafe extern "C" fn(*mut Qp10, *mut ibv_qp_attr, c_int) -> c_int = lib.vsym("ibv_modify_qp", V);
+    let query_qp: unsafe extern "C" fn(*mut Qp10, *mut ibv_qp_attr, c_int, *mut QpInit10) -> c_int =
+        lib.vsym("ibv_query_qp", V);
+    let destroy_qp: unsafe extern "C" fn(*mut Qp10) -> c_int = lib.vsym("ibv_destroy_qp", V);
+    let create_ch: unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel = lib.sym("ibv_create_comp_channel");
+    let destroy_ch: unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int = lib.sym("ibv_destroy_comp_channel");
+
+    // SAFETY: the 1.0 C API used as a 1.0 binary does.
+    unsafe {
+        let mut n = 0;
+        let list = get_list(&mut n);
+        assert!(!list.is_null());
+        assert_eq!(n, 1);
+        assert!((*list.add(1)).is_null(), "NULL-terminated");
+        let dev = *list;
+        assert_eq!(s(get_name(dev)), "softverbs_0");
+        let ctx = open(dev);
+        assert!(!ctx.is_null());
+        let real = (*ctx).real_context;
+        assert_eq!((*ctx).async_fd, (*real).async_fd);
+        assert!((*ctx).num_comp_vectors >= 1);
+        let mut port: ibv_port_attr = std::mem::zeroed();
+        assert_eq!(query_port(ctx, 1, &mut port), 0);
+        assert_eq!(port.state, 4, "PORT_ACTIVE");
+        let mut gid = ibv_gid::default();
+        assert_eq!(query_gid(ctx, 1, 0, &mut gid), 0);
+
+        let pd = alloc_pd(ctx);
+        assert!(!pd.is_null());
+        let mut buf = vec![0u8; 4096];
+        let mr = reg_mr(pd, buf.as_mut_ptr().cast(), buf.len(), 1 | 2 | 4);
+        assert!(!mr.is_null());
+        assert_eq!((*mr).context, ctx);
+        let ch = create_ch(real);
+        assert!(!ch.is_null());
+        let tag = 0x5eed as *mut c_void;
+        let cq = create_cq(ctx, 16, tag, ch, 0);
+        assert!(!cq.is_null());
+        assert_eq!(((*cq).context, (*cq).cq_context, (*cq).cqe), (ctx, tag, 16));
+        let qtag = 0x9a as *mut c_void;
+        let mut init = QpInit10 {
+            qp_context: qtag,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr: 8,
+                max_recv_wr: 8,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            qp_type: 2,
+            sq_sig_all: 0,
+        };
+        let qp = create_qp(pd, &mut init);
+        assert!(!qp.is_null());
+        assert!((*qp).qp_num != 0);
+        assert_eq!(
+            ((*qp).context, (*qp).qp_context, (*qp).send_cq, (*qp).qp_type),
+            (ctx, qtag, cq, 2)
+        );
+        assert!(init.cap.max_send_wr >= 8, "the capacities granted");
+
+        // INIT, RTR towards itself, RTS.
+        let mut a = ibv_qp_attr {
+            qp_state: 1,
+            port_num: 1,
+            qp_access_flags: 1 | 2 | 4,
+            ..Default::default()
+        };
+        assert_eq!(modify_qp(qp, &mut a, 1 | 16 | 32 | 8), 0);
+        let mut a = ibv_qp_attr {
+            qp_state: 2,
+            path_mtu: 3,
+            dest_qp_num: (*qp).qp_num,
+            rq_psn: 7,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah_attr: ibv_ah_attr {
+                is_global: 1,
+                grh: ibv_global_route {
+                    dgid: gid,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert_eq!(
+            modify_qp(qp, &mut a, 1 | 128 | 256 | 1 << 20 | 1 << 12 | 1 << 17 | 1 << 15),
+            0
+        );
+        let mut a = ibv_qp_attr {
+            qp_state: 3,
+            sq_psn: 7,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
+        assert_eq!(
+            modify_qp(qp, &mut a, 1 | 1 << 16 | 1 << 9 | 1 << 10 | 1 << 11 | 1 << 13),
+            0
+        );
+        let mut qa = ibv_qp_attr::default();
+        let mut qi: QpInit10 = std::mem::zeroed();
+        assert_eq!(query_qp(qp, &mut qa, 1, &mut qi), 0);
+        assert_eq!(qa.qp_state, 3);
+        assert_eq!(
+            (qi.qp_context, qi.send_cq, qi.recv_cq, qi.srq),
+            (qtag, cq, cq, null_mut())
+        );
+
+        // The data path through the 1.0 operation table.
+        let poll: PollCq10 = std::mem::transmute((*ctx).ops[7]);
+        let notify: Notify10 = std::mem::transmute((*ctx).ops[8]);
+        let post_send: PostSend10 = std::mem::transmute((*ctx).ops[21]);
+        let post_recv: PostRecv10 = std::mem::transmute((*ctx).ops[22]);
+        let mut rsge = ibv_sge {
+            addr: buf.as_ptr() as u64 + 2048,
+            length: 64,
+            lkey: (*mr).lkey,
+        };
+        let mut rwr = RecvWr10 {
+            next: null_mut(),
+            wr_id: 7,
+            sg_list: &mut rsge,
+            num_sge: 1,
+        };
+        let mut rbad = null_mut();
+        assert_eq!(post_recv(qp, &mut rwr, &mut rbad), 0);
+        assert_eq!(notify(cq, 0), 0);
+        buf[..5].copy_from_slice(b"hello");
+        let mut ssge = ibv_sge {
+            addr: buf.as_ptr() as u64,
+            length: 5,
+            lkey: (*mr).lkey,
+        };
+        let mut second = SendWr10 {
+            next: null_mut(),
+            wr_id: 9,
+            sg_list: &mut ssge,
+            num_sge: 2, // over max_send_sge: refused
+            opcode: 2,  // SEND
+            send_flags: 2,
+            imm_data: 0,
+            wr: [0; 4],
+        };
+        let mut first = SendWr10 {
+            next: &mut second,
+            wr_id: 8,
+            sg_list: &mut ssge,
+            num_sge: 1,
+            opcode: 2,
+            send_flags: 2, // SIGNALED
+            imm_data: 0,
+            wr: [0; 4],
+        };
+        let mut bad = null_mut();
+        assert_eq!(post_send(qp, &mut first, &mut bad), libc::EINVAL);
+        assert_eq!(bad, &mut second as *mut SendWr10, "bad_wr names the 1.0 WR");
+
+        // The completion event names the 1.0 CQ and its context.
+        let (chp, gce) = (ch as usize, get_cq_event as usize);
+        let (evcq, evctx) = within("ibv_get_cq_event@IBVERBS_1.0", move || {
+            // The library's 1.0 verb, a live channel.
+            let get_cq_event: unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut Cq10, *mut *mut c_void) -> c_int =
+                std::mem::transmute(gce);
+            let (mut c, mut x) = (null_mut(), null_mut());
+            assert_eq!(get_cq_event(chp as *mut ibv_comp_channel, &mut c, &mut x), 0);
+            (c as usize, x as usize)
+        });
+        assert_eq!((evcq, evctx), (cq as usize, tag as usize));
+        ack_cq_events(cq, 1);
+        let mut wc = [ibv_wc::default(); 4];
+        let mut got = Vec::new();
+        let start = std::time::Instant::now();
+        while got.len() < 2 && start.elapsed() < std::time::Duration::from_secs(30) {
+            let k = poll(cq, 4, wc.as_mut_ptr());
+            assert!(k >= 0);
+            got.extend(wc[..k as usize].iter().map(|w| (w.wr_id, w.status, w.byte_len)));
+        }
+        got.sort();
+        assert_eq!(got, vec![(7, 0, 5), (8, 0, 5)]);
+        assert_eq!(&buf[2048..2053], b"hello");
+
+        assert_eq!(destroy_qp(qp), 0);
+        assert_eq!(destroy_cq(cq), 0);
+        assert_eq!(destroy_ch(ch), 0);
+        assert_eq!(dereg_mr(mr), 0);
+        assert_eq!(dealloc_pd(pd), 0);
+        assert_eq!(close(ctx), 0);
+        free_list(list);
     }
 }

@@ -748,6 +748,29 @@ impl Drop for SoftQp {
     }
 }
 
+impl SoftQp {
+    /// Handles follow posted registrations and binds (ibverbs providers
+    /// update `mw->rkey` at post time): `posted` are WRs that were posted.
+    #[inline]
+    fn follow_keys(posted: &[SendWr<'_>]) {
+        for wr in posted {
+            match wr.op {
+                SendOp::RegMr { mr, key, access } => {
+                    if let Some(m) = mr.ops().as_ref().as_any().downcast_ref::<SoftMr>() {
+                        m.set_key(key, access);
+                    }
+                }
+                SendOp::BindMw { mw, rkey, .. } => {
+                    if let Some(w) = mw.ops().as_ref().as_any().downcast_ref::<SoftMw>() {
+                        w.key.store(rkey, Ordering::Release);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 impl QpOps for SoftQp {
     fn qp_num(&self) -> u32 {
         self.qpn
@@ -784,22 +807,15 @@ impl QpOps for SoftQp {
             Ok(()) => wrs.len(),
             Err(e) => e.index,
         };
-        // Handles follow posted registrations and binds (ibverbs providers
-        // update `mw->rkey` at post time).
-        for wr in &wrs[..posted] {
-            match wr.op {
-                SendOp::RegMr { mr, key, access } => {
-                    if let Some(m) = mr.ops().as_ref().as_any().downcast_ref::<SoftMr>() {
-                        m.set_key(key, access);
-                    }
-                }
-                SendOp::BindMw { mw, rkey, .. } => {
-                    if let Some(w) = mw.ops().as_ref().as_any().downcast_ref::<SoftMw>() {
-                        w.key.store(rkey, Ordering::Release);
-                    }
-                }
-                _ => {}
-            }
+        Self::follow_keys(&wrs[..posted]);
+        r
+    }
+
+    fn post_send_all(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
+        let r = self.pd.ctx.dev.with_core(|c, now| c.post_send_all(now, self.qpn, wrs));
+        if r.is_ok() {
+            Self::follow_keys(wrs);
         }
         r
     }

@@ -265,6 +265,21 @@ pub trait QpOps: AsAny {
     fn query(&self) -> Result<QpAttr>;
     /// `ibv_post_send`.
     fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError>;
+    /// Posts `wrs` whole or not at all (`ibv_wr_complete`): every WR is
+    /// checked before any is posted. The default, for a backend that
+    /// cannot check a batch before posting it, refuses with
+    /// `NotSupported` and posts nothing.
+    fn post_send_all(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let _ = wrs;
+        Err(PostError {
+            index: 0,
+            error: super::error::verr!(
+                PostSend,
+                NotSupported,
+                "this backend cannot post a batch all or nothing"
+            ),
+        })
+    }
     /// `ibv_post_recv`.
     fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError>;
     /// `ibv_bind_mw` for a type 1 window: posts a bind on this QP and

@@ -703,6 +703,22 @@ impl Qp {
         self.ops.post_send(wrs)
     }
 
+    /// Posts send work requests whole or not at all, as `ibv_wr_complete`
+    /// posts the batch built since `ibv_wr_start`: every WR is checked as
+    /// [`Qp::post_send`] checks it, the send queue's room counting the
+    /// batch's earlier WRs, before any is posted. On success they run in
+    /// order, as a chain of [`Qp::post_send`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::post_send`], with nothing posted: the index is that of the
+    /// refused WR. `NotSupported` on a backend that cannot check a batch
+    /// before posting it (the hardware backend).
+    #[inline]
+    pub fn post_send_all(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.ops.post_send_all(wrs)
+    }
+
     /// Posts receive work requests (`ibv_post_recv`).
     ///
     /// # Errors

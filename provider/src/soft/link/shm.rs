@@ -1070,19 +1070,29 @@ impl ShmLink {
             Some(Route::Udp(until, _)) if now < *until => return None,
             _ => {}
         }
-        match self.connect_to(Gid::from_ip(dst)) {
-            Ok(c) => {
-                bump(&self.stats.opened);
-                self.chans.write().unwrap_or_else(|p| p.into_inner()).push(c.clone());
-                routes.insert(dst, Route::Chan(c.clone()));
-                pick(&c).flatten()
-            }
+        let connecting = match self.connect_to(Gid::from_ip(dst)) {
+            Ok(c) => c,
             Err(_) => {
                 bump(&self.stats.connect_failed);
                 routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-                None
+                return None;
             }
+        };
+        let c = connecting.chan.clone();
+        routes.insert(dst, Route::Chan(c.clone()));
+        // The hello leaves without the table's lock: the receive turn
+        // that reads the answer needs it.
+        drop(routes);
+        if self.send_hello(connecting).is_err() {
+            bump(&self.stats.connect_failed);
+            let mut routes = self.routes_w();
+            if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
+                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
+            }
+            return None;
         }
+        bump(&self.stats.opened);
+        pick(&c).flatten()
     }
 
     /// Accepts channels, completes pending ones, checks that peers are

@@ -56,7 +56,7 @@ impl Core {
                 return Ok(());
             }
         }
-        let r = self.post_send_inner(&mut qp, wrs);
+        let r = self.post_send_inner::<false>(&mut qp, wrs);
         // The requester runs on the QP already taken out (`run_requester`
         // would put it back and take it again); a lone one-packet inline
         // SEND or WRITE goes by the fast path (`fast.rs`).
@@ -67,7 +67,51 @@ impl Core {
         r
     }
 
-    fn post_send_inner(&mut self, qp: &mut Qp, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+    /// `ibv_post_send` of a batch that is posted whole or not at all, as
+    /// `ibv_wr_complete` posts what was built since `ibv_wr_start`: every
+    /// WR is checked as [`Core::post_send`] checks it (the send queue's
+    /// room counting the batch's earlier WRs) before any reaches the
+    /// requester, and if one is refused, none does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Core::post_send`]: the index of the first refused WR, and why;
+    /// nothing was posted.
+    pub fn post_send_all(&mut self, now: Nanos, qpn: u32, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let Some(mut qp) = self.take_qp(qpn) else {
+            return Err(post_err(0, Verb::PostSend, ErrorKind::InvalidArgument, "no such QP"));
+        };
+        // Queued, not yet run: nothing of the batch reached the requester,
+        // and in ERR or SQE the flush waits for the whole batch, so a
+        // refusal takes back exactly what this call queued.
+        let before = qp.sq.len();
+        let r = self.post_send_inner::<true>(&mut qp, wrs);
+        if r.is_err() {
+            let undone: Vec<SendWqe> = qp.sq.drain(before..).collect();
+            for w in undone {
+                qp.recycle(w.sgl);
+                qp.recycle_inline(w.inline);
+            }
+        } else {
+            match qp.state() {
+                QpState::Err => self.flush_qp(&mut qp),
+                QpState::Sqe => self.flush_sq(&mut qp),
+                QpState::Rts => self.requester(&mut qp, now),
+                _ => {}
+            }
+        }
+        self.put_qp(qp);
+        r
+    }
+
+    /// Checks and queues `wrs` in order, stopping at the first refused one.
+    /// In ERR or SQE each queued WR is flushed at once, unless `BATCH`
+    /// ([`Core::post_send_all`] flushes after the whole batch).
+    fn post_send_inner<const BATCH: bool>(
+        &mut self,
+        qp: &mut Qp,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
             let state = qp.state();
             if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -266,13 +310,15 @@ impl Core {
                 npkts: 0,
                 resp_pkts: 0,
             });
-            match qp.state() {
-                // Posting to a QP in ERR succeeds and flushes (docs/design.md §3.3).
-                QpState::Err => self.flush_qp(qp),
-                // In SQE the send queue flushes and nothing is sent until
-                // SQE→RTS; the receive queue is untouched (IBTA 10.3.1).
-                QpState::Sqe => self.flush_sq(qp),
-                _ => {}
+            if !BATCH {
+                match qp.state() {
+                    // Posting to a QP in ERR succeeds and flushes (docs/design.md §3.3).
+                    QpState::Err => self.flush_qp(qp),
+                    // In SQE the send queue flushes and nothing is sent until
+                    // SQE→RTS; the receive queue is untouched (IBTA 10.3.1).
+                    QpState::Sqe => self.flush_sq(qp),
+                    _ => {}
+                }
             }
         }
         Ok(())

@@ -83,6 +83,16 @@ pub(super) struct Pending {
     silent: bool,
 }
 
+/// A connector's channel, listed, whose hello is still to be sent
+/// ([`ShmLink::send_hello`]).
+pub(super) struct Connecting {
+    pub(super) chan: Arc<Channel>,
+    hello: [u8; MSG_LEN],
+    /// The socket the acceptor rings our doorbell with (passed in the
+    /// hello).
+    bell: std::os::fd::OwnedFd,
+}
+
 /// The word of this process's memory peers read to verify that they may
 /// read this process's memory; non-zero once set.
 static PROBE: AtomicU64 = AtomicU64::new(0);
@@ -211,10 +221,21 @@ impl ShmLink {
             .collect()
     }
 
-    /// Connects to the device owning `gid` and sends the hello; the
-    /// channel is pending until the answer. Never waits: a listener whose
-    /// backlog is full is as good as none.
-    pub(super) fn connect_to(&self, gid: Gid) -> io::Result<Arc<Channel>> {
+    /// Connects to the device owning `gid` and makes the channel, pending
+    /// until the answer, in the list of channels; [`Self::send_hello`]
+    /// then sends the hello. Never waits: a listener whose backlog is full
+    /// is as good as none.
+    ///
+    /// The channel is in the list, whose pending channels the slow path
+    /// polls for their answer, before the hello leaves: the acceptor
+    /// answers and rings our doorbell as soon as it has the hello, and the
+    /// receive turn woken by that ring must find the channel to read the
+    /// answer. Listed after the hello, a turn that ran in between drained
+    /// the ring and found no channel, and the reader slept on with the
+    /// answer unread and the channel pending for good; meanwhile the
+    /// acceptor, whose end was up, wrote into a ring whose reader had never
+    /// armed its sleep flag, so nothing woke the reader again.
+    pub(super) fn connect_to(&self, gid: Gid) -> io::Result<Connecting> {
         // Only a device of this host can answer, and its GIDs are
         // addresses of this host: for any other GID, whoever listens on
         // its name here is not the device that owns it.
@@ -237,16 +258,37 @@ impl ShmLink {
         let charge = self.charge_region(format_args!("GID {gid}"))?;
         let region = Region::create()?;
         let caps = self.offer_caps();
-        let msg = self.hello(HELLO, gid, caps);
-        sys::send_fds(
-            stream.as_raw_fd(),
-            &msg,
-            &[region.file().as_raw_fd(), sys::bell_sender(&self.doorbell)?.as_raw_fd()],
-        )?;
-        Ok(Arc::new(Channel {
+        let hello = self.hello(HELLO, gid, caps);
+        let bell = sys::bell_sender(&self.doorbell)?;
+        let chan = Arc::new(Channel {
             target: Some(gid.to_ip()),
             ..Channel::new(stream, region, true, pid, caps & CAP_TRAINS != 0, charge)
-        }))
+        });
+        self.chans.write().unwrap_or_else(|p| p.into_inner()).push(chan.clone());
+        Ok(Connecting { chan, hello, bell })
+    }
+
+    /// Sends the hello of a channel [`Self::connect_to`] made. If it cannot
+    /// go, the channel ends and leaves the list (the caller routes its
+    /// destination by UDP).
+    pub(super) fn send_hello(&self, c: Connecting) -> io::Result<Arc<Channel>> {
+        let Connecting { chan, hello, bell } = c;
+        let sent = sys::send_fds(
+            chan.stream.as_raw_fd(),
+            &hello,
+            &[chan.region.file().as_raw_fd(), bell.as_raw_fd()],
+        );
+        #[cfg(test)]
+        super::tests::after_hello();
+        if let Err(e) = sent {
+            chan.kill();
+            self.chans
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|o| !Arc::ptr_eq(o, &chan));
+            return Err(e);
+        }
+        Ok(chan)
     }
 
     /// A channel region's share of the budget, or the refusal (counted

@@ -15,8 +15,28 @@ use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 
 mod rendezvous;
 mod send;
+mod sleep;
 
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+thread_local! {
+    /// What [`after_hello`] runs once (set by a test on its own thread).
+    static AFTER_HELLO: std::cell::RefCell<Option<Box<dyn FnOnce()>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Called by a connector right after it sent a hello: runs what the test
+/// on this thread set with [`set_after_hello`], to play what other threads
+/// and processes may do at that moment.
+pub(super) fn after_hello() {
+    if let Some(f) = AFTER_HELLO.with(|h| h.borrow_mut().take()) {
+        f();
+    }
+}
+
+/// Sets what the next [`after_hello`] on this thread runs.
+fn set_after_hello(f: impl FnOnce() + 'static) {
+    AFTER_HELLO.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+}
 
 fn link() -> Arc<ShmLink> {
     link_in(ShmMode::Only)
