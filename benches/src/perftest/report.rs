@@ -13,8 +13,9 @@ use super::stats::{BwResult, LatDurResult, LatResult};
 /// perftest's `RESULT_LINE`.
 pub const RESULT_LINE: &str = "---------------------------------------------------------------------------------------";
 
-/// perftest's `RESULT_FMT`.
-pub const RESULT_FMT: &str = " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
+/// perftest 4.5's `RESULT_FMT`: its MB is 2^20 bytes (later perftest
+/// releases print the same figure as MiB/sec).
+pub const RESULT_FMT: &str = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
 /// perftest's `RESULT_FMT_G`.
 pub const RESULT_FMT_G: &str = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]";
 /// perftest's `RESULT_FMT_LAT`.
@@ -221,6 +222,22 @@ pub fn lat_dur_row(r: &LatDurResult, digits: usize) -> String {
     )
 }
 
+/// `--output`: the one figure perftest prints for a row (`%lf`): average
+/// bandwidth in the report's unit, message rate in Mpps, or average
+/// latency in usec. A figure the row lacks (bandwidth of a latency row)
+/// prints as 0, which the argument check prevents.
+pub fn output_value(r: &Row, what: super::args::OutputKind, gbits: bool) -> String {
+    use super::args::OutputKind;
+    let v = match (r, what) {
+        (Row::Bw(b), OutputKind::Bandwidth) => BwResult::in_units(b.avg_bps, gbits),
+        (Row::Bw(b), OutputKind::MessageRate) => b.msg_rate / 1e6,
+        (Row::Lat(l), OutputKind::Latency) => l.t_avg,
+        (Row::LatDur(l), OutputKind::Latency) => l.t_avg,
+        _ => 0.0,
+    };
+    format!("{v:.6}\n")
+}
+
 /// A result row of any kind, for the JSON report.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Row {
@@ -310,7 +327,7 @@ pub fn json(b: &BannerInfo<'_>, rows: &[Row]) -> String {
                     BwResult::in_units(r.peak_bps, unit),
                     BwResult::in_units(r.avg_bps, unit),
                     r.msg_rate / 1e6,
-                    if unit { "Gb/sec" } else { "MiB/sec" }
+                    if unit { "Gb/sec" } else { "MB/sec" }
                 );
             }
             Row::Lat(r) => {
@@ -507,7 +524,7 @@ pub fn comparison(columns: &[(&str, Vec<Row>)], gbits: bool) -> String {
     };
     let (_, _, bw) = compared_figure(first_rows, gbits);
     let unit = match (bw, gbits) {
-        (true, false) => "BW average[MiB/sec]",
+        (true, false) => "BW average[MB/sec]",
         (true, true) => "BW average[Gb/sec]",
         (false, _) => {
             if matches!(first_rows, Row::LatDur(_)) {
@@ -594,7 +611,7 @@ mod comparison_tests {
         );
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[1].contains("soft BW") && lines[1].contains("hw/soft"), "{t}");
-        assert!(lines[1].contains("MiB/sec"), "{t}");
+        assert!(lines[1].contains("MB/sec"), "{t}");
         let r64 = lines
             .iter()
             .find(|l| l.trim_start().starts_with("64 "))
