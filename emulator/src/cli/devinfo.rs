@@ -479,8 +479,10 @@ mod tests {
             "max_qp:",
             "max_qp_wr:",
             "device_cap_flags:",
-            "max_fast_reg_page_list_len:",
-            "max_inline_data:",
+            "max_ee_rd_atom:",
+            "max_raw_ethy_qp:",
+            "max_mcast_qp_attach:",
+            "max_fmr:",
             "atomic_cap:\t\t\tATOMIC_HCA (1)",
         ] {
             assert!(v.contains(key), "missing {key} in\n{v}");
@@ -590,6 +592,8 @@ mod tests {
             assert!(s.contains(line), "missing {line:?} in\n{s}");
         }
         assert_eq!(s.matches("GID[").count(), 1, "zero GIDs are not listed");
+        assert!(s.contains("\tmax_fast_reg_page_list_len:\t"), "{s}");
+        assert!(s.contains("\tmax_inline_data:\t\t"), "{s}");
         assert!(s.ends_with("\n\n"));
 
         let quiet = render(&device(), &fake_context(), &Args::default()).expect("render");
