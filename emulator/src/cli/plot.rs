@@ -376,7 +376,8 @@ mod tests {
 
     #[test]
     fn ranges_and_labels() {
-        assert_eq!(range([3.0].into_iter(), Scale::Linear), 0.0..4.0 * 1.05);
+        assert_eq!(range([3.0].into_iter(), Scale::Linear), 0.0..3.0 * 1.05);
+        assert_eq!(range([0.0].into_iter(), Scale::Linear), 0.0..1.05);
         let r = range([2.0, 2.0].into_iter(), Scale::Log);
         assert!(r.start < 2.0 && r.end > 4.0);
         assert_eq!(range(std::iter::empty(), Scale::Log), 0.0..1.0);
