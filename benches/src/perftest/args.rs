@@ -323,7 +323,7 @@ pub struct PerfArgs {
           default_missing_value = "perftest_out.json")]
     pub out_json: Option<String>,
     /// Name of the JSON report file (implies --out_json)
-    #[arg(long = "out_json_file", value_name = "FILE", conflicts_with = "out_json")]
+    #[arg(long = "out_json_file", value_name = "FILE")]
     pub out_json_file: Option<String>,
 
     /// Use IB device DEV [default: the first device; softverbs_0 in loopback]
@@ -597,6 +597,15 @@ pub struct InertArgs {
     /// Data encryption key application
     #[arg(long = "data_enc_key_app_path", value_name = "PATH")]
     pub data_enc_key_app_path: Option<String>,
+    /// GPU buffers (perftest built with CUDA)
+    #[arg(long = "use_cuda", value_name = "GPU")]
+    pub use_cuda: Option<String>,
+    /// GPU buffers by PCI bus id (perftest built with CUDA)
+    #[arg(long = "use_cuda_bus_id", value_name = "BUS_ID")]
+    pub use_cuda_bus_id: Option<String>,
+    /// GPU buffers (perftest built with ROCm)
+    #[arg(long = "use_rocm", value_name = "GPU")]
+    pub use_rocm: Option<String>,
 }
 
 /// Why the soft path has no mlx5 crypto, DC, rate limiter or device memory
@@ -717,6 +726,13 @@ impl InertArgs {
             v(&self.kek_path, "--kek_path", NO_FEATURE),
             v(&self.credentials_path, "--credentials_path", NO_FEATURE),
             v(&self.data_enc_key_app_path, "--data_enc_key_app_path", NO_FEATURE),
+            v(&self.use_cuda, "--use_cuda", "buffers are host memory (no GPU support)"),
+            v(
+                &self.use_cuda_bus_id,
+                "--use_cuda_bus_id",
+                "buffers are host memory (no GPU support)",
+            ),
+            v(&self.use_rocm, "--use_rocm", "buffers are host memory (no GPU support)"),
         ]
         .into_iter()
         .flatten()

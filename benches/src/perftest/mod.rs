@@ -196,6 +196,11 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
                 let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
                 progress.update(f);
             }
+        } else if spins.is_multiple_of(256) {
+            // Between the stall checks too: a step can be long (a debug
+            // build, a busy machine), and a progress line is due on time.
+            let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
+            progress.update(f);
         }
     }
 }
