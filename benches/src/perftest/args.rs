@@ -1239,4 +1239,81 @@ mod tests {
         }
         assert!(try_parse(&["write_bw", "-D", "2", "-n", "10"]).is_err());
     }
+
+    #[test]
+    fn last_flag_wins_and_values_are_not_clamped_silently() {
+        let p = params(&["write_bw", "-s", "64", "-s", "128", "-q", "2", "-q", "3"]).unwrap();
+        assert_eq!((p.sizes.clone(), p.qps), (vec![128], 3));
+        for zero in ["-t", "-r", "-Q", "-D"] {
+            assert!(try_parse(&["send_bw", zero, "0"]).is_err(), "{zero} 0");
+        }
+        // perftest's adjustments happen, and are said.
+        let p = params(&["write_bw", "-t", "8", "-Q", "32"]).unwrap();
+        assert_eq!(p.cq_mod, 8);
+        assert_eq!(
+            p.notes,
+            ["-Q 32 lowered to the tx depth 8 (a CQE at least once per queue)"]
+        );
+        let p = params(&["write_bw", "-l", "4", "-Q", "2", "-n", "40"]).unwrap();
+        assert_eq!(p.cq_mod, 4);
+        assert!(p.notes[0].starts_with("-Q 2 replaced by 4"), "{:?}", p.notes);
+        let p = params(&["read_lat", "-Q", "5"]).unwrap();
+        assert_eq!(p.cq_mod, 1);
+        assert_eq!(p.notes, ["-Q 5 ignored: read_lat signals every WR"]);
+        let p = params(&["write_bw", "-D", "3"]).unwrap();
+        assert_eq!(p.margin, 0.75);
+        assert!(
+            p.notes[0].starts_with("-f 2: margin lowered to 0.75 s"),
+            "{:?}",
+            p.notes
+        );
+        let p = params(&["atomic_bw", "-a"]).unwrap();
+        assert_eq!((p.sizes.clone(), p.notes.len()), (vec![8], 1));
+        // Defaults adapted without a flag given say nothing.
+        assert!(params(&["write_bw", "-t", "8"]).unwrap().notes.is_empty());
+    }
+
+    #[test]
+    fn flags_without_effect_are_named() {
+        let p = params(&["write_bw", "-S", "3", "-R", "--use-srq", "--tclass=96", "-F"]).unwrap();
+        let flags: Vec<&str> = p.notes.iter().map(|n| n.split(" ignored: ").next().unwrap()).collect();
+        assert_eq!(flags, ["-S 3", "-R", "--use-srq", "--tclass 96"]);
+        assert!(
+            params(&["write_bw", "-F"]).unwrap().notes.is_empty(),
+            "-F has its meaning"
+        );
+    }
+
+    #[test]
+    fn perftest_modes_with_an_effect() {
+        let p = params(&[
+            "write_bw",
+            "--output",
+            "message_rate",
+            "-w",
+            "5",
+            "-y",
+            "0.5",
+            "--reversed",
+        ])
+        .unwrap();
+        assert_eq!(p.output, Some(OutputKind::MessageRate));
+        assert_eq!((p.limit_bw, p.limit_msgrate, p.reversed), (Some(5.0), Some(0.5), true));
+        assert!(matches!(
+            params(&["write_lat", "--output", "bandwidth"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(matches!(
+            params(&["write_bw", "--output", "latency"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(matches!(
+            params(&["write_bw", "--reversed", "--link", "udp", "--server"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(try_parse(&["write_bw", "--run_infinitely"]).is_err(), "needs -D");
+        assert!(try_parse(&["write_bw", "--run_infinitely", "-D", "2"]).is_ok());
+        let p = params(&["write_bw", "--out_json", "--out_json_file", "r.json"]).unwrap();
+        assert_eq!(p.out_json.as_deref(), Some("r.json"));
+    }
 }

@@ -480,6 +480,27 @@ mod tests {
     }
 
     #[test]
+    fn output_values_as_perftest_prints_them() {
+        use crate::perftest::args::OutputKind;
+        let r = Row::Bw(BwResult {
+            size: 8,
+            iters: 10,
+            peak_bps: 2e9,
+            avg_bps: 1_048_576.0 * 1234.5,
+            msg_rate: 2_500_000.0,
+        });
+        assert_eq!(output_value(&r, OutputKind::Bandwidth, false), "1234.500000\n");
+        assert_eq!(output_value(&r, OutputKind::MessageRate, false), "2.500000\n");
+        let l = Row::LatDur(LatDurResult {
+            size: 2,
+            iters: 10,
+            t_avg: 1.25,
+            tps: 5.0,
+        });
+        assert_eq!(output_value(&l, OutputKind::Latency, false), "1.250000\n");
+    }
+
+    #[test]
     fn json_report() {
         let p = params(&["write_bw", "--report_gbits"]);
         let r = BwResult {
