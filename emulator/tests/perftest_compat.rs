@@ -442,21 +442,7 @@ fn devinfo_v_has_every_field_of_ibv_devinfo_v() {
         return;
     }
     // The library of this build (emulator/ibverbs/mklibdir.sh builds it).
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_softverbs"));
-    let profile_dir = exe.parent().expect("target dir");
-    let lib = profile_dir.join("libsoftverbs_ibverbs.so");
-    if !lib.exists() {
-        println!(
-            "SKIP: {} not built (cargo build -p softverbs-ibverbs, or emulator/ibverbs/mklibdir.sh)",
-            lib.display()
-        );
-        return;
-    }
-    let dir = tmp("libdir");
-    std::fs::create_dir_all(&dir).expect("lib dir");
-    let link = dir.join("libibverbs.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&lib, &link).expect("symlink");
+    let Some(dir) = library_dir("libdir") else { return };
     let theirs = Command::new("ibv_devinfo")
         .args(["-v", "-d", "softverbs_0"])
         .env("LD_LIBRARY_PATH", &dir)
@@ -488,4 +474,122 @@ fn devinfo_v_has_every_field_of_ibv_devinfo_v() {
     }
     // Both write a RoCE v2 GID as inet_ntop does.
     assert!(theirs.contains(", RoCE v2\n") && ours.contains("::ffff:127.83.86.1, RoCE v2\n"));
+}
+
+/// The library of this build as `libibverbs.so.1` in a fresh directory
+/// (for `LD_LIBRARY_PATH`), or `None` with a SKIP line.
+fn library_dir(name: &str) -> Option<PathBuf> {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_softverbs"));
+    let lib = exe.parent()?.join("libsoftverbs_ibverbs.so");
+    if !lib.exists() {
+        println!(
+            "SKIP: {} not built (cargo build -p softverbs-ibverbs, or emulator/ibverbs/mklibdir.sh)",
+            lib.display()
+        );
+        return None;
+    }
+    let dir = tmp(name);
+    std::fs::create_dir_all(&dir).ok()?;
+    let link = dir.join("libibverbs.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&lib, &link).ok()?;
+    Some(dir)
+}
+
+/// A table line with each figure's first character replaced by `#` and
+/// the rest by spaces: where the columns start, and the padding and tabs
+/// between them, whatever the figures' widths.
+fn skeleton(line: &str) -> String {
+    let mut out = String::new();
+    let mut in_number = false;
+    for c in line.chars() {
+        if c.is_ascii_digit() || (in_number && c == '.') {
+            out.push(if in_number { ' ' } else { '#' });
+            in_number = true;
+        } else {
+            in_number = false;
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The real `ib_write_bw` and `ib_send_lat` of perftest 4.5 (over
+/// softverbs' libibverbs.so.1, both ends on this host) and `softverbs
+/// perf` print the same banner keys, table headers and row layout.
+#[test]
+fn tables_are_laid_out_as_perftest_prints_them() {
+    if installed("ib_write_bw").is_none() {
+        println!("SKIP: perftest is not installed (apt-get install perftest)");
+        return;
+    }
+    let Some(dir) = library_dir("perftest_libdir") else {
+        return;
+    };
+    for (tool, test) in [("ib_write_bw", "write_bw"), ("ib_send_lat", "send_lat")] {
+        let port = (19000 + std::process::id() % 1000).to_string();
+        let common = [
+            "-d",
+            "softverbs_0",
+            "-x",
+            "0",
+            "-n",
+            "100",
+            "-s",
+            "64",
+            "-p",
+            port.as_str(),
+        ];
+        let server = Command::new(tool)
+            .args(common)
+            .env("LD_LIBRARY_PATH", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the perftest server");
+        // The server listens soon; the client retries until it does.
+        let mut theirs = None;
+        for _ in 0..40 {
+            let o = Command::new(tool)
+                .args(common)
+                .arg("127.0.0.1")
+                .env("LD_LIBRARY_PATH", &dir)
+                .output()
+                .expect("run the perftest client");
+            if o.status.success() {
+                theirs = Some(stdout(&o));
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+        let mut server = server;
+        let _ = server.kill();
+        let _ = server.wait();
+        let theirs = theirs.unwrap_or_else(|| panic!("{tool} never ran"));
+        let o = softverbs(&["perf", test, "-n", "100", "-s", "64"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let ours = stdout(&o);
+        // Banner keys (perftest's PCIe line does not apply here).
+        for line in theirs.lines().filter(|l| l.contains(" : ") && !l.contains("PCIe")) {
+            let key = line.split(" : ").next().expect("key").trim_end();
+            assert!(
+                ours.lines().any(|l| l.starts_with(key)),
+                "{test}: no {key:?} line\nours:\n{ours}\ntheirs:\n{theirs}"
+            );
+        }
+        let header = |s: &str| s.lines().find(|l| l.starts_with(" #bytes")).map(str::to_string);
+        assert_eq!(header(&ours), header(&theirs), "{test}: the table header");
+        let row = |s: &str| {
+            s.lines()
+                .find(|l| l.starts_with(" 64 "))
+                .map(skeleton)
+                .expect("the 64-byte row")
+        };
+        assert_eq!(
+            row(&ours),
+            row(&theirs),
+            "{test}: the row layout\nours:\n{ours}\ntheirs:\n{theirs}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -14,7 +14,7 @@ use super::resources::{Dest, Side, DEF_QKEY};
 use super::stats::{bw_result, BwResult, BwTimes};
 use super::{Agent, Clock, PerfError, Step, VerbsContext};
 
-/// Completions taken per poll (perftest's `CQE Poll Batch`).
+/// Completions taken per poll (later perftest releases' `CQE Poll Batch`).
 pub const POLL_BATCH: usize = 16;
 
 /// How long a `-e` loop sleeps on the channel at most before looking

@@ -83,9 +83,9 @@ pub fn title(p: &Params) -> String {
     t
 }
 
-/// perftest's banner (`ctx_print_test_info`), with the lines that do not
-/// apply to a soft device left out and two softverbs lines added (backend
-/// and link, and where the ends are).
+/// perftest 4.5's banner (`ctx_print_test_info`), with the lines that do
+/// not apply to a soft device left out (`PCIe relax order`) and two
+/// softverbs lines added (backend and link, and where the ends are).
 pub fn banner(b: &BannerInfo<'_>) -> String {
     let p = b.params;
     let mut s = String::new();
@@ -97,6 +97,8 @@ pub fn banner(b: &BannerInfo<'_>) -> String {
     let _ = writeln!(s, " Dual-port       : OFF\t\tDevice         : {}", b.device);
     let _ = writeln!(s, " Number of qps   : {}\t\tTransport type : IB", p.qps);
     let _ = writeln!(s, " Connection type : {}\t\tUsing SRQ      : OFF", p.connection.name());
+    // The work requests go through post_send, not the ibv_wr_* API.
+    let _ = writeln!(s, " ibv_wr* API     : OFF");
     let _ = writeln!(
         s,
         " Backend         : {}\t\tLink           : {}",
@@ -115,7 +117,6 @@ pub fn banner(b: &BannerInfo<'_>) -> String {
     }
     if p.bw {
         let _ = writeln!(s, " CQ Moderation   : {}", p.cq_mod);
-        let _ = writeln!(s, " CQE Poll Batch  : {}", super::bw::POLL_BATCH);
     }
     let _ = writeln!(s, " Mtu             : {}[B]", b.mtu);
     let ll = match b.link_layer {
@@ -177,7 +178,7 @@ pub fn bw_header(gbits: bool) -> String {
 /// One bandwidth row (perftest's `REPORT_FMT`).
 pub fn bw_row(r: &BwResult, gbits: bool) -> String {
     format!(
-        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t     {:<7.6}\n",
+        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}\n",
         r.size,
         r.iters,
         BwResult::in_units(r.peak_bps, gbits),
@@ -438,7 +439,7 @@ mod tests {
         };
         assert_eq!(
             bw_row(&r, false),
-            " 65536      5000             11002.18            11000.01\t\t     0.176000\n"
+            " 65536      5000             11002.18            11000.01\t\t   0.176000\n"
         );
         assert_eq!(bw_header(false), format!("{RESULT_FMT}\n"));
         assert!(bw_header(true).contains("BW peak[Gb/sec]"));
