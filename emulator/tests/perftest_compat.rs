@@ -593,3 +593,86 @@ fn tables_are_laid_out_as_perftest_prints_them() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs a server with `server_args` and then a client with `client_args`
+/// (retrying until the server listens); returns both outputs.
+fn pair(cmd: &str, server_args: &[&str], client_args: &[&str], env: Option<&PathBuf>) -> (String, String) {
+    let mut s = Command::new(cmd);
+    s.args(server_args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(d) = env {
+        s.env("LD_LIBRARY_PATH", d);
+    }
+    let server = s.spawn().expect("start the server");
+    let mut client = None;
+    for _ in 0..40 {
+        let mut c = Command::new(cmd);
+        c.args(client_args);
+        if let Some(d) = env {
+            c.env("LD_LIBRARY_PATH", d);
+        }
+        let o = c.output().expect("run the client");
+        if o.status.success() {
+            client = Some(stdout(&o));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    let client = client.unwrap_or_else(|| panic!("{cmd} client never ran"));
+    let o = server.wait_with_output().expect("the server ends");
+    (stdout(&o), client)
+}
+
+/// `softverbs pingpong` prints its address and result lines as
+/// `ibv_rc_pingpong` (run over softverbs' libibverbs.so.1) does.
+#[test]
+fn pingpong_lines_are_ibv_rc_pingpongs() {
+    if Command::new("ibv_rc_pingpong").arg("-h").output().is_err() {
+        println!("SKIP: ibv_rc_pingpong is not installed (apt-get install ibverbs-utils)");
+        return;
+    }
+    let Some(dir) = library_dir("pingpong_libdir") else {
+        return;
+    };
+    let port = (20000 + std::process::id() % 1000).to_string();
+    let srv = ["-d", "softverbs_0", "-g", "0", "-n", "50", "-p", port.as_str()];
+    let mut cli = srv.to_vec();
+    cli.push("127.0.0.1");
+    let (_, theirs) = pair("ibv_rc_pingpong", &srv, &cli, Some(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+    let port = (21000 + std::process::id() % 1000).to_string();
+    let srv = ["pingpong", "-n", "50", "-p", port.as_str()];
+    let mut cli = srv.to_vec();
+    cli.push("127.0.0.1");
+    let (_, ours) = pair(env!("CARGO_BIN_EXE_softverbs"), &srv, &cli, None);
+    // Up to the GID (its text has no fixed width), and the two result
+    // lines, with every run of (hex) digits as one `#`: these figures are
+    // not padded.
+    let collapse = |l: &str| {
+        let mut out = String::new();
+        for c in l.chars() {
+            if c.is_ascii_hexdigit() || c == '.' || c == 'x' {
+                if !out.ends_with('#') {
+                    out.push('#');
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    let shape = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.contains("address:") || l.contains(" seconds = "))
+            .map(|l| collapse(l.split(" GID ").next().expect("line")))
+            .collect()
+    };
+    assert_eq!(shape(&ours), shape(&theirs), "ours:\n{ours}\ntheirs:\n{theirs}");
+    // Both GIDs as inet_ntop writes them.
+    for out in [&ours, &theirs] {
+        let gid = out.lines().next().and_then(|l| l.split(" GID ").nth(1)).expect("a GID");
+        assert!(
+            gid.parse::<std::net::Ipv6Addr>().is_ok() && !gid.contains("0000"),
+            "{gid}"
+        );
+    }
+}

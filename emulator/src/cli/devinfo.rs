@@ -37,6 +37,7 @@ use super::{eprintln_safe, CliError, Env};
 
 /// Arguments of `softverbs devinfo`.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_override_self = true)]
 pub struct Args {
     /// Show only this device (default: every device)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]

@@ -67,7 +67,7 @@ default to every compiled-in backend; the others default to soft.
 
 /// The `softverbs` command line.
 #[derive(Debug, Parser)]
-#[command(name = "softverbs", version, about = ABOUT, long_about = LONG_ABOUT)]
+#[command(name = "softverbs", version, about = ABOUT, long_about = LONG_ABOUT, args_override_self = true)]
 pub struct Cli {
     /// Options every subcommand takes.
     #[command(flatten)]
@@ -378,6 +378,25 @@ mod tests {
         let cli = Cli::try_parse_from(["softverbs", "--backend", "hardware", "devinfo"]).unwrap();
         assert_eq!(cli.global.backend, Some(Backend::Hw));
         assert!(Cli::try_parse_from(["softverbs", "--backend", "foo", "devices"]).is_err());
+        // As with getopt, the last of a repeated option counts.
+        let cli = Cli::try_parse_from([
+            "softverbs",
+            "--backend",
+            "hw",
+            "--backend",
+            "soft",
+            "devinfo",
+            "-i",
+            "2",
+            "-i",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.backend, Some(Backend::Soft));
+        match cli.command {
+            Command::Devinfo(a) => assert_eq!(a.port, Some(1)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
