@@ -19,7 +19,9 @@
 //!
 //! `--backends soft,hw` runs the same loopback test on each backend in
 //! turn (each with its full report), then prints one line per message size
-//! with every backend's figure and the ratio of each to the first:
+//! with every backend's figure and the ratio of each to the first
+//! (`--links inproc,udp,shm` does the same for the soft backend's links,
+//! and combines with `--backends`):
 //!
 //! ```text
 //! ---------------------------------------------------------------------------------------
@@ -55,6 +57,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use softverbs::verbs::BackendKind;
+use softverbs_benches::perftest::args::LinkKind;
 use softverbs_benches::perftest::report::{self, Row};
 use softverbs_benches::perftest::stats::BwResult;
 use softverbs_benches::perftest::{self, Params, PerfArgs, PerfError, PerfTest};
@@ -72,8 +75,13 @@ pub struct Args {
     /// the first (loopback only; overrides --backend)
     #[arg(long = "backends", value_enum, value_delimiter = ',', value_name = "LIST")]
     pub backends: Vec<Backend>,
+    /// Run the test on the soft backend over each of these links in turn
+    /// (comma-separated: inproc,udp,shm) and compare them as --backends
+    /// does (combines with --backends; the hw backend has no link)
+    #[arg(long = "links", value_enum, value_delimiter = ',', value_name = "LIST")]
+    pub links: Vec<LinkKind>,
     /// Draw the results as an SVG chart in FILE: bandwidth (or latency)
-    /// against message size, one line per backend
+    /// against message size, one line per backend and link
     #[arg(long = "plot", value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
 }
@@ -138,7 +146,7 @@ fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError
         }
         check_port(env, &params)?;
     }
-    if args.backends.is_empty() {
+    if args.backends.is_empty() && args.links.is_empty() {
         let backend = env.global.backend();
         let name = backend_name(backend);
         loop {
@@ -154,19 +162,59 @@ fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError
         }
     }
     let mut kinds: Vec<BackendKind> = Vec::new();
-    for b in &args.backends {
-        let k = BackendKind::from(*b);
+    for k in args.backends.iter().map(|b| BackendKind::from(*b)) {
         if !kinds.contains(&k) {
             kinds.push(k);
         }
     }
-    let mut columns: Vec<(&str, Vec<Row>)> = Vec::new();
-    for &kind in &kinds {
-        writeln!(out, "\n==== {} on backend {} ====", p.test, backend_name(kind))?;
-        out.flush()?;
-        let rows = perftest::run::run_rows(p, kind, out).map_err(|e| cli_error(p, e))?;
-        columns.push((backend_name(kind), rows));
+    if kinds.is_empty() {
+        kinds.push(env.global.backend());
     }
+    let mut links: Vec<LinkKind> = Vec::new();
+    for l in &args.links {
+        if !links.contains(l) {
+            links.push(*l);
+        }
+    }
+    // One run per backend, and per link on the soft backend: named by
+    // the link alone when only soft runs, else `soft-udp`.
+    let only_soft = kinds == [BackendKind::Soft];
+    let mut runs: Vec<(String, BackendKind, Option<LinkKind>)> = Vec::new();
+    for &kind in &kinds {
+        if kind == BackendKind::Soft && !links.is_empty() {
+            for &l in &links {
+                let name = if only_soft {
+                    l.name().to_string()
+                } else {
+                    format!("{}-{}", backend_name(kind), l.name())
+                };
+                runs.push((name, kind, Some(l)));
+            }
+        } else {
+            runs.push((backend_name(kind).to_string(), kind, None));
+        }
+    }
+    let mut named: Vec<(String, Vec<Row>)> = Vec::new();
+    for (name, kind, link) in runs {
+        let mut a = (**p).clone();
+        match link {
+            Some(l) => {
+                writeln!(
+                    out,
+                    "\n==== {} on backend {}, link {} ====",
+                    p.test,
+                    backend_name(kind),
+                    l.name()
+                )?;
+                a.link = l;
+            }
+            None => writeln!(out, "\n==== {} on backend {} ====", p.test, backend_name(kind))?,
+        }
+        out.flush()?;
+        let rows = perftest::run::run_rows(&a, kind, out).map_err(|e| cli_error(p, e))?;
+        named.push((name, rows));
+    }
+    let columns: Vec<(&str, Vec<Row>)> = named.iter().map(|(n, r)| (n.as_str(), r.clone())).collect();
     writeln!(
         out,
         "\n==== {}: {} side by side ====",
@@ -331,6 +379,39 @@ mod tests {
             .parse()
             .expect("a number");
         assert!(t > 0.0, "{row}");
+    }
+
+    #[test]
+    fn links_compare_like_backends() {
+        let parsed = Cli::try_parse_from(["softverbs", "perf", "send_lat", "--links", "inproc,udp"]).expect("parses");
+        match parsed.command {
+            super::super::Command::Perf(a) => assert_eq!(a.links, vec![LinkKind::Inproc, LinkKind::Udp]),
+            other => panic!("{other:?}"),
+        }
+        let (r, out) = cli(&[
+            "softverbs",
+            "perf",
+            "send_lat",
+            "-s",
+            "8",
+            "-n",
+            "100",
+            "--links",
+            "inproc,udp,inproc",
+        ]);
+        assert!(r.is_ok(), "{r:?}\n{out}");
+        assert_eq!(
+            out.matches("==== send_lat on backend soft, link inproc ====").count(),
+            1,
+            "{out}"
+        );
+        assert_eq!(
+            out.matches("==== send_lat on backend soft, link udp ====").count(),
+            1,
+            "{out}"
+        );
+        let table = out.split("side by side ====").nth(1).expect("the comparison table");
+        assert!(table.contains("inproc lat") && table.contains("udp/inproc"), "{out}");
     }
 
     #[test]

@@ -74,6 +74,21 @@ pub struct Chart {
     pub series: Vec<Series>,
 }
 
+/// Line colours, distinct and dark enough on white (the "Tableau 10"
+/// set).
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+
 /// Width of the image, and height of one panel, in pixels.
 const WIDTH: u32 = 900;
 const PANEL_HEIGHT: u32 = 520;
@@ -182,7 +197,7 @@ where
         .y_label_formatter(&|v| short_number(*v))
         .draw()?;
     for (i, (s, p)) in c.series.iter().zip(pts).enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = PALETTE[i % PALETTE.len()].to_rgba();
         chart
             .draw_series(LineSeries::new(p.iter().copied(), color.stroke_width(2)))?
             .label(s.name.as_str())
