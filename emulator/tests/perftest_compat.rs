@@ -676,3 +676,18 @@ fn pingpong_lines_are_ibv_rc_pingpongs() {
         );
     }
 }
+
+/// The options without effect are listed under their own heading, after
+/// every option that has one.
+#[test]
+fn options_without_effect_come_last_in_help() {
+    for (sub, last_real) in [("perf", "--plot <FILE.svg>"), ("pingpong", "--qp-timeout <N>")] {
+        let help = stdout(&softverbs(&[sub, "--help"]));
+        let heading = help.find("options without effect here").expect("the heading");
+        let real = help.find(last_real).unwrap_or_else(|| panic!("{sub}: no {last_real}"));
+        assert!(
+            real < heading,
+            "{sub}: {last_real} is under the heading of options without effect"
+        );
+    }
+}

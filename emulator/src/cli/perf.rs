@@ -73,16 +73,28 @@ pub struct Args {
     /// Run the test on each of these backends in turn (comma-separated,
     /// e.g. soft,hw) and print their results side by side with ratios to
     /// the first (loopback only; overrides --backend)
-    #[arg(long = "backends", value_enum, value_delimiter = ',', value_name = "LIST")]
+    #[arg(
+        long = "backends",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        help_heading = "softverbs options"
+    )]
     pub backends: Vec<Backend>,
     /// Run the test on the soft backend over each of these links in turn
     /// (comma-separated: inproc,udp,shm) and compare them as --backends
     /// does (combines with --backends; the hw backend has no link)
-    #[arg(long = "links", value_enum, value_delimiter = ',', value_name = "LIST")]
+    #[arg(
+        long = "links",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        help_heading = "softverbs options"
+    )]
     pub links: Vec<LinkKind>,
     /// Draw the results as an SVG chart in FILE: bandwidth (or latency)
     /// against message size, one line per backend and link
-    #[arg(long = "plot", value_name = "FILE.svg")]
+    #[arg(long = "plot", value_name = "FILE.svg", help_heading = "softverbs options")]
     pub plot: Option<PathBuf>,
 }
 

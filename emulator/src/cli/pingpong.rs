@@ -114,10 +114,6 @@ pub struct Args {
     /// checks the written data)
     #[arg(short = 'c', long = "chk")]
     pub chk: bool,
-    /// ibv_rc_pingpong's flags that have no effect here (each is said on
-    /// standard error).
-    #[command(flatten)]
-    pub inert: InertArgs,
     /// Local address of the UDP device [default: the address of the TCP
     /// connection]
     #[arg(long, value_name = "ADDR")]
@@ -161,6 +157,11 @@ pub struct Args {
     #[arg(long = "qp-timeout", value_name = "N", default_value_t = 14,
           value_parser = clap::value_parser!(u8).range(0..=31))]
     pub qp_timeout: u8,
+    /// ibv_rc_pingpong's flags that have no effect here (each is said on
+    /// standard error); last, as their help heading applies to what
+    /// follows.
+    #[command(flatten)]
+    pub inert: InertArgs,
 }
 
 /// `ibv_rc_pingpong` flags accepted for compatibility that cannot apply
