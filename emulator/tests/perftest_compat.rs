@@ -93,6 +93,14 @@ const SAVED_LINES: &[&str] = &[
 ];
 
 #[test]
+fn skeletons_keep_the_layout_not_the_figures() {
+    assert_eq!(skeleton(" 64      100  2.5   \t"), " #       #    #     \t");
+    // Padded to 7, or overflowing it: the same layout.
+    // "%-7.2lf" then 8 spaces.
+    assert_eq!(skeleton(" 23.02          x"), skeleton(" 10136.78        x"));
+}
+
+#[test]
 fn saved_perftest_lines_parse_and_resolve() {
     for line in SAVED_LINES {
         let a = perf_args(line).unwrap_or_else(|e| panic!("{line}: {e}"));
@@ -498,16 +506,22 @@ fn library_dir(name: &str) -> Option<PathBuf> {
 
 /// A table line with each figure's first character replaced by `#` and
 /// the rest by spaces: where the columns start, and the padding and tabs
-/// between them, whatever the figures' widths.
+/// between them, whatever the figures' widths. perftest pads figures to 7
+/// characters (`%-7.2lf`); a longer one (a latency spike) pushes what
+/// follows, so it counts as 7 wide.
 fn skeleton(line: &str) -> String {
     let mut out = String::new();
-    let mut in_number = false;
+    let mut number = 0;
     for c in line.chars() {
-        if c.is_ascii_digit() || (in_number && c == '.') {
-            out.push(if in_number { ' ' } else { '#' });
-            in_number = true;
+        if c.is_ascii_digit() || (number > 0 && c == '.') {
+            number += 1;
+            if number == 1 {
+                out.push('#');
+            } else if number <= 7 {
+                out.push(' ');
+            }
         } else {
-            in_number = false;
+            number = 0;
             out.push(c);
         }
     }
@@ -540,7 +554,9 @@ fn tables_are_laid_out_as_perftest_prints_them() {
             "-p",
             port.as_str(),
         ];
-        let server = Command::new(tool)
+        // `timeout`: a peer that never comes cannot hang the test.
+        let mut server = Command::new("timeout")
+            .args(["60", tool])
             .args(common)
             .env("LD_LIBRARY_PATH", &dir)
             .stdout(Stdio::null())
@@ -550,7 +566,8 @@ fn tables_are_laid_out_as_perftest_prints_them() {
         // The server listens soon; the client retries until it does.
         let mut theirs = None;
         for _ in 0..40 {
-            let o = Command::new(tool)
+            let o = Command::new("timeout")
+                .args(["60", tool])
                 .args(common)
                 .arg("127.0.0.1")
                 .env("LD_LIBRARY_PATH", &dir)
@@ -562,8 +579,7 @@ fn tables_are_laid_out_as_perftest_prints_them() {
             }
             std::thread::sleep(std::time::Duration::from_millis(250));
         }
-        let mut server = server;
-        let _ = server.kill();
+        // The server ends with its client (or its timeout).
         let _ = server.wait();
         let theirs = theirs.unwrap_or_else(|| panic!("{tool} never ran"));
         let o = softverbs(&["perf", test, "-n", "100", "-s", "64"]);
@@ -597,16 +613,20 @@ fn tables_are_laid_out_as_perftest_prints_them() {
 /// Runs a server with `server_args` and then a client with `client_args`
 /// (retrying until the server listens); returns both outputs.
 fn pair(cmd: &str, server_args: &[&str], client_args: &[&str], env: Option<&PathBuf>) -> (String, String) {
-    let mut s = Command::new(cmd);
-    s.args(server_args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // `timeout`: a peer that never comes cannot hang the test.
+    let mut s = Command::new("timeout");
+    s.args(["60", cmd])
+        .args(server_args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     if let Some(d) = env {
         s.env("LD_LIBRARY_PATH", d);
     }
     let server = s.spawn().expect("start the server");
     let mut client = None;
     for _ in 0..40 {
-        let mut c = Command::new(cmd);
-        c.args(client_args);
+        let mut c = Command::new("timeout");
+        c.args(["60", cmd]).args(client_args);
         if let Some(d) = env {
             c.env("LD_LIBRARY_PATH", d);
         }
