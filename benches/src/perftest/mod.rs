@@ -167,6 +167,7 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progress) -> Result<(), PerfError> {
     let mut done = vec![false; agents.len()];
     let mut last_progress = clock.now();
+    let mut next_update = last_progress + PROGRESS_EVERY_NS;
     let mut spins: u32 = 0;
     loop {
         let mut any = false;
@@ -182,7 +183,11 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
             return Ok(());
         }
         spins = spins.wrapping_add(1);
-        if any || spins.is_multiple_of(1024) {
+        // The clock is read on progress (the step read it anyway) and
+        // every 64 idle turns: enough for the stall check and for the
+        // progress indicator, which is fed every 100 ms of run time
+        // however long a step takes (a debug build, a busy machine).
+        if any || spins.is_multiple_of(64) {
             let now = clock.now();
             if any {
                 last_progress = now;
@@ -192,18 +197,17 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
                     STALL_TIMEOUT.as_secs()
                 )));
             }
-            if spins.is_multiple_of(1024) {
+            if now >= next_update {
+                next_update = now + PROGRESS_EVERY_NS;
                 let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
                 progress.update(f);
             }
-        } else if spins.is_multiple_of(256) {
-            // Between the stall checks too: a step can be long (a debug
-            // build, a busy machine), and a progress line is due on time.
-            let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
-            progress.update(f);
         }
     }
 }
+
+/// How often [`drive`] feeds the progress indicator, in ns of run time.
+const PROGRESS_EVERY_NS: u64 = 100_000_000;
 
 /// Whether progress indicators are off (`--quiet`): process-wide, set
 /// once by the command line.
