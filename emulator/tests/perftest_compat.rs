@@ -711,3 +711,25 @@ fn options_without_effect_come_last_in_help() {
         );
     }
 }
+
+/// `--perform_warm_up` sends a tx depth's worth of unmeasured WRITEs
+/// before the measured ones: the soft device's counters show them.
+#[test]
+fn a_warm_up_pass_precedes_the_measured_one() {
+    let tx_packets = |extra: &[&str]| -> u64 {
+        let mut args = vec![
+            "--quiet", "perf", "write_bw", "-n", "20", "-s", "64", "-t", "32", "--stats",
+        ];
+        args.extend_from_slice(extra);
+        let o = softverbs(&args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = stdout(&o);
+        out.lines()
+            .filter_map(|l| l.trim().strip_prefix("tx_packets: "))
+            .map(|n| n.parse::<u64>().expect("a count"))
+            .max()
+            .unwrap_or_else(|| panic!("no tx_packets in\n{out}"))
+    };
+    assert_eq!(tx_packets(&[]), 20);
+    assert_eq!(tx_packets(&["--perform_warm_up"]), 20 + 32);
+}

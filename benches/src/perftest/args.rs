@@ -414,6 +414,10 @@ pub struct PerfArgs {
     /// duration
     #[arg(long = "run_infinitely", requires = "duration")]
     pub run_infinitely: bool,
+    /// Before measuring each size, an unmeasured pass of tx-depth
+    /// operations (write, read and atomic bandwidth tests; loopback runs)
+    #[arg(long = "perform_warm_up")]
+    pub perform_warm_up: bool,
 
     /// perftest flags that have no effect here (each says why in one line
     /// on standard error).
@@ -486,9 +490,6 @@ pub struct InertArgs {
     /// Use a shared receive queue
     #[arg(long = "use-srq")]
     pub use_srq: bool,
-    /// Warm up before measuring
-    #[arg(long = "perform_warm_up")]
-    pub perform_warm_up: bool,
     /// Report RX and TX separately in bidirectional tests
     #[arg(long = "report-both")]
     pub report_both: bool,
@@ -648,11 +649,6 @@ impl InertArgs {
                 self.use_srq,
                 "--use-srq",
                 "the tests post to each QP's own receive queue",
-            ),
-            b(
-                self.perform_warm_up,
-                "--perform_warm_up",
-                "no warm-up iterations are run",
             ),
             b(
                 self.report_both,
@@ -829,6 +825,8 @@ pub struct Params {
     pub limit_msgrate: Option<f64>,
     /// `--reversed`: the server's end sends.
     pub reversed: bool,
+    /// `--perform_warm_up`: an unmeasured pass before each size.
+    pub warm_up: bool,
     /// Values the run uses other than the ones given (a margin too long
     /// for the duration, a moderation the test cannot use, …), and the
     /// flags without effect: one line each, for standard error.
@@ -1023,6 +1021,15 @@ impl Params {
                 )));
             }
         }
+        let warm_up = a.perform_warm_up && bw && verb != VerbKind::Send && mode == Mode::Loopback;
+        if a.perform_warm_up && !warm_up {
+            notes.push(if mode == Mode::Loopback {
+                "--perform_warm_up ignored: as in perftest, only write, read and atomic bandwidth tests warm up"
+                    .to_string()
+            } else {
+                "--perform_warm_up ignored: server/client runs do not warm up here (loopback runs do)".to_string()
+            });
+        }
         notes.extend(a.inert.notes());
         Ok(Params {
             test: a.test,
@@ -1062,8 +1069,25 @@ impl Params {
             limit_bw: a.limit_bw,
             limit_msgrate: a.limit_msgrate,
             reversed: a.reversed,
+            warm_up,
             notes,
         })
+    }
+
+    /// The parameters of a `--perform_warm_up` pass: the tx depth's worth
+    /// of operations per QP (at least perftest's minimum, a whole number of
+    /// post lists), one way, nothing measured.
+    pub fn warm_up_params(&self) -> Params {
+        let l = u64::from(self.post_list);
+        let iters = u64::from(self.tx_depth).max(MIN_ITERS).div_ceil(l) * l;
+        Params {
+            iters,
+            duration: None,
+            peak: false,
+            duplex: false,
+            warm_up: false,
+            ..self.clone()
+        }
     }
 
     /// The largest message of the run.
@@ -1313,6 +1337,12 @@ mod tests {
         ));
         assert!(try_parse(&["write_bw", "--run_infinitely"]).is_err(), "needs -D");
         assert!(try_parse(&["write_bw", "--run_infinitely", "-D", "2"]).is_ok());
+        let p = params(&["write_bw", "--perform_warm_up", "-t", "16", "-l", "4", "-n", "40"]).unwrap();
+        assert!(p.warm_up && p.notes.is_empty(), "{:?}", p.notes);
+        let w = p.warm_up_params();
+        assert_eq!((w.iters, w.peak, w.duration, w.warm_up), (16, false, None, false));
+        let p = params(&["send_bw", "--perform_warm_up"]).unwrap();
+        assert!(!p.warm_up && p.notes[0].starts_with("--perform_warm_up ignored: "));
         let p = params(&["write_bw", "--out_json", "--out_json_file", "r.json"]).unwrap();
         assert_eq!(p.out_json.as_deref(), Some("r.json"));
     }

@@ -360,6 +360,13 @@ pub fn loopback_size(
 ) -> Result<Option<Row>, PerfError> {
     super::lat::prepare(sa, p, size)?;
     super::lat::prepare(sb, p, size)?;
+    if p.warm_up {
+        // --perform_warm_up: an unmeasured pass first (write, read and
+        // atomic bandwidth tests, whose passive end needs no step).
+        let w = p.warm_up_params();
+        let mut s = BwSender::new(sa, db, &w, size);
+        drive(&mut [&mut s], &Clock::new(), &mut Progress::hidden())?;
+    }
     let clock = Clock::new();
     if !p.bw {
         let mut c = LatAgent::new(sa, db, p, size, true)?;
