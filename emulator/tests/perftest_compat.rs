@@ -262,6 +262,18 @@ fn perftest_units_and_output_modes() {
     assert!(v > 0.0 && out.lines().count() == 1, "{out}");
     let o = softverbs(&["perf", "write_lat", "-n", "20", "--output", "bandwidth"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // --reversed: the other device sends (in-process link); over UDP the
+    // loopback devices are made per role, so it is said to be ignored.
+    let o = softverbs(&["perf", "write_bw", "-n", "20", "--reversed"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Device         : softverbs_1\n"), "{}", stdout(&o));
+    let o = softverbs(&["perf", "write_bw", "-n", "20", "--reversed", "--link", "udp"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--reversed ignored: over --link udp"),
+        "{}",
+        stderr(&o)
+    );
     // -V
     let o = softverbs(&["perf", "write_bw", "-V"]);
     assert_eq!(o.status.code(), Some(0));

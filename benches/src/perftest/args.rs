@@ -1021,6 +1021,17 @@ impl Params {
                 )));
             }
         }
+        // A loopback run over the soft UDP or shared-memory link makes its
+        // two devices for their roles (the passive one with a progress
+        // thread): swapping them would leave the passive end undriven.
+        let net_loopback = backend == BackendKind::Soft && a.link != LinkKind::Inproc;
+        let reversed = a.reversed && !net_loopback;
+        if a.reversed && net_loopback {
+            notes.push(format!(
+                "--reversed ignored: over --link {} both loopback devices are made for their roles, alike but for that",
+                a.link.name()
+            ));
+        }
         let warm_up = a.perform_warm_up && bw && verb != VerbKind::Send && mode == Mode::Loopback;
         if a.perform_warm_up && !warm_up {
             notes.push(if mode == Mode::Loopback {
@@ -1068,7 +1079,7 @@ impl Params {
             output: a.output,
             limit_bw: a.limit_bw,
             limit_msgrate: a.limit_msgrate,
-            reversed: a.reversed,
+            reversed,
             warm_up,
             notes,
         })
