@@ -308,6 +308,10 @@ fn one_exit_status_table() {
         (&["perf", "read_bw", "-c", "UC"], 2),
         (&["perf", "write_bw", "-D", "2", "-n", "10"], 2),
         (&["perf", "write_bw", "--run_infinitely"], 2),
+        (
+            &["perf", "write_bw", "--run_infinitely", "-D", "2", "--links", "udp"],
+            2,
+        ),
         (&["pingpong", "-m", "1000"], 2),
         (&["pingpong", "-n", "0"], 2),
         (&["pingpong", "--udp-port", "50000"], 2),

@@ -142,6 +142,12 @@ fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError
         )?;
         return Ok(());
     }
+    if p.run_infinitely && !(args.backends.is_empty() && args.links.is_empty()) {
+        return Err(usage(
+            p,
+            "--run_infinitely runs one test: not with --backends or --links",
+        ));
+    }
     if args.plot.is_some() && p.test == PerfTest::Scale {
         return Err(usage(p, "--plot draws per-size rows: the scale test has none"));
     }
