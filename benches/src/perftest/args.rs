@@ -398,7 +398,7 @@ pub struct PerfArgs {
     /// report's unit (MB/sec, Gb/sec with --report_gbits)
     #[arg(short = 'w', long = "limit_bw", value_name = "VALUE")]
     pub limit_bw: Option<f64>,
-    /// Fail (exit 3) when the message rate is below this limit [Mpps]
+    /// Fail (exit 3) when the message rate is below this limit, in Mpps
     #[arg(short = 'y', long = "limit_msgrate", value_name = "VALUE")]
     pub limit_msgrate: Option<f64>,
     /// Print only this figure per message size: bandwidth (BW average),

@@ -40,7 +40,7 @@
 //!
 //! `--plot FILE.svg` draws the rows as a chart (bandwidth, or typical and
 //! 99th-percentile latency, against message size; one line per backend of
-//! `--backends`), with [`plot`](super::plot).
+//! `--backends`), with [`plot`](super::plot::write_svg).
 //!
 //! Every perftest flag is accepted: those with no effect here are named on
 //! standard error with the reason, values the run changes (a margin too
@@ -64,7 +64,7 @@ use softverbs_benches::perftest::{self, Params, PerfArgs, PerfError, PerfTest};
 
 use super::{eprintln_safe, plot, stats, Backend, CliError, Env};
 
-/// Arguments of `softverbs perf`: perftest's flags, and `--backends`.
+/// Arguments of `softverbs perf`: perftest's flags, and `--backends`, `--links`, `--plot`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// perftest's flags (boxed: they are most of the command line's size).
