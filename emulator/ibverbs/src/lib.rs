@@ -108,6 +108,7 @@ mod data;
 mod ex;
 pub mod ffi;
 mod objects;
+pub mod rdmacm;
 mod state;
 mod verbs;
 

@@ -336,6 +336,39 @@ impl CmId {
         })
     }
 
+    /// Gives the id a QP made elsewhere (a C library's `rdma_create_qp`,
+    /// which creates the QP with its own objects) and moves it as
+    /// [`CmId::create_qp`] does. `qp` is a second handle on that QP: the
+    /// id drives its states and drops it with the id; whoever made the
+    /// QP destroys it (destroying twice is harmless).
+    ///
+    /// # Errors
+    ///
+    /// As [`CmId::create_qp`], except creation.
+    pub fn attach_qp(&self, qp: Qp) -> Result<()> {
+        let ps = self.with(|st, k| {
+            Self::check_alive(st, k)?;
+            let id = &st.ids[&k];
+            if id.qp.is_some() || id.dev.is_none() {
+                return Err(bad("attach_qp", id.state));
+            }
+            Ok(id.ps)
+        })?;
+        let fits = matches!(
+            (ps, qp.qp_type()),
+            (PortSpace::Tcp, QpType::Rc) | (PortSpace::Tcp, QpType::Uc) | (PortSpace::Udp, QpType::Ud)
+        );
+        if !fits {
+            return Err(Error::InvalidArgument("QP type does not fit the port space"));
+        }
+        init_qp(&qp)?;
+        self.with(|st, k| {
+            let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
+            id.qp = Some(Arc::new(qp));
+            Ok(())
+        })
+    }
+
     /// The id's QP.
     pub fn qp(&self) -> Option<Arc<Qp>> {
         self.with(|st, k| Ok(st.ids.get(&k).and_then(|i| i.qp.clone())))
