@@ -1096,6 +1096,10 @@ unsafe fn create_qp(sv: &mut SvId, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) ->
         return fail(libc::EINVAL);
     }
     let mut attr = copy_attr(a);
+    if attr.qp_type == 0 {
+        // rdma_create_ep's callers leave the type to the address info.
+        attr.qp_type = sv.id.qp_type as u32;
+    }
     if attr.send_cq.is_null() || attr.recv_cq.is_null() {
         let send = if attr.send_cq.is_null() {
             attr.cap.max_send_wr as c_int
