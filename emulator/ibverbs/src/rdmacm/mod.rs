@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use softverbs::cm::{Cm, CmConfig, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use softverbs::soft::SoftDevice;
 use softverbs::subsystem::{soft_plugged, DeviceFactory, HotplugDevice, NamespaceId, Subsystem};
-use softverbs::verbs::{BackendKind, Gid, Qp};
+use softverbs::verbs::{BackendKind, Gid, Mtu, Qp};
 
 use self::ffi::*;
 use crate::ffi::*;
@@ -124,6 +124,18 @@ fn global() -> Result<&'static Global, c_int> {
             },
         )
         .map_err(|e| e.errno())?;
+        if let Some(cap) = d.mtu_cap {
+            // The device's interface carries smaller packets than the
+            // soft port reports: paths through it use what fits.
+            let mtu = match cap {
+                1 => Mtu::Mtu256,
+                2 => Mtu::Mtu512,
+                3 => Mtu::Mtu1024,
+                4 => Mtu::Mtu2048,
+                _ => Mtu::Mtu4096,
+            };
+            cm.limit_mtu(d.soft.name(), mtu);
+        }
         // SAFETY: `d.dev` is a device of this library (never freed).
         let ctx = unsafe { __softverbs_ibv_open_device(&d.dev as *const ibv_device as *mut ibv_device) };
         if ctx.is_null() {
@@ -220,18 +232,21 @@ unsafe fn sock_from(sa: *const libc::sockaddr) -> Result<Option<SocketAddr>, c_i
         return Ok(None);
     }
     // SAFETY: the caller's promise: at least the family is readable.
-    match c_int::from(unsafe { (*sa).sa_family }) {
+    let family = unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*sa).sa_family)) };
+    match c_int::from(family) {
         libc::AF_INET => {
-            // SAFETY: an AF_INET address is a sockaddr_in.
-            let s = unsafe { &*(sa as *const libc::sockaddr_in) };
+            // SAFETY: an AF_INET address is a sockaddr_in (read
+            // unaligned: callers pass addresses inside byte buffers).
+            let s = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in) };
             Ok(Some(SocketAddr::new(
                 IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
                 u16::from_be(s.sin_port),
             )))
         }
         libc::AF_INET6 => {
-            // SAFETY: an AF_INET6 address is a sockaddr_in6.
-            let s = unsafe { &*(sa as *const libc::sockaddr_in6) };
+            // SAFETY: an AF_INET6 address is a sockaddr_in6 (read
+            // unaligned, as above).
+            let s = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in6) };
             Ok(Some(SocketAddr::new(
                 IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
                 u16::from_be(s.sin6_port),
@@ -881,7 +896,16 @@ pub unsafe extern "C" fn __softverbs_rdma_establish(id: *mut rdma_cm_id) -> c_in
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     let sv = id_or!(id);
-    ret(sv.cm.disconnect())
+    match sv.cm.disconnect() {
+        // As the kernel's rdma_cm: disconnecting a connection that is
+        // already going or gone (the peer's DREQ came first) succeeds.
+        Err(softverbs::cm::Error::InvalidState { .. })
+            if matches!(sv.cm.state(), "DREQ_SENT" | "TIMEWAIT" | "DONE") =>
+        {
+            0
+        }
+        r => ret(r),
+    }
 }
 
 /// `rdma_notify`: nothing to do (the connection manager sees the first
