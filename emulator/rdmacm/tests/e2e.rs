@@ -190,6 +190,11 @@ impl Topo<'static> {
 /// What a client prints when the server is not listening yet (its CM
 /// answered with a REJ or SIDR_REP, or its device is not up yet).
 fn not_listening(t: &str) -> bool {
+    // perftest failing after its out-of-band connection is not this (see
+    // perftest_rdma_cm): its server has moved on.
+    if t.contains("Failed to handle RDMA CM event") {
+        return false;
+    }
     [
         "REJECTED",
         "UNREACHABLE",
@@ -436,7 +441,10 @@ fn perftest_rdma_cm(tool: &str, topo: &Topo<'_>) {
                 }
                 return;
             }
-            Err(e) if lost_listen_race(&e) => last = e,
+            Err(e) if lost_listen_race(&e) => {
+                println!("{tool}: the client lost the race to rdma_listen; again");
+                last = e;
+            }
             Err(e) => panic!("{e}"),
         }
     }
@@ -446,11 +454,7 @@ fn perftest_rdma_cm(tool: &str, topo: &Topo<'_>) {
 /// Whether a failed perftest run is one whose client connected its test
 /// QPs before the server listened (see [`perftest_rdma_cm`]).
 fn lost_listen_race(e: &str) -> bool {
-    e.contains("client")
-        && (e.contains("Unexpected CM event")
-            || e.contains("Failed to handle RDMA CM event")
-            || e.contains("signal")
-            || e.contains("Unable to init the socket connection"))
+    e.contains("client") && e.contains("Failed to handle RDMA CM event")
 }
 
 #[test]

@@ -208,18 +208,29 @@ struct SvEvent {
     data: [u8; 256],
 }
 
-/// CM id number → its `SvId` (as an address), for the ids alive.
-fn ids() -> &'static Mutex<HashMap<u64, usize>> {
-    static IDS: OnceLock<Mutex<HashMap<u64, usize>>> = OnceLock::new();
+/// The ids alive: CM id number → its `SvId` (as an address), and the
+/// addresses themselves, so that a call on an id the application already
+/// destroyed fails with `EINVAL` instead of reading freed memory.
+#[derive(Default)]
+struct Ids {
+    by_key: HashMap<u64, usize>,
+    live: std::collections::HashSet<usize>,
+}
+
+fn ids() -> std::sync::MutexGuard<'static, Ids> {
+    static IDS: OnceLock<Mutex<Ids>> = OnceLock::new();
     IDS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 fn lookup(key: u64) -> *mut SvId {
-    ids()
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&key)
-        .map_or(null_mut(), |&p| p as *mut SvId)
+    ids().by_key.get(&key).map_or(null_mut(), |&p| p as *mut SvId)
+}
+
+/// Whether `p` is an id of this library not yet destroyed.
+fn is_live(p: *mut rdma_cm_id) -> bool {
+    ids().live.contains(&(p as usize))
 }
 
 /// A socket address from C, or `EAFNOSUPPORT`/`EINVAL`.
@@ -358,7 +369,10 @@ fn new_id(cm: CmId, chan: *mut SvChan, context: *mut c_void, ps: c_int, qp_type:
     });
     // SAFETY: just made.
     refresh(unsafe { &mut *p });
-    ids().lock().unwrap_or_else(|p| p.into_inner()).insert(key, p as usize);
+    let mut reg = ids();
+    reg.by_key.insert(key, p as usize);
+    reg.live.insert(p as usize);
+    drop(reg);
     p
 }
 
@@ -580,10 +594,11 @@ unsafe fn free_chan(ch: *mut SvChan) {
 
 macro_rules! id_or {
     ($id:expr) => {{
-        if $id.is_null() {
+        if $id.is_null() || !is_live($id) {
             return fail(libc::EINVAL);
         }
-        // SAFETY: the application passes a live id of this library.
+        // SAFETY: a live id of this library (checked above; the
+        // application does not destroy an id while it uses it).
         unsafe { &mut *($id as *mut SvId) }
     }};
 }
@@ -675,7 +690,10 @@ unsafe fn create_id(channel: *mut SvChan, context: *mut c_void, ps: c_int, qp_ty
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let sv = id_or!(id);
-    ids().lock().unwrap_or_else(|p| p.into_inner()).remove(&sv.cm.id());
+    let mut reg = ids();
+    reg.by_key.remove(&sv.cm.id());
+    reg.live.remove(&(id as usize));
+    drop(reg);
     if !sv.id.event.is_null() {
         // SAFETY: the id's kept event.
         unsafe { free_event(sv.id.event) };
@@ -1222,7 +1240,7 @@ pub unsafe extern "C" fn __softverbs_rdma_create_qp_ex(id: *mut rdma_cm_id, attr
 /// `id` live; its QP no longer used.
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_destroy_qp(id: *mut rdma_cm_id) {
-    if id.is_null() {
+    if id.is_null() || !is_live(id) {
         return;
     }
     // SAFETY: a live id.
@@ -1593,7 +1611,7 @@ fn port_of(s: &libc::sockaddr_storage) -> u16 {
 /// `id` live.
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
+    if id.is_null() || !is_live(id) {
         return 0;
     }
     // SAFETY: a live id.
@@ -1607,7 +1625,7 @@ pub unsafe extern "C" fn __softverbs_rdma_get_src_port(id: *mut rdma_cm_id) -> u
 /// `id` live.
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
-    if id.is_null() {
+    if id.is_null() || !is_live(id) {
         return 0;
     }
     // SAFETY: a live id.
