@@ -498,7 +498,7 @@ impl Cm {
         let mut st = self.shared.inner.lock();
         match st.devices.get_mut(name) {
             Some(d) => {
-                if (mtu as u32) < (d.mtu as u32) {
+                if mtu.as_raw() < d.mtu.as_raw() {
                     d.mtu = mtu;
                 }
                 true

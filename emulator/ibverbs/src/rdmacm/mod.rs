@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use softverbs::cm::{Cm, CmConfig, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
 use softverbs::soft::SoftDevice;
 use softverbs::subsystem::{soft_plugged, DeviceFactory, HotplugDevice, NamespaceId, Subsystem};
-use softverbs::verbs::{BackendKind, Gid, Mtu, Qp};
+use softverbs::verbs::{BackendKind, Gid, Mtu};
 
 use self::ffi::*;
 use crate::ffi::*;
@@ -1175,8 +1175,7 @@ unsafe fn create_qp(sv: &mut SvId, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) ->
         return fail(e);
     }
     // SAFETY: a QP this library just made.
-    let handle = Qp::from_ops(unsafe { SvQp::from_ibv(qp) }.h.ops().clone());
-    if let Err(e) = sv.cm.attach_qp(handle) {
+    if let Err(e) = sv.cm.attach_qp(&unsafe { SvQp::from_ibv(qp) }.h) {
         // SAFETY: just made, unused.
         unsafe { __softverbs_ibv_destroy_qp(qp) };
         destroy_cqs(sv);
