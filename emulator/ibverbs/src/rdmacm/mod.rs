@@ -304,8 +304,19 @@ fn port_space(ps: c_int) -> Result<PortSpace, c_int> {
 }
 
 /// Brings the C view of an id up to date with the connection manager's:
-/// its device (`verbs`, `pd`), addresses, GIDs and path record.
+/// its device (`verbs`, `pd`), addresses, GIDs and path record, and its
+/// QP's `state` field (the connection manager moves the QP; libibverbs'
+/// `ibv_modify_qp` keeps that field as librdmacm's moves do).
 fn refresh(sv: &mut SvId) {
+    if !sv.id.qp.is_null() {
+        // SAFETY: the id's QP, made by this library and alive while the
+        // id has it.
+        let q = unsafe { SvQp::from_ibv(sv.id.qp) };
+        if let Ok(a) = q.h.query() {
+            // SAFETY: as above; the C struct is the application's view.
+            unsafe { (*sv.id.qp).state = a.qp_state.as_raw() };
+        }
+    }
     if sv.id.verbs.is_null() && sv.cm.device().is_some() {
         if let Ok(g) = global() {
             sv.id.verbs = g.ctx as *mut ibv_context;
@@ -1183,6 +1194,7 @@ unsafe fn create_qp(sv: &mut SvId, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) ->
     }
     a.cap = attr.cap;
     sv.id.qp = qp;
+    refresh(sv);
     sv.id.pd = pd;
     if sv.id.send_cq.is_null() {
         sv.id.send_cq = attr.send_cq;
