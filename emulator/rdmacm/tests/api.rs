@@ -309,6 +309,28 @@ fn rdma_cm_through_the_dynamic_linker() {
         // A destroyed id is refused, not read.
         assert_eq!(listen(l, 1), -1);
         assert_eq!(errno(), libc::EINVAL);
+
+        // Hot unplug of the device: an id on it gets DEVICE_REMOVAL, and
+        // destroying it afterwards succeeds.
+        let mut r = null_mut();
+        assert_eq!(create_id(ch, &mut r, null_mut(), RDMA_PS_TCP), 0);
+        assert_eq!(
+            resolve_addr(r, null_mut(), &mut la as *mut _ as *mut libc::sockaddr, 2000),
+            0
+        );
+        assert_eq!(ack(next(get, ch, RDMA_CM_EVENT_ADDR_RESOLVED)), 0);
+        let remove: unsafe extern "C" fn(*const c_char) -> c_int = {
+            let n = CString::new("softverbs_remove_device").unwrap();
+            let p = libc::dlsym(verbs.0, n.as_ptr());
+            assert!(!p.is_null());
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> c_int>(p)
+        };
+        let name = CStr::from_ptr((*(*(*r).verbs).device).name.as_ptr()).to_owned();
+        assert_eq!(remove(name.as_ptr()), 0);
+        let e = next(get, ch, RDMA_CM_EVENT_DEVICE_REMOVAL);
+        assert_eq!((*e).id, r);
+        assert_eq!(ack(e), 0);
+        assert_eq!(destroy_id(r), 0);
         destroy_channel(ch);
 
         // rdma_getaddrinfo: a numeric destination and a passive wildcard.

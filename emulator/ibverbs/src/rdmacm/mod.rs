@@ -106,55 +106,70 @@ struct Global {
     mtu: u8,
 }
 
+/// The connection manager, made at the first `rdma_*` call that needs it.
+static GLOBAL: OnceLock<Result<Global, c_int>> = OnceLock::new();
+
+/// Tells the connection manager that the library's device `name` was
+/// hot-unplugged (`softverbs_remove_device`): each id on it gets
+/// `RDMA_CM_EVENT_DEVICE_REMOVAL` once, and its QP is flushed. Nothing to
+/// do if no `rdma_*` call has made the connection manager.
+pub(crate) fn device_removed(name: &str) {
+    if let Some(Ok(g)) = GLOBAL.get() {
+        let _ =
+            g.cm.subsystem()
+                .remove_device_within(name, std::time::Duration::from_secs(1));
+    }
+}
+
 fn global() -> Result<&'static Global, c_int> {
-    static G: OnceLock<Result<Global, c_int>> = OnceLock::new();
-    G.get_or_init(|| {
-        let d = *crate::state::present_devices().first().ok_or(libc::ENODEV)?;
-        let sub = Arc::new(Subsystem::new(Default::default()));
-        let factory = Arc::new(Existing {
-            name: d.soft.name().to_string(),
-            dev: Mutex::new(Some(d.soft.clone())),
-        });
-        sub.add_device(factory, NamespaceId::INIT).map_err(|e| e.errno())?;
-        let cm = Cm::new(
-            sub,
-            CmConfig {
-                consumer: "librdmacm".into(),
-                ..CmConfig::default()
-            },
-        )
-        .map_err(|e| e.errno())?;
-        if let Some(cap) = d.mtu_cap {
-            // The device's interface carries smaller packets than the
-            // soft port reports: paths through it use what fits.
-            let mtu = match cap {
-                1 => Mtu::Mtu256,
-                2 => Mtu::Mtu512,
-                3 => Mtu::Mtu1024,
-                4 => Mtu::Mtu2048,
-                _ => Mtu::Mtu4096,
-            };
-            cm.limit_mtu(d.soft.name(), mtu);
-        }
-        // SAFETY: `d.dev` is a device of this library (never freed).
-        let ctx = unsafe { __softverbs_ibv_open_device(&d.dev as *const ibv_device as *mut ibv_device) };
-        if ctx.is_null() {
-            return Err(errno());
-        }
-        // SAFETY: the context just opened.
-        let pd = unsafe { __softverbs_ibv_alloc_pd(ctx) };
-        if pd.is_null() {
-            return Err(errno());
-        }
-        Ok(Global {
-            cm,
-            ctx: ctx as usize,
-            pd: pd as usize,
-            mtu: d.mtu_cap.unwrap_or(5).min(5) as u8,
+    GLOBAL
+        .get_or_init(|| {
+            let d = *crate::state::present_devices().first().ok_or(libc::ENODEV)?;
+            let sub = Arc::new(Subsystem::new(Default::default()));
+            let factory = Arc::new(Existing {
+                name: d.soft.name().to_string(),
+                dev: Mutex::new(Some(d.soft.clone())),
+            });
+            sub.add_device(factory, NamespaceId::INIT).map_err(|e| e.errno())?;
+            let cm = Cm::new(
+                sub,
+                CmConfig {
+                    consumer: "librdmacm".into(),
+                    ..CmConfig::default()
+                },
+            )
+            .map_err(|e| e.errno())?;
+            if let Some(cap) = d.mtu_cap {
+                // The device's interface carries smaller packets than the
+                // soft port reports: paths through it use what fits.
+                let mtu = match cap {
+                    1 => Mtu::Mtu256,
+                    2 => Mtu::Mtu512,
+                    3 => Mtu::Mtu1024,
+                    4 => Mtu::Mtu2048,
+                    _ => Mtu::Mtu4096,
+                };
+                cm.limit_mtu(d.soft.name(), mtu);
+            }
+            // SAFETY: `d.dev` is a device of this library (never freed).
+            let ctx = unsafe { __softverbs_ibv_open_device(&d.dev as *const ibv_device as *mut ibv_device) };
+            if ctx.is_null() {
+                return Err(errno());
+            }
+            // SAFETY: the context just opened.
+            let pd = unsafe { __softverbs_ibv_alloc_pd(ctx) };
+            if pd.is_null() {
+                return Err(errno());
+            }
+            Ok(Global {
+                cm,
+                ctx: ctx as usize,
+                pd: pd as usize,
+                mtu: d.mtu_cap.unwrap_or(5).min(5) as u8,
+            })
         })
-    })
-    .as_ref()
-    .map_err(|&e| e)
+        .as_ref()
+        .map_err(|&e| e)
 }
 
 fn errno() -> c_int {
