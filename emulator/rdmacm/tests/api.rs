@@ -149,9 +149,9 @@ fn rdma_cm_through_the_dynamic_linker() {
     let create_cq: CreateCq = verbs.sym("ibv_create_cq", "IBVERBS_1.1");
     let reg_mr: RegMr = verbs.sym("ibv_reg_mr", "IBVERBS_1.1");
 
-    // SAFETY (whole test): every call below is a C entry point called
-    // with the arguments its rdma_cma.h / verbs.h declaration requires;
-    // the objects passed are live ones this test made.
+    // SAFETY: every call below is a C entry point called with the
+    // arguments its rdma_cma.h / verbs.h declaration requires; the objects
+    // passed are live ones this test made.
     unsafe {
         assert_eq!(
             CStr::from_ptr(event_str(RDMA_CM_EVENT_ESTABLISHED)).to_str(),
