@@ -243,6 +243,10 @@ fn lookup(key: u64) -> *mut SvId {
     ids().by_key.get(&key).map_or(null_mut(), |&p| p as *mut SvId)
 }
 
+/// Held (shared) while an event is turned into the application's, and
+/// (exclusive) while an id is freed.
+static TRANSLATING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// Whether `p` is an id of this library not yet destroyed.
 fn is_live(p: *mut rdma_cm_id) -> bool {
     ids().live.contains(&(p as usize))
@@ -517,6 +521,10 @@ fn next_event(ch: &SvChan, nonblock: bool) -> Result<*mut SvEvent, c_int> {
                 Err(e) => return Err(e.errno()),
             }
         };
+        // The ids an event names stay alive while it is translated: a
+        // thread destroying an id (another thread's rdma_destroy_id while
+        // this one reads its events, as rping does) waits for that.
+        let _alive = TRANSLATING.read().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = translate(ev) {
             return Ok(p);
         }
@@ -716,6 +724,7 @@ unsafe fn create_id(channel: *mut SvChan, context: *mut c_void, ps: c_int, qp_ty
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     let sv = id_or!(id);
+    let _free = TRANSLATING.write().unwrap_or_else(|p| p.into_inner());
     let mut reg = ids();
     reg.by_key.remove(&sv.cm.id());
     reg.live.remove(&(id as usize));
