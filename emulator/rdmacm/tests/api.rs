@@ -332,6 +332,11 @@ fn rdma_cm_through_the_dynamic_linker() {
         assert_eq!(ack(e), 0);
         assert_eq!(destroy_id(r), 0);
         destroy_channel(ch);
+        // A destroyed channel is refused, and destroying it again is
+        // harmless (perftest's error path does it).
+        assert_eq!(get(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        destroy_channel(ch);
 
         // rdma_getaddrinfo: a numeric destination and a passive wildcard.
         let mut res = null_mut();

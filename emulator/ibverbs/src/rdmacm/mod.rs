@@ -602,14 +602,32 @@ fn app_fd(fd: c_int) -> Result<c_int, c_int> {
     Ok(ep)
 }
 
+/// The channels alive (addresses), so that a channel the application
+/// already destroyed is refused (`EINVAL`; destroying it again does
+/// nothing) instead of being read or freed twice.
+fn chans() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
+    static CHANS: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
+    CHANS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `ch` is a channel of this library not yet destroyed.
+fn chan_live(ch: *mut rdma_event_channel) -> bool {
+    chans().contains(&(ch as usize))
+}
+
 fn make_chan() -> Result<*mut SvChan, c_int> {
     global()?;
     let ev = EventChannel::new().map_err(|e| e.errno())?;
     let fd = app_fd(std::os::fd::AsRawFd::as_raw_fd(&ev))?;
-    Ok(into_raw(SvChan {
+    let p = into_raw(SvChan {
         ch: rdma_event_channel { fd },
         ev,
-    }))
+    });
+    chans().insert(p as usize);
+    Ok(p)
 }
 
 /// Frees a channel made by [`make_chan`].
@@ -618,6 +636,9 @@ fn make_chan() -> Result<*mut SvChan, c_int> {
 ///
 /// `ch` from `make_chan`, no longer used.
 unsafe fn free_chan(ch: *mut SvChan) {
+    if !chans().remove(&(ch as usize)) {
+        return; // destroyed already
+    }
     // SAFETY: the caller's promise.
     let fd = unsafe { (*ch).ch.fd };
     // SAFETY: our epoll descriptor.
@@ -650,7 +671,8 @@ pub extern "C" fn __softverbs_rdma_create_event_channel() -> *mut rdma_event_cha
 ///
 /// # Safety
 ///
-/// `channel` NULL or a channel of this library with no ids left.
+/// `channel` NULL or a channel of this library with no ids left (one
+/// already destroyed is ignored).
 #[no_mangle]
 pub unsafe extern "C" fn __softverbs_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     if !channel.is_null() {
@@ -692,6 +714,9 @@ pub unsafe extern "C" fn __softverbs_rdma_create_id(
 unsafe fn create_id(channel: *mut SvChan, context: *mut c_void, ps: c_int, qp_type: c_int) -> Result<*mut SvId, c_int> {
     let g = global()?;
     let space = port_space(ps)?;
+    if !channel.is_null() && !chan_live(channel as *mut rdma_event_channel) {
+        return Err(libc::EINVAL);
+    }
     let (chan, own) = if channel.is_null() {
         let c = make_chan()?;
         (c, c)
@@ -983,7 +1008,7 @@ pub unsafe extern "C" fn __softverbs_rdma_get_cm_event(
     channel: *mut rdma_event_channel,
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
-    if channel.is_null() || event.is_null() {
+    if channel.is_null() || event.is_null() || !chan_live(channel) {
         return fail(libc::EINVAL);
     }
     // SAFETY: a live channel of this library.
@@ -1054,8 +1079,10 @@ pub unsafe extern "C" fn __softverbs_rdma_migrate_id(id: *mut rdma_cm_id, channe
             Ok(c) => (c, c),
             Err(e) => return fail(e),
         }
-    } else {
+    } else if chan_live(channel) {
         (channel as *mut SvChan, null_mut())
+    } else {
+        return fail(libc::EINVAL);
     };
     // SAFETY: live channel.
     if let Err(e) = sv.cm.migrate(unsafe { &(*chan).ev }) {
