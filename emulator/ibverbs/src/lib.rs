@@ -70,6 +70,16 @@
 //! pairs go to the error state, and `ibv_close_device` and the destroy
 //! verbs still succeed.
 //!
+//! # rdma_cm
+//!
+//! The library also implements librdmacm's `rdma_*` calls (module
+//! [`rdmacm`], over the soft provider's connection manager), exported as
+//! `__softverbs_rdma_*`; the drop-in `librdmacm.so.1` of crate
+//! `softverbs-rdmacm` gives them their rdma-core names and versions
+//! (`mklibdir.sh` links it too). rdma_cm resolves IP addresses to GIDs, so
+//! give each process its own address on port 4791
+//! (`SOFTVERBS_ADDR=127.0.7.1 SOFTVERBS_PORT=4791`).
+//!
 //! # What is not supported
 //!
 //! Verbs the soft provider cannot honour return `EOPNOTSUPP` (or `NULL`
@@ -107,6 +117,7 @@ mod data;
 mod ex;
 pub mod ffi;
 mod objects;
+pub mod rdmacm;
 mod state;
 mod verbs;
 

@@ -458,6 +458,7 @@ fn remove(d: &'static SvDevice) -> bool {
     }
     d.stop.store(true, Ordering::Release);
     d.soft.unplug();
+    crate::rdmacm::device_removed(d.soft.name());
     true
 }
 
