@@ -72,6 +72,7 @@
 //! # Ok::<(), softverbs::verbs::Error>(())
 //! ```
 
+mod cb;
 mod cq;
 mod future;
 mod poll;
@@ -86,4 +87,4 @@ pub use poll::{CqPool, CqWorker};
 pub use pool::{MrPool, PoolKind, PooledMr};
 pub use qp::{QpStats, SqBudget, SqReservation, UlpPostError, UlpQp, UlpQpInit};
 pub use rw::{Exposed, RegMode, RwCaps, RwDir, RwOptions, RwPosted};
-pub use wr::{Callback, LocalBuf, Sgl, UlpOp, UlpWr};
+pub use wr::{Callback, Chain, LocalBuf, Sgl, UlpOp, UlpWr};
