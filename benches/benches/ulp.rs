@@ -8,17 +8,21 @@
 //! for a fast pass).
 //!
 //! Counting mode, for instruction counts on a loaded machine (wall clock
-//! is noise there): with `ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>` in the
-//! environment the binary sets the pair up, runs `n` 8-byte operations of
-//! that arm (`ulpchain`: the layer with the chain given as a `Vec`;
-//! `ulpvec`: the scatter list as a `Vec` too) and exits, without
-//! criterion. Run it under callgrind at two values of `n`:
-//! the difference of the totals divided by the difference of the `n`s is
-//! the instructions of one operation, setup excluded.
+//! is noise there): with `ULP_COUNT=<arm>:<n>[:<bytes>]` in the
+//! environment the binary sets the pair up, runs `n` operations of that
+//! arm (8 bytes unless given, at most 64 KiB) and exits, without
+//! criterion. Arms: `raw`; `ulp` (one `UlpWr` over one buffer, no `Vec`);
+//! `ulpchain` (the WR in a `Vec`); `ulpvec` (the scatter list in a `Vec`
+//! too). Run it under callgrind at two values of `n` and take the
+//! inclusive cost of the arm's function (`Pair::raw`, `Pair::ulp`, ...):
+//! the difference over the difference of the `n`s is one operation, setup
+//! excluded.
 //!
 //! ```text
 //! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
-//! ULP_COUNT=ulp:20000 valgrind --tool=callgrind --callgrind-out-file=/dev/null <binary>
+//! ULP_COUNT=ulp:2000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.2000 <binary>
+//! ULP_COUNT=ulp:12000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.12000 <binary>
+//! callgrind_annotate --inclusive=yes cg.ulp.12000 | grep 'Pair::ulp '
 //! ```
 
 // criterion_group!/criterion_main! generate undocumented functions.
@@ -240,15 +244,19 @@ criterion_group!(benches, ulp);
 
 fn main() {
     if let Ok(spec) = std::env::var("ULP_COUNT") {
-        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>");
-        let n: u64 = n.parse().expect("a count");
+        let mut it = spec.split(':');
+        let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>[:<bytes>]";
+        let arm = it.next().expect(usage);
+        let n: u64 = it.next().and_then(|n| n.parse().ok()).expect(usage);
+        let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
+        assert!(len <= 64 << 10, "{usage}: at most 64 KiB");
         let mut p = Pair::new();
         for _ in 0..n {
             match arm {
-                "raw" => p.raw(8),
-                "ulp" => p.ulp(8),
-                "ulpchain" => p.ulp_chain(8),
-                "ulpvec" => p.ulp_vec(8),
+                "raw" => p.raw(len),
+                "ulp" => p.ulp(len),
+                "ulpchain" => p.ulp_chain(len),
+                "ulpvec" => p.ulp_vec(len),
                 _ => panic!("ULP_COUNT arm is raw, ulp, ulpchain or ulpvec"),
             }
         }

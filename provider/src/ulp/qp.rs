@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::cb::Cb;
 use super::cq::{CqShared, UlpCq};
 use super::pool::PooledMr;
-use super::wr::{Callback, Chain, Sgl, UlpWr};
+use super::wr::{Callback, Chain, Kept, Sgl, UlpWr};
 use crate::verbs::{
     verr, Context, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
     SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -324,9 +324,9 @@ impl Req {
     /// buffer, only its MR; of anything else, the WRs.
     fn keep(&mut self, chain: Chain) {
         match chain.into_one() {
-            Ok(w) if self.mr.is_none() => match w.into_keep() {
-                Ok(mr) => self.mr = mr,
-                Err(w) => self.rare().keep.push(w),
+            Ok(w) if self.mr.is_none() => match w.into_kept() {
+                Kept::Mr(mr) => self.mr = mr,
+                Kept::Whole(w) => self.rare().keep.push(w),
             },
             Ok(w) => self.rare().keep.push(w),
             Err(v) => self.rare().keep.extend(v),

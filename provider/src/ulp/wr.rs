@@ -106,6 +106,14 @@ impl LocalBuf {
     }
 }
 
+/// What a posted WR keeps alive ([`UlpWr::into_kept`]).
+pub(crate) enum Kept {
+    /// At most one MR.
+    Mr(Option<Arc<Mr>>),
+    /// The WR itself.
+    Whole(UlpWr),
+}
+
 /// The operation of a work request posted through the layer (the
 /// application-visible subset of [`SendOp`]; registration and invalidation
 /// WRs are built by the layer itself).
@@ -339,17 +347,17 @@ impl UlpWr {
         }
     }
 
-    /// What the WR must keep alive once posted, if that is at most one
-    /// MR (an operation over one buffer, or over inline data, which was
-    /// copied): `Ok` with it; else the WR back.
-    pub(crate) fn into_keep(self) -> std::result::Result<Option<Arc<Mr>>, UlpWr> {
+    /// What the WR must keep alive once posted: at most one MR (an
+    /// operation over one buffer, or over inline data, which was copied),
+    /// or the whole WR.
+    pub(crate) fn into_kept(self) -> Kept {
         if !matches!(self.kind, WrKind::Op(_)) || self.frmr.is_some() {
-            return Err(self);
+            return Kept::Whole(self);
         }
         match self.sgl.0 {
-            SglRepr::One(b) => Ok(Some(b.mr)),
-            SglRepr::Many(mut v) if v.len() <= 1 => Ok(v.pop().map(|b| b.mr)),
-            sgl => Err(UlpWr { sgl: Sgl(sgl), ..self }),
+            SglRepr::One(b) => Kept::Mr(Some(b.mr)),
+            SglRepr::Many(mut v) if v.len() <= 1 => Kept::Mr(v.pop().map(|b| b.mr)),
+            sgl => Kept::Whole(UlpWr { sgl: Sgl(sgl), ..self }),
         }
     }
 
