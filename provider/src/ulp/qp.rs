@@ -1375,4 +1375,36 @@ mod tests {
         );
         assert_eq!((t.stats.silent, t.stats.synthesized, t.sq_used), (1, 1, 0));
     }
+
+    /// A request of several WRs completes once, with the first error of
+    /// any of them (not the flush of its last WR that followed it).
+    #[test]
+    fn a_chain_completes_once_with_its_first_error() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Track::new(16, 16);
+        let l = log.clone();
+        let mut req = Req::new(
+            Some(Cb::new(move |wc: &WorkCompletion| l.lock().unwrap().push(wc.status))),
+            true,
+        );
+        req.remaining = 3;
+        let i = t.alloc_req(req);
+        for seq in 0..3 {
+            t.sq.push_back(Entry { seq, req: i, rd: false });
+            t.sq_used += 1;
+        }
+        let wc = |seq: u64, status| WorkCompletion {
+            wr_id: seq,
+            status,
+            qp_num: 7,
+            ..WorkCompletion::default()
+        };
+        let mut out = Vec::new();
+        assert!(t.retire(false, &wc(1, WcStatus::RemAccessErr), 7, &mut out));
+        assert!(out.is_empty(), "the request has a WR left");
+        assert!(t.retire(false, &wc(2, WcStatus::WrFlushErr), 7, &mut out));
+        let calls: u32 = out.drain(..).map(|d| u32::from(d.run())).sum();
+        assert_eq!((calls, log.lock().unwrap().clone()), (1, vec![WcStatus::RemAccessErr]));
+        assert!(t.reqs[i as usize].is_none() && t.sq_used == 0);
+    }
 }
