@@ -49,8 +49,8 @@
 //!   and the list of finished requests (the polling thread's) are
 //!   reused. Chains of several WRs, several buffers, registrations,
 //!   pooled MRs and the first error of a multi-WR request go to a part of
-//!   the request that is allocated only for them. A request is small (its
-//!   moves into its slot and out to the poller are a few words).
+//!   the request that is allocated only for them. A request is a few
+//!   dozen bytes (it moves into its slot and out to the poller).
 //! - **Callbacks run outside every lock**, after the poll has retired all
 //!   it read: a callback may post, poll or close.
 //!
