@@ -8,16 +8,21 @@
 //! for a fast pass).
 //!
 //! Counting mode, for instruction counts on a loaded machine (wall clock
-//! is noise there): with `ULP_COUNT=<raw|ulp|ulpvec>:<n>` in the environment the
-//! binary sets the pair up, runs `n` 8-byte operations of that arm (or of
-//! `ulpvec`: the layer with the scatter list as a `Vec`) and
-//! exits, without criterion. Run it under callgrind at two values of `n`:
-//! the difference of the totals divided by the difference of the `n`s is
-//! the instructions of one operation, setup excluded.
+//! is noise there): with `ULP_COUNT=<arm>:<n>[:<bytes>]` in the
+//! environment the binary sets the pair up, runs `n` operations of that
+//! arm (8 bytes unless given, at most 64 KiB) and exits, without
+//! criterion. Arms: `raw`; `ulp` (one `UlpWr` over one buffer, no `Vec`);
+//! `ulpchain` (the WR in a `Vec`); `ulpvec` (the scatter list in a `Vec`
+//! too). Run it under callgrind at two values of `n` and take the
+//! inclusive cost of the arm's function (`Pair::raw`, `Pair::ulp`, ...):
+//! the difference over the difference of the `n`s is one operation, setup
+//! excluded.
 //!
 //! ```text
 //! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
-//! ULP_COUNT=ulp:20000 valgrind --tool=callgrind --callgrind-out-file=/dev/null <binary>
+//! ULP_COUNT=ulp:2000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.2000 <binary>
+//! ULP_COUNT=ulp:12000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.12000 <binary>
+//! callgrind_annotate --inclusive=yes cg.ulp.12000 | grep 'Pair::ulp '
 //! ```
 
 // criterion_group!/criterion_main! generate undocumented functions.
@@ -27,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, Criterion, Throughput};
-use softverbs::ulp::{LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
+use softverbs::ulp::{Chain, LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 
 struct End {
@@ -181,17 +186,25 @@ impl Pair {
         }
     }
 
-    /// The same through the layer: one WR over one buffer (kept inline
-    /// by the layer), posted with a callback, polled until the callback
-    /// ran.
+    /// The same through the layer: one WR over one buffer, both kept
+    /// inline by the layer (no `Vec`), posted with a callback (stored
+    /// inline), polled until the callback ran.
     #[inline(never)]
     fn ulp(&mut self, len: u32) {
+        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
+        self.post_and_poll(wr);
+    }
+
+    /// As [`Pair::ulp`], with the chain given as a `Vec` of one WR (one
+    /// allocation).
+    #[inline(never)]
+    fn ulp_chain(&mut self, len: u32) {
         let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
         self.post_and_poll(vec![wr]);
     }
 
-    /// As [`Pair::ulp`], with the scatter list given as a `Vec` (one more
-    /// allocation).
+    /// As [`Pair::ulp_chain`], with the scatter list given as a `Vec` too
+    /// (two allocations).
     #[inline(never)]
     fn ulp_vec(&mut self, len: u32) {
         let wr = UlpWr::write(vec![LocalBuf::new(&self.src, 0, len).unwrap()], self.dst.remote(0));
@@ -199,7 +212,7 @@ impl Pair {
     }
 
     #[inline(always)]
-    fn post_and_poll(&mut self, chain: Vec<UlpWr>) {
+    fn post_and_poll(&mut self, chain: impl Into<Chain>) {
         let want = self.done.load(Ordering::Relaxed) + 1;
         let d = self.done.clone();
         self.a
@@ -231,15 +244,20 @@ criterion_group!(benches, ulp);
 
 fn main() {
     if let Ok(spec) = std::env::var("ULP_COUNT") {
-        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp|ulpvec>:<n>");
-        let n: u64 = n.parse().expect("a count");
+        let mut it = spec.split(':');
+        let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>[:<bytes>]";
+        let arm = it.next().expect(usage);
+        let n: u64 = it.next().and_then(|n| n.parse().ok()).expect(usage);
+        let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
+        assert!(len <= 64 << 10, "{usage}: at most 64 KiB");
         let mut p = Pair::new();
         for _ in 0..n {
             match arm {
-                "raw" => p.raw(8),
-                "ulp" => p.ulp(8),
-                "ulpvec" => p.ulp_vec(8),
-                _ => panic!("ULP_COUNT arm is raw, ulp or ulpvec"),
+                "raw" => p.raw(len),
+                "ulp" => p.ulp(len),
+                "ulpchain" => p.ulp_chain(len),
+                "ulpvec" => p.ulp_vec(len),
+                _ => panic!("ULP_COUNT arm is raw, ulp, ulpchain or ulpvec"),
             }
         }
         return;

@@ -7,12 +7,16 @@
 //! 1 MiB, `QD` in flight, on the two embedded in-process soft devices.
 //! The same program over raw verbs is `ulp_blockstore_raw.rs`.
 //!
-//! `cargo run --release -p softverbs --example ulp_blockstore -- 2000`
+//! `cargo run --release -p softverbs --example ulp_blockstore -- 2000 [--shm] [--size <bytes>]`
+//! (`--shm`: two devices on 127.0.0.1 over the shared-memory link;
+//! `--size`: every I/O of that size)
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
+use softverbs::soft::link::{shm::ShmMode, udp::UdpConfig};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::ulp::*;
 use softverbs::verbs::*;
 
@@ -23,8 +27,18 @@ const CMD: u32 = 32;
 
 #[allow(dead_code)] // the test includes this file and calls `run`
 fn main() -> Result<()> {
-    let ios = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (n, bytes, secs) = run(ios)?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ios = args.first().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let size = args
+        .iter()
+        .position(|a| a == "--size")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
+    let devs = if args.iter().any(|a| a == "--shm") {
+        shm_pair()?
+    } else {
+        softverbs::soft::embedded_default()?
+    };
+    let (n, bytes, secs) = run(&devs, ios, size)?;
     println!(
         "{n} I/Os, {:.1} MiB in {secs:.3} s: {:.0} IOPS, {:.1} MiB/s (data checked)",
         bytes as f64 / 1048576.0,
@@ -32,6 +46,19 @@ fn main() -> Result<()> {
         bytes as f64 / 1048576.0 / secs
     );
     Ok(())
+}
+
+/// Two devices on 127.0.0.1 whose traffic goes through shared-memory
+/// rings (UDP carries only the rendezvous).
+#[allow(dead_code)]
+pub(crate) fn shm_pair() -> Result<Vec<Arc<SoftDevice>>> {
+    let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = |k| format!("blk{}_{pair}_{k}", std::process::id());
+    (0..2)
+        .map(|k| SoftDevice::create(SoftDeviceConfig::udp_shm(&name(k), UdpConfig::new(lo), ShmMode::Only)?))
+        .collect()
 }
 
 enum Ev {
@@ -74,9 +101,9 @@ fn side(ctx: &Context) -> Result<Side> {
     Ok(Side { pd, cq, qp, msgs })
 }
 
-/// Runs `ios` I/Os; returns (I/Os, bytes, seconds).
-pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
-    let devs = softverbs::soft::embedded_default()?;
+/// Runs `ios` I/Os (of `size` bytes, or 4 KiB to 1 MiB at random) between
+/// the first two of `devs`; returns (I/Os, bytes, seconds).
+pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> Result<(usize, u64, f64)> {
     let (cctx, tctx) = (devs[0].open()?, devs[1].open()?);
     let (ini, tgt) = (side(&cctx)?, side(&tctx)?);
     connect(&ini.qp, &tgt.qp, tctx.query_gid(1, 0)?)?;
@@ -99,7 +126,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
     let (mut started, mut done, mut bytes) = (0, 0, 0u64);
     let start = Instant::now();
     for (k, slot) in slots.iter_mut().enumerate().take(ios.min(QD)) {
-        *slot = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng)?);
+        *slot = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng, size)?);
         started += 1;
     }
     while done < ios {
@@ -133,7 +160,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
                     bytes += io.len as u64;
                     done += 1;
                     if started < ios {
-                        slots[k] = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng)?);
+                        slots[k] = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng, size)?);
                         started += 1;
                     }
                 }
@@ -174,6 +201,7 @@ fn submit(
     tag: usize,
     model: &mut [u8],
     rng: &mut u64,
+    size: Option<usize>,
 ) -> Result<(Io, Option<Exposed>)> {
     let mut next = || {
         *rng ^= *rng << 13;
@@ -181,8 +209,8 @@ fn submit(
         *rng ^= *rng << 17;
         *rng
     };
-    let len = PAGE_SIZE << (next() % 9); // 4 KiB .. 1 MiB
-                                         // Each slot has its own MiB of the store: I/Os in flight never overlap.
+    let len = size.unwrap_or(PAGE_SIZE << (next() % 9)); // 4 KiB .. 1 MiB
+                                                         // Each slot has its own MiB of the store: I/Os in flight never overlap.
     let off = tag * MAX_IO + (next() as usize % ((MAX_IO - len) / PAGE_SIZE + 1)) * PAGE_SIZE;
     let write = next() % 2 == 0;
     if write {
