@@ -114,7 +114,8 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
                     tgt.qp.post(vec![UlpWr::send_inline(&reply)], check)?;
                 }
                 Ev::Reply(k) => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD as usize, 4)?.try_into().unwrap()) as usize;
+                    let tag =
+                        u32::from_le_bytes(ini.msgs.to_vec(k as u64 * u64::from(CMD), 4)?.try_into().unwrap()) as usize;
                     post_msg_recv(&ini, k, &tx, Ev::Reply)?;
                     let ex = slots[tag].as_mut().and_then(|s| s.1.take()).expect("I/O in flight");
                     ini.qp.invalidate(ex, to(&tx, move |_| Ev::Invalidated(tag)))?;
@@ -212,7 +213,7 @@ fn submit(
 
 /// The target's side of one command: move the data, then answer.
 fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
-    let cmd = t.msgs.to_vec(k * CMD as usize, CMD as usize)?;
+    let cmd = t.msgs.to_vec(k as u64 * u64::from(CMD), CMD as usize)?;
     post_msg_recv(t, k, tx, Ev::Command)?;
     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());

@@ -129,7 +129,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_CMD_RECV => {
-                    let cmd = tgt.msgs.to_vec(k * CMD, CMD)?;
+                    let cmd = tgt.msgs.to_vec((k * CMD) as u64, CMD)?;
                     post_recv(&tgt, K_CMD_RECV, k)?;
                     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
                     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
@@ -159,7 +159,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_REPLY_RECV => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD, 4)?.try_into().unwrap()) as usize;
+                    let tag = u32::from_le_bytes(ini.msgs.to_vec((k * CMD) as u64, 4)?.try_into().unwrap()) as usize;
                     post_recv(&ini, K_REPLY_RECV, k)?;
                     let key = slots[tag].as_ref().expect("I/O in flight").1;
                     let wr = SendWr::new(id(K_INV, tag), SendOp::LocalInv { key }, &[]).flags(SendFlags::SIGNALED);

@@ -132,7 +132,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn read(mr: &Mr, off: usize, len: usize) -> Vec<u8> {
+fn read(mr: &Mr, off: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     mr.read(off, &mut v).unwrap();
     v
@@ -201,7 +201,7 @@ fn large_writes_and_sends_travel_as_trains_and_land_exactly() {
     scattered.extend(read(&b.mr, 1_700_000, sent.len() - 110_000));
     assert_eq!(scattered, sent);
     assert_eq!(
-        read(&b.mr, 1_700_000 + sent.len() - 110_000, 8),
+        read(&b.mr, 1_700_000 + sent.len() as u64 - 110_000, 8),
         [0; 8],
         "nothing past the message"
     );

@@ -482,12 +482,8 @@ impl Side {
     /// Out of the buffer (a bug).
     pub fn clear_markers(&self, i: usize, size: u64) -> Result<(), PerfError> {
         let last = size.max(1) - 1;
-        self.mr
-            .write((self.send_off(i) + last) as usize, &[0])
-            .ctx("clear marker")?;
-        self.mr
-            .write((self.recv_off(i) + last) as usize, &[0])
-            .ctx("clear marker")
+        self.mr.write(self.send_off(i) + last, &[0]).ctx("clear marker")?;
+        self.mr.write(self.recv_off(i) + last, &[0]).ctx("clear marker")
     }
 
     /// Polls `cq` into `wc`; with a completion channel (`-e`) and nothing

@@ -853,7 +853,7 @@ impl Resources {
             let len = args.size as usize;
             let ok = (0..len).all(|i| {
                 let mut b = [0u8];
-                self.mr.read(i, &mut b).is_ok() && b[0] == pattern(i)
+                self.mr.read(i as u64, &mut b).is_ok() && b[0] == pattern(i)
             });
             write!(out, "{stats}")?;
             writeln!(out, "data {}", if ok { "verified" } else { "CORRUPT" })?;

@@ -391,10 +391,12 @@ pub struct WorkCompletion {
 }
 
 impl Default for WorkCompletion {
+    /// An empty slot to poll into: status [`WcStatus::GeneralErr`], so an
+    /// entry that no poll filled never reads as a success.
     fn default() -> Self {
         WorkCompletion {
             wr_id: 0,
-            status: WcStatus::Success,
+            status: WcStatus::GeneralErr,
             opcode: WcOpcode::Send,
             vendor_err: 0,
             byte_len: 0,
@@ -424,5 +426,17 @@ impl WorkCompletion {
     /// Whether the status is success.
     pub fn is_success(&self) -> bool {
         self.status == WcStatus::Success
+    }
+}
+
+#[cfg(test)]
+mod wc_default_tests {
+    use super::*;
+
+    #[test]
+    fn an_unfilled_completion_is_not_a_success() {
+        let wc = WorkCompletion::default();
+        assert!(!wc.is_success());
+        assert_eq!(wc.status, WcStatus::GeneralErr);
     }
 }
