@@ -52,6 +52,7 @@
 
 pub mod attr;
 pub mod backend;
+pub mod connect;
 pub mod error;
 pub mod handle;
 pub mod memory;
@@ -63,6 +64,7 @@ use std::sync::Arc;
 
 pub use attr::*;
 pub use backend::{AsyncElement, AsyncEvent, BackendKind, Provider};
+pub use connect::{random_psn, Connect, Endpoint, EndpointParseError, RemoteBuffer, DEFAULT_QKEY};
 pub(crate) use error::verr;
 pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub use handle::*;
