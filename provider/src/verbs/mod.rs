@@ -54,6 +54,7 @@ pub mod attr;
 pub mod backend;
 pub mod connect;
 pub mod error;
+pub mod exchange;
 pub mod handle;
 pub mod memory;
 pub mod qp_state;
