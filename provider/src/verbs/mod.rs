@@ -40,9 +40,14 @@
 //! # Examples
 //!
 //! ```
-//! use softverbs::verbs::{self, BackendKind};
-//! // Every device of every backend compiled in (the soft provider always).
-//! for dev in verbs::devices(None)? {
+//! use softverbs::verbs;
+//! // Soft devices exist once created: here the in-process pair.
+//! softverbs::soft::embedded_default()?;
+//! // Every device of every backend compiled in (hardware ones with the
+//! // `hardware` feature).
+//! let devs = verbs::devices(None)?;
+//! assert!(devs.len() >= 2);
+//! for dev in devs {
 //!     let ctx = dev.open()?;
 //!     let attr = ctx.query_device()?;
 //!     println!("{} ({}): {} ports", dev.name(), dev.backend(), attr.phys_port_cnt);
