@@ -221,6 +221,18 @@ impl std::error::Error for PostError {
     }
 }
 
+/// Shorthand constructors used by backends.
+macro_rules! verr {
+    ($verb:ident, $kind:ident, $($fmt:tt)+) => {
+        $crate::verbs::Error::new(
+            $crate::verbs::Verb::$verb,
+            $crate::verbs::ErrorKind::$kind,
+            format!($($fmt)+),
+        )
+    };
+}
+pub(crate) use verr;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,15 +250,3 @@ mod tests {
         assert_eq!(f().unwrap_err(), reason);
     }
 }
-
-/// Shorthand constructors used by backends.
-macro_rules! verr {
-    ($verb:ident, $kind:ident, $($fmt:tt)+) => {
-        $crate::verbs::Error::new(
-            $crate::verbs::Verb::$verb,
-            $crate::verbs::ErrorKind::$kind,
-            format!($($fmt)+),
-        )
-    };
-}
-pub(crate) use verr;
