@@ -106,10 +106,11 @@ impl RemoteBuffer {
 ///
 /// One line of `key=value` pairs, in this order (the buffer's three only
 /// with a buffer), numbers in decimal or `0x` hex, the GID as an IP
-/// address:
+/// address (IPv4 for an IPv4-mapped GID; parsing takes either form or the
+/// eight-group GID form):
 ///
 /// ```text
-/// qpn=0x000011 psn=0x2a3b4c gid=::ffff:127.0.0.1 gid_index=0 port=1 lid=0 mtu=1024 qkey=0x11111111 addr=0x7f0000001000 rkey=0x00000102 len=4096
+/// qpn=0x000011 psn=0x2a3b4c gid=127.0.0.1 gid_index=0 port=1 lid=0 mtu=1024 qkey=0x11111111 addr=0x7f0000001000 rkey=0x00000102 len=4096
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
@@ -725,6 +726,19 @@ mod tests {
         ] {
             assert!(junk.parse::<Endpoint>().is_err(), "{junk}");
         }
+    }
+
+    #[test]
+    fn the_documented_text_parses() {
+        let t = "qpn=0x000011 psn=0x2a3b4c gid=127.0.0.1 gid_index=0 port=1 lid=0 mtu=1024 qkey=0x11111111 addr=0x7f0000001000 rkey=0x00000102 len=4096";
+        let e: Endpoint = t.parse().unwrap();
+        assert_eq!(
+            (e.qpn, e.psn, e.mtu, e.buffer.unwrap().len),
+            (0x11, 0x2a_3b4c, Mtu::Mtu1024, 4096)
+        );
+        assert_eq!(e.to_string(), t);
+        let mapped = t.replace("gid=127.0.0.1", "gid=0000:0000:0000:0000:0000:ffff:7f00:0001");
+        assert_eq!(mapped.parse::<Endpoint>().unwrap(), e);
     }
 
     #[test]
