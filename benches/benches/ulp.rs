@@ -36,13 +36,12 @@ use softverbs::ulp::{Chain, LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 
 struct End {
-    _ctx: Context,
+    ctx: Context,
     pd: Pd,
     raw_cq: Cq,
     raw_qp: Qp,
     cq: UlpCq,
     qp: UlpQp,
-    gid: Gid,
 }
 
 fn end(ctx: Context) -> End {
@@ -72,62 +71,26 @@ fn end(ctx: Context) -> End {
         ..UlpQpInit::default()
     };
     let qp = UlpQp::create(&pd, &cq, &cq, &init).unwrap();
-    let gid = ctx.query_gid(1, 0).unwrap();
     End {
-        _ctx: ctx,
+        ctx,
         pd,
         raw_cq,
         raw_qp,
         cq,
         qp,
-        gid,
     }
 }
 
-fn connect(qp: &Qp, dest_qpn: u32, gid: Gid) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = dest_qpn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rts;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+/// `qp` of `ctx` to RTS towards `peer` of `peer_ctx` (PSNs 0, MTU 4096, one
+/// READ each way).
+fn connect(ctx: &Context, qp: &Qp, peer_ctx: &Context, peer: &Qp) {
+    let local = Endpoint::local(ctx, qp, 1, 0).unwrap().with_psn(0);
+    let remote = Endpoint::local(peer_ctx, peer, 1, 0).unwrap().with_psn(0);
+    let opts = Connect::new().mtu(Mtu::Mtu4096).min_rnr_timer(1);
+    opts.max_rd_atomic(1)
+        .max_dest_rd_atomic(1)
+        .apply(ctx, qp, &local, Some(&remote))
+        .unwrap();
 }
 
 /// Both ends connected twice (raw and through the layer), and the
@@ -146,10 +109,10 @@ impl Pair {
         let devs = softverbs::soft::embedded_default().unwrap();
         let a = end(devs[0].open().unwrap());
         let b = end(devs[1].open().unwrap());
-        connect(&a.raw_qp, b.raw_qp.qp_num(), b.gid);
-        connect(&b.raw_qp, a.raw_qp.qp_num(), a.gid);
-        connect(a.qp.qp(), b.qp.qp_num(), b.gid);
-        connect(b.qp.qp(), a.qp.qp_num(), a.gid);
+        connect(&a.ctx, &a.raw_qp, &b.ctx, &b.raw_qp);
+        connect(&b.ctx, &b.raw_qp, &a.ctx, &a.raw_qp);
+        connect(&a.ctx, a.qp.qp(), &b.ctx, b.qp.qp());
+        connect(&b.ctx, b.qp.qp(), &a.ctx, a.qp.qp());
         let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
         let dst =
             b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)

@@ -141,7 +141,8 @@ pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> 
                     tgt.qp.post(vec![UlpWr::send_inline(&reply)], check)?;
                 }
                 Ev::Reply(k) => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD as usize, 4)?.try_into().unwrap()) as usize;
+                    let tag =
+                        u32::from_le_bytes(ini.msgs.to_vec(k as u64 * u64::from(CMD), 4)?.try_into().unwrap()) as usize;
                     post_msg_recv(&ini, k, &tx, Ev::Reply)?;
                     let ex = slots[tag].as_mut().and_then(|s| s.1.take()).expect("I/O in flight");
                     ini.qp.invalidate(ex, to(&tx, move |_| Ev::Invalidated(tag)))?;
@@ -240,7 +241,7 @@ fn submit(
 
 /// The target's side of one command: move the data, then answer.
 fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
-    let cmd = t.msgs.to_vec(k * CMD as usize, CMD as usize)?;
+    let cmd = t.msgs.to_vec(k as u64 * u64::from(CMD), CMD as usize)?;
     post_msg_recv(t, k, tx, Ev::Command)?;
     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
@@ -262,30 +263,28 @@ fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
     Ok(())
 }
 
+/// RESET->RTS through the layer's `modify`, which records the READ depth
+/// set at RTS.
 fn connect(qp: &UlpQp, peer: &UlpQp, gid: Gid) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = peer.qp_num();
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    let m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN;
-    qp.modify(
-        &a,
-        m | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic) = (14, 7, 7, 16);
-    let m = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT;
-    qp.modify(&a, m | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC)
+    let init = QpModify::new()
+        .with_state(QpState::Init)
+        .with_pkey_index(0)
+        .with_port_num(1);
+    let rtr = QpModify::new()
+        .with_state(QpState::Rtr)
+        .with_path_mtu(Mtu::Mtu4096)
+        .with_rq_psn(0);
+    let rtr = rtr
+        .with_dest_qp_num(peer.qp_num())
+        .with_ah_attr(AhAttr::roce(gid, 0, 1));
+    let rts = QpModify::new().with_state(QpState::Rts).with_sq_psn(0).with_timeout(14);
+    let rts = rts.with_retry_cnt(7).with_rnr_retry(7).with_max_rd_atomic(16);
+    for m in [
+        init.with_access_flags(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
+        rtr.with_max_dest_rd_atomic(16).with_min_rnr_timer(1),
+        rts,
+    ] {
+        qp.modify(&m.attr, m.mask)?;
+    }
+    Ok(())
 }

@@ -123,8 +123,13 @@ struct Io {
 pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> Result<(usize, u64, f64)> {
     let (cctx, tctx) = (devs[0].open()?, devs[1].open()?);
     let (ini, tgt) = (side(&cctx)?, side(&tctx)?);
-    connect(&ini.qp, tgt.qp.qp_num(), tctx.query_gid(1, 0)?)?;
-    connect(&tgt.qp, ini.qp.qp_num(), cctx.query_gid(1, 0)?)?;
+    let (ei, et) = (
+        Endpoint::local(&cctx, &ini.qp, 1, 0)?,
+        Endpoint::local(&tctx, &tgt.qp, 1, 0)?,
+    );
+    let opts = Connect::new().min_rnr_timer(1);
+    opts.apply(&cctx, &ini.qp, &ei, Some(&et))?;
+    opts.apply(&tctx, &tgt.qp, &et, Some(&ei))?;
     let store = tgt.pd.alloc_mr(STORE, AccessFlags::LOCAL_WRITE)?;
     for k in 0..QD {
         post_recv(&tgt, K_CMD_RECV, k)?;
@@ -155,7 +160,7 @@ pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> 
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_CMD_RECV => {
-                    let cmd = tgt.msgs.to_vec(k * CMD, CMD)?;
+                    let cmd = tgt.msgs.to_vec((k * CMD) as u64, CMD)?;
                     post_recv(&tgt, K_CMD_RECV, k)?;
                     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
                     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
@@ -185,7 +190,7 @@ pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> 
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_REPLY_RECV => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD, 4)?.try_into().unwrap()) as usize;
+                    let tag = u32::from_le_bytes(ini.msgs.to_vec((k * CMD) as u64, 4)?.try_into().unwrap()) as usize;
                     post_recv(&ini, K_REPLY_RECV, k)?;
                     let key = slots[tag].as_ref().expect("I/O in flight").1;
                     let wr = SendWr::new(id(K_INV, tag), SendOp::LocalInv { key }, &[]).flags(SendFlags::SIGNALED);
@@ -270,32 +275,4 @@ fn submit(
     let send = SendWr::new(id(K_CMD, tag), SendOp::Send, &inline).flags(SendFlags::SIGNALED | SendFlags::INLINE);
     s.qp.post_send(&[reg, send]).map_err(|e| e.error)?;
     Ok((Io { write, off, len }, key))
-}
-
-fn connect(qp: &Qp, dest: u32, gid: Gid) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    let m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN;
-    qp.modify(
-        &a,
-        m | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic) = (14, 7, 7, 16);
-    let m = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT;
-    qp.modify(&a, m | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC)
 }

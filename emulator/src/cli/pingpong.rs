@@ -55,12 +55,11 @@ use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::ShmMode;
 use softverbs::soft::link::udp::{GsoMode, UdpConfig, UdpPort};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 use softverbs::verbs::{
-    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Error, Gid, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, CompChannel, Connect, Context, Cq, Device, Endpoint, Error, Gid, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr,
+    QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
-
-use softverbs_benches::perftest::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 
 use super::{eprintln_safe, stats, CliError, Env};
 
@@ -666,64 +665,48 @@ impl Resources {
             .map_err(|e| fail(format!("ibv_post_recv: {}", e.error)))
     }
 
-    fn to_init(&self) -> Result<(), CliError> {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        };
-        self.qp
-            .modify(
-                &init,
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-            )
+    /// This side as the peer sees it.
+    fn endpoint(&self, args: &Args, mtu: Mtu) -> Endpoint {
+        Endpoint {
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            gid: self.gid,
+            gid_index: args.gid_index,
+            port: 1,
+            lid: 0,
+            mtu,
+            qkey: 0,
+            buffer: None,
+        }
+    }
+
+    /// ibv_rc_pingpong's attributes: remote write only, one READ each way,
+    /// RNR timer 12, `--qp-timeout`.
+    fn opts(args: &Args, mtu: Mtu) -> Connect {
+        Connect::new()
+            .access(AccessFlags::REMOTE_WRITE)
+            .mtu(mtu)
+            .timeout(args.qp_timeout)
+            .max_rd_atomic(1)
+            .max_dest_rd_atomic(1)
+    }
+
+    /// RESET->INIT, so receives can be posted before the exchange.
+    fn to_init(&self, args: &Args, mtu: Mtu) -> Result<(), CliError> {
+        Self::opts(args, mtu)
+            .init(&self._ctx, &self.qp, &self.endpoint(args, mtu))
             .map_err(verbs_fail("modify QP to INIT"))
     }
 
     fn connect(&self, args: &Args, mtu: Mtu, remote: &Dest) -> Result<(), CliError> {
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            ah_attr: AhAttr::roce(remote.gid, args.gid_index, 1),
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
+        let peer = Endpoint {
+            qpn: remote.qpn,
+            psn: remote.psn,
+            gid: remote.gid,
+            ..self.endpoint(args, mtu)
         };
-        self.qp
-            .modify(
-                &rtr,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .map_err(verbs_fail("modify QP to RTR"))?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: self.psn,
-            timeout: args.qp_timeout,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        self.qp
-            .modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
+        Self::opts(args, mtu)
+            .apply(&self._ctx, &self.qp, &self.endpoint(args, mtu), Some(&peer))
             .map_err(verbs_fail("modify QP to RTS"))
     }
 
@@ -737,7 +720,7 @@ impl Resources {
         first: Option<Dest>,
         out: &mut dyn Write,
     ) -> Result<(), CliError> {
-        self.to_init()?;
+        self.to_init(args, mtu)?;
         if args.op == Op::Send {
             for _ in 0..args.rx_depth {
                 self.post_recv(args.size)?;
@@ -973,7 +956,7 @@ impl Resources {
             let len = args.size as usize;
             let ok = (0..len).all(|i| {
                 let mut b = [0u8];
-                self.mr.read(i, &mut b).is_ok() && b[0] == pattern(i)
+                self.mr.read(i as u64, &mut b).is_ok() && b[0] == pattern(i)
             });
             write!(out, "{stats}")?;
             writeln!(out, "data {}", if ok { "verified" } else { "CORRUPT" })?;
