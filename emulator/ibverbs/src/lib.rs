@@ -108,6 +108,7 @@ mod data;
 mod ex;
 pub mod ffi;
 mod objects;
+mod progress;
 mod state;
 mod verbs;
 
