@@ -235,41 +235,55 @@ fn cpu_times() -> (Duration, Duration) {
 }
 
 /// Follows the application threads from the progress thread's wake-ups:
-/// how much CPU time they have had since they last polled a CQ. A thread
-/// polling CQs (which reads the link) moves the poll count whenever it
-/// runs; one that spins on memory, or computes, runs without moving it.
+/// whether they read the link by polling CQs. A thread polling CQs moves
+/// the poll count about once a microsecond (or faster) for as long as it
+/// runs; one that spins on memory or computes runs without moving it, or
+/// moves it now and then (perftest's `ib_write_lat` polls its send CQ
+/// until the completion, then spins on memory until the peer's WRITE).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Watch {
+    /// The poll count at the previous wake-up.
     polls: u64,
-    /// CPU time of the other threads when the poll count last moved.
+    /// The other threads' CPU time at the previous wake-up.
+    others: Duration,
+    /// The other threads' CPU time when the poll count last moved.
     at_poll: Duration,
 }
 
 impl Watch {
     /// Records the poll count and the other threads' CPU time `others`
-    /// (monotonic) at a wake-up; returns their CPU time since the poll
-    /// count last moved (zero when it moved since the previous wake-up).
-    pub(crate) fn update(&mut self, polls: u64, others: Duration) -> Duration {
-        if polls != self.polls {
-            self.polls = polls;
+    /// (monotonic) at a wake-up, and judges data found then (`found`):
+    /// nobody reads it if the other threads ran [`RAN`] or more without
+    /// polling, or polled less than once per [`POLL_SPAN`] of the CPU
+    /// time they had since the previous wake-up; an application thread
+    /// does if it polled since; else (the other threads did not run)
+    /// there is no sign either way.
+    pub(crate) fn update(&mut self, polls: u64, others: Duration, found: bool) -> Seen {
+        let moves = polls.wrapping_sub(self.polls);
+        let ran = others.saturating_sub(self.others);
+        if moves != 0 {
             self.at_poll = others;
         }
-        others.saturating_sub(self.at_poll)
-    }
-
-    /// What data found at a wake-up says about the application, given
-    /// [`Watch::update`]'s result `since_poll` and whether an
-    /// application thread polled (`polling`) just now.
-    pub(crate) fn judge(since_poll: Duration, polling: bool) -> Seen {
-        if since_poll >= RAN {
+        self.polls = polls;
+        self.others = others;
+        if !found {
+            return Seen::Nothing;
+        }
+        let since_poll = others.saturating_sub(self.at_poll);
+        let sparse = ran >= RAN && (POLL_SPAN.as_nanos() as u64).saturating_mul(moves) < ran.as_nanos() as u64;
+        if since_poll >= RAN || sparse {
             Seen::Unattended
-        } else if polling {
+        } else if moves != 0 {
             Seen::Attended
         } else {
             Seen::Unknown
         }
     }
 }
+
+/// An application thread that polls CQs less often than once per this
+/// much of its CPU time does not read the link as fast as data comes.
+pub(crate) const POLL_SPAN: Duration = Duration::from_micros(2);
 
 /// The other threads of the process (the application's) have had this
 /// much CPU time without polling a CQ: they are not polling.
@@ -332,16 +346,14 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
             // announcement (it read the link), and nobody read it since.
             wake = Wake::Pending;
         }
-        let polls = POLLS.load(Ordering::Relaxed);
-        let moved = polls != watch.polls;
-        let since_poll = watch.update(polls, others_cpu());
-        let seen = match wake {
-            Wake::Timeout => Seen::Nothing,
-            // On this thread's only core the application cannot run (and
-            // take the data) until this thread sleeps again; on another
-            // core it may be polling right now.
-            Wake::Pending | Wake::Readable => Watch::judge(since_poll, moved || (!alone && polls_elsewhere())),
-        };
+        // On this thread's only core the application cannot run (and
+        // take the data) until this thread sleeps again; on another core it
+        // may be polling right now.
+        let found = wake != Wake::Timeout;
+        let mut seen = watch.update(POLLS.load(Ordering::Relaxed), others_cpu(), found);
+        if found && seen != Seen::Unattended && !alone && polls_elsewhere() {
+            seen = Seen::Attended;
+        }
         // Driven on timeouts too: the engine's timers. Data is left only
         // to an application thread polling on another core.
         if alone || seen != Seen::Attended {
@@ -522,31 +534,37 @@ mod tests {
         // perftest's ib_write_lat: polls its send CQ, then spins on memory.
         let mut w = Watch::default();
         let us = Duration::from_micros;
-        // It polled since the last wake-up: no sign of neglect yet.
-        let s = w.update(100, us(1000));
-        assert_eq!(Watch::judge(s, true), Seen::Attended);
+        w.update(0, us(0), false);
+        // It polled densely since the last wake-up: attended.
+        assert_eq!(w.update(100, us(50), true), Seen::Attended);
         // Then ran 40 µs without polling: whatever waits is stranded.
-        let s = w.update(100, us(1040));
-        assert_eq!(s, us(40));
-        assert_eq!(Watch::judge(s, false), Seen::Unattended);
-        // It polls again: attended again.
-        let s = w.update(101, us(1050));
-        assert_eq!(Watch::judge(s, true), Seen::Attended);
+        assert_eq!(w.update(100, us(90), true), Seen::Unattended);
+        // A wake-up period as long as an iteration: the count moves every
+        // time, but by a few dozen polls per hundreds of microseconds.
+        assert_eq!(w.update(130, us(590), true), Seen::Unattended);
+        assert_eq!(w.update(160, us(1090), true), Seen::Unattended);
+        // Polling densely again: attended again.
+        assert_eq!(w.update(1160, us(1190), true), Seen::Attended);
+        // Timeouts judge nothing (but keep the marks).
+        assert_eq!(w.update(1170, us(1200), false), Seen::Nothing);
     }
 
     #[test]
-    fn a_descheduled_application_is_no_sign() {
-        // A busy-polling application that other processes kept off the
-        // core: it neither polled nor ran since the last wake-up.
+    fn a_descheduled_or_busy_polling_application_is_not_neglect() {
         let mut w = Watch::default();
         let us = Duration::from_micros;
-        w.update(7, us(500));
-        let s = w.update(7, us(502));
-        assert_eq!(Watch::judge(s, false), Seen::Unknown);
-        // A polling application never counts as running without polling.
-        for i in 0..100u64 {
-            let s = w.update(8 + i, us(600 + 300 * i));
-            assert_eq!(Watch::judge(s, true), Seen::Attended);
+        // Other processes kept the application off the core: it neither
+        // polled nor ran since the last wake-up.
+        w.update(7, us(500), false);
+        assert_eq!(w.update(7, us(502), true), Seen::Unknown);
+        // A busy poller: at least one poll per POLL_SPAN of CPU time
+        // (a poll that reads a socket costs about a microsecond).
+        let mut polls = 8;
+        let mut cpu = us(600);
+        for _ in 0..100u64 {
+            polls += 300;
+            cpu += us(300);
+            assert_eq!(w.update(polls, cpu, true), Seen::Attended);
         }
     }
 
