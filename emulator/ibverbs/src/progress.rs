@@ -22,13 +22,16 @@
 //! sleeping until this thread wakes and announces itself again, and a
 //! datagram arriving meanwhile waits for that wake-up. So the timeout is
 //! short while traffic goes unattended (data this thread found waiting, or
-//! was woken for, that no application thread took), and doubles on every
-//! wake-up that finds nothing or finds the application reading, up to
-//! 1 ms while traffic is recent and 20 ms when idle: a busy-polling
-//! application is left alone (about one wake-up per millisecond), an
-//! application that stops calling verbs is served within tens of
-//! microseconds.
+//! was woken for, that the application threads, although they ran, did
+//! not read: [`Watch`]), and doubles on every other wake-up, up to 1 ms
+//! while traffic is recent and 20 ms when idle; and while the application
+//! lately left data unread, an `ibv_poll_cq` that returns completions
+//! announces this thread as sleeping again ([`rearm`]), so that the next
+//! datagram rings the doorbell at once. A busy-polling application is
+//! left alone (about one wake-up per millisecond); one that stops calling
+//! verbs after a completion is served within tens of microseconds.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -187,7 +190,7 @@ pub(crate) enum Seen {
 
 /// Sleeps in `ppoll(2)` on `fds` for at most `timeout`; true if one
 /// became readable.
-fn wait(fds: &[RawFdPoll], timeout: Duration) -> bool {
+fn wait(fds: &[RawFd], timeout: Duration) -> bool {
     let mut pfds: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -205,8 +208,6 @@ fn wait(fds: &[RawFdPoll], timeout: Duration) -> bool {
     let n = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, &ts, std::ptr::null()) };
     n > 0
 }
-
-type RawFdPoll = std::os::fd::RawFd;
 
 /// Whether the calling thread may run on one CPU only: then the
 /// application threads of this process (which inherited the same
