@@ -351,13 +351,23 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
         // take the data) until this thread sleeps again; on another core it
         // may be polling right now.
         let found = wake != Wake::Timeout;
-        let mut seen = watch.update(POLLS.load(Ordering::Relaxed), others_cpu(), found);
+        let polls = POLLS.load(Ordering::Relaxed);
+        let polled = polls != watch.polls;
+        let mut seen = watch.update(polls, others_cpu(), found);
         if found && seen != Seen::Unattended && !alone && polls_elsewhere() {
             seen = Seen::Attended;
         }
-        // Driven on timeouts too: the engine's timers. Data is left only
-        // to an application thread polling on another core.
-        if alone || seen != Seen::Attended {
+        // Driven on timeouts too, for the engine's timers, unless an
+        // application thread polled CQs since the last wake-up (its polls
+        // run them; driving would only contend for the engine's lock with
+        // a busy-polling thread). Data is left only to an application
+        // thread polling on another core.
+        let drive = match seen {
+            Seen::Nothing => !polled,
+            Seen::Attended => alone,
+            Seen::Unattended | Seen::Unknown => true,
+        };
+        if drive {
             shared.drive();
         }
         let now = start.elapsed();
