@@ -542,18 +542,23 @@ impl DeviceShared {
     /// until the link has nothing more (up to `DRIVE_TURNS` (64) batches), so
     /// that an edge-triggered poller (mio, `EPOLLET`), which reports a
     /// readable socket once, may call it once per readiness event.
-    pub fn drive(self: &Arc<Self>) {
+    /// Returns how many datagrams it read (a poller adapting its pace to
+    /// the traffic uses it).
+    pub fn drive(self: &Arc<Self>) -> usize {
         self.link.woken();
         if let Some(w) = self.watch.get() {
             // The verbs below re-arm it for the next deadline.
             w.reset();
         }
+        let mut total = 0;
         for _ in 0..DRIVE_TURNS {
             let ((), received) = self.run_verb(true, |_, _| (), |_| false, true);
+            total += received;
             if received == 0 {
                 break;
             }
         }
+        total
     }
 
     /// What an application's poller must watch, besides an object's own
