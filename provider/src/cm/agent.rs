@@ -156,10 +156,13 @@ pub(crate) struct Id {
     pub(crate) removed: bool,
     /// The application destroyed it; it lingers for time-wait only.
     pub(crate) destroyed: bool,
+    /// On a hardware device: the librdmacm id that does the work.
+    #[cfg(feature = "hardware")]
+    pub(crate) hw: Option<Arc<super::hw::HwId>>,
 }
 
 impl Id {
-    fn new(ns: WeakNamespace, chan: Arc<ChannelInner>, ps: PortSpace, context: u64) -> Id {
+    pub(crate) fn new(ns: WeakNamespace, chan: Arc<ChannelInner>, ps: PortSpace, context: u64) -> Id {
         Id {
             context,
             chan,
@@ -188,6 +191,8 @@ impl Id {
             tid: 0,
             removed: false,
             destroyed: false,
+            #[cfg(feature = "hardware")]
+            hw: None,
         }
     }
 }
@@ -203,6 +208,9 @@ pub(crate) struct State {
     pub(crate) counters: CmCounters,
     /// A MAD the fault injector holds back (reordering).
     pub(crate) delayed: Option<Out>,
+    /// The subsystem's hardware devices (their ids run on librdmacm).
+    #[cfg(feature = "hardware")]
+    pub(crate) hw_devices: HashMap<String, DeviceRef>,
 }
 
 impl State {
@@ -347,6 +355,9 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     /// The handles' owner, for the new ids of connection requests.
     pub(crate) owner: OnceLock<Weak<Shared>>,
+    /// librdmacm's event channel and thread, once an id needed them.
+    #[cfg(feature = "hardware")]
+    pub(crate) hw: Mutex<Option<Arc<super::hw::HwCm>>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -459,11 +470,15 @@ impl Shared {
                 next_port: EPHEMERAL_FIRST + (seed % 20000) as u16,
                 counters: CmCounters::default(),
                 delayed: None,
+                #[cfg(feature = "hardware")]
+                hw_devices: HashMap::new(),
             }),
             inbox: Inbox::default(),
             wake,
             stop: AtomicBool::new(false),
             owner: OnceLock::new(),
+            #[cfg(feature = "hardware")]
+            hw: Mutex::new(None),
         });
         let hook = sub.add_cm_hook(Arc::new(Hook(Arc::downgrade(&inner))));
         let client = match sub.register_client(
@@ -543,7 +558,13 @@ impl Inner {
     }
 
     fn add_device(self: &Arc<Self>, d: &DeviceRef) {
-        let Some(soft) = d.soft_device() else { return };
+        let Some(soft) = d.soft_device() else {
+            // A hardware device: the kernel's rdma_cm owns its QP1; ids on
+            // it run on librdmacm.
+            #[cfg(feature = "hardware")]
+            self.lock().hw_devices.insert(d.name().to_string(), d.clone());
+            return;
+        };
         let shared = soft.shared().clone();
         let sink = Arc::new(Sink {
             inner: Arc::downgrade(self),
@@ -569,6 +590,10 @@ impl Inner {
     fn remove_device(&self, d: &DeviceRef) {
         let gone = {
             let mut st = self.lock();
+            #[cfg(feature = "hardware")]
+            if st.hw_devices.get(d.name()).is_some_and(|x| x.same_instance(d)) {
+                st.hw_devices.remove(d.name());
+            }
             match st.devices.get(d.name()) {
                 Some(x) if x.dref.same_instance(d) => st.devices.remove(d.name()),
                 _ => None,
@@ -600,7 +625,7 @@ impl Inner {
         drop(contexts);
     }
 
-    fn remove_one(st: &mut State, key: u64) {
+    pub(crate) fn remove_one(st: &mut State, key: u64) {
         let Some(id) = st.ids.get_mut(&key) else { return };
         if id.removed {
             return;

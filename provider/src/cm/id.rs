@@ -55,6 +55,32 @@ impl CmId {
         Ok(())
     }
 
+    /// The id's librdmacm id, if it runs on a hardware device.
+    #[cfg(feature = "hardware")]
+    fn hw(&self) -> Option<Arc<super::hw::HwId>> {
+        self.with(|st, k| Ok(super::hw::hw_of(st, k))).ok().flatten()
+    }
+
+    /// Whether address work for `local` (else `dst`) goes to librdmacm: no
+    /// soft device of the id's namespace has that address and the
+    /// namespace has a hardware device. Soft devices answer first, so a
+    /// subsystem without hardware devices behaves as a soft-only CM.
+    #[cfg(feature = "hardware")]
+    fn goes_to_hw(&self, local: Option<IpAddr>, dst: Option<IpAddr>) -> bool {
+        let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        self.with(|st, k| {
+            let ns = st.ids.get(&k).map_or(NamespaceId::INIT, |i| i.ns.id());
+            if !super::hw::has_hw(st, ns, shared_mode) {
+                return Ok(false);
+            }
+            Ok(match local.or(dst) {
+                Some(ip) => device_with(st, ns, ip, shared_mode).is_none(),
+                None => false,
+            })
+        })
+        .unwrap_or(false)
+    }
+
     /// The id's number (what events call `id`).
     pub fn id(&self) -> u64 {
         self.key
@@ -127,6 +153,17 @@ impl CmId {
     /// namespace has the address.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        #[cfg(feature = "hardware")]
+        if !addr.ip().is_unspecified() && self.goes_to_hw(Some(addr.ip()), None) {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::Idle => Ok(()),
+                    s => Err(bad("bind_addr", s)),
+                }
+            })?;
+            return super::hw::bind_addr(&self.shared.inner, self.key, addr);
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ns, ps) = {
@@ -169,6 +206,23 @@ impl CmId {
     /// ephemeral port is left.
     pub fn resolve_addr(&self, src: Option<IpAddr>, dst: SocketAddr) -> Result<()> {
         let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        #[cfg(feature = "hardware")]
+        {
+            let (state, bound) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                Ok((id.state, id.src.map(|b| b.ip()).filter(|ip| !ip.is_unspecified())))
+            })?;
+            if self.hw().is_some() || self.goes_to_hw(src.or(bound), Some(dst.ip())) {
+                if !matches!(
+                    state,
+                    IdState::Idle | IdState::AddrBound | IdState::AddrResolved | IdState::RouteResolved
+                ) {
+                    return Err(bad("resolve_addr", state));
+                }
+                return super::hw::resolve_addr(&self.shared.inner, self.key, src, dst);
+            }
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ns, ps, bound) = {
@@ -216,6 +270,17 @@ impl CmId {
     /// [`Error::InvalidState`] unless the address is resolved;
     /// [`Error::DeviceRemoved`] if the device went away.
     pub fn resolve_route(&self) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::AddrResolved | IdState::RouteResolved => Ok(()),
+                    s => Err(bad("resolve_route", s)),
+                }
+            })?;
+            return super::hw::resolve_route(&h);
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -260,7 +325,27 @@ impl CmId {
             id.state = IdState::Listen;
             id.backlog = backlog.max(1);
             Ok(())
-        })
+        })?;
+        // On librdmacm too: an id bound to a hardware device's address, or
+        // a wildcard listener in a namespace with hardware devices.
+        #[cfg(feature = "hardware")]
+        {
+            let wildcard = self.local_addr().is_some_and(|a| a.ip().is_unspecified());
+            if self.hw().is_some()
+                || (wildcard && self.goes_to_hw(None, Some(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))))
+            {
+                if let Err(e) = super::hw::listen(&self.shared.inner, self.key, backlog.max(1)) {
+                    let _ = self.with(|st, k| {
+                        if let Some(id) = st.ids.get_mut(&k) {
+                            id.state = IdState::AddrBound;
+                        }
+                        Ok(())
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The verbs context of the id's device, opened once through the
@@ -289,12 +374,11 @@ impl CmId {
                 return Ok(Context::from_ops(c.ops().clone()));
             }
             let (name, gen) = id.dev.clone().ok_or_else(|| bad("verbs", id.state))?;
-            let dev = st
-                .devices
-                .get(&name)
-                .filter(|d| d.dref.generation() == gen)
-                .ok_or(Error::DeviceRemoved)?;
-            let ctx = dev.dref.open(&consumer)?;
+            let dref = st.devices.get(&name).map(|d| &d.dref);
+            #[cfg(feature = "hardware")]
+            let dref = dref.or_else(|| st.hw_devices.get(&name));
+            let dref = dref.filter(|d| d.generation() == gen).ok_or(Error::DeviceRemoved)?;
+            let ctx = dref.open(&consumer)?;
             let out = Context::from_ops(ctx.ops().clone());
             st.ids.get_mut(&k).expect("alive").ctx = Some(ctx);
             Ok(out)
@@ -328,6 +412,15 @@ impl CmId {
             return Err(Error::InvalidArgument("QP type does not fit the port space"));
         }
         let qp = pd.create_qp(init)?;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            super::hw::init_qp(&h, &qp)?;
+            return self.with(|st, k| {
+                let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
+                id.qp = Some(Arc::new(qp));
+                Ok(())
+            });
+        }
         init_qp(&qp)?;
         self.with(|st, k| {
             let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
@@ -363,6 +456,27 @@ impl CmId {
     /// with neither a QP nor `param.qp_num`; [`Error::PrivateDataTooLong`].
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let (ps, qpn) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                if id.state != IdState::RouteResolved {
+                    return Err(bad("connect", id.state));
+                }
+                let max = match id.ps {
+                    PortSpace::Tcp => mad::REQ_PRIVATE - mad::CMA_HDR_LEN,
+                    PortSpace::Udp => mad::SIDR_REQ_PRIVATE - mad::CMA_HDR_LEN,
+                };
+                check_pd(&param.private_data, max)?;
+                let qpn = id.qp.as_ref().map_or(param.qp_num, |q| q.qp_num());
+                if qpn == 0 && id.ps == PortSpace::Tcp {
+                    return Err(bad("connect without a QP or qp_num", id.state));
+                }
+                Ok((id.ps, qpn))
+            })?;
+            return super::hw::connect(&self.shared.inner, self.key, &h, param, qpn, ps == PortSpace::Udp);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ps, src, dst) = {
@@ -462,6 +576,25 @@ impl CmId {
     /// refuses its states (then a REJ goes to the peer).
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let (qp, udp) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                let udp = match id.state {
+                    IdState::ReqRcvd => false,
+                    IdState::SidrReqRcvd => true,
+                    s => return Err(bad("accept", s)),
+                };
+                check_pd(
+                    &param.private_data,
+                    if udp { mad::SIDR_REP_PRIVATE } else { mad::REP_PRIVATE },
+                )?;
+                let qp = id.qp.clone().ok_or_else(|| bad("accept without a QP", id.state))?;
+                Ok((qp, udp))
+            })?;
+            return super::hw::accept(&self.shared.inner, self.key, &h, &qp, param, udp);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -558,6 +691,18 @@ impl CmId {
     /// [`Error::InvalidState`] unless the id came from a request not yet
     /// answered; [`Error::PrivateDataTooLong`].
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::ReqRcvd => check_pd(private_data, mad::REJ_PRIVATE),
+                    IdState::SidrReqRcvd => check_pd(private_data, mad::SIDR_REP_PRIVATE),
+                    s => Err(bad("reject", s)),
+                }
+            })?;
+            return super::hw::reject(&self.shared.inner, self.key, &h, private_data);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -605,6 +750,18 @@ impl CmId {
     /// [`Error::InvalidState`] unless a `ConnectResponse` came; the verbs
     /// error if the QP refuses its states.
     pub fn establish(&self) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let qp = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                if id.state != IdState::RepRcvd {
+                    return Err(bad("establish", id.state));
+                }
+                Ok(id.qp.clone())
+            })?;
+            return super::hw::establish(&self.shared.inner, self.key, &h, qp.as_deref());
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let sgid = st_sgid(&st.devices, &st.ids[&k]);
@@ -632,6 +789,25 @@ impl CmId {
     /// [`Error::InvalidState`] unless the id is connected or connecting.
     pub fn disconnect(&self) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let tcp = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = st.ids.get_mut(&k).expect("alive");
+                match id.state {
+                    IdState::Established | IdState::RepSent | IdState::RepRcvd => {}
+                    s => return Err(bad("disconnect", s)),
+                }
+                if id.ps == PortSpace::Udp {
+                    id.state = IdState::Done;
+                    return Ok(false);
+                }
+                qp_to_err(id);
+                id.state = IdState::DreqSent;
+                Ok(true)
+            })?;
+            return if tcp { super::hw::disconnect(&h) } else { Ok(()) };
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             disconnect_locked(st, k, cfg)
@@ -692,6 +868,22 @@ impl Drop for CmId {
             let k = self.key;
             let Some(id) = st.ids.get_mut(&k) else { return };
             id.destroyed = true;
+            // A librdmacm id (not a listener, which also has soft work
+            // below): the kernel does the DREQ or REJ and the time-wait
+            // when it is destroyed, so nothing lingers here.
+            #[cfg(feature = "hardware")]
+            if id.hw.is_some() && id.state != IdState::Listen {
+                if !id.removed && matches!(id.state, IdState::Established | IdState::RepSent | IdState::RepRcvd) {
+                    qp_to_err(id);
+                }
+                let (h, qp, ctx) = (id.hw.take(), id.qp.take(), id.ctx.take());
+                agent::forget_id(&mut st, k);
+                drop(st);
+                drop(h);
+                drop(qp);
+                drop(ctx);
+                return;
+            }
             let state = id.state;
             let removed = id.removed;
             let mut outs = Vec::new();
@@ -780,9 +972,15 @@ impl Drop for CmId {
             let id = st.ids.get_mut(&k).expect("present");
             let qp = id.qp.take();
             let ctx = id.ctx.take();
+            #[cfg(feature = "hardware")]
+            let hw = id.hw.take();
             if !linger {
                 agent::forget_id(&mut st, k);
             }
+            #[cfg(feature = "hardware")]
+            drop(st);
+            #[cfg(feature = "hardware")]
+            drop(hw);
             (outs, qp, ctx)
         };
         drop(qp);

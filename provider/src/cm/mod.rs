@@ -82,6 +82,10 @@
 
 mod agent;
 mod channel;
+#[cfg(feature = "hardware")]
+mod hw;
+#[cfg_attr(not(feature = "hardware"), allow(dead_code))]
+mod hwmap;
 mod id;
 pub mod mad;
 pub mod socket;
@@ -129,8 +133,9 @@ pub enum Error {
     DeviceRemoved,
     /// The id's namespace was deleted (`ENODEV`).
     NamespaceGone,
-    /// The device has no GSI (a hardware device under this CM): connect
-    /// through librdmacm there (`EOPNOTSUPP`).
+    /// Not possible here (`EOPNOTSUPP`): e.g. a hardware device in a
+    /// build without the `hardware` feature, or a librdmacm that lacks a
+    /// call the hardware backend needs.
     Unsupported(&'static str),
     /// A verb failed.
     Verbs(crate::verbs::Error),
