@@ -1,0 +1,259 @@
+//! The connection manager on hardware devices (feature `hardware`): ids on
+//! librdmacm, over whichever libibverbs and librdmacm are on the library
+//! path (a NIC's rdma-core, or softverbs' own libraries).
+//!
+//! Connects two ids across two hardware devices of the subsystem (or, with
+//! one device, to itself through it), sends data over the connected QPs,
+//! disconnects, and checks every event: kind, namespace, device,
+//! generation, listener, private data. Prints `SKIP: ...` when libibverbs
+//! lists no RDMA device.
+//!
+//! The addresses are the devices' IPv4 GIDs, or `SOFTVERBS_CM_HW_ADDRS`
+//! (`server_ip[,client_ip]`) when set.
+#![cfg(feature = "hardware")]
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use softverbs::cm::*;
+use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
+use softverbs::verbs::{
+    AccessFlags, Cq, Pd, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus,
+    WorkCompletion,
+};
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(30));
+
+fn expect(ch: &EventChannel, kind: CmEventKind) -> CmEvent {
+    let ev = ch
+        .get_event(WAIT)
+        .expect("get_event")
+        .unwrap_or_else(|| panic!("no event, expected {kind:?}"));
+    assert_eq!(ev.kind, kind, "event {ev:?}");
+    ev
+}
+
+fn poll_one(cq: &Cq) -> WorkCompletion {
+    let mut wc = [WorkCompletion::default()];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if cq.poll(&mut wc).expect("poll") == 1 {
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+struct Res {
+    pd: Pd,
+    cq: Cq,
+}
+
+fn with_qp(id: &CmId) -> Res {
+    let ctx = id.verbs().expect("verbs");
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(64, 0, None, 0).expect("cq");
+    id.create_qp(
+        &pd,
+        &QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        },
+    )
+    .expect("create_qp");
+    Res { pd, cq }
+}
+
+/// The first IPv4 address in a device's GID table.
+fn ipv4_of(sub: &Subsystem, name: &str) -> Option<IpAddr> {
+    let ctx = sub.open(name, "cm_hw-test").ok()?;
+    let port = ctx.query_port(1).ok()?;
+    (0..port.gid_tbl_len.min(64) as u32).find_map(|i| {
+        let g = ctx.query_gid(1, i).ok()?;
+        let ip = g.to_ip();
+        (ip.is_ipv4() && !ip.is_unspecified()).then_some(ip)
+    })
+}
+
+/// The subsystem with up to two hardware devices, their names and the
+/// server's and client's addresses; `None` (after a SKIP line) without
+/// devices.
+fn setup(test: &str) -> Option<(Arc<Subsystem>, Vec<String>, IpAddr, IpAddr)> {
+    let devs = match softverbs::hw::provider().devices() {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) => {
+            println!("SKIP {test}: no RDMA device listed");
+            return None;
+        }
+        Err(e) => {
+            println!("SKIP {test}: no RDMA device listed ({e})");
+            return None;
+        }
+    };
+    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+    let mut names = Vec::new();
+    for d in devs.iter().take(2) {
+        let name = d.name().to_string();
+        sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
+            .expect("add hardware device");
+        names.push(name);
+    }
+    let env: Vec<IpAddr> = std::env::var("SOFTVERBS_CM_HW_ADDRS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|a| a.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let server = env
+        .first()
+        .copied()
+        .or_else(|| ipv4_of(&sub, &names[0]))
+        .expect("an IPv4 address on the first device (or SOFTVERBS_CM_HW_ADDRS)");
+    let client = env
+        .get(1)
+        .copied()
+        .or_else(|| names.get(1).and_then(|n| ipv4_of(&sub, n)))
+        .unwrap_or(server);
+    println!(
+        "{test}: devices {names:?}, server {server}, client {client}{}",
+        if client == server { " (one device: loopback)" } else { "" }
+    );
+    Some((sub, names, server, client))
+}
+
+#[test]
+fn hw_connect_send_disconnect() {
+    let Some((sub, names, server_ip, client_ip)) = setup("hw_connect_send_disconnect") else {
+        return;
+    };
+    let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id(&sch, PortSpace::Tcp, 77).unwrap();
+    l.bind_addr(SocketAddr::new(server_ip, 0)).expect("bind on the hardware device");
+    let port = l.local_addr().expect("bound").port();
+    assert_ne!(port, 0, "librdmacm picks a port");
+    l.listen(4).expect("listen");
+    assert_eq!(l.state(), "LISTEN");
+    let dst = SocketAddr::new(server_ip, port);
+
+    let ch = EventChannel::new().unwrap();
+    let c = cm.create_id(&ch, PortSpace::Tcp, 5).unwrap();
+    c.resolve_addr(Some(client_ip), dst).expect("resolve_addr");
+    let ev = expect(&ch, CmEventKind::AddrResolved);
+    assert_eq!(ev.namespace, NamespaceId::INIT);
+    assert_eq!(ev.context, 5);
+    let cdev = ev.device.clone().expect("the event names the device");
+    assert!(names.contains(&cdev), "{cdev} is one of {names:?}");
+    assert_eq!(
+        ev.generation,
+        Some(sub.device(&cdev).unwrap().generation()),
+        "the device's generation"
+    );
+    assert_eq!(c.device().map(|d| d.0), Some(cdev.clone()));
+    c.resolve_route().expect("resolve_route");
+    expect(&ch, CmEventKind::RouteResolved);
+    assert_eq!(c.state(), "ROUTE_RESOLVED");
+
+    let cres = with_qp(&c);
+    assert_eq!(c.qp().unwrap().query().unwrap().qp_state, QpState::Init);
+    c.connect(&ConnParam {
+        private_data: b"hello hw server".to_vec(),
+        ..ConnParam::default()
+    })
+    .expect("connect");
+
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private_data[..15], b"hello hw server");
+    assert_eq!(req.listener, Some(l.id()));
+    assert_eq!(req.context, 77);
+    assert_eq!(req.namespace, NamespaceId::INIT);
+    let sdev = req.device.clone().expect("the request names the device");
+    assert!(names.contains(&sdev));
+    assert_eq!(req.generation, Some(sub.device(&sdev).unwrap().generation()));
+    assert_eq!(req.conn.as_ref().unwrap().qp_num, c.qp().unwrap().qp_num());
+    let s = req.take_id().expect("the new id");
+    assert_eq!(s.state(), "REQ_RCVD");
+    let sres = with_qp(&s);
+    let smr = sres.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    s.qp()
+        .unwrap()
+        .post_recv(&[RecvWr::new(1, &[smr.sge(0, 64).unwrap()])])
+        .unwrap();
+    s.accept(&ConnParam {
+        private_data: b"welcome".to_vec(),
+        ..ConnParam::default()
+    })
+    .expect("accept");
+    assert_eq!(s.qp().unwrap().query().unwrap().qp_state, QpState::Rts);
+
+    let est = expect(&ch, CmEventKind::Established);
+    assert_eq!(&est.private_data[..7], b"welcome");
+    assert_eq!(est.device.as_deref(), Some(cdev.as_str()));
+    assert_eq!(c.qp().unwrap().query().unwrap().qp_state, QpState::Rts);
+    let sest = expect(&sch, CmEventKind::Established);
+    assert_eq!(sest.listener, Some(l.id()));
+    assert_eq!(c.state(), "ESTABLISHED");
+    assert_eq!(s.state(), "ESTABLISHED");
+
+    // The QPs really are connected: a SEND crosses.
+    let cmr = cres.pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    cmr.write(0, b"over librdmacm").unwrap();
+    c.qp()
+        .unwrap()
+        .post_send(&[SendWr::new(2, SendOp::Send, &[cmr.sge(0, 14).unwrap()]).flags(SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(poll_one(&cres.cq).status, WcStatus::Success);
+    let wc = poll_one(&sres.cq);
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(smr.to_vec(0, 14).unwrap(), b"over librdmacm");
+
+    c.disconnect().expect("disconnect");
+    assert_eq!(c.qp().unwrap().query().unwrap().qp_state, QpState::Err);
+    let d = expect(&ch, CmEventKind::Disconnected);
+    assert_eq!(d.device.as_deref(), Some(cdev.as_str()));
+    expect(&sch, CmEventKind::Disconnected);
+    assert_eq!(s.qp().unwrap().query().unwrap().qp_state, QpState::Err);
+    drop((c, s, l, cres, sres));
+    drop(cm);
+}
+
+#[test]
+fn hw_reject_carries_private_data() {
+    let Some((sub, _names, server_ip, client_ip)) = setup("hw_reject_carries_private_data") else {
+        return;
+    };
+    let cm = Cm::new(sub, CmConfig::default()).expect("cm");
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id(&sch, PortSpace::Tcp, 0).unwrap();
+    l.bind_addr(SocketAddr::new(server_ip, 0)).unwrap();
+    l.listen(4).unwrap();
+    let dst = SocketAddr::new(server_ip, l.local_addr().unwrap().port());
+    let ch = EventChannel::new().unwrap();
+    let c = cm.create_id(&ch, PortSpace::Tcp, 0).unwrap();
+    c.resolve_addr(Some(client_ip), dst).unwrap();
+    expect(&ch, CmEventKind::AddrResolved);
+    c.resolve_route().unwrap();
+    expect(&ch, CmEventKind::RouteResolved);
+    let _cres = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    assert!(matches!(
+        s.reject(&[0; 149]),
+        Err(Error::PrivateDataTooLong { len: 149, max: 148 })
+    ));
+    s.reject(b"go away").expect("reject");
+    let rej = expect(&ch, CmEventKind::Rejected);
+    assert_eq!(&rej.private_data[..7], b"go away");
+    assert_eq!(c.state(), "DONE");
+}
