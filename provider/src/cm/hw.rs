@@ -542,6 +542,7 @@ pub(crate) fn bind_addr(inner: &Arc<Inner>, key: u64, addr: SocketAddr) -> Resul
     let h = ensure_hw(inner, key)?;
     h.bind(addr).map_err(|e| match e {
         Error::Io(std::io::ErrorKind::AddrInUse) => Error::AddrInUse(addr),
+        Error::Io(std::io::ErrorKind::AddrNotAvailable) => Error::NoDevice(addr.ip()),
         Error::InvalidArgument(_) if !addr.ip().is_unspecified() => Error::NoDevice(addr.ip()),
         e => e,
     })?;
