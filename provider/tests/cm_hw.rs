@@ -130,7 +130,11 @@ fn setup(test: &str) -> Option<(Arc<Subsystem>, Vec<String>, IpAddr, IpAddr)> {
         .unwrap_or(server);
     println!(
         "{test}: devices {names:?}, server {server}, client {client}{}",
-        if client == server { " (one device: loopback)" } else { "" }
+        if client == server {
+            " (one device: loopback)"
+        } else {
+            ""
+        }
     );
     Some((sub, names, server, client))
 }
@@ -143,7 +147,8 @@ fn hw_connect_send_disconnect() {
     let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
     let sch = EventChannel::new().unwrap();
     let l = cm.create_id(&sch, PortSpace::Tcp, 77).unwrap();
-    l.bind_addr(SocketAddr::new(server_ip, 0)).expect("bind on the hardware device");
+    l.bind_addr(SocketAddr::new(server_ip, 0))
+        .expect("bind on the hardware device");
     let port = l.local_addr().expect("bound").port();
     assert_ne!(port, 0, "librdmacm picks a port");
     l.listen(4).expect("listen");
@@ -272,7 +277,10 @@ fn hw_reject_carries_private_data() {
     assert!(req.device.is_some() && req.generation.is_some());
     let s = req.take_id().unwrap();
     assert_eq!(s.state(), "REQ_RCVD");
-    assert!(matches!(s.accept(&ConnParam::default()), Err(Error::InvalidState { .. })), "no QP to accept with");
+    assert!(
+        matches!(s.accept(&ConnParam::default()), Err(Error::InvalidState { .. })),
+        "no QP to accept with"
+    );
     assert!(matches!(
         s.reject(&[0; 149]),
         Err(Error::PrivateDataTooLong { len: 149, max: 148 })

@@ -867,6 +867,9 @@ fn handle(inner: &Arc<Inner>, raw: RawEvent) {
     let action = hwmap::action(raw.event, id.state, id.qp.is_some(), raw.udp);
     match action {
         Action::Drop => st.counters.rx_dropped += 1,
+        // A wildcard listener is bound to no device and never sees a
+        // device's removal (librdmacm may still report it there).
+        Action::Removal if id.dev.is_none() && id.state == IdState::Listen => st.counters.rx_dropped += 1,
         Action::Removal => super::agent::Inner::remove_one(&mut st, raw.key),
         Action::NewRequest => new_request(inner, st, raw),
         Action::Deliver { kind, next } => {
