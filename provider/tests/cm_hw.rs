@@ -308,3 +308,80 @@ fn hw_reject_carries_private_data() {
     drop((c, c2, s, l));
     assert_eq!(cm.id_count(), 0, "hardware ids do not linger: {:?}", cm.id_states());
 }
+
+/// Whether the librdmacm on the path can move an id's QP (see
+/// [`hw_connect_send_disconnect`]): a QP on an id resolved to `dst`.
+fn qp_moves(cm: &Cm, client_ip: IpAddr, dst: SocketAddr) -> bool {
+    let ch = EventChannel::new().unwrap();
+    let id = cm.create_id(&ch, PortSpace::Tcp, 0).unwrap();
+    id.resolve_addr(Some(client_ip), dst).expect("resolve_addr");
+    expect(&ch, CmEventKind::AddrResolved);
+    id.resolve_route().expect("resolve_route");
+    expect(&ch, CmEventKind::RouteResolved);
+    match try_qp(&id) {
+        Ok(_) => true,
+        Err(Error::Unsupported("rdma_init_qp_attr")) => false,
+        Err(e) => panic!("create_qp: {e}"),
+    }
+}
+
+/// The sockets-like API over hardware ids: a wildcard listener (soft and
+/// librdmacm), connect, a SEND, close; the server sees one
+/// `Disconnected` after its other receive is flushed.
+#[test]
+fn hw_listener_and_connection() {
+    let Some((sub, _names, server_ip, client_ip)) = setup("hw_listener_and_connection") else {
+        return;
+    };
+    let cm = Cm::new(sub, CmConfig::default()).expect("cm");
+    let l = Listener::bind(&cm, NamespaceId::INIT, "0.0.0.0:0".parse().unwrap(), 4).expect("wildcard listener");
+    let dst = SocketAddr::new(server_ip, l.local_addr().unwrap().port());
+    if !qp_moves(&cm, client_ip, dst) {
+        println!("SKIP hw_listener_and_connection (after the wildcard listen on librdmacm passed): the librdmacm on the library path does not implement rdma_init_qp_attr");
+        return;
+    }
+    let t = std::thread::spawn(move || l.accept(&ConnOptions::default(), WAIT).unwrap().expect("a connection"));
+    let c = Connection::connect(
+        &cm,
+        NamespaceId::INIT,
+        Some(client_ip),
+        dst,
+        &ConnOptions::default(),
+        WAIT,
+    )
+    .expect("connect");
+    let s = t.join().unwrap();
+    assert!(s.device().is_some() && c.device().is_some());
+    let spd = s.pd().unwrap();
+    let smr = spd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    s.post_recv(&[RecvWr::new(10, &[smr.sge(0, 64).unwrap()])]).unwrap();
+    s.post_recv(&[RecvWr::new(11, &[smr.sge(0, 64).unwrap()])]).unwrap();
+    let cpd = c.pd().unwrap();
+    let cmr = cpd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+    cmr.write(0, b"sock").unwrap();
+    c.post_send(&[SendWr::new(1, SendOp::Send, &[cmr.sge(0, 4).unwrap()])])
+        .unwrap();
+    let mut wc = [WorkCompletion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = 0;
+    while seen == 0 {
+        seen = s.poll(&mut wc).unwrap();
+        let _ = c.poll(&mut [WorkCompletion::default(); 4]);
+        assert!(Instant::now() < deadline, "no receive");
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
+    assert_eq!(smr.to_vec(0, 4).unwrap(), b"sock");
+    drop((cmr, cpd));
+    c.close();
+    let mut got = Vec::new();
+    let end = loop {
+        match s.poll(&mut wc) {
+            Ok(n) => got.extend(wc[..n].iter().map(|w| (w.wr_id, w.status))),
+            Err(e) => break e,
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(30), "no end: {got:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(got, vec![(11, WcStatus::WrFlushErr)]);
+    assert_eq!(end, ConnectionError::Disconnected);
+}
