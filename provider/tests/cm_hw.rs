@@ -84,7 +84,7 @@ fn with_qp(id: &CmId) -> Res {
 fn ipv4_of(sub: &Subsystem, name: &str) -> Option<IpAddr> {
     let ctx = sub.open(name, "cm_hw-test").ok()?;
     let port = ctx.query_port(1).ok()?;
-    (0..port.gid_tbl_len.min(64) as u32).find_map(|i| {
+    (0..port.gid_tbl_len.min(64)).find_map(|i| {
         let g = ctx.query_gid(1, i).ok()?;
         let ip = g.to_ip();
         (ip.is_ipv4() && !ip.is_unspecified()).then_some(ip)
