@@ -242,8 +242,8 @@ impl HwId {
         )
     }
 
-    fn resolve_addr(&self, src: Option<IpAddr>, dst: SocketAddr, timeout_ms: i32) -> Result<()> {
-        let mut s = src.map(|ip| to_sockaddr(SocketAddr::new(ip, 0)).0);
+    fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout_ms: i32) -> Result<()> {
+        let mut s = src.map(|a| to_sockaddr(a).0);
         let (mut d, _) = to_sockaddr(dst);
         let sp = s
             .as_mut()
@@ -559,21 +559,33 @@ pub(crate) fn bind_addr(inner: &Arc<Inner>, key: u64, addr: SocketAddr) -> Resul
 /// `resolve_addr` of an id going to a hardware device; `AddrResolved`
 /// (or `Unreachable`) follows from the event thread.
 pub(crate) fn resolve_addr(inner: &Arc<Inner>, key: u64, src: Option<IpAddr>, dst: SocketAddr) -> Result<()> {
+    let (fresh, bound) = {
+        let st = inner.lock();
+        let id = st.ids.get(&key).ok_or(Error::InvalidArgument("destroyed id"))?;
+        (id.hw.is_none(), id.src)
+    };
     let h = ensure_hw(inner, key)?;
-    let prev = {
+    // An id librdmacm bound keeps its binding (the kernel ignores a source
+    // then); one bound only here (a wildcard `bind_addr`) takes its port
+    // along to librdmacm.
+    let port = if fresh { bound.map_or(0, |b| b.port()) } else { 0 };
+    let any = if dst.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    };
+    let src_sa = match (src, port) {
+        (Some(ip), p) => Some(SocketAddr::new(ip, p)),
+        (None, 0) => None,
+        (None, p) => Some(SocketAddr::new(any, p)),
+    };
+    {
         let mut st = inner.lock();
         let id = st.ids.get_mut(&key).ok_or(Error::InvalidArgument("destroyed id"))?;
         id.dst = Some(dst);
         id.peer = Some(dst.ip());
-        id.state
-    };
-    let r = h.resolve_addr(src, dst, RESOLVE_MS);
-    if r.is_err() {
-        if let Some(id) = inner.lock().ids.get_mut(&key) {
-            id.state = prev;
-        }
     }
-    r.map_err(|e| match e {
+    h.resolve_addr(src_sa, dst, RESOLVE_MS).map_err(|e| match e {
         Error::InvalidArgument(_) => Error::NoDevice(src.unwrap_or(dst.ip())),
         e => e,
     })
@@ -692,6 +704,12 @@ pub(crate) fn establish(inner: &Inner, key: u64, h: &HwId, qp: Option<&Qp>) -> R
     h.establish()?;
     set_state(inner, key, IdState::Established);
     Ok(())
+}
+
+/// `rdma_init_qp_attr` for the application's own QP.
+pub(crate) fn init_qp_attr(h: &HwId, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+    let (attr, mask) = h.qp_attr(state)?;
+    Ok((attr, mask | QpAttrMask::STATE))
 }
 
 /// `disconnect` on librdmacm (the QP went to ERR already).

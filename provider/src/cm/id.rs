@@ -7,7 +7,7 @@ use super::agent::{self, connect_qp, init_qp, qp_to_err, rtu, st_sgid, IdState, 
 use super::mad::{self, CmMsg, CmaHdr, Ids, MsgRef};
 use super::{gid_of, CmEventKind, ConnParam, Error, PortSpace, Result, UDP_QKEY};
 use crate::subsystem::{Generation, NamespaceId};
-use crate::verbs::{Context, Pd, Qp, QpInitAttr, QpType};
+use crate::verbs::{Context, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 
 /// A communication identifier (`struct rdma_cm_id`). Dropping it destroys
 /// it (`rdma_destroy_id`): an established connection is disconnected
@@ -123,12 +123,14 @@ impl CmId {
 
     /// What a QP of this connection needs for RTR and RTS, once the peer
     /// answered: `(peer QPN, peer's first PSN = our rq_psn, our sq_psn)`.
+    /// `None` on ids of hardware devices, where librdmacm keeps the PSNs:
+    /// [`CmId::init_qp_attr`] gives the whole attributes on both backends.
     pub fn path(&self) -> Option<(u32, u32, u32)> {
         self.with(|st, k| {
             Ok(st
                 .ids
                 .get(&k)
-                .filter(|i| i.remote_qpn != 0)
+                .filter(|i| i.remote_qpn != 0 && !is_hw(i))
                 .map(|i| (i.remote_qpn, i.remote_psn, i.local_psn)))
         })
         .ok()
@@ -373,6 +375,13 @@ impl CmId {
             if let Some(c) = &id.ctx {
                 return Ok(Context::from_ops(c.ops().clone()));
             }
+            #[cfg(feature = "hardware")]
+            if id.dev.is_none() && id.hw.is_some() && matches!(id.state, IdState::AddrResolved | IdState::RouteResolved)
+            {
+                return Err(Error::Unsupported(
+                    "librdmacm resolved to a device that is not under the CM's subsystem",
+                ));
+            }
             let (name, gen) = id.dev.clone().ok_or_else(|| bad("verbs", id.state))?;
             let dref = st.devices.get(&name).map(|d| &d.dref);
             #[cfg(feature = "hardware")]
@@ -426,6 +435,67 @@ impl CmId {
             let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
             id.qp = Some(Arc::new(qp));
             Ok(())
+        })
+    }
+
+    /// The attributes and mask that move a QP of this id to `state`
+    /// (`rdma_init_qp_attr`), for an application that drives its own QP
+    /// (connected with [`ConnParam::qp_num`]): INIT at any time once the
+    /// id has a device; RTR and RTS once the peer answered (the
+    /// `ConnectResponse` on the active side, then [`CmId::establish`]). On
+    /// hardware devices librdmacm computes them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a state other than INIT, RTR, RTS;
+    /// [`Error::InvalidState`] before the id has a device or (RTR, RTS, TCP
+    /// port space) before the peer's answer; librdmacm's error.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        if !matches!(state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(Error::InvalidArgument("rdma_init_qp_attr covers INIT, RTR and RTS"));
+        }
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| Self::check_alive(st, k))?;
+            return super::hw::init_qp_attr(&h, state);
+        }
+        self.with(|st, k| {
+            Self::check_alive(st, k)?;
+            let id = &st.ids[&k];
+            if id.dev.is_none() {
+                return Err(bad("init_qp_attr", id.state));
+            }
+            let t = match id.ps {
+                PortSpace::Tcp => QpType::Rc,
+                PortSpace::Udp => QpType::Ud,
+            };
+            Ok(match (state, id.ps) {
+                (QpState::Init, _) => agent::init_attr(t),
+                (QpState::Rtr, PortSpace::Udp) => (
+                    QpAttr {
+                        qp_state: QpState::Rtr,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::STATE,
+                ),
+                (_, PortSpace::Udp) => (
+                    QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: 0,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+                ),
+                // The PSNs are known once the REP came (active) or was
+                // sent (passive).
+                (_, PortSpace::Tcp)
+                    if !matches!(id.state, IdState::RepRcvd | IdState::RepSent | IdState::Established) =>
+                {
+                    return Err(bad("init_qp_attr before the peer's answer", id.state));
+                }
+                (QpState::Rtr, PortSpace::Tcp) => agent::rtr_attr(id, st_sgid(&st.devices, id)),
+                (_, PortSpace::Tcp) => agent::rts_attr(id),
+            })
         })
     }
 
@@ -989,6 +1059,17 @@ impl Drop for CmId {
     }
 }
 
+/// Whether the id runs on librdmacm.
+fn is_hw(id: &agent::Id) -> bool {
+    #[cfg(feature = "hardware")]
+    return id.hw.is_some();
+    #[cfg(not(feature = "hardware"))]
+    {
+        let _ = id;
+        false
+    }
+}
+
 /// The device of namespace `ns` that has `ip`.
 fn device_with(st: &State, ns: NamespaceId, ip: IpAddr, shared_mode: bool) -> Option<(String, Generation)> {
     let mut v: Vec<_> = st
@@ -1017,4 +1098,121 @@ fn pick_device(st: &State, ns: NamespaceId, dst: IpAddr, shared_mode: bool) -> O
         .collect();
     v.sort();
     v.into_iter().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::{Cm, CmConfig, CmEventKind, ConnParam, Error, EventChannel, PortSpace};
+    use crate::soft::{link::inproc::InprocFabric, SoftDeviceConfig};
+    use crate::subsystem::{NamespaceId, SoftFactory, Subsystem, SubsystemConfig};
+    use crate::verbs::{
+        AccessFlags, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    };
+
+    /// An application that drives its own QP (connect with `qp_num`) moves
+    /// it with `init_qp_attr` alone, and data then crosses: the attributes
+    /// are the ones the CM's own QPs get.
+    #[test]
+    fn init_qp_attr_moves_an_application_qp() {
+        let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+        let fabric = InprocFabric::new();
+        for (name, ip) in [("qpattr_a", "10.78.0.1"), ("qpattr_b", "10.78.0.2")] {
+            let cfg = SoftDeviceConfig {
+                link: Some(fabric.clone()),
+                ..SoftDeviceConfig::new(name, ip.parse().unwrap())
+            };
+            sub.add_device(SoftFactory::new(cfg), NamespaceId::INIT).unwrap();
+        }
+        let cm = Cm::new(sub, CmConfig::default()).unwrap();
+        let t = Some(Duration::from_secs(20));
+        let sch = EventChannel::new().unwrap();
+        let l = cm.create_id(&sch, PortSpace::Tcp, 0).unwrap();
+        l.bind_addr("10.78.0.2:7500".parse().unwrap()).unwrap();
+        l.listen(4).unwrap();
+        let ch = EventChannel::new().unwrap();
+        let c = cm.create_id(&ch, PortSpace::Tcp, 0).unwrap();
+        assert!(matches!(c.init_qp_attr(QpState::Init), Err(Error::InvalidState { .. })));
+        c.resolve_addr(Some("10.78.0.1".parse().unwrap()), "10.78.0.2:7500".parse().unwrap())
+            .unwrap();
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::AddrResolved);
+        c.resolve_route().unwrap();
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::RouteResolved);
+        assert!(matches!(c.init_qp_attr(QpState::Err), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.init_qp_attr(QpState::Rtr), Err(Error::InvalidState { .. })));
+
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        // The client's own QP, not the id's.
+        let ctx = c.verbs().unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, 0, None, 0).unwrap());
+        let attr = |cq| QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let qp = pd.create_qp(&attr(&cq)).unwrap();
+        let (a, m) = c.init_qp_attr(QpState::Init).unwrap();
+        qp.modify(&a, m).unwrap();
+        c.connect(&ConnParam {
+            qp_num: qp.qp_num(),
+            ..ConnParam::default()
+        })
+        .unwrap();
+
+        let mut req = sch.get_event(t).unwrap().unwrap();
+        assert_eq!(req.kind, CmEventKind::ConnectRequest);
+        let s = req.take_id().unwrap();
+        // Before accept the passive side has no PSN yet.
+        assert!(matches!(s.init_qp_attr(QpState::Rts), Err(Error::InvalidState { .. })));
+        let sctx = s.verbs().unwrap();
+        let (spd, scq) = (sctx.alloc_pd().unwrap(), sctx.create_cq(16, 0, None, 0).unwrap());
+        s.create_qp(&spd, &attr(&scq)).unwrap();
+        let smr = spd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        s.qp()
+            .unwrap()
+            .post_recv(&[RecvWr::new(1, &[smr.sge(0, 64).unwrap()])])
+            .unwrap();
+        s.accept(&ConnParam::default()).unwrap();
+
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::ConnectResponse);
+        for st in [QpState::Rtr, QpState::Rts] {
+            let (a, m) = c.init_qp_attr(st).unwrap();
+            assert_eq!(a.qp_state, st);
+            qp.modify(&a, m).unwrap();
+        }
+        c.establish().unwrap();
+        assert_eq!(sch.get_event(t).unwrap().unwrap().kind, CmEventKind::Established);
+
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        mr.write(0, b"own qp").unwrap();
+        qp.post_send(&[SendWr::new(2, SendOp::Send, &[mr.sge(0, 6).unwrap()]).flags(SendFlags::SIGNALED)])
+            .unwrap();
+        let poll = |cq: &crate::verbs::Cq| {
+            let mut wc = [WorkCompletion::default()];
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if cq.poll(&mut wc).unwrap() == 1 {
+                    return wc[0];
+                }
+                assert!(std::time::Instant::now() < deadline, "no completion");
+                std::thread::yield_now();
+            }
+        };
+        assert_eq!(poll(&cq).status, WcStatus::Success);
+        assert_eq!(poll(&scq).status, WcStatus::Success);
+        assert_eq!(smr.to_vec(0, 6).unwrap(), b"own qp");
+        // The application's QP: the id's path is there too on soft ids.
+        assert_eq!(c.path().map(|p| p.0), Some(s.qp().unwrap().qp_num()));
+    }
 }
