@@ -385,3 +385,87 @@ fn hw_listener_and_connection() {
     assert_eq!(got, vec![(11, WcStatus::WrFlushErr)]);
     assert_eq!(end, ConnectionError::Disconnected);
 }
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
+}
+
+/// One CM's life on librdmacm: a listener, a request, a reject, and
+/// everything dropped.
+fn request_reject_cycle(sub: &Arc<Subsystem>, server_ip: IpAddr, client_ip: IpAddr, ps: PortSpace) {
+    let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id(&sch, ps, 0).unwrap();
+    l.bind_addr(SocketAddr::new(server_ip, 0)).unwrap();
+    l.listen(4).unwrap();
+    let dst = SocketAddr::new(server_ip, l.local_addr().unwrap().port());
+    let ch = EventChannel::new().unwrap();
+    let c = cm.create_id(&ch, ps, 0).unwrap();
+    c.resolve_addr(Some(client_ip), dst).unwrap();
+    expect(&ch, CmEventKind::AddrResolved);
+    c.resolve_route().unwrap();
+    expect(&ch, CmEventKind::RouteResolved);
+    c.connect(&ConnParam {
+        qp_num: 0x77,
+        private_data: b"ud?".to_vec(),
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private_data[..3], b"ud?");
+    if ps == PortSpace::Udp {
+        assert!(req.ud.is_some() && req.conn.is_none(), "{req:?}");
+    }
+    let s = req.take_id().unwrap();
+    assert_eq!(
+        s.state(),
+        if ps == PortSpace::Udp {
+            "SIDR_REQ_RCVD"
+        } else {
+            "REQ_RCVD"
+        }
+    );
+    s.reject(b"no").unwrap();
+    // A SIDR reply that refuses is UNREACHABLE (rdma_cm); a REJ is
+    // REJECTED.
+    let want = if ps == PortSpace::Udp {
+        CmEventKind::Unreachable
+    } else {
+        CmEventKind::Rejected
+    };
+    let ev = expect(&ch, want);
+    assert_ne!(ev.status, 0, "{ev:?}");
+    drop((c, s, l));
+    assert_eq!(cm.id_count(), 0);
+}
+
+/// UD ids (SIDR): the request reaches the listener with its UD
+/// parameters; a reject reaches the client.
+#[test]
+fn hw_udp_request_and_reject() {
+    let Some((sub, _names, server_ip, client_ip)) = setup("hw_udp_request_and_reject") else {
+        return;
+    };
+    request_reject_cycle(&sub, server_ip, client_ip, PortSpace::Udp);
+}
+
+/// Many CMs come and go on librdmacm: no descriptor or thread is left
+/// behind (each CM's event channel and thread end with it).
+#[test]
+fn hw_cycles_leak_nothing() {
+    let Some((sub, _names, server_ip, client_ip)) = setup("hw_cycles_leak_nothing") else {
+        return;
+    };
+    // Warm-up: the libraries' own lazily made descriptors and threads.
+    request_reject_cycle(&sub, server_ip, client_ip, PortSpace::Tcp);
+    let (fds, threads) = (fd_count(), thread_count());
+    for _ in 0..20 {
+        request_reject_cycle(&sub, server_ip, client_ip, PortSpace::Tcp);
+    }
+    assert_eq!(fd_count(), fds, "descriptors left behind");
+    assert_eq!(thread_count(), threads, "threads left behind");
+}
