@@ -21,7 +21,8 @@
 #        provider/tests/cm_hw.rs, and cm_hw_removal.rs, which unplugs the
 #        device under the ids) on the library's device, its address
 #        fixed (SOFTVERBS_ADDR, SOFTVERBS_PORT=4791) so that its GID is the
-#        plain IPv4-mapped one the test connects to.
+#        plain IPv4-mapped one the test connects to; a second process's
+#        device at 127.0.39.2 is the peer of the cross-device test.
 #
 #   emulator/ibverbs/run_hw_tests.sh [DIR]     (default: $TMPDIR/softverbs-hwlib)
 #
@@ -111,6 +112,7 @@ run "softverbs perf send_lat --backends soft,hw" perf_side_by_side
 if [ -e "$dir/librdmacm.so.1" ]; then
     run "cm over librdmacm on the library's device (cm_hw)" \
         env SOFTVERBS_ADDR=127.0.39.1 SOFTVERBS_PORT=4791 SOFTVERBS_CM_HW_ADDRS=127.0.39.1 \
+        SOFTVERBS_CM_HW_PEER_ADDR=127.0.39.2 \
         cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal -- --nocapture --test-threads=1
 else
     echo "---- cm over librdmacm (cm_hw): SKIP: mklibdir.sh made no librdmacm.so.1"

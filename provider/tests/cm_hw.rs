@@ -9,7 +9,11 @@
 //! lists no RDMA device.
 //!
 //! The addresses are the devices' IPv4 GIDs, or `SOFTVERBS_CM_HW_ADDRS`
-//! (`server_ip[,client_ip]`) when set.
+//! (`server_ip[,client_ip]`) when set. With `SOFTVERBS_CM_HW_PEER_ADDR`,
+//! a child process whose (softverbs library) device has that address
+//! serves [`hw_two_processes`]. A librdmacm without `rdma_init_qp_attr`
+//! (which moves the ids' QPs) makes the tests that need a connected QP
+//! print `SKIP: ...` after the steps before it passed.
 #![cfg(feature = "hardware")]
 
 use std::net::{IpAddr, SocketAddr};
@@ -468,4 +472,98 @@ fn hw_cycles_leak_nothing() {
     }
     assert_eq!(fd_count(), fds, "descriptors left behind");
     assert_eq!(thread_count(), threads, "threads left behind");
+}
+
+/// The server half of [`hw_two_processes`], run in a child process (whose
+/// library device has the second address); does nothing otherwise.
+#[test]
+fn hw_peer_server() {
+    let Ok(addr) = std::env::var("SOFTVERBS_CM_HW_PEER_SERVER") else {
+        return;
+    };
+    let addr: SocketAddr = addr.parse().expect("server address");
+    let devs = softverbs::hw::provider().devices().expect("the child's device");
+    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+    let name = devs[0].name().to_string();
+    sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT).unwrap();
+    let cm = Cm::new(sub.clone(), CmConfig::default()).unwrap();
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id(&sch, PortSpace::Tcp, 9).unwrap();
+    l.bind_addr(addr).expect("bind in the child");
+    l.listen(4).unwrap();
+    println!("LISTENING");
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    assert_eq!(&req.private_data[..5], b"hello");
+    assert_eq!(req.device.as_deref(), Some(name.as_str()));
+    assert_eq!(req.generation, Some(sub.device(&name).unwrap().generation()));
+    assert_eq!(req.listener, Some(l.id()));
+    let s = req.take_id().unwrap();
+    s.reject(b"from the other device").unwrap();
+    println!("REJECTED");
+}
+
+/// Two library devices in two processes (softverbs' libibverbs has one
+/// device per process): a child of this test binary, its library device
+/// at `SOFTVERBS_CM_HW_PEER_ADDR`, listens there; this process connects
+/// from its own device; the child's reject with private data comes back
+/// across. Runs only with `SOFTVERBS_CM_HW_PEER_ADDR` set.
+#[test]
+fn hw_two_processes() {
+    let peer: Option<IpAddr> = std::env::var("SOFTVERBS_CM_HW_PEER_ADDR")
+        .ok()
+        .and_then(|a| a.trim().parse().ok());
+    let Some(peer) = peer.filter(|_| std::env::var_os("SOFTVERBS_CM_HW_PEER_SERVER").is_none()) else {
+        println!("SKIP hw_two_processes: no SOFTVERBS_CM_HW_PEER_ADDR for a second library device");
+        return;
+    };
+    let Some((sub, _names, client_ip, _)) = setup("hw_two_processes") else {
+        return;
+    };
+    let server = SocketAddr::new(peer, 7471);
+    // The child's library device takes the second address.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "hw_peer_server", "--nocapture", "--test-threads=1"])
+        .env("SOFTVERBS_CM_HW_PEER_SERVER", server.to_string())
+        .env("SOFTVERBS_ADDR", peer.to_string())
+        .env_remove("SOFTVERBS_CM_HW_ADDRS")
+        .env_remove("SOFTVERBS_CM_HW_PEER_ADDR")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the child");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        use std::io::BufRead;
+        let n = out.read_line(&mut line).unwrap();
+        assert!(n > 0, "the child ended before listening: {:?}", child.wait());
+        // libtest prints the test's name on the same line.
+        if line.trim_end().ends_with("LISTENING") {
+            break;
+        }
+    }
+    let cm = Cm::new(sub, CmConfig::default()).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let c = cm.create_id(&ch, PortSpace::Tcp, 0).unwrap();
+    c.resolve_addr(Some(client_ip), server).unwrap();
+    expect(&ch, CmEventKind::AddrResolved);
+    c.resolve_route().unwrap();
+    expect(&ch, CmEventKind::RouteResolved);
+    c.connect(&ConnParam {
+        qp_num: 0x99,
+        private_data: b"hello".to_vec(),
+        ..ConnParam::default()
+    })
+    .unwrap();
+    let rej = expect(&ch, CmEventKind::Rejected);
+    assert_eq!(&rej.private_data[..21], b"from the other device");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(
+        status.success() && rest.contains("REJECTED"),
+        "child: {status:?} {rest}"
+    );
 }
