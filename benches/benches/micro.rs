@@ -249,63 +249,26 @@ fn core_pair(mrs: usize) -> CorePair {
     let (pd_a, cq_a, qpn_a) = make(&mut a);
     let (pd_b, _cq_b, qpn_b) = make(&mut b);
     let connect = |c: &mut Core, qpn: u32, dest: u32, dgid: Gid, psn: u32, rpsn: u32| {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        };
-        c.modify_qp(
-            0,
-            qpn,
-            &init,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-        )
-        .expect("init");
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: dest,
-            rq_psn: rpsn,
-            ah_attr: AhAttr::roce(dgid, 0, 1),
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
-        };
-        c.modify_qp(
-            0,
-            qpn,
-            &rtr,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .expect("rtr");
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 16,
-            ..QpAttr::default()
-        };
-        c.modify_qp(
-            0,
-            qpn,
-            &rts,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .expect("rts");
+        let init = QpModify::new()
+            .with_state(QpState::Init)
+            .with_pkey_index(0)
+            .with_port_num(1);
+        let rtr = QpModify::new().with_state(QpState::Rtr).with_path_mtu(Mtu::Mtu4096);
+        let rtr = rtr
+            .with_dest_qp_num(dest)
+            .with_rq_psn(rpsn)
+            .with_ah_attr(AhAttr::roce(dgid, 0, 1));
+        let rts = QpModify::new()
+            .with_state(QpState::Rts)
+            .with_sq_psn(psn)
+            .with_timeout(14);
+        for m in [
+            init.with_access_flags(AccessFlags::REMOTE_WRITE),
+            rtr.with_max_dest_rd_atomic(16).with_min_rnr_timer(12),
+            rts.with_retry_cnt(7).with_rnr_retry(7).with_max_rd_atomic(16),
+        ] {
+            c.modify_qp(0, qpn, &m.attr, m.mask).expect("modify_qp");
+        }
     };
     connect(&mut a, qpn_a, qpn_b, gb, 100, 200);
     connect(&mut b, qpn_b, qpn_a, ga, 200, 100);

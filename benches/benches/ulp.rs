@@ -8,16 +8,21 @@
 //! for a fast pass).
 //!
 //! Counting mode, for instruction counts on a loaded machine (wall clock
-//! is noise there): with `ULP_COUNT=<raw|ulp|ulpvec>:<n>` in the environment the
-//! binary sets the pair up, runs `n` 8-byte operations of that arm (or of
-//! `ulpvec`: the layer with the scatter list as a `Vec`) and
-//! exits, without criterion. Run it under callgrind at two values of `n`:
-//! the difference of the totals divided by the difference of the `n`s is
-//! the instructions of one operation, setup excluded.
+//! is noise there): with `ULP_COUNT=<arm>:<n>[:<bytes>]` in the
+//! environment the binary sets the pair up, runs `n` operations of that
+//! arm (8 bytes unless given, at most 64 KiB) and exits, without
+//! criterion. Arms: `raw`; `ulp` (one `UlpWr` over one buffer, no `Vec`);
+//! `ulpchain` (the WR in a `Vec`); `ulpvec` (the scatter list in a `Vec`
+//! too). Run it under callgrind at two values of `n` and take the
+//! inclusive cost of the arm's function (`Pair::raw`, `Pair::ulp`, ...):
+//! the difference over the difference of the `n`s is one operation, setup
+//! excluded.
 //!
 //! ```text
 //! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
-//! ULP_COUNT=ulp:20000 valgrind --tool=callgrind --callgrind-out-file=/dev/null <binary>
+//! ULP_COUNT=ulp:2000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.2000 <binary>
+//! ULP_COUNT=ulp:12000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.12000 <binary>
+//! callgrind_annotate --inclusive=yes cg.ulp.12000 | grep 'Pair::ulp '
 //! ```
 
 // criterion_group!/criterion_main! generate undocumented functions.
@@ -27,17 +32,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use criterion::{criterion_group, Criterion, Throughput};
-use softverbs::ulp::{LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
+use softverbs::ulp::{Chain, LocalBuf, UlpCq, UlpQp, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 
 struct End {
-    _ctx: Context,
+    ctx: Context,
     pd: Pd,
     raw_cq: Cq,
     raw_qp: Qp,
     cq: UlpCq,
     qp: UlpQp,
-    gid: Gid,
 }
 
 fn end(ctx: Context) -> End {
@@ -67,62 +71,26 @@ fn end(ctx: Context) -> End {
         ..UlpQpInit::default()
     };
     let qp = UlpQp::create(&pd, &cq, &cq, &init).unwrap();
-    let gid = ctx.query_gid(1, 0).unwrap();
     End {
-        _ctx: ctx,
+        ctx,
         pd,
         raw_cq,
         raw_qp,
         cq,
         qp,
-        gid,
     }
 }
 
-fn connect(qp: &Qp, dest_qpn: u32, gid: Gid) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = dest_qpn;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rts;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+/// `qp` of `ctx` to RTS towards `peer` of `peer_ctx` (PSNs 0, MTU 4096, one
+/// READ each way).
+fn connect(ctx: &Context, qp: &Qp, peer_ctx: &Context, peer: &Qp) {
+    let local = Endpoint::local(ctx, qp, 1, 0).unwrap().with_psn(0);
+    let remote = Endpoint::local(peer_ctx, peer, 1, 0).unwrap().with_psn(0);
+    let opts = Connect::new().mtu(Mtu::Mtu4096).min_rnr_timer(1);
+    opts.max_rd_atomic(1)
+        .max_dest_rd_atomic(1)
+        .apply(ctx, qp, &local, Some(&remote))
+        .unwrap();
 }
 
 /// Both ends connected twice (raw and through the layer), and the
@@ -141,10 +109,10 @@ impl Pair {
         let devs = softverbs::soft::embedded_default().unwrap();
         let a = end(devs[0].open().unwrap());
         let b = end(devs[1].open().unwrap());
-        connect(&a.raw_qp, b.raw_qp.qp_num(), b.gid);
-        connect(&b.raw_qp, a.raw_qp.qp_num(), a.gid);
-        connect(a.qp.qp(), b.qp.qp_num(), b.gid);
-        connect(b.qp.qp(), a.qp.qp_num(), a.gid);
+        connect(&a.ctx, &a.raw_qp, &b.ctx, &b.raw_qp);
+        connect(&b.ctx, &b.raw_qp, &a.ctx, &a.raw_qp);
+        connect(&a.ctx, a.qp.qp(), &b.ctx, b.qp.qp());
+        connect(&b.ctx, b.qp.qp(), &a.ctx, a.qp.qp());
         let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
         let dst =
             b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
@@ -181,17 +149,25 @@ impl Pair {
         }
     }
 
-    /// The same through the layer: one WR over one buffer (kept inline
-    /// by the layer), posted with a callback, polled until the callback
-    /// ran.
+    /// The same through the layer: one WR over one buffer, both kept
+    /// inline by the layer (no `Vec`), posted with a callback (stored
+    /// inline), polled until the callback ran.
     #[inline(never)]
     fn ulp(&mut self, len: u32) {
+        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
+        self.post_and_poll(wr);
+    }
+
+    /// As [`Pair::ulp`], with the chain given as a `Vec` of one WR (one
+    /// allocation).
+    #[inline(never)]
+    fn ulp_chain(&mut self, len: u32) {
         let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
         self.post_and_poll(vec![wr]);
     }
 
-    /// As [`Pair::ulp`], with the scatter list given as a `Vec` (one more
-    /// allocation).
+    /// As [`Pair::ulp_chain`], with the scatter list given as a `Vec` too
+    /// (two allocations).
     #[inline(never)]
     fn ulp_vec(&mut self, len: u32) {
         let wr = UlpWr::write(vec![LocalBuf::new(&self.src, 0, len).unwrap()], self.dst.remote(0));
@@ -199,7 +175,7 @@ impl Pair {
     }
 
     #[inline(always)]
-    fn post_and_poll(&mut self, chain: Vec<UlpWr>) {
+    fn post_and_poll(&mut self, chain: impl Into<Chain>) {
         let want = self.done.load(Ordering::Relaxed) + 1;
         let d = self.done.clone();
         self.a
@@ -231,15 +207,20 @@ criterion_group!(benches, ulp);
 
 fn main() {
     if let Ok(spec) = std::env::var("ULP_COUNT") {
-        let (arm, n) = spec.split_once(':').expect("ULP_COUNT=<raw|ulp|ulpvec>:<n>");
-        let n: u64 = n.parse().expect("a count");
+        let mut it = spec.split(':');
+        let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>[:<bytes>]";
+        let arm = it.next().expect(usage);
+        let n: u64 = it.next().and_then(|n| n.parse().ok()).expect(usage);
+        let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
+        assert!(len <= 64 << 10, "{usage}: at most 64 KiB");
         let mut p = Pair::new();
         for _ in 0..n {
             match arm {
-                "raw" => p.raw(8),
-                "ulp" => p.ulp(8),
-                "ulpvec" => p.ulp_vec(8),
-                _ => panic!("ULP_COUNT arm is raw, ulp or ulpvec"),
+                "raw" => p.raw(len),
+                "ulp" => p.ulp(len),
+                "ulpchain" => p.ulp_chain(len),
+                "ulpvec" => p.ulp_vec(len),
+                _ => panic!("ULP_COUNT arm is raw, ulp, ulpchain or ulpvec"),
             }
         }
         return;

@@ -25,7 +25,7 @@
 //! let mut out = Vec::new();
 //! perftest::run(&cli.perf, softverbs::verbs::BackendKind::Soft, &mut out)?;
 //! let text = String::from_utf8(out)?;
-//! assert!(text.contains("BW average[MiB/sec]"));
+//! assert!(text.contains("BW average[MB/sec]"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

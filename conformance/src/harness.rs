@@ -55,6 +55,22 @@ pub struct PairConfig {
     pub shared_cq: bool,
 }
 
+impl PairConfig {
+    /// The [`Connect`] settings of this configuration (every value set,
+    /// so that both backends get the same attributes).
+    pub fn connect_opts(&self) -> Connect {
+        Connect::new()
+            .access(self.qp_access)
+            .mtu(self.mtu)
+            .timeout(self.timeout)
+            .retry_cnt(self.retry_cnt)
+            .rnr_retry(self.rnr_retry)
+            .min_rnr_timer(self.min_rnr_timer)
+            .max_rd_atomic(self.rd_atomic)
+            .max_dest_rd_atomic(self.rd_atomic)
+    }
+}
+
 impl Default for PairConfig {
     fn default() -> Self {
         PairConfig {
@@ -167,6 +183,21 @@ impl Side {
             gid,
             psn,
         })
+    }
+
+    /// This side as its peer sees it (port 1, `cfg`'s MTU and Q_Key).
+    pub fn endpoint(&self, cfg: &PairConfig) -> Endpoint {
+        Endpoint {
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            gid: self.gid,
+            gid_index: self.gid_index,
+            port: 1,
+            lid: 0,
+            mtu: cfg.mtu,
+            qkey: cfg.qkey,
+            buffer: None,
+        }
     }
 
     /// RESET→INIT with the usual attributes.
@@ -360,12 +391,10 @@ impl Pair {
     ///
     /// As `modify_qp`.
     pub fn connect(&self) -> Result<()> {
-        self.a.to_init(&self.cfg)?;
-        self.b.to_init(&self.cfg)?;
-        self.a.to_rtr(&self.cfg, &self.b)?;
-        self.b.to_rtr(&self.cfg, &self.a)?;
-        self.a.to_rts(&self.cfg)?;
-        self.b.to_rts(&self.cfg)
+        let opts = self.cfg.connect_opts();
+        let (ea, eb) = (self.a.endpoint(&self.cfg), self.b.endpoint(&self.cfg));
+        opts.apply(&self.a.ctx, &self.a.qp, &ea, Some(&eb))?;
+        opts.apply(&self.b.ctx, &self.b.qp, &eb, Some(&ea))
     }
 }
 
@@ -376,21 +405,15 @@ impl Pair {
 ///
 /// As `modify_qp`.
 pub fn qp_to_init(qp: &Qp, cfg: &PairConfig) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-    if qp.qp_type() == QpType::Ud {
-        a.qkey = cfg.qkey;
-        mask |= QpAttrMask::QKEY;
-    } else {
-        a.qp_access_flags = cfg.qp_access;
-        mask |= QpAttrMask::ACCESS_FLAGS;
+    let m = QpModify::new()
+        .with_state(QpState::Init)
+        .with_pkey_index(0)
+        .with_port_num(1);
+    match qp.qp_type() {
+        QpType::Ud => m.with_qkey(cfg.qkey),
+        _ => m.with_access_flags(cfg.qp_access),
     }
-    qp.modify(&a, mask)
+    .apply(qp)
 }
 
 /// INIT→RTR towards QP `dest_qpn` at `dgid` (whose first PSN is `rq_psn`),
@@ -400,24 +423,24 @@ pub fn qp_to_init(qp: &Qp, cfg: &PairConfig) -> Result<()> {
 ///
 /// As `modify_qp`.
 pub fn qp_to_rtr(qp: &Qp, cfg: &PairConfig, sgid_index: u8, dgid: Gid, dest_qpn: u32, rq_psn: u32) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Rtr,
-        ..QpAttr::default()
-    };
-    let mut mask = QpAttrMask::STATE;
-    if qp.qp_type() != QpType::Ud {
-        a.path_mtu = cfg.mtu;
-        a.dest_qp_num = dest_qpn;
-        a.rq_psn = rq_psn;
-        a.ah_attr = AhAttr::roce(dgid, sgid_index, 1);
-        mask |= QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-        if qp.qp_type() == QpType::Rc {
-            a.max_dest_rd_atomic = cfg.rd_atomic;
-            a.min_rnr_timer = cfg.min_rnr_timer;
-            mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+    let m = QpModify::new().with_state(QpState::Rtr);
+    let m = match qp.qp_type() {
+        QpType::Ud => m,
+        t => {
+            let m = m
+                .with_path_mtu(cfg.mtu)
+                .with_dest_qp_num(dest_qpn)
+                .with_rq_psn(rq_psn)
+                .with_ah_attr(AhAttr::roce(dgid, sgid_index, 1));
+            match t {
+                QpType::Rc => m
+                    .with_max_dest_rd_atomic(cfg.rd_atomic)
+                    .with_min_rnr_timer(cfg.min_rnr_timer),
+                _ => m,
+            }
         }
-    }
-    qp.modify(&a, mask)
+    };
+    m.apply(qp)
 }
 
 /// RTR→RTS with first send PSN `sq_psn` (and, for RC, `cfg`'s timeout,
@@ -427,20 +450,16 @@ pub fn qp_to_rtr(qp: &Qp, cfg: &PairConfig, sgid_index: u8, dgid: Gid, dest_qpn:
 ///
 /// As `modify_qp`.
 pub fn qp_to_rts(qp: &Qp, cfg: &PairConfig, sq_psn: u32) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn,
-        ..QpAttr::default()
-    };
-    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-    if qp.qp_type() == QpType::Rc {
-        a.timeout = cfg.timeout;
-        a.retry_cnt = cfg.retry_cnt;
-        a.rnr_retry = cfg.rnr_retry;
-        a.max_rd_atomic = cfg.rd_atomic;
-        mask |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+    let m = QpModify::new().with_state(QpState::Rts).with_sq_psn(sq_psn);
+    match qp.qp_type() {
+        QpType::Rc => m
+            .with_timeout(cfg.timeout)
+            .with_retry_cnt(cfg.retry_cnt)
+            .with_rnr_retry(cfg.rnr_retry)
+            .with_max_rd_atomic(cfg.rd_atomic),
+        _ => m,
     }
-    qp.modify(&a, mask)
+    .apply(qp)
 }
 
 /// A modify with only the STATE bit (any→RESET, any→ERR, RTS→SQD, …).

@@ -466,49 +466,28 @@ fn raw_core(batch: usize, window: Duration) -> f64 {
 }
 
 fn raw_connect(core: &mut Core, a: u32, b: u32, gid: softverbs::verbs::Gid, now: u64) {
-    use softverbs::verbs::{AhAttr, Mtu, QpAttr, QpAttrMask, QpState};
+    use softverbs::verbs::{AccessFlags, AhAttr, Mtu, QpModify, QpState};
     for (qp, dest, rq, sq) in [(a, b, 0x200, 0x100), (b, a, 0x100, 0x200)] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            ..QpAttr::default()
-        };
-        let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-        core.modify_qp(now, qp, &init, m).unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: dest,
-            rq_psn: rq,
-            ah_attr: AhAttr::roce(gid, 0, 1),
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 1,
-            ..QpAttr::default()
-        };
-        let m = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER;
-        core.modify_qp(now, qp, &rtr, m).unwrap();
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: sq,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        let m = QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-        core.modify_qp(now, qp, &rts, m).unwrap();
+        let init = QpModify::new()
+            .with_state(QpState::Init)
+            .with_pkey_index(0)
+            .with_port_num(1);
+        let rtr = QpModify::new().with_state(QpState::Rtr).with_path_mtu(Mtu::Mtu1024);
+        let rtr = rtr
+            .with_dest_qp_num(dest)
+            .with_rq_psn(rq)
+            .with_ah_attr(AhAttr::roce(gid, 0, 1));
+        let rts = QpModify::new()
+            .with_state(QpState::Rts)
+            .with_sq_psn(sq)
+            .with_timeout(14);
+        for m in [
+            init.with_access_flags(AccessFlags::empty()),
+            rtr.with_max_dest_rd_atomic(1).with_min_rnr_timer(1),
+            rts.with_retry_cnt(7).with_rnr_retry(7).with_max_rd_atomic(1),
+        ] {
+            core.modify_qp(now, qp, &m.attr, m.mask).unwrap();
+        }
     }
 }
 

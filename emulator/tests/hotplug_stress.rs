@@ -381,8 +381,8 @@ fn send_slot(seq: u64) -> u64 {
     (seq % u64::from(SQ_DEPTH)) * u64::from(MSG)
 }
 
-fn recv_slot(seq: u64) -> usize {
-    (SQ_DEPTH as usize + (seq % u64::from(RQ_DEPTH)) as usize) * MSG as usize
+fn recv_slot(seq: u64) -> u64 {
+    (u64::from(SQ_DEPTH) + seq % u64::from(RQ_DEPTH)) * u64::from(MSG)
 }
 
 fn write_slot(seq: u64) -> u64 {
@@ -489,7 +489,7 @@ impl End {
         let objs = self.objs.as_ref().expect("live");
         while self.rq.outstanding.len() < RQ_DEPTH as usize {
             let seq = self.rq.next;
-            let sge = [objs.mr.sge(recv_slot(seq) as u64, MSG).map_err(|e| e.to_string())?];
+            let sge = [objs.mr.sge(recv_slot(seq), MSG).map_err(|e| e.to_string())?];
             match objs.qp.post_recv(&[RecvWr::new(seq | RECV_BIT, &sge)]) {
                 Ok(()) => {
                     self.rq.next += 1;
@@ -524,7 +524,7 @@ impl End {
             let inline = rng.below(4) == 0;
             let write = rng.below(3) == 0;
             if !inline {
-                objs.mr.write(send_slot(seq) as usize, p).map_err(|e| e.to_string())?;
+                objs.mr.write(send_slot(seq), p).map_err(|e| e.to_string())?;
             }
             plan.push((seq, signaled, inline, write));
         }
@@ -656,7 +656,7 @@ impl End {
         self.sq.next += 1;
         self.sq.posted += 1;
         let rseq = self.rq.next;
-        let sge = [objs.mr.sge(recv_slot(rseq) as u64, MSG).map_err(|e| e.to_string())?];
+        let sge = [objs.mr.sge(recv_slot(rseq), MSG).map_err(|e| e.to_string())?];
         objs.qp
             .post_recv(&[RecvWr::new(rseq | RECV_BIT, &sge)])
             .map_err(|e| format!("{}: post_recv after removal: {e}", self.label))?;

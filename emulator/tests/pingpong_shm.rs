@@ -83,7 +83,7 @@ fn send_recv_over_shared_memory() {
 /// (one run in five with the default depth of 32 on a fast host).
 #[test]
 fn a_receive_completing_during_a_send_queue_wait_is_counted() {
-    let (s, c) = pair("shm", &["-s", "8", "-n", "300", "--warmup", "10", "-t", "2"]);
+    let (s, c) = pair("shm", &["-s", "8", "-n", "300", "--warmup", "10", "--tx-depth", "2"]);
     check_send_report(&s, 300);
     check_send_report(&c, 300);
 }

@@ -18,9 +18,11 @@ fn main() -> Result<()> {
 /// Runs `iters` round trips and checks exactly-once completion.
 pub(crate) fn run(iters: u64) -> Result<()> {
     let devs = softverbs::soft::embedded_default()?;
-    let (a, b) = (Ends::new(&devs[0].open()?)?, Ends::new(&devs[1].open()?)?);
-    a.connect(&b)?;
-    b.connect(&a)?;
+    let (ca, cb) = (devs[0].open()?, devs[1].open()?);
+    let (a, b) = (Ends::new(&ca)?, Ends::new(&cb)?);
+    let (ea, eb) = (Endpoint::local(&ca, &a.qp, 1, 0)?, Endpoint::local(&cb, &b.qp, 1, 0)?);
+    a.qp.connect(&ca, &ea, &eb)?;
+    b.qp.connect(&cb, &eb, &ea)?;
     let start = Instant::now();
     let (sends, recvs) = pingpong(&a, &b, iters)?;
     let dt = start.elapsed();
@@ -43,92 +45,33 @@ struct Ends {
     cq: Cq,
     qp: Qp,
     mr: Mr,
-    gid: Gid,
 }
 
 impl Ends {
     fn new(ctx: &Context) -> Result<Ends> {
         let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(256, 0, None, 0)?;
-        let qp = pd.create_qp(&QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 64,
-            },
-            sq_sig_all: true,
-        })?;
-        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
-        let gid = ctx.query_gid(1, 0)?;
-        Ok(Ends {
-            _pd: pd,
-            cq,
-            qp,
-            mr,
-            gid,
-        })
-    }
-
-    fn connect(&self, peer: &Ends) -> Result<()> {
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            ..QpAttr::default()
+        let cq = ctx.cq_builder(256).create()?;
+        let cap = QpCap {
+            max_inline_data: 64,
+            ..QpInitAttr::DEFAULT_CAP
         };
-        self.qp.modify(
-            &a,
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        let qp = pd.create_qp(
+            &QpInitAttr::new(QpType::Rc, &cq, &cq)
+                .with_cap(cap)
+                .with_sq_sig_all(true),
         )?;
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::Mtu1024;
-        a.dest_qp_num = peer.qp.qp_num();
-        a.rq_psn = 0;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 1;
-        a.ah_attr = AhAttr::roce(peer.gid, 0, 1);
-        self.qp.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 0;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 1;
-        self.qp.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
+        let mr = pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?;
+        Ok(Ends { _pd: pd, cq, qp, mr })
     }
 
     fn post_recv(&self) -> Result<()> {
         let sge = [self.mr.sge(0, 64)?];
-        self.qp.post_recv(&[RecvWr::new(0, &sge)]).map_err(|e| e.error)
+        Ok(self.qp.post_recv(&[RecvWr::new(0, &sge)])?)
     }
 
     fn send(&self) -> Result<()> {
         let sge = [self.mr.sge(64, 8)?];
-        self.qp
-            .post_send(&[SendWr::new(1, SendOp::Send, &sge)])
-            .map_err(|e| e.error)
+        Ok(self.qp.post_send(&[SendWr::new(1, SendOp::Send, &sge)])?)
     }
 
     /// Polls until a completion of `opcode` arrives; counts every one seen.

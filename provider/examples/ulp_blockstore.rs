@@ -7,12 +7,16 @@
 //! 1 MiB, `QD` in flight, on the two embedded in-process soft devices.
 //! The same program over raw verbs is `ulp_blockstore_raw.rs`.
 //!
-//! `cargo run --release -p softverbs --example ulp_blockstore -- 2000`
+//! `cargo run --release -p softverbs --example ulp_blockstore -- 2000 [--shm] [--size <bytes>]`
+//! (`--shm`: two devices on 127.0.0.1 over the shared-memory link;
+//! `--size`: every I/O of that size)
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
+use softverbs::soft::link::{shm::ShmMode, udp::UdpConfig};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::ulp::*;
 use softverbs::verbs::*;
 
@@ -23,8 +27,18 @@ const CMD: u32 = 32;
 
 #[allow(dead_code)] // the test includes this file and calls `run`
 fn main() -> Result<()> {
-    let ios = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (n, bytes, secs) = run(ios)?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ios = args.first().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let size = args
+        .iter()
+        .position(|a| a == "--size")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
+    let devs = if args.iter().any(|a| a == "--shm") {
+        shm_pair()?
+    } else {
+        softverbs::soft::embedded_default()?
+    };
+    let (n, bytes, secs) = run(&devs, ios, size)?;
     println!(
         "{n} I/Os, {:.1} MiB in {secs:.3} s: {:.0} IOPS, {:.1} MiB/s (data checked)",
         bytes as f64 / 1048576.0,
@@ -32,6 +46,19 @@ fn main() -> Result<()> {
         bytes as f64 / 1048576.0 / secs
     );
     Ok(())
+}
+
+/// Two devices on 127.0.0.1 whose traffic goes through shared-memory
+/// rings (UDP carries only the rendezvous).
+#[allow(dead_code)]
+pub(crate) fn shm_pair() -> Result<Vec<Arc<SoftDevice>>> {
+    let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = |k| format!("blk{}_{pair}_{k}", std::process::id());
+    (0..2)
+        .map(|k| SoftDevice::create(SoftDeviceConfig::udp_shm(&name(k), UdpConfig::new(lo), ShmMode::Only)?))
+        .collect()
 }
 
 enum Ev {
@@ -74,9 +101,9 @@ fn side(ctx: &Context) -> Result<Side> {
     Ok(Side { pd, cq, qp, msgs })
 }
 
-/// Runs `ios` I/Os; returns (I/Os, bytes, seconds).
-pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
-    let devs = softverbs::soft::embedded_default()?;
+/// Runs `ios` I/Os (of `size` bytes, or 4 KiB to 1 MiB at random) between
+/// the first two of `devs`; returns (I/Os, bytes, seconds).
+pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> Result<(usize, u64, f64)> {
     let (cctx, tctx) = (devs[0].open()?, devs[1].open()?);
     let (ini, tgt) = (side(&cctx)?, side(&tctx)?);
     connect(&ini.qp, &tgt.qp, tctx.query_gid(1, 0)?)?;
@@ -99,7 +126,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
     let (mut started, mut done, mut bytes) = (0, 0, 0u64);
     let start = Instant::now();
     for (k, slot) in slots.iter_mut().enumerate().take(ios.min(QD)) {
-        *slot = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng)?);
+        *slot = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng, size)?);
         started += 1;
     }
     while done < ios {
@@ -114,7 +141,8 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
                     tgt.qp.post(vec![UlpWr::send_inline(&reply)], check)?;
                 }
                 Ev::Reply(k) => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD as usize, 4)?.try_into().unwrap()) as usize;
+                    let tag =
+                        u32::from_le_bytes(ini.msgs.to_vec(k as u64 * u64::from(CMD), 4)?.try_into().unwrap()) as usize;
                     post_msg_recv(&ini, k, &tx, Ev::Reply)?;
                     let ex = slots[tag].as_mut().and_then(|s| s.1.take()).expect("I/O in flight");
                     ini.qp.invalidate(ex, to(&tx, move |_| Ev::Invalidated(tag)))?;
@@ -133,7 +161,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
                     bytes += io.len as u64;
                     done += 1;
                     if started < ios {
-                        slots[k] = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng)?);
+                        slots[k] = Some(submit(&ini, &pool, &bufs[k], k, &mut model, &mut rng, size)?);
                         started += 1;
                     }
                 }
@@ -174,6 +202,7 @@ fn submit(
     tag: usize,
     model: &mut [u8],
     rng: &mut u64,
+    size: Option<usize>,
 ) -> Result<(Io, Option<Exposed>)> {
     let mut next = || {
         *rng ^= *rng << 13;
@@ -181,8 +210,8 @@ fn submit(
         *rng ^= *rng << 17;
         *rng
     };
-    let len = PAGE_SIZE << (next() % 9); // 4 KiB .. 1 MiB
-                                         // Each slot has its own MiB of the store: I/Os in flight never overlap.
+    let len = size.unwrap_or(PAGE_SIZE << (next() % 9)); // 4 KiB .. 1 MiB
+                                                         // Each slot has its own MiB of the store: I/Os in flight never overlap.
     let off = tag * MAX_IO + (next() as usize % ((MAX_IO - len) / PAGE_SIZE + 1)) * PAGE_SIZE;
     let write = next() % 2 == 0;
     if write {
@@ -212,7 +241,7 @@ fn submit(
 
 /// The target's side of one command: move the data, then answer.
 fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
-    let cmd = t.msgs.to_vec(k * CMD as usize, CMD as usize)?;
+    let cmd = t.msgs.to_vec(k as u64 * u64::from(CMD), CMD as usize)?;
     post_msg_recv(t, k, tx, Ev::Command)?;
     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
@@ -234,30 +263,28 @@ fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
     Ok(())
 }
 
+/// RESET->RTS through the layer's `modify`, which records the READ depth
+/// set at RTS.
 fn connect(qp: &UlpQp, peer: &UlpQp, gid: Gid) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = peer.qp_num();
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    let m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN;
-    qp.modify(
-        &a,
-        m | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic) = (14, 7, 7, 16);
-    let m = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT;
-    qp.modify(&a, m | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC)
+    let init = QpModify::new()
+        .with_state(QpState::Init)
+        .with_pkey_index(0)
+        .with_port_num(1);
+    let rtr = QpModify::new()
+        .with_state(QpState::Rtr)
+        .with_path_mtu(Mtu::Mtu4096)
+        .with_rq_psn(0);
+    let rtr = rtr
+        .with_dest_qp_num(peer.qp_num())
+        .with_ah_attr(AhAttr::roce(gid, 0, 1));
+    let rts = QpModify::new().with_state(QpState::Rts).with_sq_psn(0).with_timeout(14);
+    let rts = rts.with_retry_cnt(7).with_rnr_retry(7).with_max_rd_atomic(16);
+    for m in [
+        init.with_access_flags(AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE),
+        rtr.with_max_dest_rd_atomic(16).with_min_rnr_timer(1),
+        rts,
+    ] {
+        qp.modify(&m.attr, m.mask)?;
+    }
+    Ok(())
 }

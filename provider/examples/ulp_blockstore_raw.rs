@@ -7,10 +7,13 @@
 //! handled (nothing tells which buffer they held), READs are not capped
 //! in software, and a failed post leaves a half-built chain behind.
 //!
-//! `cargo run --release -p softverbs --example ulp_blockstore_raw -- 2000`
+//! `cargo run --release -p softverbs --example ulp_blockstore_raw -- 2000 [--shm] [--size <bytes>]`
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use softverbs::soft::link::{shm::ShmMode, udp::UdpConfig};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::*;
 
 const MAX_IO: usize = 1 << 20;
@@ -33,8 +36,18 @@ fn id(kind: u64, slot: usize) -> u64 {
 
 #[allow(dead_code)] // the test includes this file and calls `run`
 fn main() -> Result<()> {
-    let ios = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2000);
-    let (n, bytes, secs) = run(ios)?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let ios = args.first().and_then(|s| s.parse().ok()).unwrap_or(2000);
+    let size = args
+        .iter()
+        .position(|a| a == "--size")
+        .and_then(|i| args.get(i + 1)?.parse().ok());
+    let devs = if args.iter().any(|a| a == "--shm") {
+        shm_pair()?
+    } else {
+        softverbs::soft::embedded_default()?
+    };
+    let (n, bytes, secs) = run(&devs, ios, size)?;
     println!(
         "{n} I/Os, {:.1} MiB in {secs:.3} s: {:.0} IOPS, {:.1} MiB/s (data checked)",
         bytes as f64 / 1048576.0,
@@ -42,6 +55,19 @@ fn main() -> Result<()> {
         bytes as f64 / 1048576.0 / secs
     );
     Ok(())
+}
+
+/// Two devices on 127.0.0.1 whose traffic goes through shared-memory
+/// rings (UDP carries only the rendezvous).
+#[allow(dead_code)]
+pub(crate) fn shm_pair() -> Result<Vec<Arc<SoftDevice>>> {
+    let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    static PAIRS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let pair = PAIRS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = |k| format!("blkraw{}_{pair}_{k}", std::process::id());
+    (0..2)
+        .map(|k| SoftDevice::create(SoftDeviceConfig::udp_shm(&name(k), UdpConfig::new(lo), ShmMode::Only)?))
+        .collect()
 }
 
 struct Side {
@@ -92,13 +118,18 @@ struct Io {
     len: usize,
 }
 
-/// Runs `ios` I/Os; returns (I/Os, bytes, seconds).
-pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
-    let devs = softverbs::soft::embedded_default()?;
+/// Runs `ios` I/Os (of `size` bytes, or 4 KiB to 1 MiB at random) between
+/// the first two of `devs`; returns (I/Os, bytes, seconds).
+pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> Result<(usize, u64, f64)> {
     let (cctx, tctx) = (devs[0].open()?, devs[1].open()?);
     let (ini, tgt) = (side(&cctx)?, side(&tctx)?);
-    connect(&ini.qp, tgt.qp.qp_num(), tctx.query_gid(1, 0)?)?;
-    connect(&tgt.qp, ini.qp.qp_num(), cctx.query_gid(1, 0)?)?;
+    let (ei, et) = (
+        Endpoint::local(&cctx, &ini.qp, 1, 0)?,
+        Endpoint::local(&tctx, &tgt.qp, 1, 0)?,
+    );
+    let opts = Connect::new().min_rnr_timer(1);
+    opts.apply(&cctx, &ini.qp, &ei, Some(&et))?;
+    opts.apply(&tctx, &tgt.qp, &et, Some(&ei))?;
     let store = tgt.pd.alloc_mr(STORE, AccessFlags::LOCAL_WRITE)?;
     for k in 0..QD {
         post_recv(&tgt, K_CMD_RECV, k)?;
@@ -118,7 +149,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
     let (mut started, mut done, mut bytes) = (0, 0, 0u64);
     let start = Instant::now();
     for k in 0..ios.min(QD) {
-        slots[k] = Some(submit(&ini, &frmrs[k], &bufs[k], k, &mut model, &mut rng)?);
+        slots[k] = Some(submit(&ini, &frmrs[k], &bufs[k], k, &mut model, &mut rng, size)?);
         started += 1;
     }
     let mut wcs = [WorkCompletion::default(); 32];
@@ -129,7 +160,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_CMD_RECV => {
-                    let cmd = tgt.msgs.to_vec(k * CMD, CMD)?;
+                    let cmd = tgt.msgs.to_vec((k * CMD) as u64, CMD)?;
                     post_recv(&tgt, K_CMD_RECV, k)?;
                     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
                     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
@@ -159,7 +190,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
             let k = (wc.wr_id & 0xffff_ffff) as usize;
             match wc.wr_id >> 32 {
                 K_REPLY_RECV => {
-                    let tag = u32::from_le_bytes(ini.msgs.to_vec(k * CMD, 4)?.try_into().unwrap()) as usize;
+                    let tag = u32::from_le_bytes(ini.msgs.to_vec((k * CMD) as u64, 4)?.try_into().unwrap()) as usize;
                     post_recv(&ini, K_REPLY_RECV, k)?;
                     let key = slots[tag].as_ref().expect("I/O in flight").1;
                     let wr = SendWr::new(id(K_INV, tag), SendOp::LocalInv { key }, &[]).flags(SendFlags::SIGNALED);
@@ -179,7 +210,7 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
                     bytes += io.len as u64;
                     done += 1;
                     if started < ios {
-                        slots[k] = Some(submit(&ini, &frmrs[k], &bufs[k], k, &mut model, &mut rng)?);
+                        slots[k] = Some(submit(&ini, &frmrs[k], &bufs[k], k, &mut model, &mut rng, size)?);
                         started += 1;
                     }
                 }
@@ -193,14 +224,22 @@ pub(crate) fn run(ios: usize) -> Result<(usize, u64, f64)> {
 
 /// Starts I/O `tag`: data in place, REG_MR of the buffer with a new key,
 /// then the command; returns the I/O and the key.
-fn submit(s: &Side, frmr: &Mr, buf: &Mr, tag: usize, model: &mut [u8], rng: &mut u64) -> Result<(Io, u32)> {
+fn submit(
+    s: &Side,
+    frmr: &Mr,
+    buf: &Mr,
+    tag: usize,
+    model: &mut [u8],
+    rng: &mut u64,
+    size: Option<usize>,
+) -> Result<(Io, u32)> {
     let mut next = || {
         *rng ^= *rng << 13;
         *rng ^= *rng >> 7;
         *rng ^= *rng << 17;
         *rng
     };
-    let len = PAGE_SIZE << (next() % 9);
+    let len = size.unwrap_or(PAGE_SIZE << (next() % 9));
     let off = tag * MAX_IO + (next() as usize % ((MAX_IO - len) / PAGE_SIZE + 1)) * PAGE_SIZE;
     let write = next() % 2 == 0;
     if write {
@@ -236,32 +275,4 @@ fn submit(s: &Side, frmr: &Mr, buf: &Mr, tag: usize, model: &mut [u8], rng: &mut
     let send = SendWr::new(id(K_CMD, tag), SendOp::Send, &inline).flags(SendFlags::SIGNALED | SendFlags::INLINE);
     s.qp.post_send(&[reg, send]).map_err(|e| e.error)?;
     Ok((Io { write, off, len }, key))
-}
-
-fn connect(qp: &Qp, dest: u32, gid: Gid) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(gid, 0, 1);
-    let m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN;
-    qp.modify(
-        &a,
-        m | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    a.qp_state = QpState::Rts;
-    (a.timeout, a.retry_cnt, a.rnr_retry, a.max_rd_atomic) = (14, 7, 7, 16);
-    let m = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT;
-    qp.modify(&a, m | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC)
 }

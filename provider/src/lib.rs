@@ -17,6 +17,26 @@
 //!   Linux namespace driver).
 //!
 //! See the [`verbs`] module for the memory-safety rule of the API.
+//!
+//! # Getting started
+//!
+//! Devices live inside the process that creates them: a soft device exists
+//! once it is made ([`soft::embedded_default`] makes two joined in this
+//! process; [`soft::SoftDeviceConfig::udp`] one that talks to other
+//! processes and hosts over UDP), a hardware device once the `hardware`
+//! feature finds it. Then it is libibverbs: a context, a protection
+//! domain, memory regions, completion queues, queue pairs.
+//! [`verbs::Endpoint`] and [`verbs::Qp::connect`] take a QP to RTS in one
+//! call, [`verbs::exchange`] swaps endpoints over TCP.
+//!
+//! The example below (`provider/examples/rdma_ops.rs`, `cargo run -p
+//! softverbs --example rdma_ops`) does an RDMA WRITE, a READ, a SEND with
+//! immediate data and an atomic fetch-and-add between two devices, waiting
+//! on completion channels:
+//!
+//! ```
+#![doc = include_str!("../examples/rdma_ops.rs")]
+//! ```
 
 pub mod cm;
 #[cfg(feature = "hardware")]

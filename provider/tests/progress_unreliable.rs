@@ -35,39 +35,14 @@ fn uc_qp(s: &Side) -> Qp {
     .unwrap()
 }
 
-/// Moves UC QP `qp` to RTS towards QP `dest` at `dgid`.
-fn connect_uc(qp: &Qp, dgid: Gid, dest: u32) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: dest,
-        rq_psn: 0,
-        ah_attr: AhAttr::roce(dgid, 0, 1),
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 0,
-        ..QpAttr::default()
-    };
-    qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+/// Moves UC QP `qp` of `s` to RTS towards QP `dest` of `peer` (PSNs 0).
+fn connect_uc(s: &Side, qp: &Qp, peer: &Side, dest: &Qp) {
+    let local = Endpoint::local(&s.ctx, qp, 1, 0).unwrap().with_psn(0);
+    let remote = Endpoint::local(&peer.ctx, dest, 1, 0).unwrap().with_psn(0);
+    Connect::new()
+        .mtu(Mtu::Mtu1024)
+        .apply(&s.ctx, qp, &local, Some(&remote))
+        .unwrap();
 }
 
 fn tx_datagrams(d: &SoftDevice) -> u64 {
@@ -88,8 +63,8 @@ fn a_uc_send_has_left_when_its_completion_is_polled_with_a_spinning_progress_thr
     let (da, db) = (device(LO4, spinning), device(LO4, EngineMode::Inline));
     let (a, b) = (side(&da, 4096, 0), side(&db, 4096, 0));
     let (qa, qb) = (uc_qp(&a), uc_qp(&b));
-    connect_uc(&qa, b.gid, qb.qp_num());
-    connect_uc(&qb, a.gid, qa.qp_num());
+    connect_uc(&a, &qa, &b, &qb);
+    connect_uc(&b, &qb, &a, &qa);
     let rounds = 300u64;
     for i in 0..rounds {
         let rsge = [b.mr.sge(0, 64).unwrap()];

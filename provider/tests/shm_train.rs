@@ -118,7 +118,7 @@ fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLin
     a.mr.write(4096, &data).unwrap();
     write_to(&a, &b, 2, &[a.mr.sge(4096, MIB).unwrap()], 8192);
     assert_eq!(b.mr.to_vec(8192, MIB as usize).unwrap(), data);
-    assert_eq!(b.mr.to_vec(8192 + MIB as usize, 16).unwrap(), vec![0; 16]);
+    assert_eq!(b.mr.to_vec(8192 + u64::from(MIB), 16).unwrap(), vec![0; 16]);
     quiet(&a, &b);
 
     // SEND of 1 MiB into a receive buffer at 2 MiB of b.
@@ -133,13 +133,13 @@ fn large_messages(engine: EngineMode, trains: bool) -> (Arc<ShmLink>, Arc<ShmLin
     assert_eq!((r.wr_id, r.status, r.byte_len), (3, WcStatus::Success, MIB));
     let s = wait_one(&a.scq, &[&b.rcq]);
     assert_eq!((s.wr_id, s.status), (3, WcStatus::Success));
-    assert_eq!(b.mr.to_vec(2 * MIB as usize, MIB as usize).unwrap(), data);
+    assert_eq!(b.mr.to_vec(2 * u64::from(MIB), MIB as usize).unwrap(), data);
     quiet(&a, &b);
 
     // SEND of two pieces (300 KiB + 200 KiB, unaligned) of a.
     let (p1, p2) = (pattern(300 << 10, 0x33), pattern(200 << 10, 0x44));
     a.mr.write(5, &p1).unwrap();
-    a.mr.write(3 * MIB as usize + 1, &p2).unwrap();
+    a.mr.write(3 * u64::from(MIB) + 1, &p2).unwrap();
     let sge = [b.mr.sge(0, MIB).unwrap()];
     b.qp.post_recv(&[RecvWr::new(4, &sge)]).unwrap();
     let sge = [

@@ -15,12 +15,11 @@ use softverbs::verbs::*;
 
 struct Side {
     dev: Arc<SoftDevice>,
-    _ctx: Context,
+    ctx: Context,
     _pd: Pd,
     cq: Cq,
     qp: Qp,
     mr: Mr,
-    gid: Gid,
 }
 
 const MR_LEN: usize = 2 << 20;
@@ -50,61 +49,29 @@ fn side(fabric: &Arc<InprocFabric>, name: &str, last: u8) -> Side {
         .unwrap();
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     let mr = pd.alloc_mr(MR_LEN, access).unwrap();
-    let gid = ctx.query_gid(1, 0).unwrap();
     Side {
         dev,
-        _ctx: ctx,
+        ctx,
         _pd: pd,
         cq,
         qp,
         mr,
-        gid,
     }
-}
-
-fn connect(s: &Side, peer: &Side) {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        ..QpAttr::default()
-    };
-    let m = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    s.qp.modify(&a, m).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu4096;
-    a.dest_qp_num = peer.qp.qp_num();
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 1;
-    a.ah_attr = AhAttr::roce(peer.gid, 0, 1);
-    let m = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN
-        | QpAttrMask::MAX_DEST_RD_ATOMIC
-        | QpAttrMask::MIN_RNR_TIMER;
-    s.qp.modify(&a, m).unwrap();
-    a.qp_state = QpState::Rts;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
-    let m = QpAttrMask::STATE
-        | QpAttrMask::SQ_PSN
-        | QpAttrMask::TIMEOUT
-        | QpAttrMask::RETRY_CNT
-        | QpAttrMask::RNR_RETRY
-        | QpAttrMask::MAX_QP_RD_ATOMIC;
-    s.qp.modify(&a, m).unwrap();
 }
 
 fn pair(tag: u8) -> (Side, Side) {
     let fabric = InprocFabric::new();
     let a = side(&fabric, &format!("train{tag}a"), 1);
     let b = side(&fabric, &format!("train{tag}b"), 2);
-    connect(&a, &b);
-    connect(&b, &a);
+    let ea = Endpoint::local(&a.ctx, &a.qp, 1, 0).unwrap().with_psn(0);
+    let eb = Endpoint::local(&b.ctx, &b.qp, 1, 0).unwrap().with_psn(0);
+    let opts = Connect::new()
+        .mtu(Mtu::Mtu4096)
+        .min_rnr_timer(1)
+        .max_rd_atomic(1)
+        .max_dest_rd_atomic(1);
+    opts.apply(&a.ctx, &a.qp, &ea, Some(&eb)).unwrap();
+    opts.apply(&b.ctx, &b.qp, &eb, Some(&ea)).unwrap();
     (a, b)
 }
 
@@ -132,7 +99,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn read(mr: &Mr, off: usize, len: usize) -> Vec<u8> {
+fn read(mr: &Mr, off: u64, len: usize) -> Vec<u8> {
     let mut v = vec![0; len];
     mr.read(off, &mut v).unwrap();
     v
@@ -201,7 +168,7 @@ fn large_writes_and_sends_travel_as_trains_and_land_exactly() {
     scattered.extend(read(&b.mr, 1_700_000, sent.len() - 110_000));
     assert_eq!(scattered, sent);
     assert_eq!(
-        read(&b.mr, 1_700_000 + sent.len() - 110_000, 8),
+        read(&b.mr, 1_700_000 + sent.len() as u64 - 110_000, 8),
         [0; 8],
         "nothing past the message"
     );

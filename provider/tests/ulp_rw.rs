@@ -102,7 +102,7 @@ fn read_write_contexts_move_the_bytes_with_and_without_fast_registration() {
         poll_until(&[&a.cq, &b.cq], "the write context", || n.load(Ordering::SeqCst) == 1);
         for (k, m) in locals.iter().enumerate() {
             assert_eq!(
-                remote.to_vec(k * 4096, 4096).unwrap(),
+                remote.to_vec(k as u64 * 4096, 4096).unwrap(),
                 m.to_vec(0, 4096).unwrap(),
                 "{mode:?} page {k}"
             );
@@ -133,7 +133,10 @@ fn read_write_contexts_move_the_bytes_with_and_without_fast_registration() {
     assert!(posted.fast_reg);
     poll_until(&[&a.cq, &b.cq], "the read context", || n.load(Ordering::SeqCst) == 1);
     for (k, m) in sinks.iter().enumerate() {
-        assert_eq!(m.to_vec(0, 4096).unwrap(), remote.to_vec((k + 1) * 4096, 4096).unwrap());
+        assert_eq!(
+            m.to_vec(0, 4096).unwrap(),
+            remote.to_vec((k as u64 + 1) * 4096, 4096).unwrap()
+        );
     }
     assert_eq!(a.cq.stats().stray, 0);
 }
@@ -534,7 +537,10 @@ fn lazy_invalidation_runs_the_callback_first_and_frees_the_mr_after() {
             "the callback ran before the invalidation gave the MR back"
         );
         for (k, m) in locals.iter().enumerate() {
-            assert_eq!(remote.to_vec(k * 4096, 4096).unwrap(), m.to_vec(0, 4096).unwrap());
+            assert_eq!(
+                remote.to_vec(k as u64 * 4096, 4096).unwrap(),
+                m.to_vec(0, 4096).unwrap()
+            );
         }
         assert_eq!(a.qp().stats().sq_used, 0);
     }

@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use clap::ValueEnum as _;
+
 use softverbs::verbs::{BackendKind, Mtu, QpType};
 
 use super::PerfError;
@@ -208,8 +210,10 @@ impl LinkKind {
 }
 
 /// The arguments of `softverbs perf`.
+///
+/// As with perftest (getopt), a flag given twice takes its last value.
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "perftest options")]
+#[command(next_help_heading = "perftest options", args_override_self = true)]
 pub struct PerfArgs {
     /// The test: write_bw, write_lat, read_bw, read_lat, send_bw, send_lat,
     /// atomic_bw, atomic_lat, or scale (many QPs: message rate and memory
@@ -232,24 +236,28 @@ pub struct PerfArgs {
     #[arg(short = 'n', long = "iters", value_name = "ITERS")]
     pub iters: Option<u64>,
     /// Run the test for this many seconds instead of -n iterations
-    #[arg(short = 'D', long = "duration", value_name = "SECONDS", conflicts_with_all = ["iters", "all"])]
+    #[arg(short = 'D', long = "duration", value_name = "SECONDS", conflicts_with_all = ["iters", "all"],
+          value_parser = clap::value_parser!(u64).range(1..))]
     pub duration: Option<u64>,
     /// Warm-up and cool-down margin of a -D run, in seconds
     #[arg(short = 'f', long = "margin", value_name = "SECONDS", default_value_t = 2)]
     pub margin: u64,
     /// Size of the tx queue [default: 128 for bw, 1 for lat]
-    #[arg(short = 't', long = "tx-depth", value_name = "DEPTH")]
+    #[arg(short = 't', long = "tx-depth", value_name = "DEPTH",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub tx_depth: Option<u32>,
     /// Local ACK timeout of RC QPs, 4.096 µs · 2^N per try (0: none)
     #[arg(short = 'u', long = "qp-timeout", value_name = "N", default_value_t = super::resources::DEF_QP_TIME,
           value_parser = clap::value_parser!(u8).range(0..=31))]
     pub qp_timeout: u8,
     /// Size of the rx queue (send tests) [default: 512]
-    #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH")]
+    #[arg(short = 'r', long = "rx-depth", value_name = "DEPTH",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub rx_depth: Option<u32>,
     /// Generate a CQE only every N sends (bw tests and send_lat, as
     /// perftest) [default: 100]
-    #[arg(short = 'Q', long = "cq-mod", value_name = "N")]
+    #[arg(short = 'Q', long = "cq-mod", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub cq_mod: Option<u32>,
     /// Max size of message to be sent inline [default: 0 for bw; 220 for
     /// write_lat, 236 for send_lat (188 on UD)]
@@ -296,7 +304,8 @@ pub struct PerfArgs {
     /// Cancel peak-bw calculation (default with peak up to iters=20000)
     #[arg(short = 'N', long = "noPeak")]
     pub no_peak: bool,
-    /// Report Max/Average BW in Gbit/sec (instead of MiB/sec)
+    /// Report Max/Average BW in Gbit/sec (instead of MB/sec, where perftest
+    /// 4.5's MB is 2^20 bytes)
     #[arg(long = "report_gbits")]
     pub report_gbits: bool,
     /// Decimal places of the latency figures (perftest prints 2: a step of
@@ -314,7 +323,7 @@ pub struct PerfArgs {
           default_missing_value = "perftest_out.json")]
     pub out_json: Option<String>,
     /// Name of the JSON report file (implies --out_json)
-    #[arg(long = "out_json_file", value_name = "FILE", conflicts_with = "out_json")]
+    #[arg(long = "out_json_file", value_name = "FILE")]
     pub out_json_file: Option<String>,
 
     /// Use IB device DEV [default: the first device; softverbs_0 in loopback]
@@ -377,6 +386,354 @@ pub struct PerfArgs {
     /// regardless)
     #[arg(long, help_heading = "softverbs options")]
     pub stats: bool,
+
+    /// Do not warn about CPU frequency scaling (softverbs never does: its
+    /// clock is the TSC)
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Print the version and exit
+    #[arg(short = 'V', long = "version")]
+    pub version: bool,
+    /// Fail (exit 3) when the average bandwidth is below this limit, in the
+    /// report's unit (MB/sec, Gb/sec with --report_gbits)
+    #[arg(short = 'w', long = "limit_bw", value_name = "VALUE")]
+    pub limit_bw: Option<f64>,
+    /// Fail (exit 3) when the message rate is below this limit, in Mpps
+    #[arg(short = 'y', long = "limit_msgrate", value_name = "VALUE")]
+    pub limit_msgrate: Option<f64>,
+    /// Print only this figure per message size: bandwidth (BW average),
+    /// message_rate (Mpps) or latency (t_avg, usec), without banner or
+    /// table
+    #[arg(long = "output", value_enum, value_name = "UNITS")]
+    pub output: Option<OutputKind>,
+    /// Reverse the traffic direction: the server's end sends (loopback
+    /// runs swap the two devices)
+    #[arg(long = "reversed")]
+    pub reversed: bool,
+    /// Run the test forever (needs -D), printing the results every
+    /// duration
+    #[arg(long = "run_infinitely", requires = "duration")]
+    pub run_infinitely: bool,
+    /// Before measuring each size, an unmeasured pass of tx-depth
+    /// operations (write, read and atomic bandwidth tests; loopback runs)
+    #[arg(long = "perform_warm_up")]
+    pub perform_warm_up: bool,
+
+    /// perftest flags that have no effect here (each says why in one line
+    /// on standard error).
+    #[command(flatten)]
+    pub inert: InertArgs,
+}
+
+/// `--output`: the one figure perftest prints per size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputKind {
+    /// Average bandwidth
+    #[value(name = "bandwidth")]
+    Bandwidth,
+    /// Message rate
+    #[value(name = "message_rate")]
+    MessageRate,
+    /// Average latency
+    #[value(name = "latency")]
+    Latency,
+}
+
+/// perftest flags accepted for script compatibility that cannot apply to
+/// this implementation: each one given is named on standard error with the
+/// reason, and the run goes on without it.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "perftest options without effect here (accepted, said on stderr)")]
+pub struct InertArgs {
+    /// Report times in CPU cycles
+    #[arg(short = 'C', long = "report-cycles")]
+    pub report_cycles: bool,
+    /// Print every latency sample
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// Print unsorted latency samples
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
+    /// Service level
+    #[arg(short = 'S', long = "sl", value_name = "SL")]
+    pub sl: Option<String>,
+    /// Type of service of rdma_cm QPs
+    #[arg(short = 'T', long = "tos", value_name = "TOS")]
+    pub tos: Option<String>,
+    /// Connect QPs with rdma_cm
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
+    /// Exchange data through rdma_cm
+    #[arg(short = 'z', long = "com_rdma_cm")]
+    pub com_rdma_cm: bool,
+    /// Hop limit (TTL)
+    #[arg(short = 'L', long = "hop_limit", value_name = "N")]
+    pub hop_limit: Option<String>,
+    /// Dual-port mode
+    #[arg(short = 'O', long = "dualport")]
+    pub dualport: bool,
+    /// Performance counters to report
+    #[arg(short = 'W', long = "report-counters", value_name = "LIST")]
+    pub report_counters: Option<String>,
+    /// Completion vector of the event channel
+    #[arg(short = 'X', long = "vector", value_name = "N")]
+    pub vector: Option<String>,
+    /// Multicast group GID
+    #[arg(short = 'M', long = "MGID", value_name = "GID")]
+    pub mgid: Option<String>,
+    /// Send to a multicast group
+    #[arg(short = 'g', long = "mcg")]
+    pub mcg: bool,
+    /// Show CPU utilisation (duration mode)
+    #[arg(long = "cpu_util")]
+    pub cpu_util: bool,
+    /// Use a shared receive queue
+    #[arg(long = "use-srq")]
+    pub use_srq: bool,
+    /// Report RX and TX separately in bidirectional tests
+    #[arg(long = "report-both")]
+    pub report_both: bool,
+    /// Use an IPv6 GID
+    #[arg(long = "ipv6")]
+    pub ipv6: bool,
+    /// Traffic class of the GRH
+    #[arg(long = "tclass", value_name = "N")]
+    pub tclass: Option<String>,
+    /// Destination LID
+    #[arg(long = "dlid", value_name = "LID")]
+    pub dlid: Option<String>,
+    /// Do not exchange versions and MTU
+    #[arg(long = "dont_xchg_versions")]
+    pub dont_xchg_versions: bool,
+    /// Force the link type
+    #[arg(long = "force-link", value_name = "TYPE")]
+    pub force_link: Option<String>,
+    /// Source IP of the connection
+    #[arg(long = "source_ip", value_name = "IP")]
+    pub source_ip: Option<String>,
+    /// Buffer in an mmap'd file
+    #[arg(long = "mmap", value_name = "FILE")]
+    pub mmap: Option<String>,
+    /// Offset in the mmap'd file
+    #[arg(long = "mmap-offset", value_name = "OFFSET")]
+    pub mmap_offset: Option<String>,
+    /// One MR per QP
+    #[arg(long = "mr_per_qp")]
+    pub mr_per_qp: bool,
+    /// On-demand paging
+    #[arg(long = "odp")]
+    pub odp: bool,
+    /// The old post_send flow
+    #[arg(long = "use_old_post_send")]
+    pub use_old_post_send: bool,
+    /// P_Key index
+    #[arg(long = "pkey_index", value_name = "N")]
+    pub pkey_index: Option<String>,
+    /// Report both ports in dual-port mode
+    #[arg(long = "report-per-port")]
+    pub report_per_port: bool,
+    /// Retry count in rdma_cm mode
+    #[arg(long = "retry_count", value_name = "N")]
+    pub retry_count: Option<String>,
+    /// Hugepage buffers
+    #[arg(long = "use_hugepages")]
+    pub use_hugepages: bool,
+    /// Wait before destroying the resources
+    #[arg(long = "wait_destroy", value_name = "SECONDS")]
+    pub wait_destroy: Option<String>,
+    /// Disable PCIe relaxed ordering
+    #[arg(long = "disable_pcie_relaxed")]
+    pub disable_pcie_relaxed: bool,
+    /// Rate limiter burst size
+    #[arg(long = "burst_size", value_name = "N")]
+    pub burst_size: Option<String>,
+    /// Rate limiter packet size
+    #[arg(long = "typical_pkt_size", value_name = "BYTES")]
+    pub typical_pkt_size: Option<String>,
+    /// Rate limit
+    #[arg(long = "rate_limit", value_name = "RATE")]
+    pub rate_limit: Option<String>,
+    /// Rate limit units
+    #[arg(long = "rate_units", value_name = "UNITS")]
+    pub rate_units: Option<String>,
+    /// Rate limiter type
+    #[arg(long = "rate_limit_type", value_name = "TYPE")]
+    pub rate_limit_type: Option<String>,
+    /// Inline receive size
+    #[arg(long = "inline_recv", value_name = "SIZE")]
+    pub inline_recv: Option<String>,
+    /// Gap between latency iterations
+    #[arg(long = "latency_gap", value_name = "TIME")]
+    pub latency_gap: Option<String>,
+    /// Post list of receive WQEs
+    #[arg(long = "recv_post_list", value_name = "N")]
+    pub recv_post_list: Option<String>,
+    /// DC initiator streams
+    #[arg(long = "log_dci_streams", value_name = "N")]
+    pub log_dci_streams: Option<String>,
+    /// Active DC initiator streams
+    #[arg(long = "log_active_dci_streams", value_name = "N")]
+    pub log_active_dci_streams: Option<String>,
+    /// AES-XTS encryption
+    #[arg(long = "aes_xts")]
+    pub aes_xts: bool,
+    /// Encrypt on TX
+    #[arg(long = "encrypt_on_tx")]
+    pub encrypt_on_tx: bool,
+    /// Signature before encryption
+    #[arg(long = "sig_before")]
+    pub sig_before: bool,
+    /// AES block size
+    #[arg(long = "aes_block_size", value_name = "SIZE")]
+    pub aes_block_size: Option<String>,
+    /// Number of data encryption keys
+    #[arg(long = "data_enc_keys_number", value_name = "N")]
+    pub data_enc_keys_number: Option<String>,
+    /// Key encryption key file
+    #[arg(long = "kek_path", value_name = "PATH")]
+    pub kek_path: Option<String>,
+    /// Credentials file
+    #[arg(long = "credentials_path", value_name = "PATH")]
+    pub credentials_path: Option<String>,
+    /// Data encryption key application
+    #[arg(long = "data_enc_key_app_path", value_name = "PATH")]
+    pub data_enc_key_app_path: Option<String>,
+    /// GPU buffers (perftest built with CUDA)
+    #[arg(long = "use_cuda", value_name = "GPU")]
+    pub use_cuda: Option<String>,
+    /// GPU buffers by PCI bus id (perftest built with CUDA)
+    #[arg(long = "use_cuda_bus_id", value_name = "BUS_ID")]
+    pub use_cuda_bus_id: Option<String>,
+    /// GPU buffers (perftest built with ROCm)
+    #[arg(long = "use_rocm", value_name = "GPU")]
+    pub use_rocm: Option<String>,
+}
+
+/// Why the soft path has no mlx5 crypto, DC, rate limiter or device memory
+/// features that some perftest flags configure.
+const NO_FEATURE: &str = "a feature of some NICs that the verbs API here does not expose";
+/// Why the QP attributes below are not applied.
+const QP_DEFAULTS: &str = "the QP bring-up uses its defaults (SL 0, hop limit 64, traffic class 0, P_Key index 0)";
+
+impl InertArgs {
+    /// One line per given flag: the flag, its value and why it has no
+    /// effect.
+    pub fn notes(&self) -> Vec<String> {
+        let b = |on: bool, flag: &str, why: &str| on.then(|| format!("{flag} ignored: {why}"));
+        let v =
+            |val: &Option<String>, flag: &str, why: &str| val.as_ref().map(|x| format!("{flag} {x} ignored: {why}"));
+        [
+            b(self.report_cycles, "-C", "times are reported in usec"),
+            b(self.report_histogram, "-H", "the latency table is the summary only"),
+            b(self.report_unsorted, "-U", "the latency table is the summary only"),
+            v(&self.sl, "-S", QP_DEFAULTS),
+            v(&self.tos, "-T", "QPs are connected by the TCP exchange, not rdma_cm"),
+            b(self.rdma_cm, "-R", "QPs are connected by the TCP exchange, not rdma_cm"),
+            b(
+                self.com_rdma_cm,
+                "-z",
+                "the addresses are exchanged over TCP, not rdma_cm",
+            ),
+            v(&self.hop_limit, "-L", QP_DEFAULTS),
+            b(self.dualport, "-O", "the devices here have one port"),
+            v(
+                &self.report_counters,
+                "-W",
+                "use --stats for the soft device's counters",
+            ),
+            v(&self.vector, "-X", "every CQ uses completion vector 0"),
+            v(&self.mgid, "-M", "multicast is not supported (max_mcast_grp 0)"),
+            b(self.mcg, "-g", "multicast is not supported (max_mcast_grp 0)"),
+            b(self.cpu_util, "--cpu_util", "CPU utilisation is not measured"),
+            b(
+                self.use_srq,
+                "--use-srq",
+                "the tests post to each QP's own receive queue",
+            ),
+            b(
+                self.report_both,
+                "--report-both",
+                "bidirectional runs report the combined figure",
+            ),
+            b(
+                self.ipv6,
+                "--ipv6",
+                "the GID of -x (or the first populated one) is used as it is",
+            ),
+            v(&self.tclass, "--tclass", QP_DEFAULTS),
+            v(&self.dlid, "--dlid", "RoCE addresses by GID, not LID"),
+            b(
+                self.dont_xchg_versions,
+                "--dont_xchg_versions",
+                "the exchange always checks the peer's parameters",
+            ),
+            v(&self.force_link, "--force-link", "the link layer is the port's"),
+            v(
+                &self.source_ip,
+                "--source_ip",
+                "the TCP connection uses the routing table's address",
+            ),
+            v(&self.mmap, "--mmap", "buffers are allocated memory"),
+            v(&self.mmap_offset, "--mmap-offset", "buffers are allocated memory"),
+            b(self.mr_per_qp, "--mr_per_qp", "all QPs share one MR"),
+            b(self.odp, "--odp", "on-demand paging is not supported"),
+            b(self.use_old_post_send, "--use_old_post_send", "there is one post_send"),
+            v(&self.pkey_index, "--pkey_index", QP_DEFAULTS),
+            b(
+                self.report_per_port,
+                "--report-per-port",
+                "the devices here have one port",
+            ),
+            v(
+                &self.retry_count,
+                "--retry_count",
+                "QPs are connected by the TCP exchange, not rdma_cm",
+            ),
+            b(self.use_hugepages, "--use_hugepages", "buffers are allocated memory"),
+            v(
+                &self.wait_destroy,
+                "--wait_destroy",
+                "resources are destroyed at the end of the run",
+            ),
+            b(self.disable_pcie_relaxed, "--disable_pcie_relaxed", NO_FEATURE),
+            v(&self.burst_size, "--burst_size", NO_FEATURE),
+            v(&self.typical_pkt_size, "--typical_pkt_size", NO_FEATURE),
+            v(&self.rate_limit, "--rate_limit", NO_FEATURE),
+            v(&self.rate_units, "--rate_units", NO_FEATURE),
+            v(&self.rate_limit_type, "--rate_limit_type", NO_FEATURE),
+            v(&self.inline_recv, "--inline_recv", NO_FEATURE),
+            v(
+                &self.latency_gap,
+                "--latency_gap",
+                "latency iterations run back to back",
+            ),
+            v(
+                &self.recv_post_list,
+                "--recv_post_list",
+                "receives are posted one at a time",
+            ),
+            v(&self.log_dci_streams, "--log_dci_streams", NO_FEATURE),
+            v(&self.log_active_dci_streams, "--log_active_dci_streams", NO_FEATURE),
+            b(self.aes_xts, "--aes_xts", NO_FEATURE),
+            b(self.encrypt_on_tx, "--encrypt_on_tx", NO_FEATURE),
+            b(self.sig_before, "--sig_before", NO_FEATURE),
+            v(&self.aes_block_size, "--aes_block_size", NO_FEATURE),
+            v(&self.data_enc_keys_number, "--data_enc_keys_number", NO_FEATURE),
+            v(&self.kek_path, "--kek_path", NO_FEATURE),
+            v(&self.credentials_path, "--credentials_path", NO_FEATURE),
+            v(&self.data_enc_key_app_path, "--data_enc_key_app_path", NO_FEATURE),
+            v(&self.use_cuda, "--use_cuda", "buffers are host memory (no GPU support)"),
+            v(
+                &self.use_cuda_bus_id,
+                "--use_cuda_bus_id",
+                "buffers are host memory (no GPU support)",
+            ),
+            v(&self.use_rocm, "--use_rocm", "buffers are host memory (no GPU support)"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// Where the two ends of the test run.
@@ -460,6 +817,20 @@ pub struct Params {
     pub backend: BackendKind,
     /// Link (soft backend).
     pub link: LinkKind,
+    /// `--output`: print only this figure per size.
+    pub output: Option<OutputKind>,
+    /// `-w`: least average bandwidth, in the report's unit.
+    pub limit_bw: Option<f64>,
+    /// `-y`: least message rate, in Mpps.
+    pub limit_msgrate: Option<f64>,
+    /// `--reversed`: the server's end sends.
+    pub reversed: bool,
+    /// `--perform_warm_up`: an unmeasured pass before each size.
+    pub warm_up: bool,
+    /// Values the run uses other than the ones given (a margin too long
+    /// for the duration, a moderation the test cannot use, …), and the
+    /// flags without effect: one line each, for standard error.
+    pub notes: Vec<String>,
 }
 
 /// perftest's largest message (`-a` goes up to it).
@@ -479,8 +850,8 @@ impl Params {
     /// # Errors
     ///
     /// [`PerfError::Usage`] for a combination perftest rejects (a verb the
-    /// connection type cannot carry, a size out of range, …) and
-    /// [`PerfError::NotAvailable`] for a link the soft provider lacks.
+    /// connection type cannot carry, a size out of range, a server or
+    /// client on the in-process link, …).
     pub fn from_args(a: &PerfArgs, backend: BackendKind) -> Result<Params, PerfError> {
         let verb = a
             .test
@@ -507,7 +878,7 @@ impl Params {
         if backend == BackendKind::Soft {
             match a.link {
                 LinkKind::Inproc if mode != Mode::Loopback => {
-                    return Err(PerfError::NotAvailable(
+                    return Err(PerfError::Usage(
                         "--server/--client need a network link between processes: use --link udp (the in-process \
                          link joins devices of one process only), or --backend hw over real devices"
                             .into(),
@@ -550,14 +921,22 @@ impl Params {
         if iters < MIN_ITERS {
             return Err(usage(format!("iterations must be at least {MIN_ITERS}")));
         }
-        let tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 }).max(1);
-        let rx_depth = a
-            .rx_depth
-            .unwrap_or(if verb == VerbKind::Send { 512 } else { 1 })
-            .max(1);
-        let mut cq_mod = a.cq_mod.unwrap_or(100).max(1);
+        let mut notes = Vec::new();
+        if a.all && atomic {
+            notes.push("-a: atomic tests run 8-byte messages only".to_string());
+        }
+        // The parser refuses depths and moderation of 0.
+        let tx_depth = a.tx_depth.unwrap_or(if bw { 128 } else { 1 });
+        let rx_depth = a.rx_depth.unwrap_or(if verb == VerbKind::Send { 512 } else { 1 });
+        let mut cq_mod = a.cq_mod.unwrap_or(100);
         if a.post_list > 1 {
             // perftest signals the last WR of each list.
+            if a.cq_mod.is_some_and(|q| q != a.post_list) {
+                notes.push(format!(
+                    "-Q {cq_mod} replaced by {}: with a post list the last WR of each list is signaled",
+                    a.post_list
+                ));
+            }
             cq_mod = a.post_list;
             if a.post_list > tx_depth {
                 return Err(usage(format!(
@@ -573,11 +952,21 @@ impl Params {
             }
         }
         if bw {
-            cq_mod = cq_mod.min(tx_depth);
+            if cq_mod > tx_depth {
+                if a.cq_mod.is_some() {
+                    notes.push(format!(
+                        "-Q {cq_mod} lowered to the tx depth {tx_depth} (a CQE at least once per queue)"
+                    ));
+                }
+                cq_mod = tx_depth;
+            }
         } else if verb != VerbKind::Send {
             // perftest's write, read and atomic latency tests signal every
             // WR; send_lat signals every cq_mod-th and the last, and waits
             // for that completion before going on.
+            if a.cq_mod.is_some_and(|q| q != 1) {
+                notes.push(format!("-Q {cq_mod} ignored: {} signals every WR", a.test));
+            }
             cq_mod = 1;
         }
         let inline_size = a.inline_size.unwrap_or(match (bw, verb) {
@@ -600,19 +989,59 @@ impl Params {
             ));
         }
         let out_json = a.out_json_file.clone().or_else(|| a.out_json.clone());
+        // The parser refuses -D 0.
         let duration = a.duration;
-        if let Some(d) = duration {
-            if d == 0 {
-                return Err(usage("-D needs at least 1 second"));
-            }
-        }
         let mut margin = a.margin as f64;
         if let Some(d) = duration {
             // Keep at least half of the run for sampling.
             if 2.0 * margin > d as f64 / 2.0 {
                 margin = d as f64 / 4.0;
+                notes.push(format!(
+                    "-f {}: margin lowered to {margin} s so that half of the {d} s run is sampled",
+                    a.margin
+                ));
             }
         }
+        if a.reversed && mode != Mode::Loopback {
+            return Err(usage(
+                "--reversed is implemented for loopback runs (both ends here): swap the roles of the two hosts instead",
+            ));
+        }
+        if let Some(o) = a.output {
+            let fits = match o {
+                OutputKind::Bandwidth | OutputKind::MessageRate => bw,
+                OutputKind::Latency => !bw,
+            };
+            if !fits {
+                return Err(usage(format!(
+                    "--output {}: not a figure of {}",
+                    o.to_possible_value()
+                        .map_or_else(String::new, |v| v.get_name().to_string()),
+                    a.test
+                )));
+            }
+        }
+        // A loopback run over the soft UDP or shared-memory link makes its
+        // two devices for their roles (the passive one with a progress
+        // thread): swapping them would leave the passive end undriven.
+        let net_loopback = backend == BackendKind::Soft && a.link != LinkKind::Inproc;
+        let reversed = a.reversed && !net_loopback;
+        if a.reversed && net_loopback {
+            notes.push(format!(
+                "--reversed ignored: over --link {} both loopback devices are made for their roles, alike but for that",
+                a.link.name()
+            ));
+        }
+        let warm_up = a.perform_warm_up && bw && verb != VerbKind::Send && mode == Mode::Loopback;
+        if a.perform_warm_up && !warm_up {
+            notes.push(if mode == Mode::Loopback {
+                "--perform_warm_up ignored: as in perftest, only write, read and atomic bandwidth tests warm up"
+                    .to_string()
+            } else {
+                "--perform_warm_up ignored: server/client runs do not warm up here (loopback runs do)".to_string()
+            });
+        }
+        notes.extend(a.inert.notes());
         Ok(Params {
             test: a.test,
             verb,
@@ -647,7 +1076,29 @@ impl Params {
             mode,
             backend,
             link: a.link,
+            output: a.output,
+            limit_bw: a.limit_bw,
+            limit_msgrate: a.limit_msgrate,
+            reversed,
+            warm_up,
+            notes,
         })
+    }
+
+    /// The parameters of a `--perform_warm_up` pass: the tx depth's worth
+    /// of operations per QP (at least perftest's minimum, a whole number of
+    /// post lists), one way, nothing measured.
+    pub fn warm_up_params(&self) -> Params {
+        let l = u64::from(self.post_list);
+        let iters = u64::from(self.tx_depth).max(MIN_ITERS).div_ceil(l) * l;
+        Params {
+            iters,
+            duration: None,
+            peak: false,
+            duplex: false,
+            warm_up: false,
+            ..self.clone()
+        }
     }
 
     /// The largest message of the run.
@@ -797,10 +1248,7 @@ mod tests {
                 .mode,
             Mode::Server
         );
-        assert!(matches!(
-            params(&["write_bw", "--server"]),
-            Err(PerfError::NotAvailable(_))
-        ));
+        assert!(matches!(params(&["write_bw", "--server"]), Err(PerfError::Usage(_))));
         assert_eq!(params(&["write_bw", "--link", "udp"]).unwrap().link, LinkKind::Udp);
         assert_eq!(
             params(&["write_bw", "--link", "udp", "--server"]).unwrap().mode,
@@ -825,5 +1273,88 @@ mod tests {
             assert!(matches!(params(bad), Err(PerfError::Usage(_))), "{bad:?}");
         }
         assert!(try_parse(&["write_bw", "-D", "2", "-n", "10"]).is_err());
+    }
+
+    #[test]
+    fn last_flag_wins_and_values_are_not_clamped_silently() {
+        let p = params(&["write_bw", "-s", "64", "-s", "128", "-q", "2", "-q", "3"]).unwrap();
+        assert_eq!((p.sizes.clone(), p.qps), (vec![128], 3));
+        for zero in ["-t", "-r", "-Q", "-D"] {
+            assert!(try_parse(&["send_bw", zero, "0"]).is_err(), "{zero} 0");
+        }
+        // perftest's adjustments happen, and are said.
+        let p = params(&["write_bw", "-t", "8", "-Q", "32"]).unwrap();
+        assert_eq!(p.cq_mod, 8);
+        assert_eq!(
+            p.notes,
+            ["-Q 32 lowered to the tx depth 8 (a CQE at least once per queue)"]
+        );
+        let p = params(&["write_bw", "-l", "4", "-Q", "2", "-n", "40"]).unwrap();
+        assert_eq!(p.cq_mod, 4);
+        assert!(p.notes[0].starts_with("-Q 2 replaced by 4"), "{:?}", p.notes);
+        let p = params(&["read_lat", "-Q", "5"]).unwrap();
+        assert_eq!(p.cq_mod, 1);
+        assert_eq!(p.notes, ["-Q 5 ignored: read_lat signals every WR"]);
+        let p = params(&["write_bw", "-D", "3"]).unwrap();
+        assert_eq!(p.margin, 0.75);
+        assert!(
+            p.notes[0].starts_with("-f 2: margin lowered to 0.75 s"),
+            "{:?}",
+            p.notes
+        );
+        let p = params(&["atomic_bw", "-a"]).unwrap();
+        assert_eq!((p.sizes.clone(), p.notes.len()), (vec![8], 1));
+        // Defaults adapted without a flag given say nothing.
+        assert!(params(&["write_bw", "-t", "8"]).unwrap().notes.is_empty());
+    }
+
+    #[test]
+    fn flags_without_effect_are_named() {
+        let p = params(&["write_bw", "-S", "3", "-R", "--use-srq", "--tclass=96", "-F"]).unwrap();
+        let flags: Vec<&str> = p.notes.iter().map(|n| n.split(" ignored: ").next().unwrap()).collect();
+        assert_eq!(flags, ["-S 3", "-R", "--use-srq", "--tclass 96"]);
+        assert!(
+            params(&["write_bw", "-F"]).unwrap().notes.is_empty(),
+            "-F has its meaning"
+        );
+    }
+
+    #[test]
+    fn perftest_modes_with_an_effect() {
+        let p = params(&[
+            "write_bw",
+            "--output",
+            "message_rate",
+            "-w",
+            "5",
+            "-y",
+            "0.5",
+            "--reversed",
+        ])
+        .unwrap();
+        assert_eq!(p.output, Some(OutputKind::MessageRate));
+        assert_eq!((p.limit_bw, p.limit_msgrate, p.reversed), (Some(5.0), Some(0.5), true));
+        assert!(matches!(
+            params(&["write_lat", "--output", "bandwidth"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(matches!(
+            params(&["write_bw", "--output", "latency"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(matches!(
+            params(&["write_bw", "--reversed", "--link", "udp", "--server"]),
+            Err(PerfError::Usage(_))
+        ));
+        assert!(try_parse(&["write_bw", "--run_infinitely"]).is_err(), "needs -D");
+        assert!(try_parse(&["write_bw", "--run_infinitely", "-D", "2"]).is_ok());
+        let p = params(&["write_bw", "--perform_warm_up", "-t", "16", "-l", "4", "-n", "40"]).unwrap();
+        assert!(p.warm_up && p.notes.is_empty(), "{:?}", p.notes);
+        let w = p.warm_up_params();
+        assert_eq!((w.iters, w.peak, w.duration, w.warm_up), (16, false, None, false));
+        let p = params(&["send_bw", "--perform_warm_up"]).unwrap();
+        assert!(!p.warm_up && p.notes[0].starts_with("--perform_warm_up ignored: "));
+        let p = params(&["write_bw", "--out_json", "--out_json_file", "r.json"]).unwrap();
+        assert_eq!(p.out_json.as_deref(), Some("r.json"));
     }
 }

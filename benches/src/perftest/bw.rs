@@ -14,14 +14,15 @@ use super::resources::{Dest, Side, DEF_QKEY};
 use super::stats::{bw_result, BwResult, BwTimes};
 use super::{Agent, Clock, PerfError, Step, VerbsContext};
 
-/// Completions taken per poll (perftest's `CQE Poll Batch`).
+/// Completions taken per poll (later perftest releases' `CQE Poll Batch`).
 pub const POLL_BATCH: usize = 16;
 
 /// How long a `-e` loop sleeps on the channel at most before looking
 /// around again (the other end may need this thread in loopback).
 pub const EVENT_WAIT_MS: u64 = 1;
 
-/// The phases of a `-D` run: warm-up for `margin`, sample, cool down.
+/// The phases of a `-D` run: warm-up for `margin`, sample, cool down for
+/// `margin`, as perftest's alarm states: the run lasts the whole duration.
 #[derive(Debug, Clone, Copy)]
 pub struct Phases {
     start: u64,
@@ -32,6 +33,8 @@ pub struct Phases {
     pub sample_start: Option<u64>,
     /// When sampling stopped.
     pub sample_stop: Option<u64>,
+    /// The duration is over (the cool-down included).
+    over: bool,
 }
 
 impl Phases {
@@ -47,6 +50,7 @@ impl Phases {
             sample_end: start + d.saturating_sub(m).max(m + 1),
             sample_start: None,
             sample_stop: None,
+            over: false,
         }
     }
 
@@ -58,12 +62,16 @@ impl Phases {
         if self.sample_stop.is_none() && now >= self.sample_end {
             self.sample_stop = Some(now);
         }
+        if now >= self.end {
+            self.over = true;
+        }
         self.sample_start.is_some() && self.sample_stop.is_none()
     }
 
-    /// Whether the sample window is over.
+    /// Whether the run is over: the sample window and the cool-down after
+    /// it.
     pub fn ended(&self) -> bool {
-        self.sample_stop.is_some()
+        self.over
     }
 
     /// Fraction of the run done at `now`.

@@ -217,7 +217,7 @@ impl<'a> LatAgent<'a> {
     }
 
     fn marker(&self) -> Result<u8, PerfError> {
-        let w = self.side.mr.load_u64(self.marker_word).ctx("poll marker")?;
+        let w = self.side.mr.load_u64(self.marker_word as u64).ctx("poll marker")?;
         Ok((w >> self.marker_shift) as u8)
     }
 
@@ -229,7 +229,7 @@ impl<'a> LatAgent<'a> {
         let seq = self.scnt + 1;
         if self.p.verb == VerbKind::Write {
             let last = side.send_off(0) + self.size - 1;
-            side.mr.write(last as usize, &[seq as u8]).ctx("set marker")?;
+            side.mr.write(last, &[seq as u8]).ctx("set marker")?;
         }
         let remote = self.remote[0].remote();
         let op = match self.p.verb {

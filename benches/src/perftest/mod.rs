@@ -29,6 +29,7 @@ pub mod stats;
 
 use std::fmt;
 use std::io::{self, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use args::{Mode, Params, PerfArgs, PerfTest};
@@ -166,6 +167,7 @@ pub const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progress) -> Result<(), PerfError> {
     let mut done = vec![false; agents.len()];
     let mut last_progress = clock.now();
+    let mut next_update = last_progress + PROGRESS_EVERY_NS;
     let mut spins: u32 = 0;
     loop {
         let mut any = false;
@@ -181,7 +183,11 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
             return Ok(());
         }
         spins = spins.wrapping_add(1);
-        if any || spins.is_multiple_of(1024) {
+        // The clock is read on progress (the step read it anyway) and
+        // every 64 idle turns: enough for the stall check and for the
+        // progress indicator, which is fed every 100 ms of run time
+        // however long a step takes (a debug build, a busy machine).
+        if any || spins.is_multiple_of(64) {
             let now = clock.now();
             if any {
                 last_progress = now;
@@ -191,7 +197,8 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
                     STALL_TIMEOUT.as_secs()
                 )));
             }
-            if spins.is_multiple_of(1024) {
+            if now >= next_update {
+                next_update = now + PROGRESS_EVERY_NS;
                 let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
                 progress.update(f);
             }
@@ -199,23 +206,69 @@ pub fn drive(agents: &mut [&mut dyn Agent], clock: &Clock, progress: &mut Progre
     }
 }
 
-/// A progress indicator on standard error for long runs, shown only when
-/// standard error is a terminal and the run has lasted half a second.
+/// How often [`drive`] feeds the progress indicator, in ns of run time.
+const PROGRESS_EVERY_NS: u64 = 100_000_000;
+
+/// Whether progress indicators are off (`--quiet`): process-wide, set
+/// once by the command line.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Turns every [`Progress`] created afterwards off (`quiet`) or on.
+pub fn set_quiet(quiet: bool) {
+    QUIET.store(quiet, Ordering::Relaxed);
+}
+
+/// Whether progress indicators are off.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// On a terminal: how long a run goes before the indicator shows, and how
+/// often it is redrawn in place.
+const TTY_DELAY: Duration = Duration::from_millis(500);
+const TTY_EVERY: Duration = Duration::from_millis(100);
+/// Elsewhere (a log, a pipe): how long a run goes before its first line,
+/// and the time between lines.
+const LINE_DELAY: Duration = Duration::from_secs(3);
+const LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// How a [`Progress`] shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    /// Never.
+    Off,
+    /// One line redrawn in place (standard error is a terminal).
+    Redraw,
+    /// A new line every few seconds (a log or a pipe).
+    Lines,
+}
+
+/// A progress indicator on standard error for long runs: on a terminal a
+/// line redrawn in place once the run has lasted half a second; otherwise
+/// a line every 5 s once it has lasted 3 s, so that a log shows that a
+/// long run is alive. Off with [`set_quiet`].
 #[derive(Debug)]
 pub struct Progress {
     label: String,
-    enabled: bool,
+    style: Style,
     start: Instant,
     last: Option<Instant>,
     shown: bool,
 }
 
 impl Progress {
-    /// An indicator for `label`, enabled when standard error is a terminal.
+    /// An indicator for `label`, in the style standard error calls for.
     pub fn new(label: impl Into<String>) -> Progress {
+        let style = if quiet() {
+            Style::Off
+        } else if io::stderr().is_terminal() {
+            Style::Redraw
+        } else {
+            Style::Lines
+        };
         Progress {
             label: label.into(),
-            enabled: io::stderr().is_terminal(),
+            style,
             start: Instant::now(),
             last: None,
             shown: false,
@@ -225,7 +278,7 @@ impl Progress {
     /// An indicator that never prints.
     pub fn hidden() -> Progress {
         let mut p = Progress::new("");
-        p.enabled = false;
+        p.style = Style::Off;
         p
     }
 
@@ -237,27 +290,37 @@ impl Progress {
         self.last = None;
     }
 
-    /// Reports `fraction` (0..=1) done.
-    pub fn update(&mut self, fraction: f64) {
-        if !self.enabled || self.start.elapsed() < Duration::from_millis(500) {
-            return;
+    /// The line to print for `fraction` done, or `None` when nothing is
+    /// due at `elapsed` since the start (the last line was printed
+    /// `since_last` ago).
+    fn due(&self, fraction: f64, elapsed: Duration, since_last: Option<Duration>) -> Option<String> {
+        let (delay, every) = match self.style {
+            Style::Off => return None,
+            Style::Redraw => (TTY_DELAY, TTY_EVERY),
+            Style::Lines => (LINE_DELAY, LINE_EVERY),
+        };
+        if elapsed < delay || since_last.is_some_and(|t| t < every) {
+            return None;
         }
-        if self.last.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
-            return;
-        }
-        self.last = Some(Instant::now());
         let pct = (fraction.clamp(0.0, 1.0) * 100.0) as u32;
-        let _ = write!(
-            io::stderr().lock(),
-            "\r {} {:3}% ({:.1} s)\x1b[K",
-            self.label,
-            pct,
-            self.start.elapsed().as_secs_f64()
-        );
-        self.shown = true;
+        let secs = elapsed.as_secs_f64();
+        Some(match self.style {
+            Style::Redraw => format!("\r {} {pct:3}% ({secs:.1} s)\x1b[K", self.label),
+            _ => format!("softverbs: {} {pct}% ({secs:.0} s)\n", self.label),
+        })
     }
 
-    /// Erases the indicator's line.
+    /// Reports `fraction` (0..=1) done.
+    pub fn update(&mut self, fraction: f64) {
+        let Some(line) = self.due(fraction, self.start.elapsed(), self.last.map(|t| t.elapsed())) else {
+            return;
+        };
+        self.last = Some(Instant::now());
+        let _ = io::stderr().lock().write_all(line.as_bytes());
+        self.shown = self.style == Style::Redraw;
+    }
+
+    /// Erases the indicator's line (on a terminal).
     pub fn clear(&mut self) {
         if self.shown {
             let _ = write!(io::stderr().lock(), "\r\x1b[K");
@@ -269,5 +332,43 @@ impl Progress {
 impl Drop for Progress {
     fn drop(&mut self) {
         self.clear();
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    fn progress(style: Style) -> Progress {
+        let mut p = Progress::new("write_bw 65536 B");
+        p.style = style;
+        p
+    }
+
+    #[test]
+    fn lines_every_few_seconds_when_not_a_terminal() {
+        let p = progress(Style::Lines);
+        let s = Duration::from_secs;
+        assert_eq!(p.due(0.1, s(1), None), None, "not before 3 s");
+        assert_eq!(
+            p.due(0.42, s(3), None).as_deref(),
+            Some("softverbs: write_bw 65536 B 42% (3 s)\n")
+        );
+        assert_eq!(p.due(0.5, s(6), Some(s(3))), None, "5 s between lines");
+        assert!(p.due(0.9, s(9), Some(s(5))).is_some());
+    }
+
+    #[test]
+    fn a_terminal_redraws_one_line() {
+        let p = progress(Style::Redraw);
+        let line = p.due(0.5, Duration::from_secs(1), None).expect("due");
+        assert!(line.starts_with('\r') && line.ends_with("\x1b[K"), "{line:?}");
+        assert_eq!(p.due(0.5, Duration::from_millis(100), None), None);
+    }
+
+    #[test]
+    fn quiet_and_hidden_print_nothing() {
+        assert_eq!(progress(Style::Off).due(0.5, Duration::from_secs(60), None), None);
+        assert_eq!(Progress::hidden().due(0.5, Duration::from_secs(60), None), None);
     }
 }

@@ -13,8 +13,9 @@ use super::stats::{BwResult, LatDurResult, LatResult};
 /// perftest's `RESULT_LINE`.
 pub const RESULT_LINE: &str = "---------------------------------------------------------------------------------------";
 
-/// perftest's `RESULT_FMT`.
-pub const RESULT_FMT: &str = " #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]";
+/// perftest 4.5's `RESULT_FMT`: its MB is 2^20 bytes (later perftest
+/// releases print the same figure as MiB/sec).
+pub const RESULT_FMT: &str = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]";
 /// perftest's `RESULT_FMT_G`.
 pub const RESULT_FMT_G: &str = " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]";
 /// perftest's `RESULT_FMT_LAT`.
@@ -82,9 +83,9 @@ pub fn title(p: &Params) -> String {
     t
 }
 
-/// perftest's banner (`ctx_print_test_info`), with the lines that do not
-/// apply to a soft device left out and two softverbs lines added (backend
-/// and link, and where the ends are).
+/// perftest 4.5's banner (`ctx_print_test_info`), with the lines that do
+/// not apply to a soft device left out (`PCIe relax order`) and two
+/// softverbs lines added (backend and link, and where the ends are).
 pub fn banner(b: &BannerInfo<'_>) -> String {
     let p = b.params;
     let mut s = String::new();
@@ -96,6 +97,8 @@ pub fn banner(b: &BannerInfo<'_>) -> String {
     let _ = writeln!(s, " Dual-port       : OFF\t\tDevice         : {}", b.device);
     let _ = writeln!(s, " Number of qps   : {}\t\tTransport type : IB", p.qps);
     let _ = writeln!(s, " Connection type : {}\t\tUsing SRQ      : OFF", p.connection.name());
+    // The work requests go through post_send, not the ibv_wr_* API.
+    let _ = writeln!(s, " ibv_wr* API     : OFF");
     let _ = writeln!(
         s,
         " Backend         : {}\t\tLink           : {}",
@@ -114,7 +117,6 @@ pub fn banner(b: &BannerInfo<'_>) -> String {
     }
     if p.bw {
         let _ = writeln!(s, " CQ Moderation   : {}", p.cq_mod);
-        let _ = writeln!(s, " CQE Poll Batch  : {}", super::bw::POLL_BATCH);
     }
     let _ = writeln!(s, " Mtu             : {}[B]", b.mtu);
     let ll = match b.link_layer {
@@ -176,7 +178,7 @@ pub fn bw_header(gbits: bool) -> String {
 /// One bandwidth row (perftest's `REPORT_FMT`).
 pub fn bw_row(r: &BwResult, gbits: bool) -> String {
     format!(
-        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t     {:<7.6}\n",
+        " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}\n",
         r.size,
         r.iters,
         BwResult::in_units(r.peak_bps, gbits),
@@ -219,6 +221,22 @@ pub fn lat_dur_row(r: &LatDurResult, digits: usize) -> String {
         r.tps,
         d = digits
     )
+}
+
+/// `--output`: the one figure perftest prints for a row (`%lf`): average
+/// bandwidth in the report's unit, message rate in Mpps, or average
+/// latency in usec. A figure the row lacks (bandwidth of a latency row)
+/// prints as 0, which the argument check prevents.
+pub fn output_value(r: &Row, what: super::args::OutputKind, gbits: bool) -> String {
+    use super::args::OutputKind;
+    let v = match (r, what) {
+        (Row::Bw(b), OutputKind::Bandwidth) => BwResult::in_units(b.avg_bps, gbits),
+        (Row::Bw(b), OutputKind::MessageRate) => b.msg_rate / 1e6,
+        (Row::Lat(l), OutputKind::Latency) => l.t_avg,
+        (Row::LatDur(l), OutputKind::Latency) => l.t_avg,
+        _ => 0.0,
+    };
+    format!("{v:.6}\n")
 }
 
 /// A result row of any kind, for the JSON report.
@@ -310,7 +328,7 @@ pub fn json(b: &BannerInfo<'_>, rows: &[Row]) -> String {
                     BwResult::in_units(r.peak_bps, unit),
                     BwResult::in_units(r.avg_bps, unit),
                     r.msg_rate / 1e6,
-                    if unit { "Gb/sec" } else { "MiB/sec" }
+                    if unit { "Gb/sec" } else { "MB/sec" }
                 );
             }
             Row::Lat(r) => {
@@ -421,7 +439,7 @@ mod tests {
         };
         assert_eq!(
             bw_row(&r, false),
-            " 65536      5000             11002.18            11000.01\t\t     0.176000\n"
+            " 65536      5000             11002.18            11000.01\t\t   0.176000\n"
         );
         assert_eq!(bw_header(false), format!("{RESULT_FMT}\n"));
         assert!(bw_header(true).contains("BW peak[Gb/sec]"));
@@ -460,6 +478,27 @@ mod tests {
             lat_dur_row(&d, 3),
             " 2             10            1.000          5.00   \n"
         );
+    }
+
+    #[test]
+    fn output_values_as_perftest_prints_them() {
+        use crate::perftest::args::OutputKind;
+        let r = Row::Bw(BwResult {
+            size: 8,
+            iters: 10,
+            peak_bps: 2e9,
+            avg_bps: 1_048_576.0 * 1234.5,
+            msg_rate: 2_500_000.0,
+        });
+        assert_eq!(output_value(&r, OutputKind::Bandwidth, false), "1234.500000\n");
+        assert_eq!(output_value(&r, OutputKind::MessageRate, false), "2.500000\n");
+        let l = Row::LatDur(LatDurResult {
+            size: 2,
+            iters: 10,
+            t_avg: 1.25,
+            tps: 5.0,
+        });
+        assert_eq!(output_value(&l, OutputKind::Latency, false), "1.250000\n");
     }
 
     #[test]
@@ -507,7 +546,7 @@ pub fn comparison(columns: &[(&str, Vec<Row>)], gbits: bool) -> String {
     };
     let (_, _, bw) = compared_figure(first_rows, gbits);
     let unit = match (bw, gbits) {
-        (true, false) => "BW average[MiB/sec]",
+        (true, false) => "BW average[MB/sec]",
         (true, true) => "BW average[Gb/sec]",
         (false, _) => {
             if matches!(first_rows, Row::LatDur(_)) {
@@ -594,7 +633,7 @@ mod comparison_tests {
         );
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[1].contains("soft BW") && lines[1].contains("hw/soft"), "{t}");
-        assert!(lines[1].contains("MiB/sec"), "{t}");
+        assert!(lines[1].contains("MB/sec"), "{t}");
         let r64 = lines
             .iter()
             .find(|l| l.trim_start().starts_with("64 "))

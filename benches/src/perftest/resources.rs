@@ -11,8 +11,8 @@
 use std::cell::Cell;
 
 use softverbs::verbs::{
-    AccessFlags, Ah, AhAttr, CompChannel, Context, Cq, Gid, LinkLayer, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, RemoteAddr, Sge,
+    AccessFlags, Ah, AhAttr, CompChannel, Connect, Context, Cq, Endpoint, Gid, LinkLayer, Mr, Mtu, Pd, Qp, QpCap,
+    QpInitAttr, QpType, RecvWr, RemoteAddr, Sge,
 };
 
 use super::args::{Connection, Params, VerbKind};
@@ -365,58 +365,29 @@ impl Side {
             )));
         }
         let ty = self.connection.qp_type();
+        let opts = Connect::new()
+            .access(AccessFlags::REMOTE)
+            .mtu(self.mtu)
+            .timeout(self.qp_timeout)
+            .min_rnr_timer(DEF_MIN_RNR_TIMER)
+            .max_dest_rd_atomic(self.out_reads.min(255) as u8);
+        let ep = |qpn, psn, gid| Endpoint {
+            qpn,
+            psn,
+            gid,
+            gid_index: self.gid_index,
+            port: self.port,
+            lid: 0,
+            mtu: self.mtu,
+            qkey: DEF_QKEY,
+            buffer: None,
+        };
         for (i, qp) in self.qps.iter().enumerate() {
             let r = &remote[i];
-            let mut a = QpAttr {
-                qp_state: QpState::Init,
-                pkey_index: 0,
-                port_num: self.port,
-                ..QpAttr::default()
-            };
-            let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
-            if ty == QpType::Ud {
-                a.qkey = DEF_QKEY;
-                mask |= QpAttrMask::QKEY;
-            } else {
-                a.qp_access_flags = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-                mask |= QpAttrMask::ACCESS_FLAGS;
-            }
-            qp.modify(&a, mask).ctx("modify_qp RESET->INIT")?;
-
-            let mut a = QpAttr {
-                qp_state: QpState::Rtr,
-                ..QpAttr::default()
-            };
-            let mut mask = QpAttrMask::STATE;
-            if ty != QpType::Ud {
-                a.path_mtu = self.mtu;
-                a.dest_qp_num = r.qpn;
-                a.rq_psn = r.psn;
-                a.ah_attr = AhAttr::roce(r.gid, self.gid_index, self.port);
-                mask |= QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-                if ty == QpType::Rc {
-                    a.max_dest_rd_atomic = self.out_reads.min(255) as u8;
-                    a.min_rnr_timer = DEF_MIN_RNR_TIMER;
-                    mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-                }
-            }
-            qp.modify(&a, mask).ctx("modify_qp INIT->RTR")?;
-
-            let mut a = QpAttr {
-                qp_state: QpState::Rts,
-                sq_psn: self.psns[i],
-                ..QpAttr::default()
-            };
-            let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-            if ty == QpType::Rc {
-                a.timeout = self.qp_timeout;
-                a.retry_cnt = 7;
-                a.rnr_retry = 7;
-                a.max_rd_atomic = r.out_reads.min(self.out_reads).min(255) as u8;
-                mask |=
-                    QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
-            }
-            qp.modify(&a, mask).ctx("modify_qp RTR->RTS")?;
+            let (local, peer) = (ep(qp.qp_num(), self.psns[i], self.gid), ep(r.qpn, r.psn, r.gid));
+            opts.max_rd_atomic(r.out_reads.min(self.out_reads).min(255) as u8)
+                .apply(&self.ctx, qp, &local, Some(&peer))
+                .ctx("modify_qp RESET->RTS")?;
         }
         if ty == QpType::Ud {
             self.ahs = remote
@@ -482,12 +453,8 @@ impl Side {
     /// Out of the buffer (a bug).
     pub fn clear_markers(&self, i: usize, size: u64) -> Result<(), PerfError> {
         let last = size.max(1) - 1;
-        self.mr
-            .write((self.send_off(i) + last) as usize, &[0])
-            .ctx("clear marker")?;
-        self.mr
-            .write((self.recv_off(i) + last) as usize, &[0])
-            .ctx("clear marker")
+        self.mr.write(self.send_off(i) + last, &[0]).ctx("clear marker")?;
+        self.mr.write(self.recv_off(i) + last, &[0]).ctx("clear marker")
     }
 
     /// Polls `cq` into `wc`; with a completion channel (`-e`) and nothing

@@ -19,20 +19,21 @@ use super::stats::BwResult;
 use super::{drive, Agent, Clock, PerfError, Progress, Step, VerbsContext, STALL_TIMEOUT};
 
 /// Runs `softverbs perf` with `args` on `backend`, writing the report to
-/// `out`.
+/// `out`; returns the result rows (one per message size; none for
+/// `scale`).
 ///
 /// # Errors
 ///
 /// See [`PerfError`].
-pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) -> Result<(), PerfError> {
+pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
     if args.test == PerfTest::Scale {
-        return crate::scale::run(args, backend, out);
+        return crate::scale::run(args, backend, out).map(|()| Vec::new());
     }
     let p = Params::from_args(args, backend)?;
     let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
     let shm = p.link == LinkKind::Shm;
     match p.mode.clone() {
-        Mode::Loopback => run_loopback_on(&p, out).map(|_| ()),
+        Mode::Loopback => run_loopback_on(&p, out),
         Mode::Server => {
             let dev = if net { None } else { Some(device(&p)?) };
             writeln!(out, "\n************************************")?;
@@ -90,6 +91,10 @@ fn run_loopback_on(p: &Params, out: &mut dyn Write) -> Result<Vec<Row>, PerfErro
     } else {
         loopback_devices(p)?
     };
+    if p.reversed {
+        // --reversed: the server's device sends.
+        return run_loopback(p, &b, &a, out);
+    }
     run_loopback(p, &a, &b, out)
 }
 
@@ -214,6 +219,23 @@ pub fn loopback_devices(p: &Params) -> Result<(Device, Device), PerfError> {
 }
 
 fn banner_info<'a>(p: &'a Params, side: &'a Side, placement: String, client: bool) -> BannerInfo<'a> {
+    // What the device grants below the request is said, not clamped
+    // silently.
+    if side.inline_size < p.inline_size {
+        eprintln!(
+            "softverbs: perf {}: inline size {} lowered to the device's max_inline_data {}",
+            p.test, p.inline_size, side.inline_size
+        );
+    }
+    if let Some(o) = p
+        .outs
+        .filter(|&o| o > side.out_reads && matches!(p.verb, VerbKind::Read | VerbKind::Atomic))
+    {
+        eprintln!(
+            "softverbs: perf {}: -o {o} lowered to {} (the device's max_qp_rd_atom, at most 16)",
+            p.test, side.out_reads
+        );
+    }
     BannerInfo {
         params: p,
         device: &side.dev_name,
@@ -232,6 +254,9 @@ fn banner_info<'a>(p: &'a Params, side: &'a Side, placement: String, client: boo
 }
 
 fn print_addresses(out: &mut dyn Write, p: &Params, local: &[Dest], remote: &[Dest]) -> Result<(), PerfError> {
+    if p.output.is_some() {
+        return Ok(());
+    }
     for d in local {
         out.write_all(report::address_lines("local", d, p.verb, p.connection).as_bytes())?;
     }
@@ -243,7 +268,9 @@ fn print_addresses(out: &mut dyn Write, p: &Params, local: &[Dest], remote: &[De
 }
 
 fn header(p: &Params) -> String {
-    if p.bw {
+    if p.output.is_some() {
+        String::new()
+    } else if p.bw {
         report::bw_header(p.report_gbits)
     } else {
         report::lat_header(p.duration.is_some())
@@ -251,6 +278,9 @@ fn header(p: &Params) -> String {
 }
 
 fn row_text(p: &Params, r: &Row) -> String {
+    if let Some(o) = p.output {
+        return report::output_value(r, o, p.report_gbits);
+    }
     match r {
         Row::Bw(b) => report::bw_row(b, p.report_gbits),
         Row::Lat(l) => report::lat_row(l, p.digits),
@@ -289,7 +319,9 @@ pub fn run_loopback(p: &Params, a: &Device, b: &Device, out: &mut dyn Write) -> 
     sb.connect(&da)?;
     let placement = format!("loopback, {} <-> {} in this process", a.name(), b.name());
     let info = banner_info(p, &sa, placement, true);
-    out.write_all(report::banner(&info).as_bytes())?;
+    if p.output.is_none() {
+        out.write_all(report::banner(&info).as_bytes())?;
+    }
     print_addresses(out, p, &da, &db)?;
     out.write_all(header(p).as_bytes())?;
     out.flush()?;
@@ -305,7 +337,9 @@ pub fn run_loopback(p: &Params, a: &Device, b: &Device, out: &mut dyn Write) -> 
             rows.push(r);
         }
     }
-    writeln!(out, "{RESULT_LINE}")?;
+    if p.output.is_none() {
+        writeln!(out, "{RESULT_LINE}")?;
+    }
     write_json(p, &info, &rows)?;
     Ok(rows)
 }
@@ -326,6 +360,13 @@ pub fn loopback_size(
 ) -> Result<Option<Row>, PerfError> {
     super::lat::prepare(sa, p, size)?;
     super::lat::prepare(sb, p, size)?;
+    if p.warm_up {
+        // --perform_warm_up: an unmeasured pass first (write, read and
+        // atomic bandwidth tests, whose passive end needs no step).
+        let w = p.warm_up_params();
+        let mut s = BwSender::new(sa, db, &w, size);
+        drive(&mut [&mut s], &Clock::new(), &mut Progress::hidden())?;
+    }
     let clock = Clock::new();
     if !p.bw {
         let mut c = LatAgent::new(sa, db, p, size, true)?;
@@ -475,10 +516,9 @@ fn net_drive(
                     STALL_TIMEOUT.as_secs()
                 )));
             }
-            if spins.is_multiple_of(1024) {
-                let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
-                progress.update(f);
-            }
+            // The indicator limits itself to its own pace.
+            let f = agents.iter().map(|a| a.progress()).fold(1.0, f64::min);
+            progress.update(f);
         }
     }
     if !announced && sent.is_some() {
@@ -499,7 +539,7 @@ pub fn run_networked(
     mut link: PeerLink,
     server: bool,
     out: &mut dyn Write,
-) -> Result<(), PerfError> {
+) -> Result<Vec<Row>, PerfError> {
     if server {
         link.hello_server(p)?;
     } else {
@@ -527,7 +567,9 @@ pub fn run_networked(
         }
     };
     let info = banner_info(p, &side, placement, !server);
-    out.write_all(report::banner(&info).as_bytes())?;
+    if p.output.is_none() {
+        out.write_all(report::banner(&info).as_bytes())?;
+    }
     print_addresses(out, p, &mine, &theirs)?;
     out.write_all(header(p).as_bytes())?;
     out.flush()?;
@@ -545,10 +587,13 @@ pub fn run_networked(
             rows.push(r);
         }
     }
-    writeln!(out, "{RESULT_LINE}")?;
+    if p.output.is_none() {
+        writeln!(out, "{RESULT_LINE}")?;
+    }
     link.send_line("BYE")?;
     let _ = link.recv_line();
-    write_json(p, &info, &rows)
+    write_json(p, &info, &rows)?;
+    Ok(rows)
 }
 
 fn networked_size(

@@ -378,7 +378,7 @@ pub(crate) fn post_writes(p: &Pair, ids: std::ops::Range<u64>, signaled: bool) -
 fn settle_writes(p: &Pair, n: u64) -> Check {
     let at = 64 * ((n - 1) % 64);
     let start = Instant::now();
-    while p.b.mr.to_vec(at as usize, 64)? != [WRITE_BYTE; 64] {
+    while p.b.mr.to_vec(at, 64)? != [WRITE_BYTE; 64] {
         if start.elapsed() > WAIT {
             fail!("the last of {n} WRITEs did not land within {WAIT:?}");
         }

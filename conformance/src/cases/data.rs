@@ -184,8 +184,8 @@ fn send_case(env: &Env, t: QpType, imm: Option<u32>, len: usize) -> Check {
         );
         ensure_eq!(r.src_qp, p.a.qp.qp_num(), "UD receive src_qp");
     }
-    ensure_eq!(p.b.mr.to_vec(c.grh(), len)?, data, "received data");
-    let after = p.b.mr.to_vec(c.grh() + len, 64)?;
+    ensure_eq!(p.b.mr.to_vec(c.grh() as u64, len)?, data, "received data");
+    let after = p.b.mr.to_vec((c.grh() + len) as u64, 64)?;
     ensure!(
         after.iter().all(|&b| b == 0xee),
         "bytes after the message were overwritten"
@@ -199,7 +199,7 @@ fn write_case(env: &Env, t: QpType, imm: Option<u32>, len: usize) -> Check {
     let p = &c.p;
     let data = pattern(len, 12);
     p.a.mr.write(0, &data)?;
-    p.b.mr.fill(WRITE_OFF as usize, len + 64, 0xee)?;
+    p.b.mr.fill(WRITE_OFF, len + 64, 0xee)?;
     p.b.post_recv(66, RECV_OFF, 256)?;
     let sge = [p.a.mr.sge(0, len as u32)?];
     let remote = p.b.mr.remote(WRITE_OFF);
@@ -224,7 +224,7 @@ fn write_case(env: &Env, t: QpType, imm: Option<u32>, len: usize) -> Check {
             ensure_eq!(r.byte_len as usize, len, "byte_len of RECV_RDMA_WITH_IMM");
             ensure_eq!(r.qp_num, p.b.qp.qp_num(), "receive completion qp_num");
             ensure_eq!(
-                p.b.mr.to_vec(RECV_OFF as usize, 16)?,
+                p.b.mr.to_vec(RECV_OFF, 16)?,
                 vec![0u8; 16],
                 "the receive buffer (untouched)"
             );
@@ -245,8 +245,8 @@ fn write_case(env: &Env, t: QpType, imm: Option<u32>, len: usize) -> Check {
             ensure_eq!(r.byte_len, 4, "byte_len of the follow-up send");
         }
     }
-    ensure_eq!(p.b.mr.to_vec(WRITE_OFF as usize, len)?, data, "written data");
-    let tail = p.b.mr.to_vec(WRITE_OFF as usize + len, 64)?;
+    ensure_eq!(p.b.mr.to_vec(WRITE_OFF, len)?, data, "written data");
+    let tail = p.b.mr.to_vec(WRITE_OFF + len as u64, 64)?;
     ensure!(tail.iter().all(|&b| b == 0xee), "bytes after the written range changed");
     Ok(())
 }
@@ -255,7 +255,7 @@ fn read_case(env: &Env, len: usize) -> Check {
     let c = Conn::new(env, QpType::Rc, Mtu::Mtu1024)?;
     let p = &c.p;
     let data = pattern(len, 13);
-    p.b.mr.write(WRITE_OFF as usize, &data)?;
+    p.b.mr.write(WRITE_OFF, &data)?;
     let sge = [p.a.mr.sge(1024, len as u32)?];
     p.a.post(c.wr(
         8,
@@ -344,7 +344,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             let mut want = Vec::new();
             for (i, &(off, len)) in parts.iter().enumerate() {
                 let d = pattern(len as usize, 20 + i as u8);
-                p.a.mr.write(off as usize, &d)?;
+                p.a.mr.write(off, &d)?;
                 want.extend(d);
             }
             let sgl: Vec<Sge<'_>> = parts.iter().map(|&(o, l)| p.a.mr.sge(o, l)).collect::<Result<_>>()?;
@@ -354,7 +354,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             p.a.post(c.wr(3, op, &sgl, SendFlags::SIGNALED))?;
             let s = expect_one(&p.a.scq, "write completion")?;
             check_wc(&s, 3, WcStatus::Success, Some(WcOpcode::RdmaWrite), "write")?;
-            ensure_eq!(p.b.mr.to_vec(WRITE_OFF as usize, want.len())?, want, "gathered data");
+            ensure_eq!(p.b.mr.to_vec(WRITE_OFF, want.len())?, want, "gathered data");
             Ok(())
         },
     ));
@@ -367,7 +367,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             let c = Conn::new(env, QpType::Rc, Mtu::Mtu256)?;
             let p = &c.p;
             let data = pattern(801, 15);
-            p.b.mr.write(WRITE_OFF as usize, &data)?;
+            p.b.mr.write(WRITE_OFF, &data)?;
             let parts = [(0u64, 100u32), (5000, 1), (9000, 700)];
             let sgl: Vec<Sge<'_>> = parts.iter().map(|&(o, l)| p.a.mr.sge(o, l)).collect::<Result<_>>()?;
             let op = SendOp::Read {
@@ -378,7 +378,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             check_wc(&s, 4, WcStatus::Success, Some(WcOpcode::RdmaRead), "read")?;
             let mut got = Vec::new();
             for &(o, l) in &parts {
-                got.extend(p.a.mr.to_vec(o as usize, l as usize)?);
+                got.extend(p.a.mr.to_vec(o, l as usize)?);
             }
             ensure_eq!(got, data, "scattered data");
             Ok(())
@@ -413,7 +413,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             buf.fill(0);
             let s = expect_one(&p.a.scq, "inline write completion")?;
             check_wc(&s, 5, WcStatus::Success, Some(WcOpcode::RdmaWrite), "inline write")?;
-            ensure_eq!(p.b.mr.to_vec(WRITE_OFF as usize, 48)?, want, "written data");
+            ensure_eq!(p.b.mr.to_vec(WRITE_OFF, 48)?, want, "written data");
             Ok(())
         },
     ));
@@ -540,7 +540,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
                 .collect();
             p.b.qp.post_recv(&rwrs)?;
             for i in 0..64u64 {
-                p.a.mr.write((i * 8) as usize, &i.to_le_bytes())?;
+                p.a.mr.write(i * 8, &i.to_le_bytes())?;
             }
             let sends: Vec<Sge<'_>> = (0..64).map(|i| p.a.mr.sge(i * 8, 8)).collect::<Result<_>>()?;
             let swrs: Vec<SendWr<'_>> = sends
@@ -552,7 +552,7 @@ fn sgl_inline_imm(out: &mut Vec<Case>) {
             let rs = expect_n(&p.b.rcq, 64, "receives")?;
             for (i, r) in rs.iter().enumerate() {
                 check_wc(r, i as u64, WcStatus::Success, Some(WcOpcode::Recv), "receive")?;
-                let got = u64::from_le_bytes(p.b.mr.to_vec(i * 64, 8)?.try_into().expect("8 bytes"));
+                let got = u64::from_le_bytes(p.b.mr.to_vec(i as u64 * 64, 8)?.try_into().expect("8 bytes"));
                 ensure_eq!(got, i as u64, "message in receive {i}");
             }
             expect_n(&p.a.scq, 64, "send completions")?;
@@ -568,7 +568,7 @@ fn multi_sge_send(env: &Env, t: QpType) -> Check {
     let mut want = Vec::new();
     for (i, &(off, len)) in parts.iter().enumerate() {
         let d = pattern(len as usize, 30 + i as u8);
-        p.a.mr.write(off as usize, &d)?;
+        p.a.mr.write(off, &d)?;
         want.extend(d);
     }
     let rparts = [(0u64, 50u32), (10000, 200), (20000, 200)];
@@ -583,7 +583,7 @@ fn multi_sge_send(env: &Env, t: QpType) -> Check {
     let mut left = 401usize;
     for &(o, l) in &rparts {
         let n = left.min(l as usize);
-        got.extend(p.b.mr.to_vec(o as usize, n)?);
+        got.extend(p.b.mr.to_vec(o, n)?);
         left -= n;
     }
     ensure_eq!(got, want, "scattered data");
@@ -607,7 +607,7 @@ fn inline_send(env: &Env, t: QpType) -> Check {
     let r = expect_one(&p.b.rcq, "receive of the inline send")?;
     check_wc(&r, 1, WcStatus::Success, Some(WcOpcode::Recv), "receive")?;
     ensure_eq!(r.byte_len as usize, c.grh() + len, "byte_len");
-    ensure_eq!(p.b.mr.to_vec(c.grh(), len)?, want, "received data");
+    ensure_eq!(p.b.mr.to_vec(c.grh() as u64, len)?, want, "received data");
     let s = expect_one(&p.a.scq, "inline send completion")?;
     check_wc(&s, 2, WcStatus::Success, Some(WcOpcode::Send), "inline send")
 }
@@ -649,7 +649,7 @@ fn sizes(out: &mut Vec<Case>) {
             let r = expect_one(&p.b.rcq, "receive")?;
             check_wc(&r, 1, WcStatus::Success, Some(WcOpcode::Recv), "UD receive")?;
             ensure_eq!(r.byte_len as usize, GRH + len, "byte_len");
-            ensure_eq!(p.b.mr.to_vec(GRH, len)?, data, "received data");
+            ensure_eq!(p.b.mr.to_vec(GRH as u64, len)?, data, "received data");
             Ok(())
         },
     ));
@@ -721,7 +721,7 @@ fn multi_packet(env: &Env, t: QpType, mtu: Mtu) -> Check {
         let s = expect_one(&p.a.scq, "write completion")?;
         check_wc(&s, 20 + k as u64, WcStatus::Success, Some(WcOpcode::RdmaWrite), "write")?;
         ensure!(
-            p.b.mr.to_vec(WRITE_OFF as usize, len)? == data,
+            p.b.mr.to_vec(WRITE_OFF, len)? == data,
             "{len}-byte write: remote data differs"
         );
         if t == QpType::Rc {
@@ -898,7 +898,7 @@ fn atomics(out: &mut Vec<Case>) {
                 check_wc(wc, i as u64, WcStatus::Success, None, "atomic")?;
             }
             for i in 0..16u64 {
-                ensure_eq!(p.a.mr.load_u64(i as usize * 8)?, i, "value returned by FAA {i}");
+                ensure_eq!(p.a.mr.load_u64(i * 8)?, i, "value returned by FAA {i}");
             }
             ensure_eq!(p.a.mr.load_u64(128)?, 16, "value returned by the CAS");
             ensure_eq!(p.b.mr.load_u64(128)?, 0, "remote word at the end");

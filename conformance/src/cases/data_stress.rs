@@ -40,10 +40,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
                     let remote = p.b.mr.remote(WRITE_OFF);
                     p.a.post(c.wr(100 + k, SendOp::Write { remote }, &sge, SendFlags::SIGNALED))?;
                     expect_one(&p.a.scq, "write completion")?;
-                    ensure!(
-                        p.b.mr.to_vec(WRITE_OFF as usize, len)? == data,
-                        "write {k}: data differs"
-                    );
+                    ensure!(p.b.mr.to_vec(WRITE_OFF, len)? == data, "write {k}: data differs");
                     if t == QpType::Rc {
                         let back = [p.a.mr.sge(8192, len as u32)?];
                         p.a.post(c.wr(200 + k, SendOp::Read { remote }, &back, SendFlags::SIGNALED))?;
@@ -64,7 +61,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
             let c = Conn::with(env, PairConfig { rd_atomic: 1, mtu: Mtu::Mtu256, ..PairConfig::default() })?;
             let p = &c.p;
             for i in 0..8u64 {
-                p.b.mr.write((i * 1024) as usize, &pattern(700, 70 + i as u8))?;
+                p.b.mr.write(i * 1024, &pattern(700, 70 + i as u8))?;
             }
             let reads: Vec<Sge<'_>> = (0..8).map(|i| p.a.mr.sge(i * 1024, 700)).collect::<Result<_>>()?;
             let faa: Vec<Sge<'_>> = (0..8).map(|i| p.a.mr.sge(16384 + i * 8, 8)).collect::<Result<_>>()?;
@@ -82,11 +79,11 @@ pub(crate) fn register(out: &mut Vec<Case>) {
                 check_wc(wc, i as u64, WcStatus::Success, None, "read/atomic")?;
             }
             for i in 0..8u64 {
-                let got = p.a.mr.to_vec((i * 1024) as usize, 700)?;
+                let got = p.a.mr.to_vec(i * 1024, 700)?;
                 ensure!(got == pattern(700, 70 + i as u8), "read {i}: data differs");
-                ensure_eq!(p.a.mr.load_u64(16384 + i as usize * 8)?, i, "FAA {i} returned");
+                ensure_eq!(p.a.mr.load_u64(16384 + i * 8)?, i, "FAA {i} returned");
             }
-            ensure_eq!(p.b.mr.load_u64(WRITE_OFF as usize)?, 8, "counter after 8 FAAs");
+            ensure_eq!(p.b.mr.load_u64(WRITE_OFF)?, 8, "counter after 8 FAAs");
             Ok(())
         },
     ));

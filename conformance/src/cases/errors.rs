@@ -540,7 +540,7 @@ fn drops(out: &mut Vec<Case>) {
                 let r = expect_one(&p.b.rcq, "receive of the second message")?;
                 check_wc(&r, 2, WcStatus::Success, Some(WcOpcode::Recv), "receive")?;
                 let off = if t == QpType::Ud { super::data::GRH } else { 0 };
-                ensure_eq!(p.b.mr.to_vec(off, 6)?, b"second".to_vec(), "received message (the second)");
+                ensure_eq!(p.b.mr.to_vec(off as u64, 6)?, b"second".to_vec(), "received message (the second)");
                 Ok(())
             },
         ));
@@ -757,7 +757,7 @@ fn send_queue_error(env: &Env, t: QpType) -> Check {
         "the receive of a QP in SQE",
     )?;
     ensure_eq!(
-        p.a.mr.to_vec(4096 + grh, 4)?,
+        p.a.mr.to_vec(4096 + grh as u64, 4)?,
         b"to A".to_vec(),
         "the message received in SQE"
     );
@@ -782,7 +782,7 @@ fn send_queue_error(env: &Env, t: QpType) -> Check {
         "the receive after recovery",
     )?;
     ensure_eq!(
-        p.b.mr.to_vec(grh, 9)?,
+        p.b.mr.to_vec(grh as u64, 9)?,
         b"recovered".to_vec(),
         "the message sent after recovery"
     );
@@ -870,7 +870,7 @@ fn register_more(out: &mut Vec<Case>) {
             p.b.post_recv(0, 0, 1024)?;
             let msgs: Vec<Vec<u8>> = (0..3).map(|i| pattern(600, 80 + i)).collect();
             for (i, m) in msgs.iter().enumerate() {
-                p.a.mr.write(i * 1024, m)?;
+                p.a.mr.write(i as u64 * 1024, m)?;
             }
             let sgl: Vec<Sge<'_>> = (0..3).map(|i| p.a.mr.sge(i * 1024, 600)).collect::<Result<_>>()?;
             let wrs: Vec<SendWr<'_>> =
@@ -887,7 +887,7 @@ fn register_more(out: &mut Vec<Case>) {
             let rs = expect_n(&p.b.rcq, 3, "receives")?;
             for (i, r) in rs.iter().enumerate() {
                 check_wc(r, i as u64, WcStatus::Success, Some(WcOpcode::Recv), "receive")?;
-                ensure!(p.b.mr.to_vec(i * 1024, 600)? == msgs[i], "message {i} differs");
+                ensure!(p.b.mr.to_vec(i as u64 * 1024, 600)? == msgs[i], "message {i} differs");
             }
             Ok(())
         },

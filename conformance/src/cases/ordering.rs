@@ -67,7 +67,7 @@ fn completions(out: &mut Vec<Case>) {
         |env: &Env| {
             let p = pair(env, PairConfig::default())?;
             for i in 0..5u64 {
-                p.a.mr.write((i * 64) as usize, &pattern(64, i as u8))?;
+                p.a.mr.write(i * 64, &pattern(64, i as u8))?;
             }
             let sgl: Vec<Sge<'_>> = (0..6).map(|i| p.a.mr.sge(i * 64, 64)).collect::<Result<_>>()?;
             for i in 0..5u64 {
@@ -77,7 +77,7 @@ fn completions(out: &mut Vec<Case>) {
             let wc = expect_one(&p.a.scq, "the signaled WR")?;
             check_wc(&wc, 5, WcStatus::Success, Some(WcOpcode::RdmaWrite), "the only completion")?;
             for i in 0..5u64 {
-                ensure_eq!(p.b.mr.to_vec((i * 64) as usize, 64)?, pattern(64, i as u8), "data of unsignaled write {i}");
+                ensure_eq!(p.b.mr.to_vec(i * 64, 64)?, pattern(64, i as u8), "data of unsignaled write {i}");
             }
             expect_quiet(&p.a.scq, "after the signaled completion")
         },
@@ -343,7 +343,7 @@ fn ordering(out: &mut Vec<Case>) {
                     let start = Instant::now();
                     let mut last = [0u8];
                     while start.elapsed() < WAIT && !stop.load(Ordering::Acquire) {
-                        p.b.mr.read(len - 1, &mut last)?;
+                        p.b.mr.read(len as u64 - 1, &mut last)?;
                         if last[0] == 0xa5 {
                             return Ok(Some(p.b.mr.to_vec(0, len)?));
                         }

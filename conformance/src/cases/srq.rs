@@ -140,7 +140,7 @@ pub(crate) fn register(out: &mut Vec<Case>) {
             );
             for (i, wc) in wcs.iter().enumerate() {
                 let slot = (wc.wr_id % 64) * 256;
-                let v = u64::from_le_bytes(s.p.b.mr.to_vec(slot as usize, 8)?.try_into().expect("8 bytes"));
+                let v = u64::from_le_bytes(s.p.b.mr.to_vec(slot, 8)?.try_into().expect("8 bytes"));
                 ensure_eq!(v, i as u64 + 1, "message in receive {}", wc.wr_id);
             }
             Ok(())

@@ -359,6 +359,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             Ok(1) => {
                 // SAFETY: the caller's array holds at least one entry.
                 unsafe { *wc = wc_to_c(&one[0]) };
+                crate::state::note_completions();
                 1
             }
             Ok(_) => 0,
@@ -409,6 +410,9 @@ unsafe fn poll_into(c: &SvCq, want: usize, wc: *mut ibv_wc, buf: &mut [WorkCompl
         if k < ask {
             break;
         }
+    }
+    if got > 0 {
+        crate::state::note_completions();
     }
     got as c_int
 }

@@ -80,6 +80,7 @@ unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr)
     g.i = 0;
     let w = g.wc[0];
     drop(g);
+    crate::state::note_completions();
     publish(cq, &w);
     0
 }
@@ -100,6 +101,7 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
         }
         g.n = n;
         g.i = 0;
+        crate::state::note_completions();
     }
     let w = g.wc[g.i];
     drop(g);

@@ -47,18 +47,29 @@
 //! The engine runs inline: a busy-polling application reads the link
 //! itself inside `ibv_poll_cq` (the fastest path, and the only one that
 //! keeps a busy-polling pair fast on a 2-core machine). Next to it, by
-//! default, one library thread per device sleeps in a level-triggered
-//! `poll(2)` on the link's descriptors and drives the device whenever
-//! nobody else does, so a passive RDMA WRITE/READ target that never calls
-//! a verb is served, timers run, and a thread blocked in
-//! `ibv_get_cq_event` is woken. While the application keeps polling CQs
-//! the thread only sleeps (1 ms ticks) and stays off the cores. Its costs:
-//! traffic that arrives while no application thread is in a verb waits
-//! for the thread's wake-up (a context switch), and an idle device wakes
-//! the thread every 20 ms for timers. `SOFTVERBS_ENGINE=inline` removes
-//! the thread (nothing progresses while no thread is in a verb);
-//! `provider-thread` uses the soft provider's edge-triggered progress
-//! thread instead.
+//! default, one library thread per device sleeps in `ppoll(2)` on the
+//! link's descriptors and drives the device whenever nobody else does, so
+//! a passive RDMA WRITE/READ target that never calls a verb is served, a
+//! receiver that spins on memory (perftest's `ib_write_lat`) sees each
+//! WRITE within microseconds, timers run, and a thread blocked in
+//! `ibv_get_cq_event` is woken. The thread never spins (on a small machine
+//! it could only run by taking the core of a spinning application
+//! thread); it asks for a short scheduler slice, so that its wake-up
+//! preempts a spinning thread at once, and adapts its sleep: data it
+//! finds that the application, although it ran, left unread (it judges by
+//! the application threads' CPU time since their last `ibv_poll_cq`)
+//! brings its timeout down to 20 µs, and for a while makes an
+//! `ibv_poll_cq` that returns completions announce the thread as sleeping
+//! again (the shared-memory link rings a sleeping reader's doorbell, and
+//! an application's poll withdraws that announcement); quiet wake-ups
+//! double the timeout up to 1 ms, 20 ms when idle. While the application
+//! keeps polling CQs the thread wakes about once a millisecond and leaves
+//! the link to it. Its costs: traffic that arrives while no application
+//! thread is in a verb waits for the thread's wake-up (a context switch),
+//! and an idle device wakes it every 20 ms for timers.
+//! `SOFTVERBS_ENGINE=inline` removes the thread (nothing progresses while
+//! no thread is in a verb); `provider-thread` uses the soft provider's
+//! edge-triggered progress thread instead.
 //!
 //! # Hotplug
 //!
@@ -69,6 +80,16 @@
 //! context gets `IBV_EVENT_DEVICE_FATAL`, verbs fail with `ENODEV`, queue
 //! pairs go to the error state, and `ibv_close_device` and the destroy
 //! verbs still succeed.
+//!
+//! # rdma_cm
+//!
+//! The library also implements librdmacm's `rdma_*` calls (module
+//! [`rdmacm`], over the soft provider's connection manager), exported as
+//! `__softverbs_rdma_*`; the drop-in `librdmacm.so.1` of crate
+//! `softverbs-rdmacm` gives them their rdma-core names and versions
+//! (`mklibdir.sh` links it too). rdma_cm resolves IP addresses to GIDs, so
+//! give each process its own address on port 4791
+//! (`SOFTVERBS_ADDR=127.0.7.1 SOFTVERBS_PORT=4791`).
 //!
 //! # What is not supported
 //!
@@ -107,6 +128,8 @@ mod data;
 mod ex;
 pub mod ffi;
 mod objects;
+mod progress;
+pub mod rdmacm;
 mod state;
 mod verbs;
 

@@ -101,6 +101,22 @@ pub(crate) fn note_poll() {
     POLLS.store(n.wrapping_add(1), Ordering::Relaxed);
 }
 
+/// Set by a progress thread while the application has lately left
+/// datagrams unread although it ran (it polls a CQ until a completion,
+/// then spins on memory): an application thread that gets a completion
+/// then announces the progress threads as sleeping again
+/// ([`crate::progress::rearm`]).
+pub(crate) static REARM: AtomicBool = AtomicBool::new(false);
+
+/// Records that an `ibv_poll_cq` call returned completions (one relaxed
+/// load when no progress thread asks for more).
+#[inline]
+pub(crate) fn note_completions() {
+    if REARM.load(Ordering::Relaxed) {
+        crate::progress::rearm();
+    }
+}
+
 /// How the engine of the default device makes progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Progress {
@@ -266,114 +282,6 @@ fn device_config() -> Result<(SoftDeviceConfig, Progress), String> {
     Ok((cfg, progress))
 }
 
-/// The library's progress thread: the engine runs inline (so a
-/// busy-polling application reads the link itself inside `ibv_poll_cq`,
-/// the fastest path on a small machine), and this thread drives it when
-/// nobody else does: it sleeps in a level-triggered `poll(2)` on the
-/// link's descriptors (a datagram left unread wakes it again, never
-/// stranded) with a timeout for the engine's timers, and drives the
-/// device when woken. While the application keeps polling CQs it only
-/// sleeps, so that it does not take a core from a busy-polling pair.
-fn progress_thread(soft: Arc<SoftDevice>, link: Arc<dyn softverbs::soft::link::Link>, stop: Arc<AtomicBool>) {
-    /// The timer granularity while traffic flows, and while idle.
-    const BUSY_TICK: Duration = Duration::from_millis(1);
-    const IDLE_TICK: Duration = Duration::from_millis(20);
-    /// How long after the last traffic the thread counts as busy.
-    const BUSY_FOR: Duration = Duration::from_millis(200);
-    let shared = soft.shared().clone();
-    short_slice();
-    let wait = |timeout: Duration| -> bool {
-        let mut pfds: Vec<libc::pollfd> = link
-            .poll_fds()
-            .iter()
-            .map(|&fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: `pfds` is a valid array of pollfd for the call.
-        let n = unsafe {
-            libc::poll(
-                pfds.as_mut_ptr(),
-                pfds.len() as libc::nfds_t,
-                timeout.as_millis() as i32,
-            )
-        };
-        n > 0
-    };
-    let mut last_polls = POLLS.load(Ordering::Relaxed);
-    let mut last_traffic = std::time::Instant::now() - BUSY_FOR;
-    while !stop.load(Ordering::Acquire) {
-        let tick = if last_traffic.elapsed() < BUSY_FOR {
-            BUSY_TICK
-        } else {
-            IDLE_TICK
-        };
-        let readable = !link.prepare_sleep() || wait(tick);
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        if readable {
-            last_traffic = std::time::Instant::now();
-            let polls = POLLS.load(Ordering::Relaxed);
-            if polls != last_polls {
-                // An application thread polls CQs, and ibv_poll_cq reads
-                // the link: let it take the datagram (its own path is the
-                // fast one) and drive only if it did not.
-                last_polls = polls;
-                std::thread::yield_now();
-                if link.prepare_sleep() && !wait(Duration::ZERO) {
-                    continue;
-                }
-            }
-        }
-        shared.drive();
-    }
-}
-
-/// `struct sched_attr` of `sched_setattr(2)` (its first version, 48 bytes).
-#[repr(C)]
-struct SchedAttr {
-    size: u32,
-    sched_policy: u32,
-    sched_flags: u64,
-    sched_nice: i32,
-    sched_priority: u32,
-    sched_runtime: u64,
-    sched_deadline: u64,
-    sched_period: u64,
-}
-
-/// The time slice the progress thread asks for (the smallest Linux takes).
-const SLICE_NS: u64 = 100_000;
-
-/// Asks the scheduler for a short time slice for the calling thread (an
-/// ordinary `SCHED_OTHER` thread; no privilege needed). Since Linux 6.12,
-/// a woken thread with a shorter slice than the running one preempts it at
-/// once; without it, a thread woken by a datagram may wait for the rest of
-/// the slice of an application thread that spins on memory on the same
-/// core (perftest's `ib_write_lat` polls the last byte of its buffer and
-/// never calls a verb, so only this thread places the peer's WRITE). The
-/// thread mostly sleeps and runs briefly, so the short slice costs
-/// nothing. Older kernels ignore the runtime of a `SCHED_OTHER` thread or
-/// refuse; either is harmless.
-fn short_slice() {
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        sched_policy: libc::SCHED_OTHER as u32,
-        sched_flags: 0,
-        sched_nice: 0,
-        sched_priority: 0,
-        sched_runtime: SLICE_NS,
-        sched_deadline: 0,
-        sched_period: 0,
-    };
-    // SAFETY: sched_setattr reads `attr` (its size field says how much)
-    // for the calling thread (pid 0) and keeps no pointer.
-    let _ = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
-}
-
 fn copy_name(dst: &mut [c_char], s: &str) {
     let n = dst.len() - 1;
     for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
@@ -390,7 +298,7 @@ fn create_default() -> Result<&'static SvDevice, String> {
         let (s, st) = (soft.clone(), stop.clone());
         std::thread::Builder::new()
             .name(format!("softverbs-{}", soft.name()))
-            .spawn(move || progress_thread(s, link, st))
+            .spawn(move || crate::progress::run(s, link, st))
             .map_err(|e| format!("starting the progress thread: {e}"))?;
     }
     let device = soft.device();
@@ -458,6 +366,7 @@ fn remove(d: &'static SvDevice) -> bool {
     }
     d.stop.store(true, Ordering::Release);
     d.soft.unplug();
+    crate::rdmacm::device_removed(d.soft.name());
     true
 }
 

@@ -32,6 +32,7 @@ pub const EXIT_FAILED: u8 = 4;
 
 /// Arguments of `softverbs conformance`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_override_self = true)]
 pub struct Args {
     /// Device for side A (default: soft: softverbs_0; hw: the first device)
     #[arg(short = 'd', long = "device", value_name = "NAME")]

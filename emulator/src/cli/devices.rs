@@ -15,6 +15,7 @@ use super::{CliError, Env};
 
 /// Arguments of `softverbs devices`.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_override_self = true)]
 pub struct Args {}
 
 /// Lists the devices of the selected backend(s).

@@ -15,21 +15,29 @@
 //!                         link_layer:             Ethernet
 //! ```
 //!
-//! `-v` adds every device attribute the verbs API reports and, per port,
-//! the remaining port attributes and the non-zero GID table entries.
-//! Attributes `ibv_devinfo` prints that this API does not carry (extended
-//! ODP/TSO/RSS capabilities, `board_id`, EE and multicast limits) are left
+//! `-v` adds, in `ibv_devinfo -v`'s order and layout, every device
+//! attribute, the extended capabilities (ODP, timestamps, TSO, RSS, packet
+//! pacing, tag matching), `num_comp_vectors` and, per port, the remaining
+//! port attributes and the non-zero GID table entries (a RoCE v2 GID as
+//! `inet_ntop` writes it, with `, RoCE v2`), then softverbs' own lines
+//! (`max_fast_reg_page_list_len`, `max_inline_data`, the soft device's
+//! link and counters). For a soft device the attributes the verbs API does
+//! not carry are what the soft provider has: none of EE, RDD, raw QPs,
+//! multicast, FMR, ODP, TSO, RSS, pacing, tag matching, completion
+//! timestamps, and one completion vector (the values softverbs'
+//! `libibverbs.so.1` reports). For a hardware device those lines are left
 //! out rather than printed as invented values.
 
 use std::fmt::Write as _;
 use std::io::Write;
 
-use softverbs::verbs::{AtomicCap, Context, Device, DeviceAttr, DeviceCapFlags, LinkLayer, PortAttr};
+use softverbs::verbs::{AtomicCap, BackendKind, Context, Device, DeviceAttr, DeviceCapFlags, Gid, LinkLayer, PortAttr};
 
 use super::{eprintln_safe, CliError, Env};
 
 /// Arguments of `softverbs devinfo`.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_override_self = true)]
 pub struct Args {
     /// Show only this device (default: every device)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
@@ -124,8 +132,14 @@ pub fn render(dev: &Device, ctx: &Context, args: &Args) -> Result<String, CliErr
         }
     }
     let mut s = String::new();
+    let soft = dev.backend() == BackendKind::Soft;
     device_lines(&mut s, dev, &attr, args.verbose);
     if args.verbose {
+        if soft {
+            soft_ex_lines(&mut s);
+        }
+        let _ = writeln!(s, "\tmax_fast_reg_page_list_len:\t{}", attr.max_fast_reg_page_list_len);
+        let _ = writeln!(s, "\tmax_inline_data:\t\t{}", attr.max_inline_data);
         soft_lines(&mut s, dev);
     }
     for port in 1..=attr.phys_port_cnt {
@@ -135,14 +149,14 @@ pub fn render(dev: &Device, ctx: &Context, args: &Args) -> Result<String, CliErr
         let pattr = ctx
             .query_port(port)
             .map_err(|e| CliError::verbs(format!("{name} port {port}"), e))?;
-        port_lines(&mut s, port, &pattr, args.verbose);
+        port_lines(&mut s, port, &pattr, args.verbose, soft);
         if args.verbose {
             for index in 0..pattr.gid_tbl_len {
                 let gid = ctx
                     .query_gid(port, index)
                     .map_err(|e| CliError::verbs(format!("{name} port {port} GID[{index}]"), e))?;
                 if !gid.is_zero() {
-                    let _ = writeln!(s, "\t\t\tGID[{index:3}]:\t\t{gid}");
+                    let _ = writeln!(s, "{}", gid_line(index, &gid, soft, pattr.link_layer));
                 }
             }
         }
@@ -171,12 +185,17 @@ pub fn device_lines(s: &mut String, dev: &Device, a: &DeviceAttr, verbose: bool)
     if !verbose {
         return;
     }
+    // The soft provider has none of these (what softverbs'
+    // libibverbs.so.1 reports too); the verbs API does not carry them for
+    // hardware, so they are not printed there.
+    let soft = dev.backend() == BackendKind::Soft;
     let _ = writeln!(s, "\tmax_mr_size:\t\t\t0x{:x}", a.max_mr_size);
     let _ = writeln!(s, "\tpage_size_cap:\t\t\t0x{:x}", a.page_size_cap);
     let _ = writeln!(s, "\tmax_qp:\t\t\t\t{}", a.max_qp);
     let _ = writeln!(s, "\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
-    let _ = writeln!(s, "\tdevice_cap_flags:\t\t0x{:08x}", a.device_cap_flags.bits());
-    for flag in cap_flag_names(a.device_cap_flags) {
+    let low = a.device_cap_flags.bits() & 0xffff_ffff;
+    let _ = writeln!(s, "\tdevice_cap_flags:\t\t0x{low:08x}");
+    for flag in cap_flag_names(DeviceCapFlags::from_bits_retain(low)) {
         let _ = writeln!(s, "\t\t\t\t\t{flag}");
     }
     let _ = writeln!(s, "\tmax_sge:\t\t\t{}", a.max_sge);
@@ -186,11 +205,31 @@ pub fn device_lines(s: &mut String, dev: &Device, a: &DeviceAttr, verbose: bool)
     let _ = writeln!(s, "\tmax_mr:\t\t\t\t{}", a.max_mr);
     let _ = writeln!(s, "\tmax_pd:\t\t\t\t{}", a.max_pd);
     let _ = writeln!(s, "\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+    if soft {
+        let _ = writeln!(s, "\tmax_ee_rd_atom:\t\t\t0");
+    }
     let _ = writeln!(s, "\tmax_res_rd_atom:\t\t{}", a.max_res_rd_atom);
     let _ = writeln!(s, "\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
+    if soft {
+        let _ = writeln!(s, "\tmax_ee_init_rd_atom:\t\t0");
+    }
     let _ = writeln!(s, "\tatomic_cap:\t\t\t{}", atomic_cap_str(a.atomic_cap));
+    if soft {
+        let _ = writeln!(s, "\tmax_ee:\t\t\t\t0");
+        let _ = writeln!(s, "\tmax_rdd:\t\t\t0");
+    }
     let _ = writeln!(s, "\tmax_mw:\t\t\t\t{}", a.max_mw);
+    if soft {
+        let _ = writeln!(s, "\tmax_raw_ipv6_qp:\t\t0");
+        let _ = writeln!(s, "\tmax_raw_ethy_qp:\t\t0");
+        let _ = writeln!(s, "\tmax_mcast_grp:\t\t\t0");
+        let _ = writeln!(s, "\tmax_mcast_qp_attach:\t\t0");
+        let _ = writeln!(s, "\tmax_total_mcast_qp_attach:\t0");
+    }
     let _ = writeln!(s, "\tmax_ah:\t\t\t\t{}", a.max_ah);
+    if soft {
+        let _ = writeln!(s, "\tmax_fmr:\t\t\t0");
+    }
     let _ = writeln!(s, "\tmax_srq:\t\t\t{}", a.max_srq);
     if a.max_srq != 0 {
         let _ = writeln!(s, "\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
@@ -198,8 +237,44 @@ pub fn device_lines(s: &mut String, dev: &Device, a: &DeviceAttr, verbose: bool)
     }
     let _ = writeln!(s, "\tmax_pkeys:\t\t\t{}", a.max_pkeys);
     let _ = writeln!(s, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
-    let _ = writeln!(s, "\tmax_fast_reg_page_list_len:\t{}", a.max_fast_reg_page_list_len);
-    let _ = writeln!(s, "\tmax_inline_data:\t\t{}", a.max_inline_data);
+}
+
+/// The extended capabilities `ibv_devinfo -v` prints after
+/// `local_ca_ack_delay`, as the soft provider has them (none of ODP,
+/// completion timestamps, extended flags, TSO, RSS, work queues, packet
+/// pacing or tag matching; one completion vector), in its layout.
+pub fn soft_ex_lines(s: &mut String) {
+    s.push_str("\tgeneral_odp_caps:\n");
+    for t in ["rc", "uc", "ud", "xrc"] {
+        let _ = writeln!(s, "\t{t}_odp_caps:\n\t\t\t\t\tNO SUPPORT");
+    }
+    s.push_str("\tcompletion_timestamp_mask not supported\n");
+    s.push_str("\tcore clock not supported\n");
+    s.push_str("\tdevice_cap_flags_ex:\t\t0x0\n");
+    s.push_str("\ttso_caps:\n\t\tmax_tso:\t\t\t0\n");
+    s.push_str("\trss_caps:\n");
+    s.push_str("\t\tmax_rwq_indirection_tables:\t\t\t0\n");
+    s.push_str("\t\tmax_rwq_indirection_table_size:\t\t\t0\n");
+    s.push_str("\t\trx_hash_function:\t\t\t\t0x0\n");
+    s.push_str("\t\trx_hash_fields_mask:\t\t\t\t0x0\n");
+    s.push_str("\tmax_wq_type_rq:\t\t\t0\n");
+    s.push_str("\tpacket_pacing_caps:\n");
+    s.push_str("\t\tqp_rate_limit_min:\t0kbps\n");
+    s.push_str("\t\tqp_rate_limit_max:\t0kbps\n");
+    s.push_str("\ttag matching not supported\n");
+    s.push_str("\tnum_comp_vectors:\t\t1\n");
+}
+
+/// One GID table line: a RoCE v2 GID (every soft device's, on an Ethernet
+/// port) as `inet_ntop` writes it followed by `, RoCE v2`, as `ibv_devinfo
+/// -v`; any other as eight groups of four hex digits (the GID type of a
+/// hardware GID is not known here).
+pub fn gid_line(index: u32, gid: &Gid, soft: bool, link_layer: LinkLayer) -> String {
+    if soft && link_layer == LinkLayer::Ethernet {
+        format!("\t\t\tGID[{index:3}]:\t\t{}, RoCE v2", std::net::Ipv6Addr::from(gid.0))
+    } else {
+        format!("\t\t\tGID[{index:3}]:\t\t{gid}")
+    }
 }
 
 /// For a soft device (with `-v`): its link, engine mode and every packet
@@ -229,8 +304,11 @@ pub fn soft_lines(s: &mut String, dev: &Device) {
     }
 }
 
-/// The port part of the report, without the GID table.
-pub fn port_lines(s: &mut String, port: u8, p: &PortAttr, verbose: bool) {
+/// The port part of the report, without the GID table. `soft`: the port
+/// of a soft device, whose `port_cap_flags2` and `init_type_reply` (which
+/// the verbs API does not carry) are known to be 0; for other devices
+/// those lines are left out.
+pub fn port_lines(s: &mut String, port: u8, p: &PortAttr, verbose: bool, soft: bool) {
     let _ = writeln!(s, "\t\tport:\t{port}");
     let _ = writeln!(s, "\t\t\tstate:\t\t\t{} ({})", p.state.name(), p.state.as_raw());
     let _ = writeln!(s, "\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu.name(), p.max_mtu.as_raw());
@@ -249,6 +327,9 @@ pub fn port_lines(s: &mut String, port: u8, p: &PortAttr, verbose: bool) {
     }
     let _ = writeln!(s, "\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
     let _ = writeln!(s, "\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags);
+    if soft {
+        let _ = writeln!(s, "\t\t\tport_cap_flags2:\t0x0000");
+    }
     let _ = writeln!(s, "\t\t\tmax_vl_num:\t\t{} ({})", vl_str(p.max_vl_num), p.max_vl_num);
     let _ = writeln!(s, "\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
     let _ = writeln!(s, "\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
@@ -256,6 +337,9 @@ pub fn port_lines(s: &mut String, port: u8, p: &PortAttr, verbose: bool) {
     let _ = writeln!(s, "\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
     let _ = writeln!(s, "\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
     let _ = writeln!(s, "\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
+    if soft {
+        let _ = writeln!(s, "\t\t\tinit_type_reply:\t0");
+    }
     let _ = writeln!(
         s,
         "\t\t\tactive_width:\t\t{}X ({})",
@@ -396,8 +480,10 @@ mod tests {
             "max_qp:",
             "max_qp_wr:",
             "device_cap_flags:",
-            "max_fast_reg_page_list_len:",
-            "max_inline_data:",
+            "max_ee_rd_atom:",
+            "max_raw_ethy_qp:",
+            "max_mcast_qp_attach:",
+            "max_fmr:",
             "atomic_cap:\t\t\tATOMIC_HCA (1)",
         ] {
             assert!(v.contains(key), "missing {key} in\n{v}");
@@ -409,7 +495,7 @@ mod tests {
     fn port_part_layout() {
         let p = softverbs::soft::embedded_default().expect("embedded default")[0].port_attr();
         let mut s = String::new();
-        port_lines(&mut s, 1, &p, false);
+        port_lines(&mut s, 1, &p, false, true);
         assert_eq!(
             s,
             "\t\tport:\t1\n\
@@ -425,7 +511,7 @@ mod tests {
         let mut p2 = p.clone();
         p2.state = PortState::Down;
         p2.active_mtu = Mtu::Mtu1024;
-        port_lines(&mut v, 1, &p2, true);
+        port_lines(&mut v, 1, &p2, true, true);
         assert!(v.contains("state:\t\t\tPORT_DOWN (1)"));
         assert!(v.contains("active_mtu:\t\t1024 (3)"));
         assert!(v.contains("active_width:\t\t4X (2)"));
@@ -496,8 +582,19 @@ mod tests {
         let s = render(&device(), &fake_context(), &args).expect("render");
         assert!(s.starts_with("hca_id:\tsoftverbs_0\n\ttransport:\t\t\tInfiniBand (0)\n"));
         assert!(s.contains("\t\tport:\t1\n"));
-        assert!(s.contains("\t\t\tGID[  0]:\t\t0000:0000:0000:0000:0000:ffff:7f53:5601\n"));
+        assert!(s.contains("\t\t\tGID[  0]:\t\t::ffff:127.83.86.1, RoCE v2\n"), "{s}");
+        for line in [
+            "\tmax_mcast_grp:\t\t\t0\n",
+            "\tmax_total_mcast_qp_attach:\t0\n",
+            "\tnum_comp_vectors:\t\t1\n",
+            "\t\t\tport_cap_flags2:\t0x0000\n",
+            "\t\t\tinit_type_reply:\t0\n",
+        ] {
+            assert!(s.contains(line), "missing {line:?} in\n{s}");
+        }
         assert_eq!(s.matches("GID[").count(), 1, "zero GIDs are not listed");
+        assert!(s.contains("\tmax_fast_reg_page_list_len:\t"), "{s}");
+        assert!(s.contains("\tmax_inline_data:\t\t"), "{s}");
         assert!(s.ends_with("\n\n"));
 
         let quiet = render(&device(), &fake_context(), &Args::default()).expect("render");

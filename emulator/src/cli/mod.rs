@@ -14,6 +14,7 @@ pub mod devices;
 pub mod devinfo;
 pub mod perf;
 pub mod pingpong;
+pub mod plot;
 pub mod sim;
 pub mod stats;
 
@@ -28,12 +29,15 @@ use softverbs::verbs::{self, BackendKind, Device};
 macro_rules! exit_status_text {
     () => {
         "\
-Exit status:
+Exit status (every subcommand):
   0  success
   1  no RDMA device found (none for the selected backend, or no device or
      port with the name or number given)
-  2  usage error (unknown option, bad value)
-  3  a device was found but a verbs call on it failed (open, query)
+  2  usage error (unknown option, bad value, a combination of options the
+     command does not support)
+  3  a device was found but a verbs call on it failed (open, query), or
+     the run failed (an error completion, a lost peer, a perftest -w/-y
+     limit not met, an output file that cannot be written)
   4  conformance: at least one case failed"
     };
 }
@@ -63,7 +67,7 @@ default to every compiled-in backend; the others default to soft.
 
 /// The `softverbs` command line.
 #[derive(Debug, Parser)]
-#[command(name = "softverbs", version, about = ABOUT, long_about = LONG_ABOUT)]
+#[command(name = "softverbs", version, about = ABOUT, long_about = LONG_ABOUT, args_override_self = true)]
 pub struct Cli {
     /// Options every subcommand takes.
     #[command(flatten)]
@@ -84,6 +88,10 @@ pub struct GlobalOpts {
     /// softverbs_1) in this process
     #[arg(long, global = true)]
     pub no_embedded: bool,
+    /// No progress lines on standard error (shown for long runs: redrawn
+    /// on a terminal, a line every 5 s otherwise)
+    #[arg(long, global = true)]
+    pub quiet: bool,
 }
 
 impl GlobalOpts {
@@ -220,6 +228,7 @@ impl Env {
     ///
     /// A verbs error if the embedded default cannot be created.
     pub fn new(global: GlobalOpts) -> Result<Env, CliError> {
+        softverbs_benches::perftest::set_quiet(global.quiet);
         if !global.no_embedded {
             softverbs::soft::embedded_default()
                 .map_err(|e| CliError::verbs("creating the embedded default soft devices", e))?;
@@ -355,6 +364,7 @@ mod tests {
         let g = GlobalOpts {
             backend: Some(Backend::Hw),
             no_embedded: false,
+            quiet: false,
         };
         assert_eq!(g.listing_backend(), Some(BackendKind::Hardware));
         assert_eq!(g.backend(), BackendKind::Hardware);
@@ -368,6 +378,25 @@ mod tests {
         let cli = Cli::try_parse_from(["softverbs", "--backend", "hardware", "devinfo"]).unwrap();
         assert_eq!(cli.global.backend, Some(Backend::Hw));
         assert!(Cli::try_parse_from(["softverbs", "--backend", "foo", "devices"]).is_err());
+        // As with getopt, the last of a repeated option counts.
+        let cli = Cli::try_parse_from([
+            "softverbs",
+            "--backend",
+            "hw",
+            "--backend",
+            "soft",
+            "devinfo",
+            "-i",
+            "2",
+            "-i",
+            "1",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.backend, Some(Backend::Soft));
+        match cli.command {
+            Command::Devinfo(a) => assert_eq!(a.port, Some(1)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

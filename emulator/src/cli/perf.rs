@@ -19,11 +19,13 @@
 //!
 //! `--backends soft,hw` runs the same loopback test on each backend in
 //! turn (each with its full report), then prints one line per message size
-//! with every backend's figure and the ratio of each to the first:
+//! with every backend's figure and the ratio of each to the first
+//! (`--links inproc,udp,shm` does the same for the soft backend's links,
+//! and combines with `--backends`):
 //!
 //! ```text
 //! ---------------------------------------------------------------------------------------
-//!  #bytes              soft BW            hw BW      hw/soft    (BW average[MiB/sec])
+//!  #bytes              soft BW            hw BW      hw/soft    (BW average[MB/sec])
 //!  65536               812.34           1043.20        1.28x
 //! ---------------------------------------------------------------------------------------
 //! ```
@@ -36,20 +38,33 @@
 //! puts it on RoCEv2 over loopback UDP, as the library's device is (the
 //! hardware backend ignores `--link`).
 //!
+//! `--plot FILE.svg` draws the rows as a chart (bandwidth, or typical and
+//! 99th-percentile latency, against message size; one line per backend of
+//! `--backends`), with [`plot`](super::plot::write_svg).
+//!
+//! Every perftest flag is accepted: those with no effect here are named on
+//! standard error with the reason, values the run changes (a margin too
+//! long for `-D`, an inline size above the device's) too; a flag given
+//! twice takes its last value. `-w`/`-y` fail the run (exit 3) below the
+//! limit, as perftest's verifier does.
+//!
 //! Counters ([`stats`]): `--stats` prints every soft device counter that
 //! moved at the end, `SIGUSR1` prints them to standard error during the
 //! run, and what was dropped or refused is said on standard error at the
 //! end of every run.
 
 use std::io::Write;
+use std::path::PathBuf;
 
 use softverbs::verbs::BackendKind;
+use softverbs_benches::perftest::args::LinkKind;
 use softverbs_benches::perftest::report::{self, Row};
-use softverbs_benches::perftest::{self, PerfArgs, PerfError};
+use softverbs_benches::perftest::stats::BwResult;
+use softverbs_benches::perftest::{self, Params, PerfArgs, PerfError, PerfTest};
 
-use super::{eprintln_safe, stats, Backend, CliError, Env};
+use super::{eprintln_safe, plot, stats, Backend, CliError, Env};
 
-/// Arguments of `softverbs perf`: perftest's flags, and `--backends`.
+/// Arguments of `softverbs perf`: perftest's flags, and `--backends`, `--links`, `--plot`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// perftest's flags (boxed: they are most of the command line's size).
@@ -58,8 +73,29 @@ pub struct Args {
     /// Run the test on each of these backends in turn (comma-separated,
     /// e.g. soft,hw) and print their results side by side with ratios to
     /// the first (loopback only; overrides --backend)
-    #[arg(long = "backends", value_enum, value_delimiter = ',', value_name = "LIST")]
+    #[arg(
+        long = "backends",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        help_heading = "softverbs options"
+    )]
     pub backends: Vec<Backend>,
+    /// Run the test on the soft backend over each of these links in turn
+    /// (comma-separated: inproc,udp,shm) and compare them as --backends
+    /// does (combines with --backends; the hw backend has no link)
+    #[arg(
+        long = "links",
+        value_enum,
+        value_delimiter = ',',
+        value_name = "LIST",
+        help_heading = "softverbs options"
+    )]
+    pub links: Vec<LinkKind>,
+    /// Draw the results as an SVG chart in FILE: bandwidth (or latency)
+    /// against message size, one line per backend and link
+    #[arg(long = "plot", value_name = "FILE.svg", help_heading = "softverbs options")]
+    pub plot: Option<PathBuf>,
 }
 
 /// Runs the test.
@@ -98,23 +134,105 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
 
 fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     let p = &args.perf;
-    if args.backends.is_empty() {
-        return perftest::run(p, env.global.backend(), out).map_err(|e| cli_error(p, e));
+    if p.version {
+        writeln!(
+            out,
+            "softverbs perf {} (the flags, tables and exchange of perftest 4.5)",
+            env!("CARGO_PKG_VERSION")
+        )?;
+        return Ok(());
+    }
+    if p.run_infinitely && !(args.backends.is_empty() && args.links.is_empty()) {
+        return Err(usage(
+            p,
+            "--run_infinitely runs one test: not with --backends or --links",
+        ));
+    }
+    if args.plot.is_some() && p.test == PerfTest::Scale {
+        return Err(usage(p, "--plot draws per-size rows: the scale test has none"));
+    }
+    let first = args
+        .backends
+        .first()
+        .map_or(env.global.backend(), |b| BackendKind::from(*b));
+    if p.test != PerfTest::Scale {
+        // Resolved here once for its notes and checks; each run resolves
+        // the same parameters again.
+        let params = Params::from_args(p, first).map_err(|e| cli_error(p, e))?;
+        for n in &params.notes {
+            eprintln_safe(&format!("softverbs: perf {}: {n}", p.test));
+        }
+        check_port(env, &params)?;
+    }
+    if args.backends.is_empty() && args.links.is_empty() {
+        let backend = env.global.backend();
+        let name = backend_name(backend);
+        loop {
+            let rows = perftest::run(p, backend, out).map_err(|e| cli_error(p, e))?;
+            verify(p, &rows)?;
+            if let Some(path) = &args.plot {
+                write_plot(path, p, &[(name, rows)])?;
+            }
+            // --run_infinitely: another -D round, until interrupted.
+            if !p.run_infinitely {
+                return Ok(());
+            }
+        }
     }
     let mut kinds: Vec<BackendKind> = Vec::new();
-    for b in &args.backends {
-        let k = BackendKind::from(*b);
+    for k in args.backends.iter().map(|b| BackendKind::from(*b)) {
         if !kinds.contains(&k) {
             kinds.push(k);
         }
     }
-    let mut columns: Vec<(&str, Vec<Row>)> = Vec::new();
-    for &kind in &kinds {
-        writeln!(out, "\n==== {} on backend {} ====", p.test, backend_name(kind))?;
-        out.flush()?;
-        let rows = perftest::run::run_rows(p, kind, out).map_err(|e| cli_error(p, e))?;
-        columns.push((backend_name(kind), rows));
+    if kinds.is_empty() {
+        kinds.push(env.global.backend());
     }
+    let mut links: Vec<LinkKind> = Vec::new();
+    for l in &args.links {
+        if !links.contains(l) {
+            links.push(*l);
+        }
+    }
+    // One run per backend, and per link on the soft backend: named by
+    // the link alone when only soft runs, else `soft-udp`.
+    let only_soft = kinds == [BackendKind::Soft];
+    let mut runs: Vec<(String, BackendKind, Option<LinkKind>)> = Vec::new();
+    for &kind in &kinds {
+        if kind == BackendKind::Soft && !links.is_empty() {
+            for &l in &links {
+                let name = if only_soft {
+                    l.name().to_string()
+                } else {
+                    format!("{}-{}", backend_name(kind), l.name())
+                };
+                runs.push((name, kind, Some(l)));
+            }
+        } else {
+            runs.push((backend_name(kind).to_string(), kind, None));
+        }
+    }
+    let mut named: Vec<(String, Vec<Row>)> = Vec::new();
+    for (name, kind, link) in runs {
+        let mut a = (**p).clone();
+        match link {
+            Some(l) => {
+                writeln!(
+                    out,
+                    "\n==== {} on backend {}, link {} ====",
+                    p.test,
+                    backend_name(kind),
+                    l.name()
+                )?;
+                a.link = l;
+            }
+            None => writeln!(out, "\n==== {} on backend {} ====", p.test, backend_name(kind))?,
+        }
+        out.flush()?;
+        let rows = perftest::run::run_rows(&a, kind, out).map_err(|e| cli_error(p, e))?;
+        named.push((name, rows));
+    }
+    let columns: Vec<(&str, Vec<Row>)> = named.iter().map(|(n, r)| (n.as_str(), r.clone())).collect();
     writeln!(
         out,
         "\n==== {}: {} side by side ====",
@@ -123,7 +241,81 @@ fn run_tests(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError
     )?;
     out.write_all(report::comparison(&columns, p.report_gbits).as_bytes())?;
     out.flush()?;
+    if let Some(path) = &args.plot {
+        write_plot(path, p, &columns)?;
+    }
+    for (_, rows) in &columns {
+        verify(p, rows)?;
+    }
     Ok(())
+}
+
+/// A usage error of `perf`: said here, exit status 2.
+fn usage(args: &PerfArgs, msg: &str) -> CliError {
+    eprintln_safe(&format!("softverbs: perf {}: {msg}", args.test));
+    CliError::Reported(2)
+}
+
+/// `-i`: the port must exist on this end's device (exit 1 otherwise, as
+/// `devinfo -i`). Devices a networked soft link creates later are soft
+/// devices too, with the ports of the backend's devices.
+fn check_port(env: &Env, p: &Params) -> Result<(), CliError> {
+    let net = p.backend == BackendKind::Soft && p.link != perftest::args::LinkKind::Inproc;
+    let dev = match &p.ib_dev {
+        Some(name) if !net => env.device(Some(p.backend), name)?,
+        _ => match env.devices(Some(p.backend)) {
+            Ok(devs) => devs[0].clone(),
+            // A networked soft link creates its own devices.
+            Err(_) if net => return Ok(()),
+            Err(e) => return Err(e),
+        },
+    };
+    let ctx = dev.open().map_err(|e| CliError::verbs(dev.name(), e))?;
+    let attr = ctx.query_device().map_err(|e| CliError::verbs(dev.name(), e))?;
+    if p.ib_port > attr.phys_port_cnt {
+        return Err(CliError::NotFound(format!(
+            "{}: port {} does not exist (the device has {} port{})",
+            dev.name(),
+            p.ib_port,
+            attr.phys_port_cnt,
+            if attr.phys_port_cnt == 1 { "" } else { "s" }
+        )));
+    }
+    Ok(())
+}
+
+/// perftest's verifier (`-w`, `-y`): a bandwidth row whose average (in
+/// the report's unit) or message rate is below the limit fails the run.
+fn verify(args: &PerfArgs, rows: &[Row]) -> Result<(), CliError> {
+    for r in rows {
+        let Row::Bw(b) = r else { continue };
+        let bw = BwResult::in_units(b.avg_bps, args.report_gbits);
+        if let Some(limit) = args.limit_bw.filter(|&l| bw < l) {
+            eprintln_safe(&format!(
+                "softverbs: perf {}: {} bytes: BW average {bw:.2} is below the limit {limit} (-w)",
+                args.test, b.size
+            ));
+            return Err(CliError::Reported(3));
+        }
+        let rate = b.msg_rate / 1e6;
+        if let Some(limit) = args.limit_msgrate.filter(|&l| rate < l) {
+            eprintln_safe(&format!(
+                "softverbs: perf {}: {} bytes: message rate {rate:.6} Mpps is below the limit {limit} (-y)",
+                args.test, b.size
+            ));
+            return Err(CliError::Reported(3));
+        }
+    }
+    Ok(())
+}
+
+/// Writes the `--plot` chart of `runs`.
+fn write_plot(path: &std::path::Path, args: &PerfArgs, runs: &[(&str, Vec<Row>)]) -> Result<(), CliError> {
+    let chart = plot::perf_chart(args.test.name(), runs, args.report_gbits);
+    plot::write_svg(path, &[chart]).map_err(|e| {
+        eprintln_safe(&format!("softverbs: perf {}: {e}", args.test));
+        CliError::Reported(3)
+    })
 }
 
 /// The name `--backend` takes for `kind`.
@@ -205,6 +397,39 @@ mod tests {
             .parse()
             .expect("a number");
         assert!(t > 0.0, "{row}");
+    }
+
+    #[test]
+    fn links_compare_like_backends() {
+        let parsed = Cli::try_parse_from(["softverbs", "perf", "send_lat", "--links", "inproc,udp"]).expect("parses");
+        match parsed.command {
+            super::super::Command::Perf(a) => assert_eq!(a.links, vec![LinkKind::Inproc, LinkKind::Udp]),
+            other => panic!("{other:?}"),
+        }
+        let (r, out) = cli(&[
+            "softverbs",
+            "perf",
+            "send_lat",
+            "-s",
+            "8",
+            "-n",
+            "100",
+            "--links",
+            "inproc,udp,inproc",
+        ]);
+        assert!(r.is_ok(), "{r:?}\n{out}");
+        assert_eq!(
+            out.matches("==== send_lat on backend soft, link inproc ====").count(),
+            1,
+            "{out}"
+        );
+        assert_eq!(
+            out.matches("==== send_lat on backend soft, link udp ====").count(),
+            1,
+            "{out}"
+        );
+        let table = out.split("side by side ====").nth(1).expect("the comparison table");
+        assert!(table.contains("inproc lat") && table.contains("udp/inproc"), "{out}");
     }
 
     #[test]

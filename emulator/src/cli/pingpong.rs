@@ -9,12 +9,18 @@
 //! ```text
 //! server$ softverbs pingpong
 //! client$ softverbs pingpong SERVER
-//!   local address:  LID 0x0000, QPN 0x000011, PSN 0x1a2b3c, GID fd73:7665:7262:0004:0000:8a01:7f00:0001
-//!   remote address: LID 0x0000, QPN 0x000011, PSN 0x4d5e6f, GID fd73:7665:7262:0004:0000:9c44:7f00:0001
+//!   local address:  LID 0x0000, QPN 0x000011, PSN 0x1a2b3c, GID fd73:7665:7262:4:0:8a01:7f00:1
+//!   remote address: LID 0x0000, QPN 0x000011, PSN 0x4d5e6f, GID fd73:7665:7262:4:0:9c44:7f00:1
 //! 8192000 bytes in 0.05 seconds = 1310.72 Mbit/sec
 //! 1000 iters in 0.05 seconds = 50.00 usec/iter
 //! latency (half round trip, usec): min 20.1 median 24.3 avg 25.0 p99 41.2 max 80.3
 //! ```
+//!
+//! The flags are `ibv_rc_pingpong`'s (`-p -d -i -s -m -r -n -e -g`, GIDs
+//! printed as `inet_ntop` writes them; `-c` checks every received
+//! message); its `-l -o -O -P -t -j -N` are accepted and said on standard
+//! error to have no effect here. A flag given twice takes its last value.
+//! softverbs' own options are long only (`--tx-depth`, `--op`, …).
 //!
 //! The two sides exchange `(QPN, PSN, GID)` (and, for `--op write`, the
 //! buffer's address and rkey) over TCP, exactly as with hardware; each
@@ -49,17 +55,17 @@ use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::ShmMode;
 use softverbs::soft::link::udp::{GsoMode, UdpConfig, UdpPort};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
+use softverbs::verbs::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 use softverbs::verbs::{
-    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Error, Gid, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, CompChannel, Connect, Context, Cq, Device, Endpoint, Error, Gid, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr,
+    QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
-
-use softverbs_benches::perftest::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 
 use super::{eprintln_safe, stats, CliError, Env};
 
 /// Arguments of `softverbs pingpong`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_override_self = true)]
 pub struct Args {
     /// Server to connect to (client mode); without it, wait for a client
     pub server: Option<String>,
@@ -69,7 +75,11 @@ pub struct Args {
     /// Use this existing device instead of creating a soft UDP device
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub device: Option<String>,
-    /// Local GID index
+    /// Use port PORT of the device
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub ib_port: u8,
+    /// Local port GID index (a soft device's GID 0 is its address)
     #[arg(short = 'g', long = "gid-idx", default_value_t = 0)]
     pub gid_index: u8,
     /// Message size in bytes
@@ -78,11 +88,13 @@ pub struct Args {
     /// Path MTU (256, 512, 1024, 2048, 4096)
     #[arg(short = 'm', long, default_value_t = 1024)]
     pub mtu: u32,
-    /// Receive queue depth
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    /// Number of receives to post at a time
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub rx_depth: u32,
-    /// Iterations (measured)
-    #[arg(short = 'n', long, default_value_t = 1000)]
+    /// Number of exchanges (measured)
+    #[arg(short = 'n', long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
     /// Unmeasured iterations before the measured ones (send only)
     #[arg(long, default_value_t = 100)]
@@ -94,8 +106,13 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Op::Send)]
     pub op: Op,
     /// Signaled sends (--op send) or RDMA WRITEs (--op write) in flight
-    #[arg(short = 't', long = "tx-depth", default_value_t = 32)]
+    #[arg(long = "tx-depth", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub tx_depth: u32,
+    /// Validate every received buffer (--op send; --op write always
+    /// checks the written data)
+    #[arg(short = 'c', long = "chk")]
+    pub chk: bool,
     /// Local address of the UDP device [default: the address of the TCP
     /// connection]
     #[arg(long, value_name = "ADDR")]
@@ -139,6 +156,61 @@ pub struct Args {
     #[arg(long = "qp-timeout", value_name = "N", default_value_t = 14,
           value_parser = clap::value_parser!(u8).range(0..=31))]
     pub qp_timeout: u8,
+    /// ibv_rc_pingpong's flags that have no effect here (each is said on
+    /// standard error); last, as their help heading applies to what
+    /// follows.
+    #[command(flatten)]
+    pub inert: InertArgs,
+}
+
+/// `ibv_rc_pingpong` flags accepted for compatibility that cannot apply
+/// here.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "ibv_rc_pingpong options without effect here (accepted, said on stderr)")]
+pub struct InertArgs {
+    /// Service level
+    #[arg(short = 'l', long = "sl", value_name = "SL")]
+    pub sl: Option<u8>,
+    /// Use on-demand paging
+    #[arg(short = 'o', long = "odp")]
+    pub odp: bool,
+    /// Use implicit on-demand paging
+    #[arg(short = 'O', long = "iodp")]
+    pub iodp: bool,
+    /// Prefetch an ODP MR
+    #[arg(short = 'P', long = "prefetch")]
+    pub prefetch: bool,
+    /// Get CQEs with timestamps
+    #[arg(short = 't', long = "ts")]
+    pub ts: bool,
+    /// Use device memory
+    #[arg(short = 'j', long = "dm")]
+    pub dm: bool,
+    /// Use the new post send WR API
+    #[arg(short = 'N', long = "new_send")]
+    pub new_send: bool,
+}
+
+impl InertArgs {
+    /// One line per given flag and why it has no effect.
+    pub fn notes(&self) -> Vec<String> {
+        let odp = "on-demand paging is not supported (MRs are pinned allocations)";
+        [
+            self.sl.map(|sl| format!("-l {sl} ignored: the QP bring-up uses SL 0")),
+            self.odp.then(|| format!("-o ignored: {odp}")),
+            self.iodp.then(|| format!("-O ignored: {odp}")),
+            self.prefetch.then(|| format!("-P ignored: {odp}")),
+            self.ts.then(|| {
+                "-t ignored: completions carry no timestamps here (completion_timestamp_mask not supported)".to_string()
+            }),
+            self.dm.then(|| "-j ignored: there is no device memory".to_string()),
+            self.new_send
+                .then(|| "-N ignored: sends are posted with post_send (the same work requests)".to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// What `pingpong` measures.
@@ -194,6 +266,24 @@ pub enum Gso {
 fn fail(msg: impl std::fmt::Display) -> CliError {
     eprintln_safe(&format!("softverbs: pingpong: {msg}"));
     CliError::Reported(3)
+}
+
+/// A usage error: printed here, exit status 2.
+fn usage(msg: impl std::fmt::Display) -> CliError {
+    eprintln_safe(&format!("softverbs: pingpong: {msg}"));
+    CliError::Reported(2)
+}
+
+/// A GID as `ibv_rc_pingpong` prints it (`inet_ntop`): `::ffff:127.0.0.1`,
+/// `fe80::1`.
+pub fn gid_text(gid: &Gid) -> String {
+    std::net::Ipv6Addr::from(gid.0).to_string()
+}
+
+/// The byte at offset `i` of a `-c` message: not constant, so that a
+/// message landing at the wrong offset or cut short is seen.
+fn chk_pattern(i: usize) -> u8 {
+    (i as u8).wrapping_mul(7).wrapping_add((i >> 8) as u8)
 }
 
 fn verbs_fail(what: &str) -> impl FnOnce(Error) -> CliError + '_ {
@@ -359,7 +449,7 @@ fn mtu_of(m: u32) -> Result<Mtu, CliError> {
         1024 => Mtu::Mtu1024,
         2048 => Mtu::Mtu2048,
         4096 => Mtu::Mtu4096,
-        _ => return Err(fail(format!("MTU {m} is not one of 256, 512, 1024, 2048, 4096"))),
+        _ => return Err(usage(format!("MTU {m} is not one of 256, 512, 1024, 2048, 4096"))),
     })
 }
 
@@ -372,13 +462,14 @@ fn mtu_of(m: u32) -> Result<Mtu, CliError> {
 /// [`CliError::NotFound`] for an unknown `-d` device.
 pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     let mtu = mtu_of(args.mtu)?;
+    for n in args.inert.notes() {
+        eprintln_safe(&format!("softverbs: pingpong: {n}"));
+    }
     // Before any device (and its threads): SIGUSR1 prints the counters.
     let _usr1 = stats::OnSignal::start("softverbs: pingpong");
-    if args.iters == 0 || args.rx_depth == 0 || args.tx_depth == 0 {
-        return Err(fail("--iters, --rx-depth and --tx-depth must be at least 1"));
-    }
+    // The parser refuses --iters, --rx-depth and --tx-depth of 0.
     if let Some(p) = args.udp_port {
-        check_udp_port(p).map_err(fail)?;
+        check_udp_port(p).map_err(usage)?;
     }
     // A server told its address creates its device first, so that a client
     // on the same host cannot take the port it asked for in the meantime.
@@ -539,9 +630,18 @@ impl Resources {
         let mr = pd
             .alloc_mr(args.size.max(1) as usize, access)
             .map_err(verbs_fail("ibv_reg_mr"))?;
+        if args.ib_port > attr.phys_port_cnt {
+            return Err(CliError::NotFound(format!(
+                "{}: port {} does not exist (the device has {} port{})",
+                device.name(),
+                args.ib_port,
+                attr.phys_port_cnt,
+                if attr.phys_port_cnt == 1 { "" } else { "s" }
+            )));
+        }
         let gid = ctx
-            .query_gid(1, u32::from(args.gid_index))
-            .map_err(verbs_fail("ibv_query_gid"))?;
+            .query_gid(args.ib_port, u32::from(args.gid_index))
+            .map_err(|e| CliError::NotFound(format!("{}: no GID index {}: {e}", device.name(), args.gid_index)))?;
         // A PSN that differs between runs and processes, as rc_pingpong's
         // lrand48() does.
         let t = std::time::UNIX_EPOCH.elapsed().map_or(0, |d| d.subsec_nanos());
@@ -565,64 +665,48 @@ impl Resources {
             .map_err(|e| fail(format!("ibv_post_recv: {}", e.error)))
     }
 
-    fn to_init(&self) -> Result<(), CliError> {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE,
-            ..QpAttr::default()
-        };
-        self.qp
-            .modify(
-                &init,
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-            )
+    /// This side as the peer sees it.
+    fn endpoint(&self, args: &Args, mtu: Mtu) -> Endpoint {
+        Endpoint {
+            qpn: self.qp.qp_num(),
+            psn: self.psn,
+            gid: self.gid,
+            gid_index: args.gid_index,
+            port: 1,
+            lid: 0,
+            mtu,
+            qkey: 0,
+            buffer: None,
+        }
+    }
+
+    /// ibv_rc_pingpong's attributes: remote write only, one READ each way,
+    /// RNR timer 12, `--qp-timeout`.
+    fn opts(args: &Args, mtu: Mtu) -> Connect {
+        Connect::new()
+            .access(AccessFlags::REMOTE_WRITE)
+            .mtu(mtu)
+            .timeout(args.qp_timeout)
+            .max_rd_atomic(1)
+            .max_dest_rd_atomic(1)
+    }
+
+    /// RESET->INIT, so receives can be posted before the exchange.
+    fn to_init(&self, args: &Args, mtu: Mtu) -> Result<(), CliError> {
+        Self::opts(args, mtu)
+            .init(&self._ctx, &self.qp, &self.endpoint(args, mtu))
             .map_err(verbs_fail("modify QP to INIT"))
     }
 
     fn connect(&self, args: &Args, mtu: Mtu, remote: &Dest) -> Result<(), CliError> {
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: remote.qpn,
-            rq_psn: remote.psn,
-            ah_attr: AhAttr::roce(remote.gid, args.gid_index, 1),
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ..QpAttr::default()
+        let peer = Endpoint {
+            qpn: remote.qpn,
+            psn: remote.psn,
+            gid: remote.gid,
+            ..self.endpoint(args, mtu)
         };
-        self.qp
-            .modify(
-                &rtr,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .map_err(verbs_fail("modify QP to RTR"))?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: self.psn,
-            timeout: args.qp_timeout,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        self.qp
-            .modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
+        Self::opts(args, mtu)
+            .apply(&self._ctx, &self.qp, &self.endpoint(args, mtu), Some(&peer))
             .map_err(verbs_fail("modify QP to RTS"))
     }
 
@@ -636,7 +720,7 @@ impl Resources {
         first: Option<Dest>,
         out: &mut dyn Write,
     ) -> Result<(), CliError> {
-        self.to_init()?;
+        self.to_init(args, mtu)?;
         if args.op == Op::Send {
             for _ in 0..args.rx_depth {
                 self.post_recv(args.size)?;
@@ -671,12 +755,16 @@ impl Resources {
         writeln!(
             out,
             "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            local.qpn, local.psn, local.gid
+            local.qpn,
+            local.psn,
+            gid_text(&local.gid)
         )?;
         writeln!(
             out,
             "  remote address: LID 0x0000, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
-            remote.qpn, remote.psn, remote.gid
+            remote.qpn,
+            remote.psn,
+            gid_text(&remote.gid)
         )?;
         // Both QPs are ready (and the server's receives posted) before the
         // first packet.
@@ -760,6 +848,15 @@ impl Resources {
         // queue full of unacknowledged sends) is the peer's next message,
         // and waiting for it again later would wait forever.
         let mut q = Outstanding::default();
+        let len = args.size as usize;
+        if args.chk && client {
+            // -c: the client sends the pattern, the server echoes what it
+            // received (one buffer for both), and each side checks every
+            // message it receives.
+            let data: Vec<u8> = (0..len).map(chk_pattern).collect();
+            self.mr.write(0, &data).map_err(verbs_fail("filling the buffer"))?;
+        }
+        let mut got = vec![0u8; if args.chk { len } else { 0 }];
         for i in 0..total {
             if i == args.warmup {
                 start = Instant::now();
@@ -774,6 +871,12 @@ impl Resources {
                 self.reap(&mut q, &mut wc, args.size)?;
             }
             q.recvs -= 1;
+            if args.chk {
+                self.mr.read(0, &mut got).map_err(verbs_fail("reading the buffer"))?;
+                if let Some(at) = got.iter().enumerate().position(|(k, b)| *b != chk_pattern(k)) {
+                    return Err(fail(format!("invalid data in message {i} at byte {at}")));
+                }
+            }
             if client {
                 if i >= args.warmup {
                     rtts.push(t0.elapsed());
@@ -853,7 +956,7 @@ impl Resources {
             let len = args.size as usize;
             let ok = (0..len).all(|i| {
                 let mut b = [0u8];
-                self.mr.read(i, &mut b).is_ok() && b[0] == pattern(i)
+                self.mr.read(i as u64, &mut b).is_ok() && b[0] == pattern(i)
             });
             write!(out, "{stats}")?;
             writeln!(out, "data {}", if ok { "verified" } else { "CORRUPT" })?;

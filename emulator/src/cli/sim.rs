@@ -145,6 +145,10 @@ pub struct BenchArgs {
     /// Seed of the faults
     #[arg(long, default_value = "1", value_parser = parse_seed)]
     pub seed: u64,
+    /// Also draw goodput and p99 latency against loss as an SVG chart in
+    /// FILE
+    #[arg(long = "plot", value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// Runs `softverbs sim`.
@@ -180,13 +184,25 @@ fn run_bench(a: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     match bench::run(&cfg) {
         Ok(rows) => {
             out.write_all(bench::render(&cfg, &rows).as_bytes())?;
-            Ok(())
+            match &a.plot {
+                Some(path) => plot_bench(path, &rows),
+                None => Ok(()),
+            }
         }
         Err(e) => {
             super::eprintln_safe(&format!("softverbs: sim bench: {e}"));
             Err(CliError::Reported(3))
         }
     }
+}
+
+/// `sim bench --plot`: the result rows as charts, one line per operation.
+fn plot_bench(path: &std::path::Path, rows: &[bench::BenchRow]) -> Result<(), CliError> {
+    let charts = super::plot::sim_charts(rows, |r| r.op.name().to_string());
+    super::plot::write_svg(path, &charts).map_err(|e| {
+        super::eprintln_safe(&format!("softverbs: sim bench: {e}"));
+        CliError::Reported(3)
+    })
 }
 
 fn run_one(a: &RunArgs, out: &mut dyn Write) -> Result<(), CliError> {

@@ -8,8 +8,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use softverbs::verbs::{
-    AccessFlags, AhAttr, Context, Cq, Error, ErrorKind, Gid, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr,
-    QpState, QpType, RecvWr, Result, SendFlags, SendOp, SendWr, Verb, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, Context, Cq, Error, ErrorKind, Gid, Mr, Mtu, Pd, Qp, QpCap, QpInitAttr, QpModify, QpState,
+    QpType, RecvWr, Result, SendFlags, SendOp, SendWr, Verb, WcStatus, WorkCompletion,
 };
 
 /// Bytes per message.
@@ -153,54 +153,23 @@ pub fn first_gid(ctx: &Context) -> Result<(u8, Gid)> {
 ///
 /// The first `modify_qp` that fails.
 pub fn connect_rc(qp: &Qp, gid: (u8, Gid), dest_qpn: u32, rq_psn: u32, sq_psn: u32) -> Result<()> {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )?;
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: dest_qpn,
-        rq_psn,
-        ah_attr: AhAttr::roce(gid.1, gid.0, 1),
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )?;
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
+    let init = QpModify::new()
+        .with_state(QpState::Init)
+        .with_pkey_index(0)
+        .with_port_num(1);
+    let rtr = QpModify::new().with_state(QpState::Rtr).with_path_mtu(Mtu::Mtu1024);
+    let rtr = rtr.with_dest_qp_num(dest_qpn).with_rq_psn(rq_psn);
+    let rts = QpModify::new()
+        .with_state(QpState::Rts)
+        .with_sq_psn(sq_psn)
+        .with_timeout(14);
+    init.with_access_flags(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+        .apply(qp)?;
+    rtr.with_ah_attr(AhAttr::roce(gid.1, gid.0, 1))
+        .with_max_dest_rd_atomic(1)
+        .with_min_rnr_timer(1)
+        .apply(qp)?;
+    rts.with_retry_cnt(7).with_rnr_retry(7).with_max_rd_atomic(1).apply(qp)
 }
 
 impl RcLoop {

@@ -1262,7 +1262,7 @@ fn min_mtu(local: Mtu, remote: u8) -> Mtu {
         4 => Mtu::Mtu2048,
         _ => Mtu::Mtu4096,
     };
-    if (r as u32) < (local as u32) {
+    if r.as_raw() < local.as_raw() {
         r
     } else {
         local

@@ -499,6 +499,47 @@ impl CmId {
         })
     }
 
+    /// Gives the id a QP made elsewhere (a C library's `rdma_create_qp`,
+    /// which creates the QP with its own objects) and moves it as
+    /// [`CmId::create_qp`] does. The id keeps a second handle on that QP,
+    /// drives its states, and drops the handle with the id or at
+    /// [`CmId::destroy_qp`] (which destroys the QP, if its maker has not;
+    /// destroying twice is harmless). On error the QP is left as it was.
+    ///
+    /// # Errors
+    ///
+    /// As [`CmId::create_qp`], except creation.
+    pub fn attach_qp(&self, qp: &Qp) -> Result<()> {
+        let ps = self.with(|st, k| {
+            Self::check_alive(st, k)?;
+            let id = &st.ids[&k];
+            if id.qp.is_some() || id.dev.is_none() {
+                return Err(bad("attach_qp", id.state));
+            }
+            Ok(id.ps)
+        })?;
+        let fits = matches!(
+            (ps, qp.qp_type()),
+            (PortSpace::Tcp, QpType::Rc) | (PortSpace::Tcp, QpType::Uc) | (PortSpace::Udp, QpType::Ud)
+        );
+        if !fits {
+            return Err(Error::InvalidArgument("QP type does not fit the port space"));
+        }
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            super::hw::init_qp(&h, qp)?;
+        } else {
+            init_qp(qp)?;
+        }
+        #[cfg(not(feature = "hardware"))]
+        init_qp(qp)?;
+        self.with(|st, k| {
+            let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
+            id.qp = Some(Arc::new(Qp::from_ops(qp.ops().clone())));
+            Ok(())
+        })
+    }
+
     /// The id's QP.
     pub fn qp(&self) -> Option<Arc<Qp>> {
         self.with(|st, k| Ok(st.ids.get(&k).and_then(|i| i.qp.clone())))
@@ -605,7 +646,7 @@ impl CmId {
                         starting_psn: psn,
                         local_cm_response_timeout: cfg.response_timeout,
                         retry_count: param.retry_count.min(7),
-                        mtu: id.mtu as u8,
+                        mtu: id.mtu.as_raw() as u8,
                         rnr_retry_count: param.rnr_retry_count.min(7),
                         max_cm_retries: cfg.max_retries.min(15),
                         srq: param.srq,

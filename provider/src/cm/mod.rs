@@ -495,6 +495,23 @@ impl Cm {
         Ok(CmId::from_parts(self.shared.clone(), key))
     }
 
+    /// Caps the path MTU of connections through device `name` at `mtu`
+    /// (for a device whose link carries less than its port reports, such
+    /// as a soft device on a 1500-byte Ethernet interface). Returns
+    /// whether the CM has that device.
+    pub fn limit_mtu(&self, name: &str, mtu: crate::verbs::Mtu) -> bool {
+        let mut st = self.shared.inner.lock();
+        match st.devices.get_mut(name) {
+            Some(d) => {
+                if mtu.as_raw() < d.mtu.as_raw() {
+                    d.mtu = mtu;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The counters.
     pub fn counters(&self) -> CmCounters {
         self.shared.inner.counters()

@@ -443,5 +443,4 @@ pub(crate) fn event_from_raw(raw: u32) -> Option<(EventType, EventSubject)> {
 }
 
 #[cfg(test)]
-#[path = "convert_tests.rs"]
 mod tests;

@@ -381,5 +381,4 @@ impl QpOps for HwQp {
 }
 
 #[cfg(test)]
-#[path = "device_tests.rs"]
 mod device_tests;

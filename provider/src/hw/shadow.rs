@@ -51,7 +51,7 @@
 //!
 //! The cost on the fast path — one lock per post call and per poll call,
 //! two stores per work request, a lookup and a short scan per completion —
-//! is measured by the `shadow_fast_path_cost` benchmark (`shadow_tests.rs`)
+//! is measured by the `shadow_fast_path_cost` benchmark (`shadow/tests.rs`)
 //! against a fake provider that completes every send at once: on the
 //! development VM, one signaled send posted and polled costs 30.3 ns without
 //! the shadow and 38.7 ns with it (+8.4 ns); in batches of 16, 19.3 ns and
@@ -768,5 +768,4 @@ impl CqShadow {
 }
 
 #[cfg(test)]
-#[path = "shadow_tests.rs"]
 mod tests;

@@ -31,10 +31,15 @@
 //!
 //! Its limit: nothing happens while no application thread is in a verb.
 //! The passive side of RDMA WRITE/READ that never polls would not answer,
-//! retransmission timers only fire when someone polls, and an application
-//! that sleeps in its own `epoll` on a completion channel would never be
-//! woken, because nobody reads the socket. Such an application can either
-//! add [`DeviceShared::poll_fds`] to its event loop and call
+//! and retransmission timers only fire when someone calls a verb. An
+//! application that sleeps in its own `epoll` on a completion channel's
+//! or a context's descriptor is still woken: on a network link that
+//! descriptor is an epoll set of the event queue, the link's descriptors
+//! and a timer armed to the engine's next deadline, and the
+//! `get_cq_event`/`get_async_event` it then calls drive the device (the
+//! shared-memory link's peers then ring its doorbell for every datagram).
+//! A passive target that never calls a verb can add
+//! [`DeviceShared::poll_fds`] to its event loop and call
 //! [`DeviceShared::drive`] when they are readable, or use:
 //!
 //! On a network link an inline device coalesces the ACKs it owes while
@@ -58,6 +63,9 @@
 mod acks;
 mod gsi;
 mod progress;
+mod watch;
+
+pub(crate) use watch::epoll_of;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -181,6 +189,10 @@ pub struct DeviceShared {
     /// Whether `held` holds nothing (read and written under the engine
     /// lock, like `held`; lets a verb skip locking it).
     held_none: AtomicBool,
+    /// Inline mode on a network link, once an application took a
+    /// descriptor to sleep on: the timer that makes it readable when an
+    /// engine deadline passes (see `watch`).
+    watch: std::sync::OnceLock<watch::Watch>,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -222,6 +234,7 @@ impl DeviceShared {
             held: Mutex::new(acks::HeldAcks::default()),
             coalesce_acks: AtomicBool::new(false),
             held_none: AtomicBool::new(true),
+            watch: std::sync::OnceLock::new(),
         });
         dev.link.attach(&dev);
         dev
@@ -421,6 +434,11 @@ impl DeviceShared {
         }
         Self::progress_locked(&mut core, &self.inbox, now);
         let r = f(&mut core, now);
+        if !threaded {
+            if let Some(w) = self.watch.get() {
+                w.note(core.poll_timeout(), now);
+            }
+        }
         let hold = hold_acks(&r);
         if !threaded
             && self.network
@@ -524,14 +542,55 @@ impl DeviceShared {
     /// until the link has nothing more (up to `DRIVE_TURNS` (64) batches), so
     /// that an edge-triggered poller (mio, `EPOLLET`), which reports a
     /// readable socket once, may call it once per readiness event.
-    pub fn drive(self: &Arc<Self>) {
+    /// Returns how many datagrams it read (a poller adapting its pace to
+    /// the traffic uses it).
+    pub fn drive(self: &Arc<Self>) -> usize {
         self.link.woken();
+        if let Some(w) = self.watch.get() {
+            // The verbs below re-arm it for the next deadline.
+            w.reset();
+        }
+        let mut total = 0;
         for _ in 0..DRIVE_TURNS {
             let ((), received) = self.run_verb(true, |_, _| (), |_| false, true);
+            total += received;
             if received == 0 {
                 break;
             }
         }
+        total
+    }
+
+    /// What an application's poller must watch, besides an object's own
+    /// eventfd, for that object's descriptor to become readable whenever
+    /// an event is pending: in inline mode on a network link the link's
+    /// descriptors and the device's deadline timer (from the first call
+    /// on, the link keeps its peers signalling and every verb keeps the
+    /// timer armed); nothing otherwise (a progress thread, or in-process
+    /// peers, drive the device).
+    ///
+    /// # Errors
+    ///
+    /// The timer cannot be created (out of descriptors).
+    pub(crate) fn watched_fds(&self) -> std::io::Result<Vec<RawFd>> {
+        if self.progress.threaded() || !self.network {
+            return Ok(Vec::new());
+        }
+        let w = match self.watch.get() {
+            Some(w) => w,
+            None => {
+                let _ = self.watch.set(watch::Watch::new()?);
+                self.link.set_watched(true);
+                let w = self.watch.get().expect("just set");
+                // Deadlines armed before the watch existed, and data
+                // already waiting: the first drive looks.
+                w.kick();
+                w
+            }
+        };
+        let mut fds = self.link_fds.clone();
+        fds.push(w.timer_fd());
+        Ok(fds)
     }
 
     /// The engine mode.

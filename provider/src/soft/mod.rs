@@ -1,9 +1,11 @@
 //! The soft provider: a verbs device implemented in software that speaks
 //! RoCEv2 over datagram links.
 //!
-//! Layers, bottom up (see `docs/design.md` §2):
-//! - [`wire`]: RoCEv2 headers, opcode table and ICRC. No I/O, no `unsafe`.
-//! - [`proto`]: the sans-IO engine of a device (QPs, MRs, CQs, SRQs, the
+//! Layers, bottom up (see `docs/design.md` §2; `wire`, `proto`, `ab` and
+//! `probe` are public for the repository's own tools and tests, hidden
+//! from these docs, and not a stable API):
+//! - `wire`: RoCEv2 headers, opcode table and ICRC. No I/O, no `unsafe`.
+//! - `proto`: the sans-IO engine of a device (QPs, MRs, CQs, SRQs, the
 //!   RC/UC/UD transport). No I/O, no clock, no threads.
 //! - [`link`]: datagram links between devices: in-process, UDP, and shared
 //!   memory between processes of one host.
@@ -12,14 +14,18 @@
 //! - [`device`]: soft devices, their attributes, and the provider that lists
 //!   them; the verbs objects over the engine live in a private module.
 
+#[doc(hidden)]
 pub mod ab;
 pub mod device;
 pub mod engine;
 pub mod link;
 mod notify;
 mod objects;
+#[doc(hidden)]
 pub mod probe;
+#[doc(hidden)]
 pub mod proto;
+#[doc(hidden)]
 pub mod wire;
 
 pub use device::{embedded_default, provider, SoftDevice, SoftDeviceConfig, DROP_COUNTERS};

@@ -7,8 +7,9 @@
 //! is idempotent once it succeeded.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use super::engine::{DeviceShared, EventSink};
@@ -40,6 +41,10 @@ pub(crate) struct SoftContext {
     gids: Vec<Gid>,
     events: Mutex<VecDeque<AsyncEvent>>,
     event_fd: EventFd,
+    /// The descriptor handed to the application (`event_fd`, or an epoll
+    /// set of it and what the device needs watched), made on first use.
+    poll_fd: OnceLock<RawFd>,
+    poll_set: OnceLock<OwnedFd>,
     /// CQ id → (context, channel) for completion events.
     channels: Mutex<HashMap<u32, (u64, Arc<SoftCompChannel>)>>,
 }
@@ -63,6 +68,8 @@ impl SoftContext {
             gids,
             events: Mutex::new(VecDeque::new()),
             event_fd,
+            poll_fd: OnceLock::new(),
+            poll_set: OnceLock::new(),
             channels: Mutex::new(HashMap::new()),
         });
         let sink: Arc<dyn EventSink> = ctx.clone();
@@ -100,6 +107,37 @@ impl EventSink for SoftContext {
         lock(&self.events).push_back(event);
         self.event_fd.post();
     }
+}
+
+/// The descriptor an application registers for `fd`'s events: `fd`
+/// itself, or (inline mode on a network link) an epoll set of `fd` and
+/// what the device needs watched ([`DeviceShared::watched_fds`]), so that
+/// it becomes readable whenever an event is pending. Made once, on first
+/// use; if the set cannot be made, `fd` (with what the engine docs say
+/// about inline mode) and a line on standard error.
+fn pollable(dev: &DeviceShared, fd: &EventFd, raw: &OnceLock<RawFd>, set: &OnceLock<OwnedFd>) -> RawFd {
+    *raw.get_or_init(|| {
+        let made = dev.watched_fds().and_then(|extra| {
+            if extra.is_empty() {
+                return Ok(None);
+            }
+            let mut fds = vec![fd.raw()];
+            fds.extend(extra);
+            super::engine::epoll_of(&fds).map(Some)
+        });
+        match made {
+            Ok(Some(ep)) => {
+                let r = ep.as_raw_fd();
+                let _ = set.set(ep);
+                r
+            }
+            Ok(None) => fd.raw(),
+            Err(e) => {
+                eprintln!("softverbs: {}: no epoll set for an event descriptor: {e}", dev.name());
+                fd.raw()
+            }
+        }
+    })
 }
 
 /// Waits for `ready` on `fd` up to `timeout`, driving `dev` whenever its
@@ -191,6 +229,8 @@ impl ContextOps for SoftContext {
             pending: Mutex::new(VecDeque::new()),
             unacked: Mutex::new(HashMap::new()),
             fd: EventFd::new().map_err(|e| verr!(CreateCompChannel, Io, "eventfd: {e}"))?,
+            poll_fd: OnceLock::new(),
+            poll_set: OnceLock::new(),
             users: AtomicU32::new(0),
         }))
     }
@@ -236,7 +276,7 @@ impl ContextOps for SoftContext {
     }
 
     fn async_fd(&self) -> Option<std::os::fd::RawFd> {
-        Some(self.event_fd.raw())
+        Some(pollable(&self.dev, &self.event_fd, &self.poll_fd, &self.poll_set))
     }
 }
 
@@ -591,6 +631,9 @@ pub(crate) struct SoftCompChannel {
     /// CQ id → events handed out and not yet acknowledged.
     unacked: Mutex<HashMap<u32, Arc<AtomicU32>>>,
     fd: EventFd,
+    /// What the application registers (see [`pollable`]).
+    poll_fd: OnceLock<RawFd>,
+    poll_set: OnceLock<OwnedFd>,
     users: AtomicU32,
 }
 
@@ -633,7 +676,7 @@ impl CompChannelOps for SoftCompChannel {
     }
 
     fn fd(&self) -> Option<std::os::fd::RawFd> {
-        Some(self.fd.raw())
+        Some(pollable(&self.dev, &self.fd, &self.poll_fd, &self.poll_set))
     }
 
     fn destroy(&self) -> Result<()> {

@@ -839,5 +839,4 @@ impl Drop for DiscoveryThread {
 }
 
 #[cfg(test)]
-#[path = "hw_discovery_tests.rs"]
 mod tests;

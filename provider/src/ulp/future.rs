@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use super::qp::{UlpPostError, UlpQp};
-use super::wr::{Sgl, UlpWr};
+use super::wr::{Chain, Sgl};
 use crate::verbs::WorkCompletion;
 
 #[derive(Default)]
@@ -92,7 +92,7 @@ impl UlpQp {
     /// assert!(wc.is_success());
     /// # Ok(()) }
     /// ```
-    pub fn post_async(&self, chain: Vec<UlpWr>) -> Result<WrFuture, UlpPostError> {
+    pub fn post_async(&self, chain: impl Into<Chain>) -> Result<WrFuture, UlpPostError> {
         let (fut, done) = pair();
         self.post(chain, move |wc| done.complete(wc))?;
         Ok(fut)

@@ -39,17 +39,18 @@
 //!   completion buffer and the map of attached QPs together); a post takes
 //!   the QP's lock once, a poll takes the CQ's once and each completing
 //!   QP's once.
-//! - **Allocations**: a scatter list of one buffer ([`Sgl`] from a
-//!   [`LocalBuf`]) is kept inline, not in a `Vec`; request slots are
-//!   reused by index (the `wr_id` carries the queue's sequence number, the
-//!   slot is found in the queue's order); the completion buffer belongs to
-//!   the CQ and the list of finished requests to the polling thread, both
-//!   reused. What remains per request is the chain's `Vec` and the boxed
-//!   callback (none if it captures nothing). The chain stays a `Vec` on
-//!   purpose: a request's WRs move from the caller to its slot, to the
-//!   list of finished requests and to the thread that runs the callback,
-//!   and a WR kept inline (over a hundred bytes) costs more in those
-//!   copies than the allocation it saves.
+//! - **Allocations**: none for the common request, a [`UlpWr`] over one
+//!   buffer posted with [`UlpQp::post`] (a [`Chain`] keeps one WR inline,
+//!   an [`Sgl`] one buffer): its callback is stored inline in the
+//!   request (closures of up to four words; larger ones are boxed once),
+//!   the request keeps only that buffer's MR, request slots are reused by
+//!   index (the `wr_id` carries the queue's sequence number, the slot is
+//!   found in the queue's order), and the completion buffer (the CQ's)
+//!   and the list of finished requests (the polling thread's) are
+//!   reused. Chains of several WRs, several buffers, registrations,
+//!   pooled MRs and the first error of a multi-WR request go to a part of
+//!   the request that is allocated only for them. A request is a few
+//!   dozen bytes (it moves into its slot and out to the poller).
 //! - **Callbacks run outside every lock**, after the poll has retired all
 //!   it read: a callback may post, poll or close.
 //!
@@ -72,6 +73,7 @@
 //! # Ok::<(), softverbs::verbs::Error>(())
 //! ```
 
+mod cb;
 mod cq;
 mod future;
 mod poll;
@@ -86,4 +88,4 @@ pub use poll::{CqPool, CqWorker};
 pub use pool::{MrPool, PoolKind, PooledMr};
 pub use qp::{QpStats, SqBudget, SqReservation, UlpPostError, UlpQp, UlpQpInit};
 pub use rw::{Exposed, RegMode, RwCaps, RwDir, RwOptions, RwPosted};
-pub use wr::{Callback, LocalBuf, Sgl, UlpOp, UlpWr};
+pub use wr::{Callback, Chain, LocalBuf, Sgl, UlpOp, UlpWr};

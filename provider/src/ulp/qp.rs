@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::cb::Cb;
 use super::cq::{CqShared, UlpCq};
 use super::pool::PooledMr;
-use super::wr::{Callback, Sgl, UlpWr};
+use super::wr::{Callback, Chain, Kept, Sgl, UlpWr};
 use crate::verbs::{
-    verr, Context, Error, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
+    verr, Context, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
     SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
@@ -243,58 +244,110 @@ pub struct QpStats {
 
 /// A finished request, run outside every lock.
 pub(crate) struct Done {
-    cb: Option<Callback>,
+    req: Req,
     wc: WorkCompletion,
     call: bool,
-    /// Resources released after the callback ran.
-    _keep: Vec<UlpWr>,
-    _pooled: Vec<PooledMr>,
 }
 
 impl Done {
-    fn release(keep: Vec<UlpWr>, pooled: Vec<PooledMr>) -> Done {
+    /// A request whose resources are released without a callback.
+    fn release(req: Req) -> Done {
         Done {
-            cb: None,
+            req,
             wc: WorkCompletion::default(),
             call: false,
-            _keep: keep,
-            _pooled: pooled,
         }
     }
 
     /// Calls the callback (if it is to be called), then releases the
     /// request's resources. Returns whether a callback ran.
     pub(crate) fn run(self) -> bool {
-        let Done { cb, wc, call, .. } = self;
-        match cb {
+        let Done { req, wc, call } = self;
+        let Req { cb, mr, rare, .. } = req;
+        let ran = match cb {
             Some(cb) if call => {
-                cb(&wc);
+                cb.call(&wc);
                 true
             }
             _ => false,
-        }
+        };
+        drop((mr, rare));
+        ran
     }
 }
 
+/// A request: its callback and what it keeps alive until every WR of it
+/// has retired and the callback has run. Kept small (it moves into its
+/// slot and out to the poller): the common request (one WR over one
+/// buffer) holds its callback inline and one MR, and allocates nothing;
+/// what chains, contexts and errors need lives in [`Rare`].
 struct Req {
-    cb: Option<Callback>,
+    cb: Option<Cb>,
+    /// The MR of a request of one WR over one buffer.
+    mr: Option<Arc<Mr>>,
+    rare: Option<Box<Rare>>,
     remaining: u32,
-    first_err: Option<WorkCompletion>,
     signaled: bool,
+}
+
+/// The less common part of a request.
+#[derive(Default)]
+struct Rare {
+    /// The first error of a request of several WRs (a request of one WR
+    /// completes with its own completion).
+    first_err: Option<WorkCompletion>,
+    /// WRs kept whole (chains, several buffers, registrations).
     keep: Vec<UlpWr>,
-    pooled: Vec<PooledMr>,
+    pooled: Option<PooledMr>,
     /// Lazy invalidation: the key a LOCAL_INV posted after the request
     /// finished must invalidate before the pooled MR is reused (its slot
     /// is reserved with the request).
     lazy_inv: Option<u32>,
 }
 
-/// A LOCAL_INV to post after a request finished (lazy invalidation), with
-/// what must live until it has retired.
+impl Req {
+    fn new(cb: Option<Cb>, signaled: bool) -> Req {
+        Req {
+            cb,
+            mr: None,
+            rare: None,
+            remaining: 1,
+            signaled,
+        }
+    }
+
+    fn rare(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// Keeps what the posted `chain` needs alive: of a WR over one
+    /// buffer, only its MR; of anything else, the WRs.
+    fn keep(&mut self, chain: Chain) {
+        match chain.into_one() {
+            Ok(w) if self.mr.is_none() => match w.into_kept() {
+                Kept::Mr(mr) => self.mr = mr,
+                Kept::Whole(w) => self.rare().keep.push(w),
+            },
+            Ok(w) => self.rare().keep.push(w),
+            Err(v) => self.rare().keep.extend(v),
+        }
+    }
+
+    /// Marks the request's pooled MRs as never to be reused (they may
+    /// still be valid).
+    fn poison(&mut self) {
+        if let Some(r) = &mut self.rare {
+            r.pooled.iter_mut().for_each(PooledMr::poison);
+        }
+    }
+}
+
+/// A LOCAL_INV to post after a request finished (lazy invalidation), and
+/// its request (no callback), which keeps what must live until it has
+/// retired.
 struct Followup {
     key: u32,
-    keep: Vec<UlpWr>,
-    pooled: Vec<PooledMr>,
+    req: Req,
 }
 
 #[derive(Clone, Copy)]
@@ -306,7 +359,7 @@ struct Entry {
 
 struct Queued {
     req: u32,
-    chain: Vec<UlpWr>,
+    chain: Chain,
     rd: u32,
 }
 
@@ -389,37 +442,36 @@ impl Track {
     fn finish_member(&mut self, i: u32, wc: &WorkCompletion, out: &mut Vec<Done>) {
         let req = self.req(i);
         req.remaining -= 1;
-        if wc.status != WcStatus::Success && req.first_err.is_none() {
-            req.first_err = Some(*wc);
-        }
         if req.remaining > 0 {
+            if wc.status != WcStatus::Success {
+                req.rare().first_err.get_or_insert(*wc);
+            }
             return;
         }
         let mut req = self.reqs[i as usize].take().expect("live request");
         self.free.push(i);
-        if let Some(key) = req.lazy_inv.take() {
-            self.followups.push(Followup {
-                key,
-                keep: std::mem::take(&mut req.keep),
-                pooled: std::mem::take(&mut req.pooled),
-            });
+        let mut first_err = None;
+        if let Some(r) = &mut req.rare {
+            first_err = r.first_err.take();
+            if let Some(key) = r.lazy_inv.take() {
+                // The LOCAL_INV's own request takes over what this one
+                // kept (the pooled MR goes back when it has retired).
+                let mut inv = Req::new(None, true);
+                inv.mr = req.mr.take();
+                inv.rare = req.rare.take();
+                self.followups.push(Followup { key, req: inv });
+            }
         }
-        let (wc, call) = match req.first_err {
+        let (wc, call) = match first_err {
             Some(err) => (err, true),
-            None => (*wc, req.signaled),
+            None => (*wc, req.signaled || wc.status != WcStatus::Success),
         };
         match (&req.cb, call) {
             (Some(_), true) => self.stats.callbacks += 1,
             (Some(_), false) => self.stats.silent += 1,
             (None, _) => {}
         }
-        out.push(Done {
-            cb: req.cb,
-            wc,
-            call,
-            _keep: req.keep,
-            _pooled: req.pooled,
-        });
+        out.push(Done { req, wc, call });
     }
 
     /// Retires the WRs of one queue up to the one `wc` completes. Returns
@@ -502,14 +554,15 @@ impl Track {
     /// Posts `chain` of request `i` now. On a rejected WR, the prefix
     /// before it stays tracked; returns the error and how many WRs were
     /// posted.
-    fn post_now(&mut self, sh: &QpShared, i: u32, chain: Vec<UlpWr>) -> std::result::Result<(), (Error, usize)> {
-        let n = chain.len();
+    fn post_now(&mut self, sh: &QpShared, i: u32, chain: Chain) -> std::result::Result<(), (Error, usize)> {
+        let ws = chain.as_slice();
+        let n = ws.len();
         let signaled = self.req(i).signaled;
         let base = self.next_sq;
         let res = if n == 1 {
             // One WR (the common case): no list of lists, and a single
             // local entry stays on the stack.
-            let w = &chain[0];
+            let w = &ws[0];
             let one;
             let many;
             let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
@@ -522,8 +575,8 @@ impl Track {
             let wr = w.send_wr(sh.epoch | base, sges, signaled);
             sh.qp.post_send(std::slice::from_ref(&wr))
         } else {
-            let sges: Vec<Vec<Sge<'_>>> = chain.iter().map(UlpWr::sges).collect();
-            let wrs: Vec<SendWr<'_>> = chain
+            let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
+            let wrs: Vec<SendWr<'_>> = ws
                 .iter()
                 .zip(&sges)
                 .enumerate()
@@ -535,7 +588,7 @@ impl Track {
             Ok(()) => n,
             Err(e) => e.index.min(n),
         };
-        for (k, w) in chain.iter().enumerate().take(posted) {
+        for (k, w) in ws.iter().enumerate().take(posted) {
             let rd = w.is_rd_atomic();
             self.sq.push_back(Entry {
                 seq: base + k as u64,
@@ -549,11 +602,7 @@ impl Track {
         self.rd_peak = self.rd_peak.max(self.rd_out);
         self.next_sq += posted as u64;
         let req = self.req(i);
-        if req.keep.is_empty() {
-            req.keep = chain;
-        } else {
-            req.keep.extend(chain);
-        }
+        req.keep(chain);
         match res {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -570,27 +619,19 @@ impl Track {
     /// discarded instead.
     fn post_followups(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
         for f in std::mem::take(&mut self.followups) {
-            let Followup { key, keep, mut pooled } = f;
+            let Followup { key, mut req } = f;
             if self.sq_err || self.closing {
                 self.sq_used -= 1;
-                pooled.iter_mut().for_each(PooledMr::poison);
-                out.push(Done::release(keep, pooled));
+                req.poison();
+                out.push(Done::release(req));
                 continue;
             }
-            let i = self.alloc_req(Req {
-                cb: None,
-                remaining: 1,
-                first_err: None,
-                signaled: true,
-                keep,
-                pooled,
-                lazy_inv: None,
-            });
-            if let Err((_, 0)) = self.post_now(sh, i, vec![UlpWr::local_inv(key)]) {
+            let i = self.alloc_req(req);
+            if let Err((_, 0)) = self.post_now(sh, i, UlpWr::local_inv(key).into()) {
                 let mut req = self.reqs[i as usize].take().expect("live request");
                 self.free.push(i);
-                req.pooled.iter_mut().for_each(PooledMr::poison);
-                out.push(Done::release(req.keep, req.pooled));
+                req.poison();
+                out.push(Done::release(req));
             }
         }
     }
@@ -613,7 +654,7 @@ impl Track {
                 // errno (after its posted prefix, if any, retires).
                 let wc = flush_wc(sh.epoch | self.next_sq, sh.qpn, e.errno() as u32);
                 let req = self.req(q.req);
-                req.first_err.get_or_insert(wc);
+                req.rare().first_err.get_or_insert(wc);
                 if posted == 0 {
                     req.remaining = 1;
                     self.stats.synthesized += 1;
@@ -629,7 +670,7 @@ impl Track {
         self.stats.synthesized += 1;
         let wc = flush_wc(sh.epoch | self.next_sq, sh.qpn, vendor_err);
         let req = self.req(q.req);
-        req.keep.extend(q.chain);
+        req.keep(q.chain);
         req.remaining = 1;
         self.finish_member(q.req, &wc, out);
     }
@@ -951,10 +992,10 @@ impl UlpQp {
     /// ```
     pub fn post(
         &self,
-        chain: Vec<UlpWr>,
+        chain: impl Into<Chain>,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
-        self.submit(chain, Some(Box::new(cb)), true, 0, Vec::new(), None)
+        self.submit(chain.into(), Some(Cb::new(cb)), true, 0, None, None)
     }
 
     /// Posts an unsignaled request: `cb` is called only if a WR of the
@@ -967,10 +1008,10 @@ impl UlpQp {
     /// As [`UlpQp::post`].
     pub fn post_unsignaled(
         &self,
-        chain: Vec<UlpWr>,
+        chain: impl Into<Chain>,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
-        self.submit(chain, Some(Box::new(cb)), false, 0, Vec::new(), None)
+        self.submit(chain.into(), Some(Cb::new(cb)), false, 0, None, None)
     }
 
     /// [`UlpQp::post`] (or, with `signaled` false,
@@ -984,11 +1025,12 @@ impl UlpQp {
     pub fn post_reserved(
         &self,
         mut res: SqReservation<'_>,
-        chain: Vec<UlpWr>,
+        chain: impl Into<Chain>,
         signaled: bool,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
-        let cb: Callback = Box::new(cb);
+        let chain = chain.into();
+        let cb = Cb::new(cb);
         if !std::ptr::eq(res.qp, self) || chain.len() as u32 > res.slots {
             return Err(UlpPostError {
                 error: verr!(
@@ -998,7 +1040,7 @@ impl UlpQp {
                     chain.len(),
                     res.slots
                 ),
-                callback: Some(cb),
+                callback: Some(cb.into_boxed()),
             });
         }
         let slots = std::mem::take(&mut res.slots);
@@ -1008,25 +1050,31 @@ impl UlpQp {
             self.sh.track().sq_used -= unused;
         }
         let n = chain.len() as u32;
-        self.submit(chain, Some(cb), signaled, n, Vec::new(), None)
+        self.submit(chain, Some(cb), signaled, n, None, None)
     }
 
     pub(crate) fn submit(
         &self,
-        chain: Vec<UlpWr>,
-        cb: Option<Callback>,
+        chain: Chain,
+        cb: Option<Cb>,
         signaled: bool,
         reserved: u32,
-        pooled: Vec<PooledMr>,
+        pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
         let sh = &*self.sh;
-        let n = chain.len() as u32;
-        let mut out = Vec::new();
+        let ws = chain.as_slice();
+        let n = ws.len() as u32;
+        let (rd, fenced) = ws.iter().fold((0u32, false), |(rd, f), w| {
+            (rd + u32::from(w.is_rd_atomic()), f || w.is_fenced())
+        });
         let mut t = sh.track();
-        let fail = |t: &mut Track, error: Error, cb| {
+        let fail = |t: &mut Track, error: Error, cb: Option<Cb>| {
             t.sq_used -= reserved;
-            Err(UlpPostError { error, callback: cb })
+            Err(UlpPostError {
+                error,
+                callback: cb.map(Cb::into_boxed),
+            })
         };
         if n == 0 {
             return fail(&mut t, verr!(PostSend, InvalidArgument, "an empty chain"), cb);
@@ -1052,22 +1100,19 @@ impl UlpQp {
             );
         }
         t.sq_used += need;
-        let rd = chain.iter().filter(|w| w.is_rd_atomic()).count() as u32;
         if rd > 0 && t.rd_depth == 0 {
             // The depth was not given through `modify`: ask the QP once.
             t.rd_depth = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
         }
-        let i = t.alloc_req(Req {
-            cb,
-            remaining: n,
-            first_err: None,
-            signaled,
-            keep: Vec::new(),
-            pooled,
-            lazy_inv,
-        });
+        let mut req = Req::new(cb, signaled);
+        req.remaining = n;
+        if pooled.is_some() || lazy_inv.is_some() {
+            let r = req.rare();
+            r.pooled = pooled;
+            r.lazy_inv = lazy_inv;
+        }
+        let i = t.alloc_req(req);
         t.stats.requests += 1;
-        let fenced = chain.iter().any(UlpWr::is_fenced);
         let must_wait =
             (!t.backlog.is_empty() && (rd > 0 || fenced)) || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth);
         if must_wait {
@@ -1082,19 +1127,21 @@ impl UlpQp {
                 let cb = req.cb.take();
                 // Fast-registration MRs of a half-posted chain may be left
                 // valid: never reuse them.
-                for p in &mut req.pooled {
-                    p.poison();
-                }
+                req.poison();
+                let mut unposted = None;
                 if posted == 0 {
-                    let req = t.reqs[i as usize].take().expect("live request");
+                    unposted = t.reqs[i as usize].take();
                     t.free.push(i);
                     t.stats.requests -= 1;
                     t.sq_used -= extra;
-                    out.push(Done::release(req.keep, req.pooled));
                 }
+                // What the request kept is released outside the lock.
                 drop(t);
-                drop(out);
-                Err(UlpPostError { error, callback: cb })
+                drop(unposted);
+                Err(UlpPostError {
+                    error,
+                    callback: cb.map(Cb::into_boxed),
+                })
             }
         }
     }
@@ -1112,19 +1159,19 @@ impl UlpQp {
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<(), UlpPostError> {
         let sgl = sgl.into();
-        let cb: Callback = Box::new(cb);
+        let cb = Cb::new(cb);
         let sh = &*self.sh;
         let mut t = sh.track();
         if t.closing {
             return Err(UlpPostError {
                 error: verr!(PostRecv, InvalidArgument, "the QP is closing"),
-                callback: Some(cb),
+                callback: Some(cb.into_boxed()),
             });
         }
         if t.rq_used >= t.rq_cap {
             return Err(UlpPostError {
                 error: verr!(PostRecv, NoMemory, "all {} receive slots are posted", t.rq_cap),
-                callback: Some(cb),
+                callback: Some(cb.into_boxed()),
             });
         }
         let seq = t.next_rq;
@@ -1141,19 +1188,12 @@ impl UlpQp {
         if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
             return Err(UlpPostError {
                 error: e.error,
-                callback: Some(cb),
+                callback: Some(cb.into_boxed()),
             });
         }
-        let keep = vec![UlpWr::send(sgl)];
-        let i = t.alloc_req(Req {
-            cb: Some(cb),
-            remaining: 1,
-            first_err: None,
-            signaled: true,
-            keep,
-            pooled: Vec::new(),
-            lazy_inv: None,
-        });
+        let mut req = Req::new(Some(cb), true);
+        req.keep(UlpWr::send(sgl).into());
+        let i = t.alloc_req(req);
         t.stats.requests += 1;
         t.next_rq += 1;
         t.rq_used += 1;
@@ -1210,15 +1250,7 @@ fn close_shared(sh: &Arc<QpShared>) {
         let mut t = sh.track();
         if !t.sq.is_empty() && sh.qp_type != QpType::Ud {
             let seq = t.next_sq;
-            let i = t.alloc_req(Req {
-                cb: None,
-                remaining: 1,
-                first_err: None,
-                signaled: false,
-                keep: Vec::new(),
-                pooled: Vec::new(),
-                lazy_inv: None,
-            });
+            let i = t.alloc_req(Req::new(None, false));
             let wr = SendWr::new(sh.epoch | seq, SendOp::Send, &[]).flags(crate::verbs::SendFlags::SIGNALED);
             if sh.qp.post_send(&[wr]).is_ok() {
                 t.next_sq += 1;
@@ -1232,15 +1264,7 @@ fn close_shared(sh: &Arc<QpShared>) {
         }
         if !t.rq.is_empty() {
             let seq = t.next_rq;
-            let i = t.alloc_req(Req {
-                cb: None,
-                remaining: 1,
-                first_err: None,
-                signaled: false,
-                keep: Vec::new(),
-                pooled: Vec::new(),
-                lazy_inv: None,
-            });
+            let i = t.alloc_req(Req::new(None, false));
             if sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, &[])]).is_ok() {
                 t.next_rq += 1;
                 t.rq_used += 1;
@@ -1311,17 +1335,12 @@ mod tests {
         let signaled = [false, true, false, false, true];
         for (k, &sig) in signaled.iter().enumerate() {
             let l = log.clone();
-            let i = t.alloc_req(Req {
-                cb: Some(Box::new(move |wc: &WorkCompletion| {
+            let i = t.alloc_req(Req::new(
+                Some(Cb::new(move |wc: &WorkCompletion| {
                     l.lock().unwrap().push((k, wc.status))
                 })),
-                remaining: 1,
-                first_err: None,
-                signaled: sig,
-                keep: Vec::new(),
-                pooled: Vec::new(),
-                lazy_inv: None,
-            });
+                sig,
+            ));
             t.sq.push_back(Entry {
                 seq: k as u64,
                 req: i,
@@ -1355,5 +1374,37 @@ mod tests {
             ]
         );
         assert_eq!((t.stats.silent, t.stats.synthesized, t.sq_used), (1, 1, 0));
+    }
+
+    /// A request of several WRs completes once, with the first error of
+    /// any of them (not the flush of its last WR that followed it).
+    #[test]
+    fn a_chain_completes_once_with_its_first_error() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut t = Track::new(16, 16);
+        let l = log.clone();
+        let mut req = Req::new(
+            Some(Cb::new(move |wc: &WorkCompletion| l.lock().unwrap().push(wc.status))),
+            true,
+        );
+        req.remaining = 3;
+        let i = t.alloc_req(req);
+        for seq in 0..3 {
+            t.sq.push_back(Entry { seq, req: i, rd: false });
+            t.sq_used += 1;
+        }
+        let wc = |seq: u64, status| WorkCompletion {
+            wr_id: seq,
+            status,
+            qp_num: 7,
+            ..WorkCompletion::default()
+        };
+        let mut out = Vec::new();
+        assert!(t.retire(false, &wc(1, WcStatus::RemAccessErr), 7, &mut out));
+        assert!(out.is_empty(), "the request has a WR left");
+        assert!(t.retire(false, &wc(2, WcStatus::WrFlushErr), 7, &mut out));
+        let calls: u32 = out.drain(..).map(|d| u32::from(d.run())).sum();
+        assert_eq!((calls, log.lock().unwrap().clone()), (1, vec![WcStatus::RemAccessErr]));
+        assert!(t.reqs[i as usize].is_none() && t.sq_used == 0);
     }
 }

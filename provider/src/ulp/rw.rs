@@ -5,9 +5,10 @@
 
 use std::fmt;
 
+use super::cb::Cb;
 use super::pool::{MrPool, PoolKind, PooledMr};
 use super::qp::{UlpPostError, UlpQp};
-use super::wr::{Callback, LocalBuf, UlpOp, UlpWr};
+use super::wr::{LocalBuf, UlpOp, UlpWr};
 use crate::verbs::{verr, AccessFlags, Error, ErrorKind, Pd, RemoteAddr, Result, Sge, WorkCompletion, PAGE_SIZE};
 
 /// What read/write contexts can do on a device.
@@ -118,10 +119,10 @@ fn total_len(local: &[LocalBuf]) -> Result<u32> {
         .ok_or_else(|| verr!(PostSend, InvalidArgument, "a context of more than 2^32-1 bytes"))
 }
 
-fn err(error: Error, cb: Callback) -> UlpPostError {
+fn err(error: Error, cb: Cb) -> UlpPostError {
     UlpPostError {
         error,
-        callback: Some(cb),
+        callback: Some(cb.into_boxed()),
     }
 }
 
@@ -198,7 +199,7 @@ impl UlpQp {
         opts: RwOptions,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<RwPosted, UlpPostError> {
-        let cb: Callback = Box::new(cb);
+        let cb = Cb::new(cb);
         if local.is_empty() {
             return Err(err(
                 verr!(PostSend, InvalidArgument, "a context with no local entries"),
@@ -259,7 +260,7 @@ impl UlpQp {
                 } else {
                     (vec![UlpWr::reg_mr(mr, key, access), opwr, UlpWr::local_inv(key)], None)
                 };
-                self.submit(chain, Some(cb), true, 0, vec![pooled], lazy)?;
+                self.submit(chain.into(), Some(cb), true, 0, Some(pooled), lazy)?;
                 return Ok(RwPosted {
                     wrs: 3,
                     fast_reg: true,
@@ -283,7 +284,7 @@ impl UlpQp {
             off += len;
         }
         let wrs = chain.len() as u32;
-        self.submit(chain, Some(cb), true, 0, Vec::new(), None)?;
+        self.submit(chain.into(), Some(cb), true, 0, None, None)?;
         Ok(RwPosted {
             wrs,
             fast_reg: false,
@@ -308,7 +309,7 @@ impl UlpQp {
         access: AccessFlags,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<Exposed, UlpPostError> {
-        let cb: Callback = Box::new(cb);
+        let cb = Cb::new(cb);
         if local.is_empty() {
             return Err(err(verr!(PostSend, InvalidArgument, "nothing to expose"), cb));
         }
@@ -320,7 +321,7 @@ impl UlpQp {
         let mut wr = UlpWr::reg_mr(mr, key, access | AccessFlags::LOCAL_WRITE);
         // The registered memory stays alive with the exposure.
         wr.sgl = local.clone().into();
-        self.submit(vec![wr], Some(cb), true, 0, Vec::new(), None)?;
+        self.submit(wr.into(), Some(cb), true, 0, None, None)?;
         Ok(Exposed {
             pooled: Some(pooled),
             local,
@@ -343,7 +344,7 @@ impl UlpQp {
         let pooled = exposed.pooled.take().expect("present until consumed");
         let mut wr = UlpWr::local_inv(exposed.remote.rkey);
         wr.sgl = std::mem::take(&mut exposed.local).into();
-        self.submit(vec![wr], Some(Box::new(cb)), true, 0, vec![pooled], None)
+        self.submit(wr.into(), Some(Cb::new(cb)), true, 0, Some(pooled), None)
     }
 }
 

@@ -106,6 +106,14 @@ impl LocalBuf {
     }
 }
 
+/// What a posted WR keeps alive ([`UlpWr::into_kept`]).
+pub(crate) enum Kept {
+    /// At most one MR.
+    Mr(Option<Arc<Mr>>),
+    /// The WR itself.
+    Whole(UlpWr),
+}
+
 /// The operation of a work request posted through the layer (the
 /// application-visible subset of [`SendOp`]; registration and invalidation
 /// WRs are built by the layer itself).
@@ -339,6 +347,20 @@ impl UlpWr {
         }
     }
 
+    /// What the WR must keep alive once posted: at most one MR (an
+    /// operation over one buffer, or over inline data, which was copied),
+    /// or the whole WR.
+    pub(crate) fn into_kept(self) -> Kept {
+        if !matches!(self.kind, WrKind::Op(_)) || self.frmr.is_some() {
+            return Kept::Whole(self);
+        }
+        match self.sgl.0 {
+            SglRepr::One(b) => Kept::Mr(Some(b.mr)),
+            SglRepr::Many(mut v) if v.len() <= 1 => Kept::Mr(v.pop().map(|b| b.mr)),
+            sgl => Kept::Whole(UlpWr { sgl: Sgl(sgl), ..self }),
+        }
+    }
+
     /// The local scatter list as verbs entries.
     pub(crate) fn sges(&self) -> Vec<Sge<'_>> {
         if let Some((addr, len, key)) = self.frmr_sge {
@@ -382,5 +404,82 @@ impl UlpWr {
             flags |= SendFlags::SIGNALED;
         }
         SendWr::new(wr_id, op, sges).flags(flags)
+    }
+}
+
+/// The work requests of one request, posted together: one WR kept
+/// inline (the common case: posting it allocates nothing), or any number
+/// in a `Vec`. Built from a [`UlpWr`] or a `Vec<UlpWr>` wherever the
+/// layer takes one ([`UlpQp::post`](super::UlpQp::post)).
+///
+/// # Examples
+///
+/// ```
+/// # use std::sync::Arc;
+/// use softverbs::ulp::{Chain, LocalBuf, UlpWr};
+/// # use softverbs::verbs::{AccessFlags, RemoteAddr};
+/// # let pd = softverbs::soft::embedded_default()?[0].open()?.alloc_pd()?;
+/// let mr = Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE)?);
+/// let remote = RemoteAddr { addr: 0x1000, rkey: 7 };
+/// let one: Chain = UlpWr::write(LocalBuf::new(&mr, 0, 8)?, remote).into();
+/// let two: Chain = vec![UlpWr::send_inline(b"a"), UlpWr::send_inline(b"b")].into();
+/// assert_eq!((one.len(), two.len()), (1, 2));
+/// # Ok::<(), softverbs::verbs::Error>(())
+/// ```
+#[derive(Default)]
+pub struct Chain(ChainRepr);
+
+enum ChainRepr {
+    One(UlpWr),
+    Many(Vec<UlpWr>),
+}
+
+impl Default for ChainRepr {
+    fn default() -> Self {
+        ChainRepr::Many(Vec::new())
+    }
+}
+
+impl Chain {
+    /// The WRs, in posting order.
+    pub fn as_slice(&self) -> &[UlpWr] {
+        match &self.0 {
+            ChainRepr::One(w) => std::slice::from_ref(w),
+            ChainRepr::Many(v) => v,
+        }
+    }
+
+    /// The WR of a chain of one kept inline, or the `Vec`.
+    pub(crate) fn into_one(self) -> std::result::Result<UlpWr, Vec<UlpWr>> {
+        match self.0 {
+            ChainRepr::One(w) => Ok(w),
+            ChainRepr::Many(mut v) if v.len() == 1 => Ok(v.pop().expect("one WR")),
+            ChainRepr::Many(v) => Err(v),
+        }
+    }
+}
+
+impl std::ops::Deref for Chain {
+    type Target = [UlpWr];
+    fn deref(&self) -> &[UlpWr] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl From<UlpWr> for Chain {
+    fn from(w: UlpWr) -> Chain {
+        Chain(ChainRepr::One(w))
+    }
+}
+
+impl From<Vec<UlpWr>> for Chain {
+    fn from(v: Vec<UlpWr>) -> Chain {
+        Chain(ChainRepr::Many(v))
     }
 }

@@ -215,3 +215,151 @@ pub struct SrqAttr {
     /// posted WRs drops below it.
     pub srq_limit: u32,
 }
+
+/// A `modify_qp` request whose setters keep the [`QpAttrMask`] in step
+/// with the attributes set: each `with_*` sets one field of a
+/// [`QpAttr`] and its mask bit, so no bit is forgotten and none is left
+/// over.
+///
+/// ```
+/// use softverbs::verbs::{AccessFlags, QpAttrMask, QpModify, QpState};
+/// let m = QpModify::new()
+///     .with_state(QpState::Init)
+///     .with_pkey_index(0)
+///     .with_port_num(1)
+///     .with_access_flags(AccessFlags::REMOTE_WRITE);
+/// assert_eq!(
+///     m.mask,
+///     QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+/// );
+/// assert_eq!(m.attr.port_num, 1);
+/// // then: m.apply(&qp)?, which is qp.modify(&m.attr, m.mask)
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QpModify {
+    /// The attributes.
+    pub attr: QpAttr,
+    /// Which of them count.
+    pub mask: QpAttrMask,
+}
+
+macro_rules! qp_setters {
+    ($($(#[$m:meta])* $name:ident($field:ident: $t:ty) => $bit:ident;)+) => {
+        impl QpModify {
+            $(
+                $(#[$m])*
+                #[must_use]
+                pub fn $name(mut self, v: $t) -> QpModify {
+                    self.attr.$field = v;
+                    self.mask |= QpAttrMask::$bit;
+                    self
+                }
+            )+
+        }
+    };
+}
+
+qp_setters! {
+    /// `qp_state` ([`QpAttrMask::STATE`]).
+    with_state(qp_state: QpState) => STATE;
+    /// `cur_qp_state` ([`QpAttrMask::CUR_STATE`]).
+    with_cur_state(cur_qp_state: QpState) => CUR_STATE;
+    /// `en_sqd_async_notify` ([`QpAttrMask::EN_SQD_ASYNC_NOTIFY`]).
+    with_en_sqd_async_notify(en_sqd_async_notify: bool) => EN_SQD_ASYNC_NOTIFY;
+    /// `qp_access_flags` ([`QpAttrMask::ACCESS_FLAGS`]).
+    with_access_flags(qp_access_flags: AccessFlags) => ACCESS_FLAGS;
+    /// `pkey_index` ([`QpAttrMask::PKEY_INDEX`]).
+    with_pkey_index(pkey_index: u16) => PKEY_INDEX;
+    /// `port_num` ([`QpAttrMask::PORT`]).
+    with_port_num(port_num: u8) => PORT;
+    /// `qkey` ([`QpAttrMask::QKEY`]).
+    with_qkey(qkey: u32) => QKEY;
+    /// `ah_attr` ([`QpAttrMask::AV`]).
+    with_ah_attr(ah_attr: AhAttr) => AV;
+    /// `path_mtu` ([`QpAttrMask::PATH_MTU`]).
+    with_path_mtu(path_mtu: Mtu) => PATH_MTU;
+    /// `timeout` ([`QpAttrMask::TIMEOUT`]).
+    with_timeout(timeout: u8) => TIMEOUT;
+    /// `retry_cnt` ([`QpAttrMask::RETRY_CNT`]).
+    with_retry_cnt(retry_cnt: u8) => RETRY_CNT;
+    /// `rnr_retry` ([`QpAttrMask::RNR_RETRY`]).
+    with_rnr_retry(rnr_retry: u8) => RNR_RETRY;
+    /// `rq_psn` ([`QpAttrMask::RQ_PSN`]).
+    with_rq_psn(rq_psn: u32) => RQ_PSN;
+    /// `max_rd_atomic` ([`QpAttrMask::MAX_QP_RD_ATOMIC`]).
+    with_max_rd_atomic(max_rd_atomic: u8) => MAX_QP_RD_ATOMIC;
+    /// `min_rnr_timer` ([`QpAttrMask::MIN_RNR_TIMER`]).
+    with_min_rnr_timer(min_rnr_timer: u8) => MIN_RNR_TIMER;
+    /// `sq_psn` ([`QpAttrMask::SQ_PSN`]).
+    with_sq_psn(sq_psn: u32) => SQ_PSN;
+    /// `max_dest_rd_atomic` ([`QpAttrMask::MAX_DEST_RD_ATOMIC`]).
+    with_max_dest_rd_atomic(max_dest_rd_atomic: u8) => MAX_DEST_RD_ATOMIC;
+    /// `path_mig_state` ([`QpAttrMask::PATH_MIG_STATE`]).
+    with_path_mig_state(path_mig_state: MigState) => PATH_MIG_STATE;
+    /// `cap` ([`QpAttrMask::CAP`]).
+    with_cap(cap: QpCap) => CAP;
+    /// `dest_qp_num` ([`QpAttrMask::DEST_QPN`]).
+    with_dest_qp_num(dest_qp_num: u32) => DEST_QPN;
+    /// `rate_limit` ([`QpAttrMask::RATE_LIMIT`]).
+    with_rate_limit(rate_limit: u32) => RATE_LIMIT;
+}
+
+impl QpModify {
+    /// Nothing set yet.
+    pub fn new() -> QpModify {
+        QpModify::default()
+    }
+
+    /// The alternate path ([`QpAttrMask::ALT_PATH`]): its address vector,
+    /// P_Key index, port and timeout.
+    #[must_use]
+    pub fn with_alt_path(mut self, ah: AhAttr, pkey_index: u16, port_num: u8, timeout: u8) -> QpModify {
+        self.attr.alt_ah_attr = ah;
+        self.attr.alt_pkey_index = pkey_index;
+        self.attr.alt_port_num = port_num;
+        self.attr.alt_timeout = timeout;
+        self.mask |= QpAttrMask::ALT_PATH;
+        self
+    }
+
+    /// `qp.modify(&self.attr, self.mask)`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Qp::modify`](super::Qp::modify).
+    pub fn apply(&self, qp: &super::handle::Qp) -> super::error::Result<()> {
+        qp.modify(&self.attr, self.mask)
+    }
+}
+
+#[cfg(test)]
+mod modify_tests {
+    use super::*;
+
+    #[test]
+    fn each_setter_sets_its_field_and_only_its_bit() {
+        let m = QpModify::new().with_rq_psn(5);
+        assert_eq!((m.mask, m.attr.rq_psn), (QpAttrMask::RQ_PSN, 5));
+        let m = QpModify::new().with_max_rd_atomic(3);
+        assert_eq!((m.mask, m.attr.max_rd_atomic), (QpAttrMask::MAX_QP_RD_ATOMIC, 3));
+        let m = QpModify::new().with_alt_path(AhAttr::default(), 0, 1, 9);
+        assert_eq!((m.mask, m.attr.alt_timeout), (QpAttrMask::ALT_PATH, 9));
+        let m = QpModify::new()
+            .with_state(QpState::Rts)
+            .with_sq_psn(1)
+            .with_timeout(14)
+            .with_retry_cnt(7)
+            .with_rnr_retry(7)
+            .with_max_rd_atomic(1);
+        assert_eq!(
+            m.mask,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        );
+        assert_eq!(QpModify::new().mask, QpAttrMask::empty());
+    }
+}

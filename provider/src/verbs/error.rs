@@ -207,6 +207,14 @@ impl fmt::Display for PostError {
     }
 }
 
+impl From<PostError> for Error {
+    /// The reason, without the index (`?` on a post in a function that
+    /// returns [`Result`]).
+    fn from(e: PostError) -> Error {
+        e.error
+    }
+}
+
 impl std::error::Error for PostError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.error)
@@ -224,3 +232,21 @@ macro_rules! verr {
     };
 }
 pub(crate) use verr;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_post_error_converts_into_its_reason() {
+        let reason = Error::new(Verb::PostSend, ErrorKind::NoMemory, "send queue full");
+        let f = || -> Result<()> {
+            Err(PostError {
+                index: 2,
+                error: reason.clone(),
+            })?;
+            Ok(())
+        };
+        assert_eq!(f().unwrap_err(), reason);
+    }
+}

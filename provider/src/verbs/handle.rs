@@ -230,6 +230,19 @@ impl Context {
         })
     }
 
+    /// A completion queue of at least `cqe` entries to create, with
+    /// context 0, no channel and vector 0 unless set:
+    /// `ctx.cq_builder(64).channel(&chan).create()`.
+    pub fn cq_builder(&self, cqe: u32) -> CqBuilder<'_> {
+        CqBuilder {
+            ctx: self,
+            cqe,
+            context: 0,
+            channel: None,
+            comp_vector: 0,
+        }
+    }
+
     /// Waits up to `timeout` (`None`: forever) for the next async event.
     ///
     /// # Errors
@@ -241,11 +254,55 @@ impl Context {
 }
 
 impl std::os::fd::AsRawFd for Context {
-    /// The async event file descriptor (readable while events are pending),
-    /// or -1 if the backend has none.
+    /// The async event descriptor (see [`AsFd`](std::os::fd::AsFd) for
+    /// when it is readable), or -1 if the backend has none.
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.ops.async_fd().unwrap_or(-1)
     }
+}
+
+impl std::os::fd::AsFd for Context {
+    /// A descriptor readable whenever an async event is pending, whatever
+    /// the backend, engine mode or link: register it with `epoll`/`mio`
+    /// and call [`Context::get_async_event`] (with a zero timeout) when it
+    /// is readable. It may also wake when no event results (a soft device
+    /// in inline mode wakes for the datagrams it must read to find out);
+    /// the call then returns `None`. A backend without one gives a
+    /// descriptor that is never readable.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        borrow_or_never(self.ops.async_fd())
+    }
+}
+
+/// `fd` borrowed for the lifetime of the handle that owns it, or a
+/// process-wide eventfd nobody posts (never readable).
+///
+/// # Panics
+///
+/// Only for a backend without a descriptor, if the process cannot open
+/// that one eventfd (out of descriptors).
+fn borrow_or_never<'a>(fd: Option<std::os::fd::RawFd>) -> std::os::fd::BorrowedFd<'a> {
+    use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+    static NEVER: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    match fd {
+        // SAFETY: the backend object owns this descriptor and keeps it open
+        // for as long as it lives; the handle holds the object, and the
+        // borrow is tied to the handle.
+        Some(fd) if fd >= 0 => unsafe { BorrowedFd::borrow_raw(fd) },
+        _ => NEVER
+            .get_or_init(|| never_fd().expect("an eventfd for a backend without event descriptors"))
+            .as_fd(),
+    }
+}
+
+/// An eventfd nobody posts: never readable.
+fn never_fd() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: eventfd has no memory-safety preconditions; a negative
+    // return is an error.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: a fresh descriptor that nothing else owns.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// What [`Pd::create_qp`] needs (`struct ibv_qp_init_attr`).
@@ -263,6 +320,96 @@ pub struct QpInitAttr<'a> {
     pub cap: QpCap,
     /// Signal every send WR.
     pub sq_sig_all: bool,
+}
+
+impl<'a> QpInitAttr<'a> {
+    /// A QP of `qp_type` on these CQs with no SRQ, selective signaling
+    /// and [`QpInitAttr::DEFAULT_CAP`]; change any field, or use the
+    /// `with_*` methods.
+    pub fn new(qp_type: QpType, send_cq: &'a Cq, recv_cq: &'a Cq) -> QpInitAttr<'a> {
+        QpInitAttr {
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq: None,
+            cap: Self::DEFAULT_CAP,
+            sq_sig_all: false,
+        }
+    }
+
+    /// The capacities [`QpInitAttr::new`] asks for: 64 send and 64
+    /// receive WRs of one SGE each, no inline data.
+    pub const DEFAULT_CAP: QpCap = QpCap {
+        max_send_wr: 64,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+
+    /// The same with capacities `cap`.
+    #[must_use]
+    pub fn with_cap(mut self, cap: QpCap) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// The same receiving through `srq`.
+    #[must_use]
+    pub fn with_srq(mut self, srq: &'a Srq) -> Self {
+        self.srq = Some(srq);
+        self
+    }
+
+    /// The same signaling every send WR (`sq_sig_all`).
+    #[must_use]
+    pub fn with_sq_sig_all(mut self, all: bool) -> Self {
+        self.sq_sig_all = all;
+        self
+    }
+}
+
+/// A completion queue to create ([`Context::cq_builder`]): `ibv_create_cq`
+/// with named arguments.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "call create() to make the CQ"]
+pub struct CqBuilder<'a> {
+    ctx: &'a Context,
+    cqe: u32,
+    context: u64,
+    channel: Option<&'a CompChannel>,
+    comp_vector: u32,
+}
+
+impl<'a> CqBuilder<'a> {
+    /// The value that identifies the CQ in channel and async events
+    /// (default 0).
+    pub fn context(mut self, context: u64) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// Reports completion events to `channel` (default: none).
+    pub fn channel(mut self, channel: &'a CompChannel) -> Self {
+        self.channel = Some(channel);
+        self
+    }
+
+    /// Completion vector (default 0).
+    pub fn comp_vector(mut self, v: u32) -> Self {
+        self.comp_vector = v;
+        self
+    }
+
+    /// Creates the CQ.
+    ///
+    /// # Errors
+    ///
+    /// As [`Context::create_cq`].
+    pub fn create(self) -> Result<Cq> {
+        self.ctx
+            .create_cq(self.cqe, self.context, self.channel, self.comp_vector)
+    }
 }
 
 handle!(
@@ -382,7 +529,8 @@ impl Pd {
 }
 
 handle!(
-    /// A memory region (`struct ibv_mr`).
+    /// A memory region (`struct ibv_mr`). Every offset into it is a `u64`
+    /// ([`Mr::sge`], [`Mr::remote`], [`Mr::read`], [`Mr::write`], …).
     Mr,
     MrOps
 );
@@ -455,8 +603,8 @@ impl Mr {
     /// # Errors
     ///
     /// `EINVAL` if out of bounds or the MR has no accessible memory.
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.mem()?.read_at(offset, dst)
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.mem()?.read_at(mem_offset(offset)?, dst)
     }
 
     /// Copies `src` into the MR at `offset`.
@@ -464,8 +612,8 @@ impl Mr {
     /// # Errors
     ///
     /// As [`Mr::read`].
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.mem()?.write_at(offset, src)
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.mem()?.write_at(mem_offset(offset)?, src)
     }
 
     /// Reads `len` bytes at `offset` into a new vector.
@@ -473,7 +621,7 @@ impl Mr {
     /// # Errors
     ///
     /// As [`Mr::read`].
-    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+    pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         let mut v = vec![0; len];
         self.read(offset, &mut v)?;
         Ok(v)
@@ -484,8 +632,8 @@ impl Mr {
     /// # Errors
     ///
     /// As [`Mr::read`].
-    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<()> {
-        self.mem()?.fill_at(offset, len, byte)
+    pub fn fill(&self, offset: u64, len: usize, byte: u8) -> Result<()> {
+        self.mem()?.fill_at(mem_offset(offset)?, len, byte)
     }
 
     /// Atomically loads the 8-byte word at `offset` (host byte order).
@@ -493,8 +641,8 @@ impl Mr {
     /// # Errors
     ///
     /// `EINVAL` if misaligned, out of bounds or not accessible.
-    pub fn load_u64(&self, offset: usize) -> Result<u64> {
-        self.mem()?.load_u64(offset)
+    pub fn load_u64(&self, offset: u64) -> Result<u64> {
+        self.mem()?.load_u64(mem_offset(offset)?)
     }
 
     /// Atomically stores the 8-byte word at `offset` (host byte order).
@@ -502,8 +650,8 @@ impl Mr {
     /// # Errors
     ///
     /// As [`Mr::load_u64`].
-    pub fn store_u64(&self, offset: usize, value: u64) -> Result<()> {
-        self.mem()?.store_u64(offset, value)
+    pub fn store_u64(&self, offset: u64, value: u64) -> Result<()> {
+        self.mem()?.store_u64(mem_offset(offset)?, value)
     }
 
     /// The key with its key byte incremented (`ibv_inc_rkey`): the key to
@@ -536,6 +684,18 @@ impl Mr {
     pub fn map_pages(&self, sgl: &[Sge<'_>], page_size: u32) -> Result<usize> {
         self.ops.map_pages(sgl, page_size)
     }
+}
+
+/// An MR offset as an index into its memory (every offset of an MR is a
+/// `u64`, like the addresses and lengths of work requests).
+fn mem_offset(offset: u64) -> Result<usize> {
+    usize::try_from(offset).map_err(|_| {
+        verr!(
+            MemoryAccess,
+            InvalidArgument,
+            "offset {offset} beyond the address space"
+        )
+    })
 }
 
 handle!(
@@ -590,10 +750,24 @@ impl CompChannel {
 }
 
 impl std::os::fd::AsRawFd for CompChannel {
-    /// A descriptor readable while an event is pending, or -1 if the backend
-    /// has none.
+    /// The channel's descriptor (see [`AsFd`](std::os::fd::AsFd) for when
+    /// it is readable), or -1 if the backend has none.
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.ops.fd().unwrap_or(-1)
+    }
+}
+
+impl std::os::fd::AsFd for CompChannel {
+    /// A descriptor readable whenever a completion event is pending,
+    /// whatever the backend, engine mode or link: register it with
+    /// `epoll`/`mio` and call [`CompChannel::get_cq_event`] (with a zero
+    /// timeout) when it is readable. Nothing else needs registering: for a
+    /// soft device in inline mode on a network link the descriptor also
+    /// covers the link's sockets and the engine's timers, so it may wake
+    /// without an event (the call then reads the link and returns `None`).
+    /// A backend without one gives a descriptor that is never readable.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        borrow_or_never(self.ops.fd())
     }
 }
 

@@ -40,9 +40,14 @@
 //! # Examples
 //!
 //! ```
-//! use softverbs::verbs::{self, BackendKind};
-//! // Every device of every backend compiled in (the soft provider always).
-//! for dev in verbs::devices(None)? {
+//! use softverbs::verbs;
+//! // Soft devices exist once created: here the in-process pair.
+//! softverbs::soft::embedded_default()?;
+//! // Every device of every backend compiled in (hardware ones with the
+//! // `hardware` feature).
+//! let devs = verbs::devices(None)?;
+//! assert!(devs.len() >= 2);
+//! for dev in devs {
 //!     let ctx = dev.open()?;
 //!     let attr = ctx.query_device()?;
 //!     println!("{} ({}): {} ports", dev.name(), dev.backend(), attr.phys_port_cnt);
@@ -52,7 +57,9 @@
 
 pub mod attr;
 pub mod backend;
+pub mod connect;
 pub mod error;
+pub mod exchange;
 pub mod handle;
 pub mod memory;
 pub mod qp_state;
@@ -63,6 +70,7 @@ use std::sync::Arc;
 
 pub use attr::*;
 pub use backend::{AsyncElement, AsyncEvent, BackendKind, Provider};
+pub use connect::{random_psn, Connect, Endpoint, EndpointParseError, RemoteBuffer, DEFAULT_QKEY};
 pub(crate) use error::verr;
 pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub use handle::*;

@@ -358,6 +358,21 @@ impl<'a> RecvWr<'a> {
 ///
 /// For an error status only `wr_id`, `status`, `qp_num` and `vendor_err` are
 /// defined (the rest are left as the backend wrote them).
+///
+/// # `vendor_err` of the soft provider
+///
+/// Send-queue errors name the check that failed; every other completion
+/// (successes, flushes, receive-side errors) has 0. The hardware backend
+/// passes the device's own syndrome through (see its vendor's manual).
+///
+/// | `vendor_err` | statuses | what happened |
+/// |-------------:|----------|---------------|
+/// | 0 | any | no code: success, a flushed WR (`WrFlushErr`), or an error found on the receive side |
+/// | `0x51` (81) | `LocProtErr`, `LocQpOpErr` | a local key check failed: an SGE's lkey, range or rights, or a READ/atomic response that does not fit the local buffer |
+/// | `0x53` (83) | `RemAccessErr`, `RemInvReqErr`, `RemOpErr`, `RemInvRdReqErr`, `BadRespErr` | the responder NAKed the request (`RemAccessErr`: its rkey, range or the QP's or MR's remote rights refused it; connect with remote access, e.g. [`Connect`](super::Connect)'s defaults), or its response was malformed or of the wrong size |
+/// | `0x54` (84) | `RetryExcErr` | no ACK after `retry_cnt` retransmissions (the peer is gone or unreachable) |
+/// | `0x55` (85) | `RnrRetryExcErr` | the responder had no receive posted through `rnr_retry` RNR NAKs |
+/// | `0x56` (86) | `MwBindErr`, `LocQpOpErr` | a memory operation (REG_MR, LOCAL_INV, BIND_MW) failed its checks |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkCompletion {
     /// The work request's id.
@@ -366,8 +381,8 @@ pub struct WorkCompletion {
     pub status: WcStatus,
     /// What completed (defined for successful completions).
     pub opcode: WcOpcode,
-    /// Vendor syndrome (backend specific; the soft provider puts a code
-    /// naming the check that failed here, 0 on success).
+    /// Vendor syndrome (backend specific; the soft provider's codes are in
+    /// the table above).
     pub vendor_err: u32,
     /// Bytes received (receive completions) or transferred.
     pub byte_len: u32,
@@ -391,10 +406,12 @@ pub struct WorkCompletion {
 }
 
 impl Default for WorkCompletion {
+    /// An empty slot to poll into: status [`WcStatus::GeneralErr`], so an
+    /// entry that no poll filled never reads as a success.
     fn default() -> Self {
         WorkCompletion {
             wr_id: 0,
-            status: WcStatus::Success,
+            status: WcStatus::GeneralErr,
             opcode: WcOpcode::Send,
             vendor_err: 0,
             byte_len: 0,
@@ -424,5 +441,17 @@ impl WorkCompletion {
     /// Whether the status is success.
     pub fn is_success(&self) -> bool {
         self.status == WcStatus::Success
+    }
+}
+
+#[cfg(test)]
+mod wc_default_tests {
+    use super::*;
+
+    #[test]
+    fn an_unfilled_completion_is_not_a_success() {
+        let wc = WorkCompletion::default();
+        assert!(!wc.is_success());
+        assert_eq!(wc.status, WcStatus::GeneralErr);
     }
 }

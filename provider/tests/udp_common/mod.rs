@@ -126,58 +126,21 @@ pub fn connect_to(s: &Side, dgid: Gid, dest_qpn: u32, rq_psn: u32, mtu: Mtu) {
 /// [`connect_to`] with the local ACK timeout `timeout` (4.096 µs ·
 /// 2^timeout).
 pub fn connect_to_timeout(s: &Side, dgid: Gid, dest_qpn: u32, rq_psn: u32, mtu: Mtu, timeout: u8) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
-        ..QpAttr::default()
+    let local = Endpoint::local(&s.ctx, &s.qp, 1, 0).unwrap().with_psn(s.psn);
+    let remote = Endpoint {
+        qpn: dest_qpn,
+        psn: rq_psn,
+        gid: dgid,
+        mtu,
+        ..local
     };
-    s.qp.modify(
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: mtu,
-        dest_qp_num: dest_qpn,
-        rq_psn,
-        ah_attr: AhAttr::roce(dgid, 0, 1),
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    s.qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: s.psn,
-        timeout,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        ..QpAttr::default()
-    };
-    s.qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    Connect::new()
+        .access(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
+        .mtu(mtu)
+        .timeout(timeout)
+        .min_rnr_timer(1)
+        .apply(&s.ctx, &s.qp, &local, Some(&remote))
+        .unwrap();
 }
 
 /// Connects two sides to each other.

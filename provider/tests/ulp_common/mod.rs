@@ -74,53 +74,35 @@ impl End {
 }
 
 /// Moves `a`'s QP to RTS towards `b`'s, with `rd` READ credits each way.
+/// Through the layer's own `modify` (it takes the READ depth from RTS), so
+/// the steps are [`QpModify`]s rather than a [`Connect`].
 pub(crate) fn connect_one(a: &End, b: &End, rd: u8, retry: u8) {
     let qp = a.qp();
-    let mut attr = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
-        ..QpAttr::default()
-    };
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rtr;
-    attr.path_mtu = Mtu::Mtu1024;
-    attr.dest_qp_num = b.qp().qp_num();
-    attr.rq_psn = 0;
-    attr.max_dest_rd_atomic = rd;
-    attr.min_rnr_timer = 1;
-    attr.ah_attr = AhAttr::roce(b.gid, 0, 1);
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    attr.qp_state = QpState::Rts;
-    attr.sq_psn = 0;
-    attr.timeout = 14;
-    attr.retry_cnt = retry;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = rd;
-    qp.modify(
-        &attr,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    let steps = [
+        QpModify::new()
+            .with_state(QpState::Init)
+            .with_pkey_index(0)
+            .with_port_num(1)
+            .with_access_flags(AccessFlags::REMOTE),
+        QpModify::new()
+            .with_state(QpState::Rtr)
+            .with_path_mtu(Mtu::Mtu1024)
+            .with_dest_qp_num(b.qp().qp_num())
+            .with_rq_psn(0)
+            .with_max_dest_rd_atomic(rd)
+            .with_min_rnr_timer(1)
+            .with_ah_attr(AhAttr::roce(b.gid, 0, 1)),
+        QpModify::new()
+            .with_state(QpState::Rts)
+            .with_sq_psn(0)
+            .with_timeout(14)
+            .with_retry_cnt(retry)
+            .with_rnr_retry(7)
+            .with_max_rd_atomic(rd),
+    ];
+    for m in steps {
+        qp.modify(&m.attr, m.mask).unwrap();
+    }
 }
 
 /// Two connected ends on a fresh device pair.

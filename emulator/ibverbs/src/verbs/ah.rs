@@ -83,7 +83,23 @@ pub unsafe extern "C" fn __softverbs_ibv_init_ah_from_wc(
         return -1;
     }
     // SAFETY: 40 readable bytes per the contract (read unaligned).
-    let g: IbvGrh = unsafe { std::ptr::read_unaligned(grh as *const IbvGrh) };
+    let mut g: IbvGrh = unsafe { std::ptr::read_unaligned(grh as *const IbvGrh) };
+    // SAFETY: as above, the same 40 bytes.
+    let raw: [u8; 40] = unsafe { std::ptr::read_unaligned(grh as *const [u8; 40]) };
+    if raw[0] >> 4 != 6 && raw[20] == 0x45 {
+        // RoCEv2 over IPv4 (as rdma-core reads it): the IPv4 header in
+        // the last 20 bytes; the GIDs are the IPv4-mapped addresses.
+        let mapped = |a: &[u8]| {
+            let mut gid = [0u8; 16];
+            gid[10] = 0xff;
+            gid[11] = 0xff;
+            gid[12..].copy_from_slice(a);
+            gid
+        };
+        g.sgid = mapped(&raw[32..36]);
+        g.dgid = mapped(&raw[36..40]);
+        g.version_tclass_flow = (6u32 << 28 | u32::from(raw[21]) << 20).to_be();
+    }
     // SAFETY: an open context of this library.
     let sv = unsafe { SvContext::from_ibv(ctx) };
     let len = sv.ctx.query_port(port).map(|p| p.gid_tbl_len).unwrap_or(0);

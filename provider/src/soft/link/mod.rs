@@ -142,6 +142,13 @@ pub trait Link: Send + Sync + std::fmt::Debug {
         true
     }
 
+    /// An application now sleeps on [`Link::poll_fds`] in its own poller,
+    /// at moments the engine does not see (a completion channel's
+    /// descriptor in inline mode): a link whose peers only signal readers
+    /// that announced sleep (shared memory) must keep them signalling from
+    /// now on. Nothing by default.
+    fn set_watched(&self, _watched: bool) {}
+
     /// The caller's own poller reported one of [`Link::poll_fds`]
     /// readable without [`Link::prepare_sleep`] (an application's event
     /// loop calling [`DeviceShared::drive`]): the next [`Link::recv`] must

@@ -857,6 +857,14 @@ pub struct ShmLink {
     /// were reached): do not sleep. The epoll in the poll set would not
     /// wake the reader for what was already there.
     rendezvous_more: AtomicBool,
+    /// An application sleeps on the link's descriptors at times the engine
+    /// does not know ([`Link::set_watched`]): every ring keeps its sleep
+    /// flag set, so peers ring the doorbell for everything they publish.
+    watched: AtomicBool,
+    /// A sender to our own doorbell, made when watched: rung when a ring
+    /// still holds data as a receive ends, so the sleeping application
+    /// wakes for it.
+    self_bell: std::sync::OnceLock<OwnedFd>,
     budget: Arc<Budget>,
     stats: Stats,
 }
@@ -921,6 +929,8 @@ impl ShmLink {
             last_prune: AtomicU64::new(0),
             hellos: Mutex::new(VecDeque::new()),
             rendezvous_more: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            self_bell: std::sync::OnceLock::new(),
             budget,
             stats: Stats::default(),
         }))
@@ -1325,6 +1335,23 @@ impl Link for ShmLink {
         // slow path (listeners, peers) and reads UDP (every socket).
         self.armed.store(true, Ordering::Release);
         self.udp.woken();
+    }
+
+    fn set_watched(&self, watched: bool) {
+        if watched && self.self_bell.get().is_none() {
+            match sys::bell_sender(&self.doorbell) {
+                Ok(b) => {
+                    let _ = self.self_bell.set(b);
+                }
+                // Without it a ring with data left over waits for the
+                // next datagram or timer to wake the application.
+                Err(e) => eprintln!("softverbs: shm link: no sender to our own doorbell: {e}"),
+            }
+        }
+        // The next receive sets every ring's sleep flag.
+        self.armed.store(true, Ordering::Release);
+        self.watched.store(watched, Ordering::Release);
+        self.udp.set_watched(watched);
     }
 
     fn prepare_sleep(&self) -> bool {

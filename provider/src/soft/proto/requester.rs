@@ -15,7 +15,9 @@ use super::qp::{Qp, SendWqe, WqeOp, WqeState};
 use super::train::{TrainOut, TrainPiece, TRAIN_MAX_PIECES, TRAIN_MIN_LEN, TRAIN_PROCESS_MIN_LEN};
 use super::{Core, Nanos, Transmit};
 
-/// Vendor error codes the soft provider reports in `vendor_err`.
+/// Vendor error codes the soft provider reports in `vendor_err` (the table
+/// on [`WorkCompletion`](crate::verbs::WorkCompletion) documents them for
+/// users: keep the two in step).
 pub(crate) mod vendor {
     /// Local key check failed.
     pub(crate) const LOCAL_KEY: u32 = 0x51;

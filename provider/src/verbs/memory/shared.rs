@@ -220,6 +220,13 @@ impl SharedMemory {
     }
 }
 
+impl AsFd for SharedMemory {
+    /// The memfd the buffer lies in ([`SharedMemory::fd`]).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd()
+    }
+}
+
 impl Drop for SharedMemory {
     fn drop(&mut self) {
         // A file of its own is exactly as long as its buffer; a slab is

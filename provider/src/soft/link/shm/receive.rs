@@ -32,11 +32,14 @@ impl ShmLink {
         // Read before swapping: the flag is set only when the reader goes
         // to sleep, and a locked exchange on every poll costs as much.
         let woke = self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel);
+        let watched = self.watched.load(Ordering::Relaxed);
         if woke {
             sys::drain(self.doorbell.as_raw_fd(), DRAIN_MAX);
-            for c in self.chans_r().iter() {
-                let mut rx = lock(&c.rx);
-                c.region_wake(&mut rx);
+            if !watched {
+                for c in self.chans_r().iter() {
+                    let mut rx = lock(&c.rx);
+                    c.region_wake(&mut rx);
+                }
             }
         }
         // The clock is read every few calls only: a busy-polling reader
@@ -67,6 +70,28 @@ impl ShmLink {
                 // published before it closed has been read.
                 if st == CLOSING && drained {
                     c.kill();
+                }
+            }
+        }
+        if watched {
+            // An application may sleep on the doorbell after this call:
+            // every ring that is up (a channel may have come up just now)
+            // keeps asking its peer to ring it.
+            let mut left = false;
+            for c in self.chans_r().iter() {
+                if c.state() == UP && c.peer.get().is_some() {
+                    let mut rx = lock(&c.rx);
+                    left |= !rx.cons.prepare_sleep(&c.region);
+                }
+            }
+            if left {
+                // Data the budget left, or published before the flag was
+                // set (no doorbell for it): ring our own doorbell, so the
+                // application's poller reports it, and look again at the
+                // next receive.
+                self.armed.store(true, Ordering::Release);
+                if let Some(b) = self.self_bell.get() {
+                    sys::ring(b.as_raw_fd());
                 }
             }
         }

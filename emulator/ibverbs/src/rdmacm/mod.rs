@@ -1,0 +1,1724 @@
+//! rdma_cm for C programs: the `rdma_*` calls of rdma-core's librdmacm,
+//! implemented here (inside the library that owns the devices and the
+//! verbs objects) over the soft provider's connection manager
+//! ([`softverbs::cm`]: IBTA CM MADs on QP1 between soft devices).
+//!
+//! The functions are exported under private names (`__softverbs_rdma_*`);
+//! the drop-in `librdmacm.so.1` (crate `softverbs-rdmacm`) gives them
+//! rdma-core's names and symbol versions and forwards to them. They live
+//! in this library because an id's `verbs`, `pd`, `qp` and CQs must be
+//! this library's own objects: a second library would have its own
+//! devices.
+//!
+//! What an id holds is what librdmacm gives: `verbs` is one context per
+//! device opened by this module (shared by every id on the device, as
+//! librdmacm does), `pd` that context's shared PD unless the application
+//! gives one, `rdma_create_qp` creates the QP (and the CQs and completion
+//! channels it is not given) with the ordinary verbs and lets the
+//! connection manager move it: INIT at creation (UD: through to RTS with
+//! rdma_cm's Q_Key), RTR and RTS at accept or on the REP, ERR at
+//! disconnect. Ids created without an event channel are synchronous, as
+//! with librdmacm (`rdma_create_ep`, `rdma_get_request`): each call waits
+//! for its own event. The event channel's descriptor is readable while an
+//! event is queued (`poll`/`epoll`); with `O_NONBLOCK` set on it,
+//! `rdma_get_cm_event` fails with `EAGAIN` when none is.
+//!
+//! Not supported (-1 with `errno` `EOPNOTSUPP`): multicast, ECE, the IB
+//! port spaces (`RDMA_PS_IB`, `RDMA_PS_IPOIB`) and `AF_IB` addresses,
+//! `rdma_init_qp_attr`, SRQs made by the CM (`rdma_create_srq`); the
+//! route options of `rdma_set_option` (the id options are accepted and
+//! have no effect on soft devices).
+
+pub mod ffi;
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::raw::{c_char, c_int};
+use std::ptr::null_mut;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use softverbs::cm::{Cm, CmConfig, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use softverbs::soft::SoftDevice;
+use softverbs::subsystem::{soft_plugged, DeviceFactory, HotplugDevice, NamespaceId, Subsystem};
+use softverbs::verbs::{BackendKind, Gid, Mtu};
+
+use self::ffi::*;
+use crate::ffi::*;
+use crate::objects::{free_raw, into_raw, set_errno, SvQp};
+
+// The verbs this module calls: the library's own exported functions.
+extern "C" {
+    fn __softverbs_ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context;
+    fn __softverbs_ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd;
+    fn __softverbs_ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel;
+    fn __softverbs_ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int;
+    fn __softverbs_ibv_create_cq(
+        ctx: *mut ibv_context,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut ibv_comp_channel,
+        comp_vector: c_int,
+    ) -> *mut ibv_cq;
+    fn __softverbs_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
+    fn __softverbs_ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
+    fn __softverbs_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
+}
+
+/// Gives the connection manager's subsystem the library's existing soft
+/// device (once: a removed device is not brought back).
+struct Existing {
+    name: String,
+    dev: Mutex<Option<Arc<SoftDevice>>>,
+}
+
+impl DeviceFactory for Existing {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn backend(&self) -> BackendKind {
+        BackendKind::Soft
+    }
+
+    fn instantiate(&self, _ns: NamespaceId) -> softverbs::verbs::Result<Arc<dyn HotplugDevice>> {
+        match self.dev.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(d) => Ok(soft_plugged(d)),
+            None => Err(softverbs::verbs::Error::new(
+                softverbs::verbs::Verb::OpenDevice,
+                softverbs::verbs::ErrorKind::NoDevice,
+                "the library's device cannot be plugged twice",
+            )),
+        }
+    }
+}
+
+/// The process's connection manager and the device context every id
+/// shares.
+struct Global {
+    cm: Cm,
+    /// `*mut ibv_context` of the library's device (never closed: ids and
+    /// the application's objects made on it may outlive any one id).
+    ctx: usize,
+    /// `*mut ibv_pd`: the context's shared PD.
+    pd: usize,
+    /// The device's MTU (`enum ibv_mtu`) for path records.
+    mtu: u8,
+}
+
+/// The connection manager, made at the first `rdma_*` call that needs it.
+static GLOBAL: OnceLock<Result<Global, c_int>> = OnceLock::new();
+
+/// Tells the connection manager that the library's device `name` was
+/// hot-unplugged (`softverbs_remove_device`): each id on it gets
+/// `RDMA_CM_EVENT_DEVICE_REMOVAL` once, and its QP is flushed. Nothing to
+/// do if no `rdma_*` call has made the connection manager.
+pub(crate) fn device_removed(name: &str) {
+    if let Some(Ok(g)) = GLOBAL.get() {
+        let _ =
+            g.cm.subsystem()
+                .remove_device_within(name, std::time::Duration::from_secs(1));
+    }
+}
+
+fn global() -> Result<&'static Global, c_int> {
+    GLOBAL
+        .get_or_init(|| {
+            let d = *crate::state::present_devices().first().ok_or(libc::ENODEV)?;
+            let sub = Arc::new(Subsystem::new(Default::default()));
+            let factory = Arc::new(Existing {
+                name: d.soft.name().to_string(),
+                dev: Mutex::new(Some(d.soft.clone())),
+            });
+            sub.add_device(factory, NamespaceId::INIT).map_err(|e| e.errno())?;
+            let cm = Cm::new(
+                sub,
+                CmConfig {
+                    consumer: "librdmacm".into(),
+                    ..CmConfig::default()
+                },
+            )
+            .map_err(|e| e.errno())?;
+            if let Some(cap) = d.mtu_cap {
+                // The device's interface carries smaller packets than the
+                // soft port reports: paths through it use what fits.
+                let mtu = match cap {
+                    1 => Mtu::Mtu256,
+                    2 => Mtu::Mtu512,
+                    3 => Mtu::Mtu1024,
+                    4 => Mtu::Mtu2048,
+                    _ => Mtu::Mtu4096,
+                };
+                cm.limit_mtu(d.soft.name(), mtu);
+            }
+            // SAFETY: `d.dev` is a device of this library (never freed).
+            let ctx = unsafe { __softverbs_ibv_open_device(&d.dev as *const ibv_device as *mut ibv_device) };
+            if ctx.is_null() {
+                return Err(errno());
+            }
+            // SAFETY: the context just opened.
+            let pd = unsafe { __softverbs_ibv_alloc_pd(ctx) };
+            if pd.is_null() {
+                return Err(errno());
+            }
+            Ok(Global {
+                cm,
+                ctx: ctx as usize,
+                pd: pd as usize,
+                mtu: d.mtu_cap.unwrap_or(5).min(5) as u8,
+            })
+        })
+        .as_ref()
+        .map_err(|&e| e)
+}
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno slot.
+    unsafe { *libc::__errno_location() }
+}
+
+/// -1 with `errno` = `e`.
+fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    -1
+}
+
+fn fail_null<T>(e: c_int) -> *mut T {
+    set_errno(e);
+    null_mut()
+}
+
+/// An event channel: the C struct first. `ch.fd` is the application's
+/// descriptor: an epoll instance over the channel's eventfd, readable
+/// exactly when the channel is, and blocking unless the application sets
+/// `O_NONBLOCK` on it (which is then how `rdma_get_cm_event` decides
+/// between waiting and `EAGAIN`).
+#[repr(C)]
+struct SvChan {
+    ch: rdma_event_channel,
+    ev: EventChannel,
+}
+
+/// An id: the C struct first, so the application's `rdma_cm_id *` is a
+/// pointer to this.
+#[repr(C)]
+struct SvId {
+    id: rdma_cm_id,
+    cm: CmId,
+    /// The private channel of a synchronous id (owned by it).
+    own_chan: *mut SvChan,
+    /// What `rdma_create_ep` was given for the QPs of a passive id's
+    /// requests (`rdma_get_request` creates them).
+    ep_qp: Option<ibv_qp_init_attr>,
+    /// Whether `rdma_create_qp` made the id's CQs (and destroys them).
+    own_cqs: bool,
+    path: ibv_sa_path_rec,
+}
+
+/// An event handed to the application: the C struct, then the private
+/// data it points at.
+#[repr(C)]
+struct SvEvent {
+    ev: rdma_cm_event,
+    data: [u8; 256],
+}
+
+/// The ids alive: CM id number → its `SvId` (as an address), and the
+/// addresses themselves, so that a call on an id the application already
+/// destroyed fails with `EINVAL` instead of reading freed memory.
+#[derive(Default)]
+struct Ids {
+    by_key: HashMap<u64, usize>,
+    live: std::collections::HashSet<usize>,
+}
+
+fn ids() -> std::sync::MutexGuard<'static, Ids> {
+    static IDS: OnceLock<Mutex<Ids>> = OnceLock::new();
+    IDS.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn lookup(key: u64) -> *mut SvId {
+    ids().by_key.get(&key).map_or(null_mut(), |&p| p as *mut SvId)
+}
+
+/// Held (shared) while an event is turned into the application's, and
+/// (exclusive) while an id is freed.
+static TRANSLATING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Whether `p` is an id of this library not yet destroyed.
+fn is_live(p: *mut rdma_cm_id) -> bool {
+    ids().live.contains(&(p as usize))
+}
+
+/// A socket address from C, or `EAFNOSUPPORT`/`EINVAL`.
+///
+/// # Safety
+///
+/// `sa` NULL or readable for its family's size.
+unsafe fn sock_from(sa: *const libc::sockaddr) -> Result<Option<SocketAddr>, c_int> {
+    if sa.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller's promise: at least the family is readable.
+    let family = unsafe { std::ptr::read_unaligned(std::ptr::addr_of!((*sa).sa_family)) };
+    match c_int::from(family) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in (read
+            // unaligned: callers pass addresses inside byte buffers).
+            let s = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in) };
+            Ok(Some(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr))),
+                u16::from_be(s.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6 (read
+            // unaligned, as above).
+            let s = unsafe { std::ptr::read_unaligned(sa as *const libc::sockaddr_in6) };
+            Ok(Some(SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)),
+                u16::from_be(s.sin6_port),
+            )))
+        }
+        libc::AF_UNSPEC => Ok(None),
+        _ => Err(libc::EAFNOSUPPORT),
+    }
+}
+
+/// Writes `a` into a `sockaddr_storage`; returns the length used.
+fn sock_to(a: Option<SocketAddr>, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    *out = unsafe { std::mem::zeroed() };
+    match a {
+        None => 0,
+        Some(SocketAddr::V4(v)) => {
+            // SAFETY: a sockaddr_storage is large and aligned enough for
+            // a sockaddr_in.
+            let s = unsafe { &mut *(out as *mut libc::sockaddr_storage as *mut libc::sockaddr_in) };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v.ip()).to_be();
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        Some(SocketAddr::V6(v)) => {
+            // SAFETY: as above, for a sockaddr_in6.
+            let s = unsafe { &mut *(out as *mut libc::sockaddr_storage as *mut libc::sockaddr_in6) };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v.port().to_be();
+            s.sin6_addr.s6_addr = v.ip().octets();
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+fn port_space(ps: c_int) -> Result<PortSpace, c_int> {
+    match ps {
+        RDMA_PS_TCP => Ok(PortSpace::Tcp),
+        RDMA_PS_UDP => Ok(PortSpace::Udp),
+        RDMA_PS_IB | RDMA_PS_IPOIB => Err(libc::EOPNOTSUPP),
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// Brings the C view of an id up to date with the connection manager's:
+/// its device (`verbs`, `pd`), addresses, GIDs and path record, and its
+/// QP's `state` field (the connection manager moves the QP; libibverbs'
+/// `ibv_modify_qp` keeps that field as librdmacm's moves do).
+fn refresh(sv: &mut SvId) {
+    if !sv.id.qp.is_null() {
+        // SAFETY: the id's QP, made by this library and alive while the
+        // id has it.
+        let q = unsafe { SvQp::from_ibv(sv.id.qp) };
+        if let Ok(a) = q.h.query() {
+            // SAFETY: as above; the C struct is the application's view.
+            unsafe { (*sv.id.qp).state = a.qp_state.as_raw() };
+        }
+    }
+    if sv.id.verbs.is_null() && sv.cm.device().is_some() {
+        if let Ok(g) = global() {
+            sv.id.verbs = g.ctx as *mut ibv_context;
+            if sv.id.pd.is_null() {
+                sv.id.pd = g.pd as *mut ibv_pd;
+            }
+        }
+    }
+    let (src, dst) = (sv.cm.local_addr(), sv.cm.peer_addr());
+    sock_to(src, &mut sv.id.route.addr.src_storage);
+    sock_to(dst, &mut sv.id.route.addr.dst_storage);
+    if let Some(s) = src {
+        sv.id.route.addr.ibaddr.sgid = ibv_gid {
+            raw: Gid::from_ip(s.ip()).0,
+        };
+        sv.path.sgid = sv.id.route.addr.ibaddr.sgid;
+    }
+    sv.id.route.addr.ibaddr.pkey = 0xffff;
+    if let Some(d) = dst {
+        sv.id.route.addr.ibaddr.dgid = ibv_gid {
+            raw: Gid::from_ip(d.ip()).0,
+        };
+        sv.path.dgid = sv.id.route.addr.ibaddr.dgid;
+    }
+    if !sv.id.verbs.is_null() && dst.is_some() {
+        sv.path.pkey = 0xffff_u16.to_be();
+        sv.path.numb_path = 1;
+        sv.path.hop_limit = 64;
+        sv.path.reversible = 1;
+        sv.path.mtu_selector = 2;
+        sv.path.mtu = global().map_or(3, |g| g.mtu);
+        sv.path.rate_selector = 2;
+        sv.path.packet_life_time_selector = 2;
+        sv.id.route.path_rec = &mut sv.path;
+        sv.id.route.num_paths = 1;
+    }
+}
+
+/// A new `SvId` for `cm`, registered.
+fn new_id(cm: CmId, chan: *mut SvChan, context: *mut c_void, ps: c_int, qp_type: c_int) -> *mut SvId {
+    let key = cm.id();
+    // SAFETY: rdma_cm_id is plain data (pointers, integers, addresses):
+    // all-zero is valid.
+    let mut id: rdma_cm_id = unsafe { std::mem::zeroed() };
+    id.channel = if chan.is_null() {
+        null_mut()
+    } else {
+        chan as *mut rdma_event_channel
+    };
+    id.context = context;
+    id.ps = ps;
+    id.port_num = 1;
+    id.qp_type = qp_type;
+    let p = into_raw(SvId {
+        id,
+        cm,
+        own_chan: null_mut(),
+        ep_qp: None,
+        own_cqs: false,
+        path: ibv_sa_path_rec::default(),
+    });
+    // SAFETY: just made.
+    refresh(unsafe { &mut *p });
+    let mut reg = ids();
+    reg.by_key.insert(key, p as usize);
+    reg.live.insert(p as usize);
+    drop(reg);
+    p
+}
+
+fn kind_to_c(k: CmEventKind) -> c_int {
+    match k {
+        CmEventKind::AddrResolved => RDMA_CM_EVENT_ADDR_RESOLVED,
+        CmEventKind::RouteResolved => RDMA_CM_EVENT_ROUTE_RESOLVED,
+        CmEventKind::ConnectRequest => RDMA_CM_EVENT_CONNECT_REQUEST,
+        CmEventKind::ConnectResponse => RDMA_CM_EVENT_CONNECT_RESPONSE,
+        CmEventKind::ConnectError => RDMA_CM_EVENT_CONNECT_ERROR,
+        CmEventKind::Unreachable => RDMA_CM_EVENT_UNREACHABLE,
+        CmEventKind::Rejected => RDMA_CM_EVENT_REJECTED,
+        CmEventKind::Established => RDMA_CM_EVENT_ESTABLISHED,
+        CmEventKind::Disconnected => RDMA_CM_EVENT_DISCONNECTED,
+        CmEventKind::DeviceRemoval => RDMA_CM_EVENT_DEVICE_REMOVAL,
+        CmEventKind::AddrChange => RDMA_CM_EVENT_ADDR_CHANGE,
+        CmEventKind::TimewaitExit => RDMA_CM_EVENT_TIMEWAIT_EXIT,
+    }
+}
+
+fn ah_to_c(a: &softverbs::verbs::AhAttr) -> ibv_ah_attr {
+    ibv_ah_attr {
+        grh: ibv_global_route {
+            dgid: ibv_gid { raw: a.grh.dgid.0 },
+            flow_label: a.grh.flow_label,
+            sgid_index: a.grh.sgid_index,
+            hop_limit: a.grh.hop_limit,
+            traffic_class: a.grh.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
+
+/// Turns a connection manager event into the application's, or `None`
+/// for an event about an id already destroyed (dropped). A connection
+/// request's new id is made here, on the listener's channel.
+fn translate(mut ev: CmEvent) -> Option<*mut SvEvent> {
+    let (idp, listen) = if ev.kind == CmEventKind::ConnectRequest {
+        let lp = ev.listener.map_or(null_mut(), lookup);
+        if lp.is_null() {
+            return None; // dropping the event rejects the request
+        }
+        let child = ev.take_id()?;
+        // SAFETY: a registered id is alive (ids leave the map before
+        // they are freed, under the application's rule that an id is not
+        // destroyed while another thread uses it).
+        let l = unsafe { &*lp };
+        let c = new_id(child, l.id.channel as *mut SvChan, l.id.context, l.id.ps, l.id.qp_type);
+        (c, lp)
+    } else {
+        let p = lookup(ev.id);
+        if p.is_null() {
+            return None;
+        }
+        (p, null_mut())
+    };
+    // SAFETY: registered, alive (see above).
+    let sv = unsafe { &mut *idp };
+    refresh(sv);
+    let mut out = Box::new(SvEvent {
+        // SAFETY: rdma_cm_event is plain data; all-zero is valid.
+        ev: unsafe { std::mem::zeroed() },
+        data: [0; 256],
+    });
+    let n = ev.private_data.len().min(255);
+    out.data[..n].copy_from_slice(&ev.private_data[..n]);
+    let data = if n == 0 {
+        std::ptr::null()
+    } else {
+        out.data.as_ptr() as *const c_void
+    };
+    out.ev.id = idp as *mut rdma_cm_id;
+    out.ev.listen_id = listen as *mut rdma_cm_id;
+    out.ev.event = kind_to_c(ev.kind);
+    out.ev.status = ev.status;
+    if sv.id.ps == RDMA_PS_UDP {
+        let ud = ev.ud.as_ref();
+        out.ev.param.ud = rdma_ud_param {
+            private_data: data,
+            private_data_len: n as u8,
+            ah_attr: ud.map(|u| ah_to_c(&u.ah_attr)).unwrap_or_default(),
+            qp_num: ud.map_or(0, |u| u.qp_num),
+            qkey: ud.map_or(0, |u| u.qkey),
+        };
+    } else {
+        let c = ev.conn.clone().unwrap_or_default();
+        out.ev.param.conn = rdma_conn_param {
+            private_data: data,
+            private_data_len: n as u8,
+            responder_resources: c.responder_resources,
+            initiator_depth: c.initiator_depth,
+            flow_control: 1,
+            retry_count: c.retry_count,
+            rnr_retry_count: c.rnr_retry_count,
+            srq: u8::from(c.srq),
+            qp_num: c.qp_num,
+        };
+    }
+    Some(Box::into_raw(out))
+}
+
+/// The next event of `ch`: waits unless `nonblock`.
+fn next_event(ch: &SvChan, nonblock: bool) -> Result<*mut SvEvent, c_int> {
+    loop {
+        let ev = if nonblock {
+            ch.ev.try_get_event().ok_or(libc::EAGAIN)?
+        } else {
+            match ch.ev.get_event(None) {
+                Ok(Some(e)) => e,
+                Ok(None) => continue,
+                Err(e) => return Err(e.errno()),
+            }
+        };
+        // The ids an event names stay alive while it is translated: a
+        // thread destroying an id (another thread's rdma_destroy_id while
+        // this one reads its events, as rping does) waits for that.
+        let _alive = TRANSLATING.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = translate(ev) {
+            return Ok(p);
+        }
+    }
+}
+
+/// Frees an event made by [`translate`].
+///
+/// # Safety
+///
+/// `ev` from `translate`, not freed yet.
+unsafe fn free_event(ev: *mut rdma_cm_event) {
+    // SAFETY: the caller's promise; SvEvent starts with the C event.
+    drop(unsafe { Box::from_raw(ev as *mut SvEvent) });
+}
+
+/// A synchronous id's wait for the event that completes its call
+/// (`want`): kept in `id->event` (the previous one freed) so the caller
+/// can read its parameters. An error event fails with librdmacm's errno.
+fn sync_wait(sv: &mut SvId, want: c_int) -> c_int {
+    if sv.own_chan.is_null() {
+        return 0;
+    }
+    // SAFETY: the id's own channel lives as long as the id.
+    let ch = unsafe { &*sv.own_chan };
+    let ev = match next_event(ch, false) {
+        Ok(e) => e,
+        Err(e) => return fail(e),
+    };
+    if !sv.id.event.is_null() {
+        // SAFETY: the previous event, ours to free.
+        unsafe { free_event(sv.id.event) };
+    }
+    sv.id.event = ev as *mut rdma_cm_event;
+    // SAFETY: just made.
+    let e = unsafe { &(*ev).ev };
+    if e.event == want {
+        return 0;
+    }
+    let err = match (e.event, e.status) {
+        (RDMA_CM_EVENT_REJECTED, _) => libc::ECONNREFUSED,
+        (_, s) if s < 0 => -s,
+        (_, s) if s > 0 => s,
+        (RDMA_CM_EVENT_DEVICE_REMOVAL, _) => libc::ENODEV,
+        _ => libc::EIO,
+    };
+    fail(err)
+}
+
+/// Maps a connection manager result to the C convention.
+fn ret(r: softverbs::cm::Result<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => fail(e.errno()),
+    }
+}
+
+fn app_fd(fd: c_int) -> Result<c_int, c_int> {
+    // SAFETY: no memory is passed; a negative return is an error.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(errno());
+    }
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 0,
+    };
+    // SAFETY: `ev` is a live epoll_event; `ep` and `fd` are open.
+    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+        let e = errno();
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(ep) };
+        return Err(e);
+    }
+    Ok(ep)
+}
+
+/// The channels alive (addresses), so that a channel the application
+/// already destroyed is refused (`EINVAL`; destroying it again does
+/// nothing) instead of being read or freed twice.
+fn chans() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
+    static CHANS: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
+    CHANS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `ch` is a channel of this library not yet destroyed.
+fn chan_live(ch: *mut rdma_event_channel) -> bool {
+    chans().contains(&(ch as usize))
+}
+
+fn make_chan() -> Result<*mut SvChan, c_int> {
+    global()?;
+    let ev = EventChannel::new().map_err(|e| e.errno())?;
+    let fd = app_fd(std::os::fd::AsRawFd::as_raw_fd(&ev))?;
+    let p = into_raw(SvChan {
+        ch: rdma_event_channel { fd },
+        ev,
+    });
+    chans().insert(p as usize);
+    Ok(p)
+}
+
+/// Frees a channel made by [`make_chan`].
+///
+/// # Safety
+///
+/// `ch` from `make_chan`, no longer used.
+unsafe fn free_chan(ch: *mut SvChan) {
+    if !chans().remove(&(ch as usize)) {
+        return; // destroyed already
+    }
+    // SAFETY: the caller's promise.
+    let fd = unsafe { (*ch).ch.fd };
+    // SAFETY: our epoll descriptor.
+    unsafe { libc::close(fd) };
+    // SAFETY: the caller's promise.
+    unsafe { free_raw(ch) };
+}
+
+macro_rules! id_or {
+    ($id:expr) => {{
+        if $id.is_null() || !is_live($id) {
+            return fail(libc::EINVAL);
+        }
+        // SAFETY: a live id of this library (checked above; the
+        // application does not destroy an id while it uses it).
+        unsafe { &mut *($id as *mut SvId) }
+    }};
+}
+
+/// `rdma_create_event_channel`.
+#[no_mangle]
+pub extern "C" fn __softverbs_rdma_create_event_channel() -> *mut rdma_event_channel {
+    match make_chan() {
+        Ok(c) => c as *mut rdma_event_channel,
+        Err(e) => fail_null(e),
+    }
+}
+
+/// `rdma_destroy_event_channel`.
+///
+/// # Safety
+///
+/// `channel` NULL or a channel of this library with no ids left (one
+/// already destroyed is ignored).
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    if !channel.is_null() {
+        // SAFETY: the caller's promise.
+        unsafe { free_chan(channel as *mut SvChan) };
+    }
+}
+
+/// `rdma_create_id`: a NULL `channel` makes a synchronous id.
+///
+/// # Safety
+///
+/// `channel` NULL or live; `id` writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+) -> c_int {
+    if id.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let qp_type = if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
+    // SAFETY: forwarded.
+    match unsafe { create_id(channel as *mut SvChan, context, ps, qp_type) } {
+        Ok(p) => {
+            // SAFETY: writable per the contract.
+            unsafe { *id = p as *mut rdma_cm_id };
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// # Safety
+///
+/// `channel` NULL or live.
+unsafe fn create_id(channel: *mut SvChan, context: *mut c_void, ps: c_int, qp_type: c_int) -> Result<*mut SvId, c_int> {
+    let g = global()?;
+    let space = port_space(ps)?;
+    if !channel.is_null() && !chan_live(channel as *mut rdma_event_channel) {
+        return Err(libc::EINVAL);
+    }
+    let (chan, own) = if channel.is_null() {
+        let c = make_chan()?;
+        (c, c)
+    } else {
+        (channel, null_mut())
+    };
+    // SAFETY: live (the caller's, or just made).
+    let ev = unsafe { &(*chan).ev };
+    let cm = match g.cm.create_id(ev, space, 0) {
+        Ok(c) => c,
+        Err(e) => {
+            if !own.is_null() {
+                // SAFETY: just made, unused.
+                unsafe { free_chan(own) };
+            }
+            return Err(e.errno());
+        }
+    };
+    let p = new_id(cm, chan, context, ps, qp_type);
+    // SAFETY: just made.
+    unsafe { (*p).own_chan = own };
+    Ok(p)
+}
+
+/// `rdma_destroy_id`.
+///
+/// # Safety
+///
+/// `id` a live id; the application no longer uses it.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    let sv = id_or!(id);
+    let _free = TRANSLATING.write().unwrap_or_else(|p| p.into_inner());
+    let mut reg = ids();
+    reg.by_key.remove(&sv.cm.id());
+    reg.live.remove(&(id as usize));
+    drop(reg);
+    if !sv.id.event.is_null() {
+        // SAFETY: the id's kept event.
+        unsafe { free_event(sv.id.event) };
+    }
+    let own = sv.own_chan;
+    // SAFETY: made by into_raw in new_id; unregistered above.
+    unsafe { free_raw(id as *mut SvId) };
+    if !own.is_null() {
+        // SAFETY: the id's private channel, unused now.
+        unsafe { free_chan(own) };
+    }
+    0
+}
+
+/// `rdma_bind_addr`.
+///
+/// # Safety
+///
+/// `id` live; `addr` readable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+    let sv = id_or!(id);
+    // SAFETY: readable per the contract.
+    let a = match unsafe { sock_from(addr) } {
+        Ok(Some(a)) => a,
+        Ok(None) => return fail(libc::EINVAL),
+        Err(e) => return fail(e),
+    };
+    let r = ret(sv.cm.bind_addr(a));
+    refresh(sv);
+    r
+}
+
+/// `rdma_resolve_addr`.
+///
+/// # Safety
+///
+/// `id` live; the addresses NULL (source only) or readable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut libc::sockaddr,
+    dst_addr: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    let sv = id_or!(id);
+    // SAFETY: readable per the contract.
+    let (src, dst) = match unsafe { (sock_from(src_addr), sock_from(dst_addr)) } {
+        (Ok(s), Ok(Some(d))) => (s, d),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+        _ => return fail(libc::EINVAL),
+    };
+    if let Some(s) = src.filter(|s| s.port() != 0 || !s.ip().is_unspecified()) {
+        if sv.cm.local_addr().is_none() {
+            if let Err(e) = sv.cm.bind_addr(s) {
+                return fail(e.errno());
+            }
+        }
+    }
+    let src_ip = src.map(|s| s.ip()).filter(|ip| !ip.is_unspecified());
+    let r = ret(sv.cm.resolve_addr(src_ip, dst));
+    refresh(sv);
+    if r != 0 {
+        return r;
+    }
+    sync_wait(sv, RDMA_CM_EVENT_ADDR_RESOLVED)
+}
+
+/// `rdma_resolve_route`.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    let sv = id_or!(id);
+    let r = ret(sv.cm.resolve_route());
+    refresh(sv);
+    if r != 0 {
+        return r;
+    }
+    sync_wait(sv, RDMA_CM_EVENT_ROUTE_RESOLVED)
+}
+
+/// `rdma_listen`.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    let sv = id_or!(id);
+    if sv.cm.local_addr().is_none() {
+        // librdmacm binds an unbound listener to the wildcard address.
+        if let Err(e) = sv.cm.bind_addr(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)) {
+            return fail(e.errno());
+        }
+    }
+    let backlog = if backlog <= 0 { 1024 } else { backlog as u32 };
+    let r = ret(sv.cm.listen(backlog));
+    refresh(sv);
+    r
+}
+
+/// The connection parameters of a C `rdma_conn_param` (NULL: defaults).
+///
+/// # Safety
+///
+/// `p` NULL or readable, its private data readable for its length.
+unsafe fn conn_param(p: *const rdma_conn_param) -> ConnParam {
+    if p.is_null() {
+        return ConnParam::default();
+    }
+    // SAFETY: readable per the contract.
+    let p = unsafe { &*p };
+    let data = if p.private_data.is_null() || p.private_data_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: readable for its length per the contract.
+        unsafe { std::slice::from_raw_parts(p.private_data as *const u8, p.private_data_len as usize) }.to_vec()
+    };
+    ConnParam {
+        private_data: data,
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+        qp_num: p.qp_num,
+        srq: p.srq != 0,
+    }
+}
+
+/// `rdma_connect`.
+///
+/// # Safety
+///
+/// `id` live; `conn_param` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    let sv = id_or!(id);
+    // SAFETY: forwarded.
+    let mut p = unsafe { self::conn_param(conn_param) };
+    if !sv.id.qp.is_null() {
+        p.qp_num = 0;
+    }
+    let r = ret(sv.cm.connect(&p));
+    if r != 0 {
+        return r;
+    }
+    sync_wait(sv, RDMA_CM_EVENT_ESTABLISHED)
+}
+
+/// `rdma_accept`.
+///
+/// # Safety
+///
+/// `id` live; `conn_param` NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int {
+    let sv = id_or!(id);
+    // SAFETY: forwarded.
+    let p = unsafe { self::conn_param(conn_param) };
+    let r = ret(sv.cm.accept(&p));
+    if r != 0 || sv.id.ps == RDMA_PS_UDP {
+        return r;
+    }
+    sync_wait(sv, RDMA_CM_EVENT_ESTABLISHED)
+}
+
+/// `rdma_reject`.
+///
+/// # Safety
+///
+/// `id` live; `private_data` readable for `len` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int {
+    let sv = id_or!(id);
+    let data = if private_data.is_null() || len == 0 {
+        &[][..]
+    } else {
+        // SAFETY: readable per the contract.
+        unsafe { std::slice::from_raw_parts(private_data as *const u8, len as usize) }
+    };
+    ret(sv.cm.reject(data))
+}
+
+/// `rdma_reject_ece`: ECE is not negotiated; an ordinary reject.
+///
+/// # Safety
+///
+/// As `rdma_reject`.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { __softverbs_rdma_reject(id, private_data, len) }
+}
+
+/// `rdma_establish`.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    let sv = id_or!(id);
+    ret(sv.cm.establish())
+}
+
+/// `rdma_disconnect`.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    let sv = id_or!(id);
+    match sv.cm.disconnect() {
+        // As the kernel's rdma_cm: disconnecting a connection that is
+        // already going or gone (the peer's DREQ came first) succeeds.
+        Err(softverbs::cm::Error::InvalidState { .. })
+            if matches!(sv.cm.state(), "DREQ_SENT" | "TIMEWAIT" | "DONE") =>
+        {
+            0
+        }
+        r => ret(r),
+    }
+}
+
+/// `rdma_notify`: nothing to do (the connection manager sees the first
+/// receive itself).
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    let _ = id_or!(id);
+    0
+}
+
+/// `rdma_get_cm_event`.
+///
+/// # Safety
+///
+/// `channel` live; `event` writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    if channel.is_null() || event.is_null() || !chan_live(channel) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: a live channel of this library.
+    let ch = unsafe { &*(channel as *mut SvChan) };
+    // SAFETY: fcntl on the channel's own descriptor.
+    let fl = unsafe { libc::fcntl(ch.ch.fd, libc::F_GETFL) };
+    let nonblock = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+    match next_event(ch, nonblock) {
+        Ok(e) => {
+            // SAFETY: writable per the contract.
+            unsafe { *event = e as *mut rdma_cm_event };
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// `rdma_ack_cm_event`.
+///
+/// # Safety
+///
+/// `event` from `rdma_get_cm_event`, not acknowledged yet.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    if event.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's promise.
+    unsafe { free_event(event) };
+    0
+}
+
+/// `rdma_event_str`.
+#[no_mangle]
+pub extern "C" fn __softverbs_rdma_event_str(event: c_int) -> *const c_char {
+    let s: &'static CStr = match event {
+        RDMA_CM_EVENT_ADDR_RESOLVED => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        RDMA_CM_EVENT_ADDR_ERROR => c"RDMA_CM_EVENT_ADDR_ERROR",
+        RDMA_CM_EVENT_ROUTE_RESOLVED => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        RDMA_CM_EVENT_ROUTE_ERROR => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        RDMA_CM_EVENT_CONNECT_REQUEST => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        RDMA_CM_EVENT_CONNECT_RESPONSE => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        RDMA_CM_EVENT_CONNECT_ERROR => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        RDMA_CM_EVENT_UNREACHABLE => c"RDMA_CM_EVENT_UNREACHABLE",
+        RDMA_CM_EVENT_REJECTED => c"RDMA_CM_EVENT_REJECTED",
+        RDMA_CM_EVENT_ESTABLISHED => c"RDMA_CM_EVENT_ESTABLISHED",
+        RDMA_CM_EVENT_DISCONNECTED => c"RDMA_CM_EVENT_DISCONNECTED",
+        RDMA_CM_EVENT_DEVICE_REMOVAL => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        RDMA_CM_EVENT_MULTICAST_JOIN => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        RDMA_CM_EVENT_MULTICAST_ERROR => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        RDMA_CM_EVENT_ADDR_CHANGE => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    };
+    s.as_ptr()
+}
+
+/// `rdma_migrate_id`.
+///
+/// # Safety
+///
+/// `id` live; `channel` live (NULL makes the id synchronous).
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int {
+    let sv = id_or!(id);
+    let (chan, own) = if channel.is_null() {
+        match make_chan() {
+            Ok(c) => (c, c),
+            Err(e) => return fail(e),
+        }
+    } else if chan_live(channel) {
+        (channel as *mut SvChan, null_mut())
+    } else {
+        return fail(libc::EINVAL);
+    };
+    // SAFETY: live channel.
+    if let Err(e) = sv.cm.migrate(unsafe { &(*chan).ev }) {
+        return fail(e.errno());
+    }
+    if !sv.own_chan.is_null() {
+        // SAFETY: the id's previous private channel, unused now.
+        unsafe { free_chan(sv.own_chan) };
+    }
+    sv.own_chan = own;
+    sv.id.channel = chan as *mut rdma_event_channel;
+    0
+}
+
+/// Creates the id's CQs (each with its completion channel, the id as CQ
+/// context, as librdmacm does) when the application gives none.
+fn make_cqs(sv: &mut SvId, send: c_int, recv: c_int) -> Result<(), c_int> {
+    let ctx = sv.id.verbs;
+    let me = sv as *mut SvId as *mut c_void;
+    for (size, chan, cq) in [
+        (send, &mut sv.id.send_cq_channel, &mut sv.id.send_cq),
+        (recv, &mut sv.id.recv_cq_channel, &mut sv.id.recv_cq),
+    ] {
+        if !cq.is_null() {
+            continue;
+        }
+        // SAFETY: the id's device context.
+        let ch = unsafe { __softverbs_ibv_create_comp_channel(ctx) };
+        if ch.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: as above; `ch` just made on it.
+        let c = unsafe { __softverbs_ibv_create_cq(ctx, size.max(1), me, ch, 0) };
+        if c.is_null() {
+            let e = errno();
+            // SAFETY: unused.
+            unsafe { __softverbs_ibv_destroy_comp_channel(ch) };
+            return Err(e);
+        }
+        *chan = ch;
+        *cq = c;
+        sv.own_cqs = true;
+    }
+    Ok(())
+}
+
+fn destroy_cqs(sv: &mut SvId) {
+    if !sv.own_cqs {
+        return;
+    }
+    for (chan, cq) in [
+        (&mut sv.id.send_cq_channel, &mut sv.id.send_cq),
+        (&mut sv.id.recv_cq_channel, &mut sv.id.recv_cq),
+    ] {
+        if !cq.is_null() {
+            // SAFETY: made by make_cqs; the QP using it is gone.
+            unsafe { __softverbs_ibv_destroy_cq(*cq) };
+            *cq = null_mut();
+        }
+        if !chan.is_null() {
+            // SAFETY: as above.
+            unsafe { __softverbs_ibv_destroy_comp_channel(*chan) };
+            *chan = null_mut();
+        }
+    }
+    sv.own_cqs = false;
+}
+
+/// A copy of QP creation attributes (plain data).
+fn copy_attr(a: &ibv_qp_init_attr) -> ibv_qp_init_attr {
+    ibv_qp_init_attr {
+        qp_context: a.qp_context,
+        send_cq: a.send_cq,
+        recv_cq: a.recv_cq,
+        srq: a.srq,
+        cap: a.cap,
+        qp_type: a.qp_type,
+        sq_sig_all: a.sq_sig_all,
+    }
+}
+
+/// `rdma_create_qp`.
+///
+/// # Safety
+///
+/// `id` live; `pd` NULL or a PD of the id's context; `attr` readable and
+/// writable (its capabilities are updated), its CQs NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    let sv = id_or!(id);
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: readable and writable per the contract.
+    let a = unsafe { &mut *attr };
+    // SAFETY: forwarded.
+    unsafe { create_qp(sv, pd, a) }
+}
+
+/// # Safety
+///
+/// As `rdma_create_qp`.
+unsafe fn create_qp(sv: &mut SvId, pd: *mut ibv_pd, a: &mut ibv_qp_init_attr) -> c_int {
+    refresh(sv);
+    if !sv.id.qp.is_null() || sv.id.verbs.is_null() {
+        return fail(libc::EINVAL);
+    }
+    let pd = if pd.is_null() { sv.id.pd } else { pd };
+    // SAFETY: a live PD.
+    if pd.is_null() || unsafe { (*pd).context } != sv.id.verbs {
+        return fail(libc::EINVAL);
+    }
+    let mut attr = copy_attr(a);
+    if attr.qp_type == 0 {
+        // rdma_create_ep's callers leave the type to the address info.
+        attr.qp_type = sv.id.qp_type as u32;
+    }
+    if attr.send_cq.is_null() || attr.recv_cq.is_null() {
+        let send = if attr.send_cq.is_null() {
+            attr.cap.max_send_wr as c_int
+        } else {
+            0
+        };
+        let recv = if attr.recv_cq.is_null() {
+            attr.cap.max_recv_wr as c_int
+        } else {
+            0
+        };
+        if let Err(e) = make_cqs(sv, send, recv) {
+            destroy_cqs(sv);
+            return fail(e);
+        }
+        if attr.send_cq.is_null() {
+            attr.send_cq = sv.id.send_cq;
+        }
+        if attr.recv_cq.is_null() {
+            attr.recv_cq = sv.id.recv_cq;
+        }
+    }
+    if attr.srq.is_null() {
+        attr.srq = sv.id.srq;
+    }
+    // SAFETY: live objects per the contract.
+    let qp = unsafe { __softverbs_ibv_create_qp(pd, &mut attr) };
+    if qp.is_null() {
+        let e = errno();
+        destroy_cqs(sv);
+        return fail(e);
+    }
+    // SAFETY: a QP this library just made.
+    if let Err(e) = sv.cm.attach_qp(&unsafe { SvQp::from_ibv(qp) }.h) {
+        // SAFETY: just made, unused.
+        unsafe { __softverbs_ibv_destroy_qp(qp) };
+        destroy_cqs(sv);
+        return fail(e.errno());
+    }
+    a.cap = attr.cap;
+    sv.id.qp = qp;
+    refresh(sv);
+    sv.id.pd = pd;
+    if sv.id.send_cq.is_null() {
+        sv.id.send_cq = attr.send_cq;
+    }
+    if sv.id.recv_cq.is_null() {
+        sv.id.recv_cq = attr.recv_cq;
+    }
+    0
+}
+
+/// `rdma_create_qp_ex`: the extended attributes' PD, CQs, SRQ, type and
+/// capabilities (other extensions are refused with `EOPNOTSUPP`).
+///
+/// # Safety
+///
+/// As `rdma_create_qp`, for `attr`.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut ibv_qp_init_attr_ex) -> c_int {
+    let sv = id_or!(id);
+    if attr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: readable and writable per the contract.
+    let x = unsafe { &mut *attr };
+    if x.comp_mask & !IBV_QP_INIT_ATTR_PD != 0 {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let mut a = ibv_qp_init_attr {
+        qp_context: x.qp_context,
+        send_cq: x.send_cq,
+        recv_cq: x.recv_cq,
+        srq: x.srq,
+        cap: x.cap,
+        qp_type: x.qp_type,
+        sq_sig_all: x.sq_sig_all,
+    };
+    let pd = if x.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
+        x.pd
+    } else {
+        null_mut()
+    };
+    // SAFETY: forwarded.
+    let r = unsafe { create_qp(sv, pd, &mut a) };
+    if r == 0 {
+        x.cap = a.cap;
+    }
+    r
+}
+
+/// `rdma_destroy_qp`: destroys the QP and the CQs `rdma_create_qp` made.
+///
+/// # Safety
+///
+/// `id` live; its QP no longer used.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_destroy_qp(id: *mut rdma_cm_id) {
+    if id.is_null() || !is_live(id) {
+        return;
+    }
+    // SAFETY: a live id.
+    let sv = unsafe { &mut *(id as *mut SvId) };
+    if !sv.id.qp.is_null() {
+        // SAFETY: the id's QP.
+        unsafe { __softverbs_ibv_destroy_qp(sv.id.qp) };
+        sv.id.qp = null_mut();
+    }
+    sv.cm.destroy_qp();
+    destroy_cqs(sv);
+}
+
+/// `rdma_get_request`: the next connection request of a synchronous
+/// listener, as a synchronous id (with a QP if `rdma_create_ep` was given
+/// QP attributes).
+///
+/// # Safety
+///
+/// `listen` a live listening id; `id` writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int {
+    let l = id_or!(listen);
+    if id.is_null() || l.own_chan.is_null() {
+        return fail(libc::EINVAL);
+    }
+    loop {
+        // SAFETY: the listener's own channel.
+        let ev = match next_event(unsafe { &*l.own_chan }, false) {
+            Ok(e) => e,
+            Err(e) => return fail(e),
+        };
+        // SAFETY: just made.
+        let e = unsafe { &mut (*ev).ev };
+        if e.event != RDMA_CM_EVENT_CONNECT_REQUEST {
+            // SAFETY: ours.
+            unsafe { free_event(ev as *mut rdma_cm_event) };
+            continue;
+        }
+        // SAFETY: the new id, registered by translate.
+        let c = unsafe { &mut *(e.id as *mut SvId) };
+        let chan = match make_chan() {
+            Ok(ch) => ch,
+            Err(err) => {
+                // SAFETY: forwarded.
+                unsafe {
+                    __softverbs_rdma_reject(e.id, std::ptr::null(), 0);
+                    __softverbs_rdma_destroy_id(e.id);
+                    free_event(ev as *mut rdma_cm_event);
+                }
+                return fail(err);
+            }
+        };
+        // SAFETY: live.
+        let _ = c.cm.migrate(unsafe { &(*chan).ev });
+        c.own_chan = chan;
+        c.id.channel = chan as *mut rdma_event_channel;
+        if let Some(mut qa) = l.ep_qp.as_ref().map(copy_attr) {
+            if !l.id.pd.is_null() {
+                c.id.pd = l.id.pd;
+            }
+            // SAFETY: the listener's PD (or the shared one) and the
+            // attributes rdma_create_ep copied.
+            if unsafe { create_qp(c, null_mut(), &mut qa) } != 0 {
+                let err = errno();
+                // SAFETY: forwarded.
+                unsafe {
+                    __softverbs_rdma_reject(e.id, std::ptr::null(), 0);
+                    __softverbs_rdma_destroy_id(e.id);
+                    free_event(ev as *mut rdma_cm_event);
+                }
+                return fail(err);
+            }
+        }
+        c.id.event = ev as *mut rdma_cm_event;
+        // SAFETY: writable per the contract.
+        unsafe { *id = e.id };
+        return 0;
+    }
+}
+
+/// `rdma_create_ep`: a synchronous id for `res` (passive: bound; active:
+/// address and route resolved), with a QP if `qp_init_attr` is given
+/// (passive: for each request).
+///
+/// # Safety
+///
+/// `id` writable; `res` a live `rdma_addrinfo`; `pd` NULL or live;
+/// `qp_init_attr` NULL or readable and writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_create_ep(
+    id: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut ibv_pd,
+    qp_init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    if id.is_null() || res.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: live per the contract.
+    let r = unsafe { &*res };
+    let qp_type = if r.ai_qp_type != 0 {
+        r.ai_qp_type
+    } else if r.ai_port_space == RDMA_PS_UDP {
+        IBV_QPT_UD
+    } else {
+        IBV_QPT_RC
+    };
+    // SAFETY: no channel.
+    let p = match unsafe { create_id(null_mut(), null_mut(), r.ai_port_space, qp_type) } {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let idp = p as *mut rdma_cm_id;
+    // SAFETY: just made.
+    let sv = unsafe { &mut *p };
+    if !pd.is_null() {
+        sv.id.pd = pd;
+    }
+    let rc = if r.ai_flags & RAI_PASSIVE != 0 {
+        // SAFETY: the addrinfo's addresses.
+        let rc = unsafe { __softverbs_rdma_bind_addr(idp, r.ai_src_addr) };
+        if rc == 0 && !qp_init_attr.is_null() {
+            // SAFETY: readable per the contract.
+            sv.ep_qp = Some(copy_attr(unsafe { &*qp_init_attr }));
+        }
+        rc
+    } else {
+        // SAFETY: the addrinfo's addresses.
+        let mut rc = unsafe { __softverbs_rdma_resolve_addr(idp, r.ai_src_addr, r.ai_dst_addr, 2000) };
+        if rc == 0 {
+            // SAFETY: live.
+            rc = unsafe { __softverbs_rdma_resolve_route(idp, 2000) };
+        }
+        if rc == 0 && !qp_init_attr.is_null() {
+            // SAFETY: forwarded.
+            rc = unsafe { __softverbs_rdma_create_qp(idp, pd, qp_init_attr) };
+        }
+        rc
+    };
+    if rc != 0 {
+        let e = errno();
+        // SAFETY: ours, unused.
+        unsafe { __softverbs_rdma_destroy_id(idp) };
+        return fail(e);
+    }
+    // SAFETY: writable per the contract.
+    unsafe { *id = idp };
+    0
+}
+
+/// `rdma_destroy_ep`: destroys the id's QP (and the CQs made for it) and
+/// the id.
+///
+/// # Safety
+///
+/// `id` live, no longer used.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if id.is_null() {
+        return;
+    }
+    // SAFETY: forwarded.
+    unsafe {
+        __softverbs_rdma_destroy_qp(id);
+        __softverbs_rdma_destroy_id(id);
+    }
+}
+
+/// Copies `a` into a `malloc`ed sockaddr.
+fn malloc_sock(a: SocketAddr) -> (*mut libc::sockaddr, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = sock_to(Some(a), &mut st);
+    // SAFETY: malloc of a fixed size; checked below.
+    let p = unsafe { libc::malloc(std::mem::size_of::<libc::sockaddr_storage>()) } as *mut libc::sockaddr_storage;
+    if p.is_null() {
+        return (null_mut(), 0);
+    }
+    // SAFETY: `p` is a fresh allocation of the right size.
+    unsafe { p.write(st) };
+    (p as *mut libc::sockaddr, len)
+}
+
+/// `rdma_getaddrinfo`: numeric or resolvable IPv4/IPv6 addresses (the
+/// first one), in the TCP or UDP port space.
+///
+/// # Safety
+///
+/// `node`, `service` NULL or strings; `hints` NULL or readable; `res`
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    if res.is_null() || (node.is_null() && service.is_null()) {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: strings per the contract.
+    let node = (!node.is_null()).then(|| unsafe { CStr::from_ptr(node) }.to_string_lossy().into_owned());
+    // SAFETY: as above.
+    let service = (!service.is_null()).then(|| unsafe { CStr::from_ptr(service) }.to_string_lossy().into_owned());
+    // SAFETY: readable per the contract.
+    let h = (!hints.is_null()).then(|| unsafe { &*hints });
+    let flags = h.map_or(0, |h| h.ai_flags);
+    let ps = match h.map_or(0, |h| h.ai_port_space) {
+        0 => {
+            if h.map_or(0, |h| h.ai_qp_type) == IBV_QPT_UD {
+                RDMA_PS_UDP
+            } else {
+                RDMA_PS_TCP
+            }
+        }
+        p => p,
+    };
+    if port_space(ps).is_err() {
+        return fail(libc::EOPNOTSUPP);
+    }
+    let port: u16 = match service.as_deref() {
+        None => 0,
+        Some(s) => match s.parse() {
+            Ok(p) => p,
+            Err(_) => return fail(libc::EINVAL),
+        },
+    };
+    let family = h.map_or(0, |h| h.ai_family);
+    let pick = |addrs: Vec<SocketAddr>| {
+        addrs
+            .into_iter()
+            .find(|a| match family {
+                libc::AF_INET => a.is_ipv4(),
+                libc::AF_INET6 => a.is_ipv6(),
+                _ => true,
+            })
+            .ok_or(libc::EADDRNOTAVAIL)
+    };
+    let addr = match node.as_deref() {
+        None if flags & RAI_PASSIVE != 0 => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)),
+        None => Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)),
+        Some(n) => match n.parse::<IpAddr>() {
+            Ok(ip) => Ok(SocketAddr::new(ip, port)),
+            Err(_) if flags & RAI_NUMERICHOST != 0 => Err(libc::EINVAL),
+            Err(_) => (n, port)
+                .to_socket_addrs()
+                .map_err(|_| libc::EADDRNOTAVAIL)
+                .and_then(|a| pick(a.collect())),
+        },
+    };
+    let addr = match addr {
+        Ok(a) => a,
+        Err(e) => return fail(e),
+    };
+    // SAFETY: calloc of a fixed size; checked below.
+    let ai = unsafe { libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) } as *mut rdma_addrinfo;
+    if ai.is_null() {
+        return fail(libc::ENOMEM);
+    }
+    // SAFETY: a fresh zeroed allocation of the right size.
+    let r = unsafe { &mut *ai };
+    r.ai_flags = flags;
+    r.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    r.ai_port_space = ps;
+    r.ai_qp_type = if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
+    let (sa, len) = malloc_sock(addr);
+    if sa.is_null() {
+        // SAFETY: ours.
+        unsafe { libc::free(ai as *mut c_void) };
+        return fail(libc::ENOMEM);
+    }
+    if flags & RAI_PASSIVE != 0 {
+        r.ai_src_addr = sa;
+        r.ai_src_len = len;
+    } else {
+        r.ai_dst_addr = sa;
+        r.ai_dst_len = len;
+        if let Some(src) = h.filter(|h| !h.ai_src_addr.is_null()) {
+            // SAFETY: the hints' source address, readable per the contract.
+            if let Ok(Some(s)) = unsafe { sock_from(src.ai_src_addr) } {
+                let (sa, len) = malloc_sock(s);
+                r.ai_src_addr = sa;
+                r.ai_src_len = if sa.is_null() { 0 } else { len };
+            }
+        }
+    }
+    // SAFETY: writable per the contract.
+    unsafe { *res = ai };
+    0
+}
+
+/// `rdma_freeaddrinfo`.
+///
+/// # Safety
+///
+/// `res` NULL or from `rdma_getaddrinfo`, not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: a node of our list; its pointers are ours (malloc) or NULL.
+        unsafe {
+            let next = (*p).ai_next;
+            libc::free((*p).ai_src_addr as *mut c_void);
+            libc::free((*p).ai_dst_addr as *mut c_void);
+            libc::free((*p).ai_src_canonname as *mut c_void);
+            libc::free((*p).ai_dst_canonname as *mut c_void);
+            libc::free((*p).ai_route);
+            libc::free((*p).ai_connect);
+            libc::free(p as *mut c_void);
+            p = next;
+        }
+    }
+}
+
+/// `rdma_get_devices`: the contexts the ids use, NULL-terminated.
+///
+/// # Safety
+///
+/// `num_devices` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    let list: Vec<*mut ibv_context> = match global() {
+        Ok(g) => vec![g.ctx as *mut ibv_context, null_mut()],
+        Err(_) => vec![null_mut()],
+    };
+    if !num_devices.is_null() {
+        // SAFETY: writable per the contract.
+        unsafe { *num_devices = list.len() as c_int - 1 };
+    }
+    Box::into_raw(list.into_boxed_slice()) as *mut *mut ibv_context
+}
+
+/// `rdma_free_devices`.
+///
+/// # Safety
+///
+/// `list` from `rdma_get_devices`, not freed yet.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_free_devices(list: *mut *mut ibv_context) {
+    if list.is_null() {
+        return;
+    }
+    let mut n = 0;
+    // SAFETY: a NULL-terminated list we made.
+    while !unsafe { *list.add(n) }.is_null() {
+        n += 1;
+    }
+    // SAFETY: the boxed slice of n + 1 entries made by rdma_get_devices.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, n + 1)) });
+}
+
+fn port_of(s: &libc::sockaddr_storage) -> u16 {
+    match c_int::from(s.ss_family) {
+        // SAFETY: the family says which struct it is.
+        libc::AF_INET => unsafe { (*(s as *const _ as *const libc::sockaddr_in)).sin_port },
+        // SAFETY: as above.
+        libc::AF_INET6 => unsafe { (*(s as *const _ as *const libc::sockaddr_in6)).sin6_port },
+        _ => 0,
+    }
+}
+
+/// `rdma_get_src_port`: the local port, network byte order.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() || !is_live(id) {
+        return 0;
+    }
+    // SAFETY: a live id.
+    port_of(unsafe { &(*id).route.addr.src_storage })
+}
+
+/// `rdma_get_dst_port`: the peer's port, network byte order.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    if id.is_null() || !is_live(id) {
+        return 0;
+    }
+    // SAFETY: a live id.
+    port_of(unsafe { &(*id).route.addr.dst_storage })
+}
+
+/// `rdma_set_option`: the id options (`RDMA_OPTION_ID_TOS`, `_REUSEADDR`,
+/// `_AFONLY`, `_ACK_TIMEOUT`) are accepted and change nothing on soft
+/// devices; route options (`RDMA_OPTION_IB_PATH`) fail with `EOPNOTSUPP`.
+///
+/// # Safety
+///
+/// `id` live.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_set_option(
+    id: *mut rdma_cm_id,
+    level: c_int,
+    optname: c_int,
+    _optval: *mut c_void,
+    _optlen: usize,
+) -> c_int {
+    let _ = id_or!(id);
+    match (level, optname) {
+        (0, 0..=3) => 0,
+        _ => fail(libc::EOPNOTSUPP),
+    }
+}
+
+/// The calls soft devices do not support: -1 with `errno` `EOPNOTSUPP`
+/// (multicast, ECE, SRQs made by the CM, `rdma_init_qp_attr`).
+#[no_mangle]
+pub extern "C" fn __softverbs_rdma_unsupported() -> c_int {
+    fail(libc::EOPNOTSUPP)
+}

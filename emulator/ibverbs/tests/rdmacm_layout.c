@@ -1,0 +1,98 @@
+/* Prints the size, alignment and field offsets of the rdma_cma.h structs
+   (and sa.h's path record) the library defines; tests/rdmacm_layout.rs
+   compares them with the Rust definitions. */
+#include <stdio.h>
+#include <stddef.h>
+#include <rdma/rdma_cma.h>
+int main(void) {
+  printf("rdma_ib_addr size %zu align %zu\n", sizeof(struct rdma_ib_addr), _Alignof(struct rdma_ib_addr));
+  printf("rdma_ib_addr sgid %zu\n", offsetof(struct rdma_ib_addr, sgid));
+  printf("rdma_ib_addr dgid %zu\n", offsetof(struct rdma_ib_addr, dgid));
+  printf("rdma_ib_addr pkey %zu\n", offsetof(struct rdma_ib_addr, pkey));
+  printf("rdma_addr size %zu align %zu\n", sizeof(struct rdma_addr), _Alignof(struct rdma_addr));
+  printf("rdma_addr src_storage %zu\n", offsetof(struct rdma_addr, src_storage));
+  printf("rdma_addr dst_storage %zu\n", offsetof(struct rdma_addr, dst_storage));
+  printf("rdma_addr ibaddr %zu\n", offsetof(struct rdma_addr, addr.ibaddr));
+  printf("rdma_route size %zu align %zu\n", sizeof(struct rdma_route), _Alignof(struct rdma_route));
+  printf("rdma_route addr %zu\n", offsetof(struct rdma_route, addr));
+  printf("rdma_route path_rec %zu\n", offsetof(struct rdma_route, path_rec));
+  printf("rdma_route num_paths %zu\n", offsetof(struct rdma_route, num_paths));
+  printf("rdma_event_channel size %zu align %zu\n", sizeof(struct rdma_event_channel), _Alignof(struct rdma_event_channel));
+  printf("rdma_event_channel fd %zu\n", offsetof(struct rdma_event_channel, fd));
+  printf("rdma_cm_id size %zu align %zu\n", sizeof(struct rdma_cm_id), _Alignof(struct rdma_cm_id));
+  printf("rdma_cm_id verbs %zu\n", offsetof(struct rdma_cm_id, verbs));
+  printf("rdma_cm_id channel %zu\n", offsetof(struct rdma_cm_id, channel));
+  printf("rdma_cm_id context %zu\n", offsetof(struct rdma_cm_id, context));
+  printf("rdma_cm_id qp %zu\n", offsetof(struct rdma_cm_id, qp));
+  printf("rdma_cm_id route %zu\n", offsetof(struct rdma_cm_id, route));
+  printf("rdma_cm_id ps %zu\n", offsetof(struct rdma_cm_id, ps));
+  printf("rdma_cm_id port_num %zu\n", offsetof(struct rdma_cm_id, port_num));
+  printf("rdma_cm_id event %zu\n", offsetof(struct rdma_cm_id, event));
+  printf("rdma_cm_id send_cq_channel %zu\n", offsetof(struct rdma_cm_id, send_cq_channel));
+  printf("rdma_cm_id send_cq %zu\n", offsetof(struct rdma_cm_id, send_cq));
+  printf("rdma_cm_id recv_cq_channel %zu\n", offsetof(struct rdma_cm_id, recv_cq_channel));
+  printf("rdma_cm_id recv_cq %zu\n", offsetof(struct rdma_cm_id, recv_cq));
+  printf("rdma_cm_id srq %zu\n", offsetof(struct rdma_cm_id, srq));
+  printf("rdma_cm_id pd %zu\n", offsetof(struct rdma_cm_id, pd));
+  printf("rdma_cm_id qp_type %zu\n", offsetof(struct rdma_cm_id, qp_type));
+  printf("rdma_conn_param size %zu align %zu\n", sizeof(struct rdma_conn_param), _Alignof(struct rdma_conn_param));
+  printf("rdma_conn_param private_data %zu\n", offsetof(struct rdma_conn_param, private_data));
+  printf("rdma_conn_param private_data_len %zu\n", offsetof(struct rdma_conn_param, private_data_len));
+  printf("rdma_conn_param responder_resources %zu\n", offsetof(struct rdma_conn_param, responder_resources));
+  printf("rdma_conn_param initiator_depth %zu\n", offsetof(struct rdma_conn_param, initiator_depth));
+  printf("rdma_conn_param flow_control %zu\n", offsetof(struct rdma_conn_param, flow_control));
+  printf("rdma_conn_param retry_count %zu\n", offsetof(struct rdma_conn_param, retry_count));
+  printf("rdma_conn_param rnr_retry_count %zu\n", offsetof(struct rdma_conn_param, rnr_retry_count));
+  printf("rdma_conn_param srq %zu\n", offsetof(struct rdma_conn_param, srq));
+  printf("rdma_conn_param qp_num %zu\n", offsetof(struct rdma_conn_param, qp_num));
+  printf("rdma_ud_param size %zu align %zu\n", sizeof(struct rdma_ud_param), _Alignof(struct rdma_ud_param));
+  printf("rdma_ud_param private_data %zu\n", offsetof(struct rdma_ud_param, private_data));
+  printf("rdma_ud_param private_data_len %zu\n", offsetof(struct rdma_ud_param, private_data_len));
+  printf("rdma_ud_param ah_attr %zu\n", offsetof(struct rdma_ud_param, ah_attr));
+  printf("rdma_ud_param qp_num %zu\n", offsetof(struct rdma_ud_param, qp_num));
+  printf("rdma_ud_param qkey %zu\n", offsetof(struct rdma_ud_param, qkey));
+  printf("rdma_cm_event size %zu align %zu\n", sizeof(struct rdma_cm_event), _Alignof(struct rdma_cm_event));
+  printf("rdma_cm_event id %zu\n", offsetof(struct rdma_cm_event, id));
+  printf("rdma_cm_event listen_id %zu\n", offsetof(struct rdma_cm_event, listen_id));
+  printf("rdma_cm_event event %zu\n", offsetof(struct rdma_cm_event, event));
+  printf("rdma_cm_event status %zu\n", offsetof(struct rdma_cm_event, status));
+  printf("rdma_cm_event param %zu\n", offsetof(struct rdma_cm_event, param));
+  printf("rdma_addrinfo size %zu align %zu\n", sizeof(struct rdma_addrinfo), _Alignof(struct rdma_addrinfo));
+  printf("rdma_addrinfo ai_flags %zu\n", offsetof(struct rdma_addrinfo, ai_flags));
+  printf("rdma_addrinfo ai_family %zu\n", offsetof(struct rdma_addrinfo, ai_family));
+  printf("rdma_addrinfo ai_qp_type %zu\n", offsetof(struct rdma_addrinfo, ai_qp_type));
+  printf("rdma_addrinfo ai_port_space %zu\n", offsetof(struct rdma_addrinfo, ai_port_space));
+  printf("rdma_addrinfo ai_src_len %zu\n", offsetof(struct rdma_addrinfo, ai_src_len));
+  printf("rdma_addrinfo ai_dst_len %zu\n", offsetof(struct rdma_addrinfo, ai_dst_len));
+  printf("rdma_addrinfo ai_src_addr %zu\n", offsetof(struct rdma_addrinfo, ai_src_addr));
+  printf("rdma_addrinfo ai_dst_addr %zu\n", offsetof(struct rdma_addrinfo, ai_dst_addr));
+  printf("rdma_addrinfo ai_src_canonname %zu\n", offsetof(struct rdma_addrinfo, ai_src_canonname));
+  printf("rdma_addrinfo ai_dst_canonname %zu\n", offsetof(struct rdma_addrinfo, ai_dst_canonname));
+  printf("rdma_addrinfo ai_route_len %zu\n", offsetof(struct rdma_addrinfo, ai_route_len));
+  printf("rdma_addrinfo ai_route %zu\n", offsetof(struct rdma_addrinfo, ai_route));
+  printf("rdma_addrinfo ai_connect_len %zu\n", offsetof(struct rdma_addrinfo, ai_connect_len));
+  printf("rdma_addrinfo ai_connect %zu\n", offsetof(struct rdma_addrinfo, ai_connect));
+  printf("rdma_addrinfo ai_next %zu\n", offsetof(struct rdma_addrinfo, ai_next));
+  printf("ibv_sa_path_rec size %zu align %zu\n", sizeof(struct ibv_sa_path_rec), _Alignof(struct ibv_sa_path_rec));
+  printf("ibv_sa_path_rec dgid %zu\n", offsetof(struct ibv_sa_path_rec, dgid));
+  printf("ibv_sa_path_rec sgid %zu\n", offsetof(struct ibv_sa_path_rec, sgid));
+  printf("ibv_sa_path_rec dlid %zu\n", offsetof(struct ibv_sa_path_rec, dlid));
+  printf("ibv_sa_path_rec slid %zu\n", offsetof(struct ibv_sa_path_rec, slid));
+  printf("ibv_sa_path_rec raw_traffic %zu\n", offsetof(struct ibv_sa_path_rec, raw_traffic));
+  printf("ibv_sa_path_rec flow_label %zu\n", offsetof(struct ibv_sa_path_rec, flow_label));
+  printf("ibv_sa_path_rec hop_limit %zu\n", offsetof(struct ibv_sa_path_rec, hop_limit));
+  printf("ibv_sa_path_rec traffic_class %zu\n", offsetof(struct ibv_sa_path_rec, traffic_class));
+  printf("ibv_sa_path_rec reversible %zu\n", offsetof(struct ibv_sa_path_rec, reversible));
+  printf("ibv_sa_path_rec numb_path %zu\n", offsetof(struct ibv_sa_path_rec, numb_path));
+  printf("ibv_sa_path_rec pkey %zu\n", offsetof(struct ibv_sa_path_rec, pkey));
+  printf("ibv_sa_path_rec sl %zu\n", offsetof(struct ibv_sa_path_rec, sl));
+  printf("ibv_sa_path_rec mtu_selector %zu\n", offsetof(struct ibv_sa_path_rec, mtu_selector));
+  printf("ibv_sa_path_rec mtu %zu\n", offsetof(struct ibv_sa_path_rec, mtu));
+  printf("ibv_sa_path_rec rate_selector %zu\n", offsetof(struct ibv_sa_path_rec, rate_selector));
+  printf("ibv_sa_path_rec rate %zu\n", offsetof(struct ibv_sa_path_rec, rate));
+  printf("ibv_sa_path_rec packet_life_time_selector %zu\n", offsetof(struct ibv_sa_path_rec, packet_life_time_selector));
+  printf("ibv_sa_path_rec packet_life_time %zu\n", offsetof(struct ibv_sa_path_rec, packet_life_time));
+  printf("ibv_sa_path_rec preference %zu\n", offsetof(struct ibv_sa_path_rec, preference));
+  printf("rdma_cm_event_param size %zu align %zu\n", sizeof(((struct rdma_cm_event *)0)->param), _Alignof(typeof(((struct rdma_cm_event *)0)->param)));
+  return 0;
+}
