@@ -13,9 +13,21 @@
 //!   [`CmId::create_qp`] (the QP follows the connection: INIT at creation,
 //!   RTR and RTS at accept or on the REP, ERR at disconnect), in the TCP
 //!   port space (RC, REQ/REP/RTU, DREQ/DREP) and the UDP one (UD, SIDR).
+//!   [`CmId::init_qp_attr`] gives the attributes for an application
+//!   that drives its own QP.
 //! - [`mad`]: the CM MADs and rdma_cm's private-data header.
 //! - [`socket`]: a sockets-like [`Listener`]/[`Connection`] on top, whose
 //!   users can ignore hotplug.
+//!
+//! Hardware devices (feature `hardware`): there the kernel's rdma_cm owns
+//! QP1, so an id whose address no soft device of its namespace has, in a
+//! namespace with hardware devices, runs on librdmacm through `rdma-sys`:
+//! the same calls and events (with namespace, device, generation and
+//! listener), one librdmacm event channel and reader thread per `Cm`, the
+//! QP created by the application on [`CmId::verbs`] (the subsystem's
+//! device) and moved with `rdma_init_qp_attr`'s attributes. A wildcard
+//! listener listens on librdmacm too when the namespace has hardware
+//! devices. Without hardware devices the CM is exactly the soft one.
 //!
 //! Hotplug and namespaces: a listener bound to the wildcard address is not
 //! tied to any device: a REQ arriving on any device of its namespace
