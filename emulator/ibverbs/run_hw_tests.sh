@@ -15,7 +15,14 @@
 #        (conformance/tests/hw_library.rs: the library unplugs the device,
 #        the backend's monitor, removal and synthesized flushes run);
 #      - `softverbs perf send_lat --backends soft,hw`: the side-by-side
-#        table, the hw column on the library's device.
+#        table, the hw column on the library's device;
+#      - when mklibdir.sh also made a librdmacm.so.1: the connection
+#        manager's hardware backend (softverbs::cm over librdmacm,
+#        provider/tests/cm_hw.rs, and cm_hw_removal.rs, which unplugs the
+#        device under the ids) on the library's device, its address
+#        fixed (SOFTVERBS_ADDR, SOFTVERBS_PORT=4791) so that its GID is the
+#        plain IPv4-mapped one the test connects to; a second process's
+#        device at 127.0.39.2 is the peer of the cross-device test.
 #
 #   emulator/ibverbs/run_hw_tests.sh [DIR]     (default: $TMPDIR/softverbs-hwlib)
 #
@@ -54,6 +61,11 @@ if ! emulator/ibverbs/mklibdir.sh "$dir/links" --debug; then
 fi
 install -m 755 "$(readlink -f "$dir/links/libibverbs.so.1")" "$dir/libibverbs.so.1"
 ln -sf libibverbs.so.1 "$dir/libibverbs.so"
+rm -f "$dir/librdmacm.so.1" "$dir/librdmacm.so"
+if [ -e "$dir/links/librdmacm.so.1" ]; then
+    install -m 755 "$(readlink -f "$dir/links/librdmacm.so.1")" "$dir/librdmacm.so.1"
+    ln -sf librdmacm.so.1 "$dir/librdmacm.so"
+fi
 rm -rf "$dir/links"
 
 # The tests' own devices: one library device per process, on loopback,
@@ -93,6 +105,18 @@ perf_side_by_side() {
     echo "$out" | grep -Eq '^ 8 +[0-9.]+ +[0-9.]+ +[0-9.]+x$'
 }
 run "softverbs perf send_lat --backends soft,hw" perf_side_by_side
+
+# The CM's hardware backend needs the library's librdmacm: rdma-core's
+# would look for the kernel's rdma_cm, which the library's device is not
+# under.
+if [ -e "$dir/librdmacm.so.1" ]; then
+    run "cm over librdmacm on the library's device (cm_hw)" \
+        env SOFTVERBS_ADDR=127.0.39.1 SOFTVERBS_PORT=4791 SOFTVERBS_CM_HW_ADDRS=127.0.39.1 \
+        SOFTVERBS_CM_HW_PEER_ADDR=127.0.39.2 \
+        cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal -- --nocapture --test-threads=1
+else
+    echo "---- cm over librdmacm (cm_hw): SKIP: mklibdir.sh made no librdmacm.so.1"
+fi
 
 if [ ${#failed[@]} -ne 0 ]; then
     printf 'run_hw_tests: FAILED: %s\n' "${failed[@]}"

@@ -156,10 +156,13 @@ pub(crate) struct Id {
     pub(crate) removed: bool,
     /// The application destroyed it; it lingers for time-wait only.
     pub(crate) destroyed: bool,
+    /// On a hardware device: the librdmacm id that does the work.
+    #[cfg(feature = "hardware")]
+    pub(crate) hw: Option<Arc<super::hw::HwId>>,
 }
 
 impl Id {
-    fn new(ns: WeakNamespace, chan: Arc<ChannelInner>, ps: PortSpace, context: u64) -> Id {
+    pub(crate) fn new(ns: WeakNamespace, chan: Arc<ChannelInner>, ps: PortSpace, context: u64) -> Id {
         Id {
             context,
             chan,
@@ -188,6 +191,8 @@ impl Id {
             tid: 0,
             removed: false,
             destroyed: false,
+            #[cfg(feature = "hardware")]
+            hw: None,
         }
     }
 }
@@ -203,6 +208,9 @@ pub(crate) struct State {
     pub(crate) counters: CmCounters,
     /// A MAD the fault injector holds back (reordering).
     pub(crate) delayed: Option<Out>,
+    /// The subsystem's hardware devices (their ids run on librdmacm).
+    #[cfg(feature = "hardware")]
+    pub(crate) hw_devices: HashMap<String, DeviceRef>,
 }
 
 impl State {
@@ -347,6 +355,9 @@ pub(crate) struct Inner {
     stop: AtomicBool,
     /// The handles' owner, for the new ids of connection requests.
     pub(crate) owner: OnceLock<Weak<Shared>>,
+    /// librdmacm's event channel and thread, once an id needed them.
+    #[cfg(feature = "hardware")]
+    pub(crate) hw: Mutex<Option<Arc<super::hw::HwCm>>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -459,11 +470,15 @@ impl Shared {
                 next_port: EPHEMERAL_FIRST + (seed % 20000) as u16,
                 counters: CmCounters::default(),
                 delayed: None,
+                #[cfg(feature = "hardware")]
+                hw_devices: HashMap::new(),
             }),
             inbox: Inbox::default(),
             wake,
             stop: AtomicBool::new(false),
             owner: OnceLock::new(),
+            #[cfg(feature = "hardware")]
+            hw: Mutex::new(None),
         });
         let hook = sub.add_cm_hook(Arc::new(Hook(Arc::downgrade(&inner))));
         let client = match sub.register_client(
@@ -543,7 +558,13 @@ impl Inner {
     }
 
     fn add_device(self: &Arc<Self>, d: &DeviceRef) {
-        let Some(soft) = d.soft_device() else { return };
+        let Some(soft) = d.soft_device() else {
+            // A hardware device: the kernel's rdma_cm owns its QP1; ids on
+            // it run on librdmacm.
+            #[cfg(feature = "hardware")]
+            self.lock().hw_devices.insert(d.name().to_string(), d.clone());
+            return;
+        };
         let shared = soft.shared().clone();
         let sink = Arc::new(Sink {
             inner: Arc::downgrade(self),
@@ -569,6 +590,10 @@ impl Inner {
     fn remove_device(&self, d: &DeviceRef) {
         let gone = {
             let mut st = self.lock();
+            #[cfg(feature = "hardware")]
+            if st.hw_devices.get(d.name()).is_some_and(|x| x.same_instance(d)) {
+                st.hw_devices.remove(d.name());
+            }
             match st.devices.get(d.name()) {
                 Some(x) if x.dref.same_instance(d) => st.devices.remove(d.name()),
                 _ => None,
@@ -600,7 +625,7 @@ impl Inner {
         drop(contexts);
     }
 
-    fn remove_one(st: &mut State, key: u64) {
+    pub(crate) fn remove_one(st: &mut State, key: u64) {
         let Some(id) = st.ids.get_mut(&key) else { return };
         if id.removed {
             return;
@@ -1250,10 +1275,9 @@ pub(crate) fn st_sgid(devices: &HashMap<String, Dev>, id: &Id) -> u8 {
     devices.get(name).and_then(|d| d.sgid_index(src.ip())).unwrap_or(0)
 }
 
-/// Moves the id's QP to RTR then RTS for its peer (rdma_cm's
-/// `cma_modify_qp_rtr` / `cma_modify_qp_rts`).
-pub(crate) fn connect_qp(id: &Id, sgid: u8) -> crate::verbs::Result<()> {
-    let Some(qp) = &id.qp else { return Ok(()) };
+/// The attributes that move a QP of the id to RTR for its peer (rdma_cm's
+/// `cma_modify_qp_rtr`).
+pub(crate) fn rtr_attr(id: &Id, sgid: u8) -> (QpAttr, QpAttrMask) {
     let peer = id.peer.unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
@@ -1265,16 +1289,19 @@ pub(crate) fn connect_qp(id: &Id, sgid: u8) -> crate::verbs::Result<()> {
         min_rnr_timer: 12,
         ..QpAttr::default()
     };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )?;
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    (rtr, mask)
+}
+
+/// The attributes that move a QP of the id from RTR to RTS
+/// (`cma_modify_qp_rts`).
+pub(crate) fn rts_attr(id: &Id) -> (QpAttr, QpAttrMask) {
     let rts = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: id.local_psn,
@@ -1284,51 +1311,31 @@ pub(crate) fn connect_qp(id: &Id, sgid: u8) -> crate::verbs::Result<()> {
         max_rd_atomic: id.param.initiator_depth.max(1),
         ..QpAttr::default()
     };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::SQ_PSN
+        | QpAttrMask::TIMEOUT
+        | QpAttrMask::RETRY_CNT
+        | QpAttrMask::RNR_RETRY
+        | QpAttrMask::MAX_QP_RD_ATOMIC;
+    (rts, mask)
 }
 
-/// Moves a new QP to INIT (RC) or through to RTS (UD), as rdma_cm does at
-/// `rdma_create_qp`.
-pub(crate) fn init_qp(qp: &Qp) -> crate::verbs::Result<()> {
-    match qp.qp_type() {
-        QpType::Ud => {
-            let init = QpAttr {
+/// The attributes that move a new QP of type `t` to INIT (rdma_cm's
+/// `cma_init_conn_qp` / `cma_init_ud_qp`).
+pub(crate) fn init_attr(t: QpType) -> (QpAttr, QpAttrMask) {
+    match t {
+        QpType::Ud => (
+            QpAttr {
                 qp_state: QpState::Init,
                 pkey_index: 0,
                 port_num: 1,
                 qkey: UDP_QKEY,
                 ..QpAttr::default()
-            };
-            qp.modify(
-                &init,
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rtr,
-                    ..QpAttr::default()
-                },
-                QpAttrMask::STATE,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rts,
-                    sq_psn: 0,
-                    ..QpAttr::default()
-                },
-                QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-            )
-        }
-        _ => {
-            let init = QpAttr {
+            },
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+        ),
+        _ => (
+            QpAttr {
                 qp_state: QpState::Init,
                 pkey_index: 0,
                 port_num: 1,
@@ -1337,13 +1344,44 @@ pub(crate) fn init_qp(qp: &Qp) -> crate::verbs::Result<()> {
                     | AccessFlags::REMOTE_READ
                     | AccessFlags::REMOTE_ATOMIC,
                 ..QpAttr::default()
-            };
-            qp.modify(
-                &init,
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-            )
-        }
+            },
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        ),
     }
+}
+
+/// Moves the id's QP to RTR then RTS for its peer.
+pub(crate) fn connect_qp(id: &Id, sgid: u8) -> crate::verbs::Result<()> {
+    let Some(qp) = &id.qp else { return Ok(()) };
+    let (rtr, mask) = rtr_attr(id, sgid);
+    qp.modify(&rtr, mask)?;
+    let (rts, mask) = rts_attr(id);
+    qp.modify(&rts, mask)
+}
+
+/// Moves a new QP to INIT (RC) or through to RTS (UD), as rdma_cm does at
+/// `rdma_create_qp`.
+pub(crate) fn init_qp(qp: &Qp) -> crate::verbs::Result<()> {
+    let (init, mask) = init_attr(qp.qp_type());
+    qp.modify(&init, mask)?;
+    if qp.qp_type() == QpType::Ud {
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )?;
+        qp.modify(
+            &QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 0,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        )?;
+    }
+    Ok(())
 }
 
 /// Moves the id's QP to ERR (flushing its work), as rdma_cm does on

@@ -7,7 +7,7 @@ use super::agent::{self, connect_qp, init_qp, qp_to_err, rtu, st_sgid, IdState, 
 use super::mad::{self, CmMsg, CmaHdr, Ids, MsgRef};
 use super::{gid_of, CmEventKind, ConnParam, Error, PortSpace, Result, UDP_QKEY};
 use crate::subsystem::{Generation, NamespaceId};
-use crate::verbs::{Context, Pd, Qp, QpInitAttr, QpType};
+use crate::verbs::{Context, Pd, Qp, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType};
 
 /// A communication identifier (`struct rdma_cm_id`). Dropping it destroys
 /// it (`rdma_destroy_id`): an established connection is disconnected
@@ -55,6 +55,32 @@ impl CmId {
         Ok(())
     }
 
+    /// The id's librdmacm id, if it runs on a hardware device.
+    #[cfg(feature = "hardware")]
+    fn hw(&self) -> Option<Arc<super::hw::HwId>> {
+        self.with(|st, k| Ok(super::hw::hw_of(st, k))).ok().flatten()
+    }
+
+    /// Whether address work for `local` (else `dst`) goes to librdmacm: no
+    /// soft device of the id's namespace has that address and the
+    /// namespace has a hardware device. Soft devices answer first, so a
+    /// subsystem without hardware devices behaves as a soft-only CM.
+    #[cfg(feature = "hardware")]
+    fn goes_to_hw(&self, local: Option<IpAddr>, dst: Option<IpAddr>) -> bool {
+        let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        self.with(|st, k| {
+            let ns = st.ids.get(&k).map_or(NamespaceId::INIT, |i| i.ns.id());
+            if !super::hw::has_hw(st, ns, shared_mode) {
+                return Ok(false);
+            }
+            Ok(match local.or(dst) {
+                Some(ip) => device_with(st, ns, ip, shared_mode).is_none(),
+                None => false,
+            })
+        })
+        .unwrap_or(false)
+    }
+
     /// The id's number (what events call `id`).
     pub fn id(&self) -> u64 {
         self.key
@@ -97,12 +123,14 @@ impl CmId {
 
     /// What a QP of this connection needs for RTR and RTS, once the peer
     /// answered: `(peer QPN, peer's first PSN = our rq_psn, our sq_psn)`.
+    /// `None` on ids of hardware devices, where librdmacm keeps the PSNs:
+    /// [`CmId::init_qp_attr`] gives the whole attributes on both backends.
     pub fn path(&self) -> Option<(u32, u32, u32)> {
         self.with(|st, k| {
             Ok(st
                 .ids
                 .get(&k)
-                .filter(|i| i.remote_qpn != 0)
+                .filter(|i| i.remote_qpn != 0 && !is_hw(i))
                 .map(|i| (i.remote_qpn, i.remote_psn, i.local_psn)))
         })
         .ok()
@@ -127,6 +155,17 @@ impl CmId {
     /// namespace has the address.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        #[cfg(feature = "hardware")]
+        if !addr.ip().is_unspecified() && self.goes_to_hw(Some(addr.ip()), None) {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::Idle => Ok(()),
+                    s => Err(bad("bind_addr", s)),
+                }
+            })?;
+            return super::hw::bind_addr(&self.shared.inner, self.key, addr);
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ns, ps) = {
@@ -169,6 +208,23 @@ impl CmId {
     /// ephemeral port is left.
     pub fn resolve_addr(&self, src: Option<IpAddr>, dst: SocketAddr) -> Result<()> {
         let shared_mode = self.shared.inner.sub.mode() == crate::subsystem::NetnsMode::Shared;
+        #[cfg(feature = "hardware")]
+        {
+            let (state, bound) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                Ok((id.state, id.src.map(|b| b.ip()).filter(|ip| !ip.is_unspecified())))
+            })?;
+            if self.hw().is_some() || self.goes_to_hw(src.or(bound), Some(dst.ip())) {
+                if !matches!(
+                    state,
+                    IdState::Idle | IdState::AddrBound | IdState::AddrResolved | IdState::RouteResolved
+                ) {
+                    return Err(bad("resolve_addr", state));
+                }
+                return super::hw::resolve_addr(&self.shared.inner, self.key, src, dst);
+            }
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ns, ps, bound) = {
@@ -216,6 +272,17 @@ impl CmId {
     /// [`Error::InvalidState`] unless the address is resolved;
     /// [`Error::DeviceRemoved`] if the device went away.
     pub fn resolve_route(&self) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::AddrResolved | IdState::RouteResolved => Ok(()),
+                    s => Err(bad("resolve_route", s)),
+                }
+            })?;
+            return super::hw::resolve_route(&h);
+        }
         self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -260,7 +327,27 @@ impl CmId {
             id.state = IdState::Listen;
             id.backlog = backlog.max(1);
             Ok(())
-        })
+        })?;
+        // On librdmacm too: an id bound to a hardware device's address, or
+        // a wildcard listener in a namespace with hardware devices.
+        #[cfg(feature = "hardware")]
+        {
+            let wildcard = self.local_addr().is_some_and(|a| a.ip().is_unspecified());
+            if self.hw().is_some()
+                || (wildcard && self.goes_to_hw(None, Some(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))))
+            {
+                if let Err(e) = super::hw::listen(&self.shared.inner, self.key, backlog.max(1)) {
+                    let _ = self.with(|st, k| {
+                        if let Some(id) = st.ids.get_mut(&k) {
+                            id.state = IdState::AddrBound;
+                        }
+                        Ok(())
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The verbs context of the id's device, opened once through the
@@ -288,13 +375,19 @@ impl CmId {
             if let Some(c) = &id.ctx {
                 return Ok(Context::from_ops(c.ops().clone()));
             }
+            #[cfg(feature = "hardware")]
+            if id.dev.is_none() && id.hw.is_some() && matches!(id.state, IdState::AddrResolved | IdState::RouteResolved)
+            {
+                return Err(Error::Unsupported(
+                    "librdmacm resolved to a device that is not under the CM's subsystem",
+                ));
+            }
             let (name, gen) = id.dev.clone().ok_or_else(|| bad("verbs", id.state))?;
-            let dev = st
-                .devices
-                .get(&name)
-                .filter(|d| d.dref.generation() == gen)
-                .ok_or(Error::DeviceRemoved)?;
-            let ctx = dev.dref.open(&consumer)?;
+            let dref = st.devices.get(&name).map(|d| &d.dref);
+            #[cfg(feature = "hardware")]
+            let dref = dref.or_else(|| st.hw_devices.get(&name));
+            let dref = dref.filter(|d| d.generation() == gen).ok_or(Error::DeviceRemoved)?;
+            let ctx = dref.open(&consumer)?;
             let out = Context::from_ops(ctx.ops().clone());
             st.ids.get_mut(&k).expect("alive").ctx = Some(ctx);
             Ok(out)
@@ -328,11 +421,81 @@ impl CmId {
             return Err(Error::InvalidArgument("QP type does not fit the port space"));
         }
         let qp = pd.create_qp(init)?;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            super::hw::init_qp(&h, &qp)?;
+            return self.with(|st, k| {
+                let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
+                id.qp = Some(Arc::new(qp));
+                Ok(())
+            });
+        }
         init_qp(&qp)?;
         self.with(|st, k| {
             let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
             id.qp = Some(Arc::new(qp));
             Ok(())
+        })
+    }
+
+    /// The attributes and mask that move a QP of this id to `state`
+    /// (`rdma_init_qp_attr`), for an application that drives its own QP
+    /// (connected with [`ConnParam::qp_num`]): INIT at any time once the
+    /// id has a device; RTR and RTS once the peer answered (the
+    /// `ConnectResponse` on the active side, then [`CmId::establish`]). On
+    /// hardware devices librdmacm computes them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a state other than INIT, RTR, RTS;
+    /// [`Error::InvalidState`] before the id has a device or (RTR, RTS, TCP
+    /// port space) before the peer's answer; librdmacm's error.
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        if !matches!(state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(Error::InvalidArgument("rdma_init_qp_attr covers INIT, RTR and RTS"));
+        }
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| Self::check_alive(st, k))?;
+            return super::hw::init_qp_attr(&h, state);
+        }
+        self.with(|st, k| {
+            Self::check_alive(st, k)?;
+            let id = &st.ids[&k];
+            if id.dev.is_none() {
+                return Err(bad("init_qp_attr", id.state));
+            }
+            let t = match id.ps {
+                PortSpace::Tcp => QpType::Rc,
+                PortSpace::Udp => QpType::Ud,
+            };
+            Ok(match (state, id.ps) {
+                (QpState::Init, _) => agent::init_attr(t),
+                (QpState::Rtr, PortSpace::Udp) => (
+                    QpAttr {
+                        qp_state: QpState::Rtr,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::STATE,
+                ),
+                (_, PortSpace::Udp) => (
+                    QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: 0,
+                        ..QpAttr::default()
+                    },
+                    QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+                ),
+                // The PSNs are known once the REP came (active) or was
+                // sent (passive).
+                (_, PortSpace::Tcp)
+                    if !matches!(id.state, IdState::RepRcvd | IdState::RepSent | IdState::Established) =>
+                {
+                    return Err(bad("init_qp_attr before the peer's answer", id.state));
+                }
+                (QpState::Rtr, PortSpace::Tcp) => agent::rtr_attr(id, st_sgid(&st.devices, id)),
+                (_, PortSpace::Tcp) => agent::rts_attr(id),
+            })
         })
     }
 
@@ -362,6 +525,13 @@ impl CmId {
         if !fits {
             return Err(Error::InvalidArgument("QP type does not fit the port space"));
         }
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            super::hw::init_qp(&h, qp)?;
+        } else {
+            init_qp(qp)?;
+        }
+        #[cfg(not(feature = "hardware"))]
         init_qp(qp)?;
         self.with(|st, k| {
             let id = st.ids.get_mut(&k).ok_or(Error::InvalidArgument("destroyed id"))?;
@@ -397,6 +567,27 @@ impl CmId {
     /// with neither a QP nor `param.qp_num`; [`Error::PrivateDataTooLong`].
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let (ps, qpn) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                if id.state != IdState::RouteResolved {
+                    return Err(bad("connect", id.state));
+                }
+                let max = match id.ps {
+                    PortSpace::Tcp => mad::REQ_PRIVATE - mad::CMA_HDR_LEN,
+                    PortSpace::Udp => mad::SIDR_REQ_PRIVATE - mad::CMA_HDR_LEN,
+                };
+                check_pd(&param.private_data, max)?;
+                let qpn = id.qp.as_ref().map_or(param.qp_num, |q| q.qp_num());
+                if qpn == 0 && id.ps == PortSpace::Tcp {
+                    return Err(bad("connect without a QP or qp_num", id.state));
+                }
+                Ok((id.ps, qpn))
+            })?;
+            return super::hw::connect(&self.shared.inner, self.key, &h, param, qpn, ps == PortSpace::Udp);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let (state, ps, src, dst) = {
@@ -496,6 +687,25 @@ impl CmId {
     /// refuses its states (then a REJ goes to the peer).
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let (qp, udp) = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                let udp = match id.state {
+                    IdState::ReqRcvd => false,
+                    IdState::SidrReqRcvd => true,
+                    s => return Err(bad("accept", s)),
+                };
+                check_pd(
+                    &param.private_data,
+                    if udp { mad::SIDR_REP_PRIVATE } else { mad::REP_PRIVATE },
+                )?;
+                let qp = id.qp.clone().ok_or_else(|| bad("accept without a QP", id.state))?;
+                Ok((qp, udp))
+            })?;
+            return super::hw::accept(&self.shared.inner, self.key, &h, &qp, param, udp);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -592,6 +802,18 @@ impl CmId {
     /// [`Error::InvalidState`] unless the id came from a request not yet
     /// answered; [`Error::PrivateDataTooLong`].
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                match st.ids[&k].state {
+                    IdState::ReqRcvd => check_pd(private_data, mad::REJ_PRIVATE),
+                    IdState::SidrReqRcvd => check_pd(private_data, mad::SIDR_REP_PRIVATE),
+                    s => Err(bad("reject", s)),
+                }
+            })?;
+            return super::hw::reject(&self.shared.inner, self.key, &h, private_data);
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let state = st.ids[&k].state;
@@ -639,6 +861,18 @@ impl CmId {
     /// [`Error::InvalidState`] unless a `ConnectResponse` came; the verbs
     /// error if the QP refuses its states.
     pub fn establish(&self) -> Result<()> {
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let qp = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = &st.ids[&k];
+                if id.state != IdState::RepRcvd {
+                    return Err(bad("establish", id.state));
+                }
+                Ok(id.qp.clone())
+            })?;
+            return super::hw::establish(&self.shared.inner, self.key, &h, qp.as_deref());
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             let sgid = st_sgid(&st.devices, &st.ids[&k]);
@@ -666,6 +900,25 @@ impl CmId {
     /// [`Error::InvalidState`] unless the id is connected or connecting.
     pub fn disconnect(&self) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
+        #[cfg(feature = "hardware")]
+        if let Some(h) = self.hw() {
+            let tcp = self.with(|st, k| {
+                Self::check_alive(st, k)?;
+                let id = st.ids.get_mut(&k).expect("alive");
+                match id.state {
+                    IdState::Established | IdState::RepSent | IdState::RepRcvd => {}
+                    s => return Err(bad("disconnect", s)),
+                }
+                if id.ps == PortSpace::Udp {
+                    id.state = IdState::Done;
+                    return Ok(false);
+                }
+                qp_to_err(id);
+                id.state = IdState::DreqSent;
+                Ok(true)
+            })?;
+            return if tcp { super::hw::disconnect(&h) } else { Ok(()) };
+        }
         let outs = self.with(|st, k| {
             Self::check_alive(st, k)?;
             disconnect_locked(st, k, cfg)
@@ -726,6 +979,22 @@ impl Drop for CmId {
             let k = self.key;
             let Some(id) = st.ids.get_mut(&k) else { return };
             id.destroyed = true;
+            // A librdmacm id (not a listener, which also has soft work
+            // below): the kernel does the DREQ or REJ and the time-wait
+            // when it is destroyed, so nothing lingers here.
+            #[cfg(feature = "hardware")]
+            if id.hw.is_some() && id.state != IdState::Listen {
+                if !id.removed && matches!(id.state, IdState::Established | IdState::RepSent | IdState::RepRcvd) {
+                    qp_to_err(id);
+                }
+                let (h, qp, ctx) = (id.hw.take(), id.qp.take(), id.ctx.take());
+                agent::forget_id(&mut st, k);
+                drop(st);
+                drop(h);
+                drop(qp);
+                drop(ctx);
+                return;
+            }
             let state = id.state;
             let removed = id.removed;
             let mut outs = Vec::new();
@@ -814,14 +1083,31 @@ impl Drop for CmId {
             let id = st.ids.get_mut(&k).expect("present");
             let qp = id.qp.take();
             let ctx = id.ctx.take();
+            #[cfg(feature = "hardware")]
+            let hw = id.hw.take();
             if !linger {
                 agent::forget_id(&mut st, k);
             }
+            #[cfg(feature = "hardware")]
+            drop(st);
+            #[cfg(feature = "hardware")]
+            drop(hw);
             (outs, qp, ctx)
         };
         drop(qp);
         drop(ctx);
         inner.send(outs);
+    }
+}
+
+/// Whether the id runs on librdmacm.
+fn is_hw(id: &agent::Id) -> bool {
+    #[cfg(feature = "hardware")]
+    return id.hw.is_some();
+    #[cfg(not(feature = "hardware"))]
+    {
+        let _ = id;
+        false
     }
 }
 
@@ -853,4 +1139,121 @@ fn pick_device(st: &State, ns: NamespaceId, dst: IpAddr, shared_mode: bool) -> O
         .collect();
     v.sort();
     v.into_iter().next()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::{Cm, CmConfig, CmEventKind, ConnParam, Error, EventChannel, PortSpace};
+    use crate::soft::{link::inproc::InprocFabric, SoftDeviceConfig};
+    use crate::subsystem::{NamespaceId, SoftFactory, Subsystem, SubsystemConfig};
+    use crate::verbs::{
+        AccessFlags, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    };
+
+    /// An application that drives its own QP (connect with `qp_num`) moves
+    /// it with `init_qp_attr` alone, and data then crosses: the attributes
+    /// are the ones the CM's own QPs get.
+    #[test]
+    fn init_qp_attr_moves_an_application_qp() {
+        let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+        let fabric = InprocFabric::new();
+        for (name, ip) in [("qpattr_a", "10.78.0.1"), ("qpattr_b", "10.78.0.2")] {
+            let cfg = SoftDeviceConfig {
+                link: Some(fabric.clone()),
+                ..SoftDeviceConfig::new(name, ip.parse().unwrap())
+            };
+            sub.add_device(SoftFactory::new(cfg), NamespaceId::INIT).unwrap();
+        }
+        let cm = Cm::new(sub, CmConfig::default()).unwrap();
+        let t = Some(Duration::from_secs(20));
+        let sch = EventChannel::new().unwrap();
+        let l = cm.create_id(&sch, PortSpace::Tcp, 0).unwrap();
+        l.bind_addr("10.78.0.2:7500".parse().unwrap()).unwrap();
+        l.listen(4).unwrap();
+        let ch = EventChannel::new().unwrap();
+        let c = cm.create_id(&ch, PortSpace::Tcp, 0).unwrap();
+        assert!(matches!(c.init_qp_attr(QpState::Init), Err(Error::InvalidState { .. })));
+        c.resolve_addr(Some("10.78.0.1".parse().unwrap()), "10.78.0.2:7500".parse().unwrap())
+            .unwrap();
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::AddrResolved);
+        c.resolve_route().unwrap();
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::RouteResolved);
+        assert!(matches!(c.init_qp_attr(QpState::Err), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.init_qp_attr(QpState::Rtr), Err(Error::InvalidState { .. })));
+
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        // The client's own QP, not the id's.
+        let ctx = c.verbs().unwrap();
+        let (pd, cq) = (ctx.alloc_pd().unwrap(), ctx.create_cq(16, 0, None, 0).unwrap());
+        let attr = |cq| QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        };
+        let qp = pd.create_qp(&attr(&cq)).unwrap();
+        let (a, m) = c.init_qp_attr(QpState::Init).unwrap();
+        qp.modify(&a, m).unwrap();
+        c.connect(&ConnParam {
+            qp_num: qp.qp_num(),
+            ..ConnParam::default()
+        })
+        .unwrap();
+
+        let mut req = sch.get_event(t).unwrap().unwrap();
+        assert_eq!(req.kind, CmEventKind::ConnectRequest);
+        let s = req.take_id().unwrap();
+        // Before accept the passive side has no PSN yet.
+        assert!(matches!(s.init_qp_attr(QpState::Rts), Err(Error::InvalidState { .. })));
+        let sctx = s.verbs().unwrap();
+        let (spd, scq) = (sctx.alloc_pd().unwrap(), sctx.create_cq(16, 0, None, 0).unwrap());
+        s.create_qp(&spd, &attr(&scq)).unwrap();
+        let smr = spd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        s.qp()
+            .unwrap()
+            .post_recv(&[RecvWr::new(1, &[smr.sge(0, 64).unwrap()])])
+            .unwrap();
+        s.accept(&ConnParam::default()).unwrap();
+
+        assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::ConnectResponse);
+        for st in [QpState::Rtr, QpState::Rts] {
+            let (a, m) = c.init_qp_attr(st).unwrap();
+            assert_eq!(a.qp_state, st);
+            qp.modify(&a, m).unwrap();
+        }
+        c.establish().unwrap();
+        assert_eq!(sch.get_event(t).unwrap().unwrap().kind, CmEventKind::Established);
+
+        let mr = pd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        mr.write(0, b"own qp").unwrap();
+        qp.post_send(&[SendWr::new(2, SendOp::Send, &[mr.sge(0, 6).unwrap()]).flags(SendFlags::SIGNALED)])
+            .unwrap();
+        let poll = |cq: &crate::verbs::Cq| {
+            let mut wc = [WorkCompletion::default()];
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                if cq.poll(&mut wc).unwrap() == 1 {
+                    return wc[0];
+                }
+                assert!(std::time::Instant::now() < deadline, "no completion");
+                std::thread::yield_now();
+            }
+        };
+        assert_eq!(poll(&cq).status, WcStatus::Success);
+        assert_eq!(poll(&scq).status, WcStatus::Success);
+        assert_eq!(smr.to_vec(0, 6).unwrap(), b"own qp");
+        // The application's QP: the id's path is there too on soft ids.
+        assert_eq!(c.path().map(|p| p.0), Some(s.qp().unwrap().qp_num()));
+    }
 }

@@ -13,9 +13,21 @@
 //!   [`CmId::create_qp`] (the QP follows the connection: INIT at creation,
 //!   RTR and RTS at accept or on the REP, ERR at disconnect), in the TCP
 //!   port space (RC, REQ/REP/RTU, DREQ/DREP) and the UDP one (UD, SIDR).
+//!   [`CmId::init_qp_attr`] gives the attributes for an application
+//!   that drives its own QP.
 //! - [`mad`]: the CM MADs and rdma_cm's private-data header.
 //! - [`socket`]: a sockets-like [`Listener`]/[`Connection`] on top, whose
 //!   users can ignore hotplug.
+//!
+//! Hardware devices (feature `hardware`): there the kernel's rdma_cm owns
+//! QP1, so an id whose address no soft device of its namespace has, in a
+//! namespace with hardware devices, runs on librdmacm through `rdma-sys`:
+//! the same calls and events (with namespace, device, generation and
+//! listener), one librdmacm event channel and reader thread per `Cm`, the
+//! QP created by the application on [`CmId::verbs`] (the subsystem's
+//! device) and moved with `rdma_init_qp_attr`'s attributes. A wildcard
+//! listener listens on librdmacm too when the namespace has hardware
+//! devices. Without hardware devices the CM is exactly the soft one.
 //!
 //! Hotplug and namespaces: a listener bound to the wildcard address is not
 //! tied to any device: a REQ arriving on any device of its namespace
@@ -82,6 +94,10 @@
 
 mod agent;
 mod channel;
+#[cfg(feature = "hardware")]
+mod hw;
+#[cfg_attr(not(feature = "hardware"), allow(dead_code))]
+mod hwmap;
 mod id;
 pub mod mad;
 pub mod socket;
@@ -129,8 +145,9 @@ pub enum Error {
     DeviceRemoved,
     /// The id's namespace was deleted (`ENODEV`).
     NamespaceGone,
-    /// The device has no GSI (a hardware device under this CM): connect
-    /// through librdmacm there (`EOPNOTSUPP`).
+    /// Not possible here (`EOPNOTSUPP`): e.g. a hardware device in a
+    /// build without the `hardware` feature, or a librdmacm that lacks a
+    /// call the hardware backend needs.
     Unsupported(&'static str),
     /// A verb failed.
     Verbs(crate::verbs::Error),
