@@ -144,6 +144,8 @@ fn rdma_cm_through_the_dynamic_linker() {
     let event_str: EventStr = cm.sym("rdma_event_str", v1);
     let join_mc: JoinMc = cm.sym("rdma_join_multicast", v1);
     let rsocket: Rsocket = cm.sym("rsocket", v1);
+    let init_qp_attr: unsafe extern "C" fn(*mut rdma_cm_id, *mut ibv_qp_attr, *mut c_int) -> c_int =
+        cm.sym("rdma_init_qp_attr", "RDMACM_1.2");
     let _: IdCall = cm.sym("rdma_establish", "RDMACM_1.2");
     let _: IdCall = cm.sym("rdma_get_remote_ece", "RDMACM_1.3");
     let create_cq: CreateCq = verbs.sym("ibv_create_cq", "IBVERBS_1.1");
@@ -258,6 +260,31 @@ fn rdma_cm_through_the_dynamic_linker() {
         both.sort();
         assert_eq!(established, both);
         assert_eq!(((*(*c).qp).state, (*(*s).qp).state), (3, 3), "both QPs in RTS");
+
+        // rdma_init_qp_attr: what an application driving its own QP would
+        // apply, state by state (IBV_QP_STATE = 1, IBV_QP_DEST_QPN = 1 << 20,
+        // IBV_QP_SQ_PSN = 1 << 16); other states are refused.
+        let mut qa: ibv_qp_attr = std::mem::zeroed();
+        let mut mask: c_int = 0;
+        for (state, want) in [(1u32, 1 | (1 << 4)), (2, 1 | (1 << 20)), (3, 1 | (1 << 16))] {
+            qa.qp_state = state;
+            assert_eq!(
+                init_qp_attr(c, &mut qa, &mut mask),
+                0,
+                "state {state}: errno {}",
+                errno()
+            );
+            assert_eq!(qa.qp_state, state);
+            assert_eq!(mask & want, want, "state {state}: mask {mask:#x}");
+        }
+        qa.qp_state = 2;
+        assert_eq!(init_qp_attr(c, &mut qa, &mut mask), 0);
+        assert_eq!(qa.dest_qp_num, (*(*s).qp).qp_num, "RTR names the peer's QP");
+        qa.qp_state = 6;
+        assert_eq!(init_qp_attr(c, &mut qa, &mut mask), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(init_qp_attr(c, null_mut(), &mut mask), -1);
+        assert_eq!(errno(), libc::EINVAL);
 
         // A SEND through the ids' objects: inline data from the client.
         let msg = *b"ping";

@@ -995,6 +995,9 @@ impl Inner {
         child.remote_comm_id = r.local_comm_id;
         child.remote_qpn = r.local_qpn;
         child.remote_psn = r.starting_psn;
+        // This side's starting PSN, chosen now (as rdma_cm does at id
+        // creation) so that `init_qp_attr` can give RTS before accept.
+        child.local_psn = (st.random() as u32) & 0xff_ffff;
         child.tid = rx.tid;
         child.mtu = min_mtu(local_mtu, r.mtu);
         child.param = ConnParam {

@@ -442,7 +442,9 @@ impl CmId {
     /// (`rdma_init_qp_attr`), for an application that drives its own QP
     /// (connected with [`ConnParam::qp_num`]): INIT at any time once the
     /// id has a device; RTR and RTS once the peer answered (the
-    /// `ConnectResponse` on the active side, then [`CmId::establish`]). On
+    /// `ConnectResponse` on the active side, then [`CmId::establish`]) or,
+    /// on the passive side, once the request came (before
+    /// [`CmId::accept`] with [`ConnParam::qp_num`]). On
     /// hardware devices librdmacm computes them.
     ///
     /// # Errors
@@ -486,10 +488,13 @@ impl CmId {
                     },
                     QpAttrMask::STATE | QpAttrMask::SQ_PSN,
                 ),
-                // The PSNs are known once the REP came (active) or was
-                // sent (passive).
+                // The PSNs are known once the REP came (active) or the
+                // REQ did (passive: its own PSN is chosen then).
                 (_, PortSpace::Tcp)
-                    if !matches!(id.state, IdState::RepRcvd | IdState::RepSent | IdState::Established) =>
+                    if !matches!(
+                        id.state,
+                        IdState::ReqRcvd | IdState::RepRcvd | IdState::RepSent | IdState::Established
+                    ) =>
                 {
                     return Err(bad("init_qp_attr before the peer's answer", id.state));
                 }
@@ -683,7 +688,8 @@ impl CmId {
     /// # Errors
     ///
     /// [`Error::InvalidState`] unless the id came from a request and has a
-    /// QP; [`Error::PrivateDataTooLong`]; the verbs error if the QP
+    /// QP (or, TCP, `param.qp_num` names the QP the application drives);
+    /// [`Error::PrivateDataTooLong`]; the verbs error if the QP
     /// refuses its states (then a REJ goes to the peer).
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let cfg = &self.shared.inner.cfg;
@@ -712,7 +718,6 @@ impl CmId {
             match state {
                 IdState::ReqRcvd => {
                     check_pd(&param.private_data, mad::REP_PRIVATE)?;
-                    let psn = (st.random() as u32) & 0xff_ffff;
                     let sgid = st_sgid(&st.devices, &st.ids[&k]);
                     let guid = st.ids[&k]
                         .dev
@@ -720,12 +725,17 @@ impl CmId {
                         .and_then(|(n, _)| st.devices.get(n))
                         .map_or(0, |d| d.guid);
                     let id = st.ids.get_mut(&k).expect("alive");
-                    let qpn = id
-                        .qp
-                        .as_ref()
-                        .map(|q| q.qp_num())
-                        .ok_or_else(|| bad("accept without a QP", state))?;
-                    id.local_psn = psn;
+                    // The id's QP, or (rdma_cm's `qp_num`) one the
+                    // application drives itself, moved to RTS before this
+                    // call with `init_qp_attr`.
+                    let qpn = match (&id.qp, param.qp_num) {
+                        (Some(qp), _) => qp.qp_num(),
+                        (None, n) if n != 0 => n,
+                        (None, _) => return Err(bad("accept without a QP or qp_num", state)),
+                    };
+                    // Chosen when the request came, so that `init_qp_attr`
+                    // could give it before this call.
+                    let psn = id.local_psn;
                     // The responder's resources answer the requester's
                     // initiator depth and the other way round.
                     let req = id.param.clone();
@@ -1214,17 +1224,31 @@ mod tests {
         let mut req = sch.get_event(t).unwrap().unwrap();
         assert_eq!(req.kind, CmEventKind::ConnectRequest);
         let s = req.take_id().unwrap();
-        // Before accept the passive side has no PSN yet.
-        assert!(matches!(s.init_qp_attr(QpState::Rts), Err(Error::InvalidState { .. })));
+        // The passive side drives its own QP too: the request gave the
+        // peer's QPN and PSN, and this side's PSN is chosen with it, so
+        // RTR and RTS are known before accept (as librdmacm's accept
+        // needs them).
         let sctx = s.verbs().unwrap();
         let (spd, scq) = (sctx.alloc_pd().unwrap(), sctx.create_cq(16, 0, None, 0).unwrap());
-        s.create_qp(&spd, &attr(&scq)).unwrap();
+        let sqp = spd.create_qp(&attr(&scq)).unwrap();
         let smr = spd.alloc_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
-        s.qp()
-            .unwrap()
-            .post_recv(&[RecvWr::new(1, &[smr.sge(0, 64).unwrap()])])
-            .unwrap();
-        s.accept(&ConnParam::default()).unwrap();
+        let (a, m) = s.init_qp_attr(QpState::Init).unwrap();
+        sqp.modify(&a, m).unwrap();
+        sqp.post_recv(&[RecvWr::new(1, &[smr.sge(0, 64).unwrap()])]).unwrap();
+        for st in [QpState::Rtr, QpState::Rts] {
+            let (a, m) = s.init_qp_attr(st).unwrap();
+            assert_eq!(a.qp_state, st);
+            sqp.modify(&a, m).unwrap();
+        }
+        assert!(matches!(
+            s.accept(&ConnParam::default()),
+            Err(Error::InvalidState { .. })
+        ));
+        s.accept(&ConnParam {
+            qp_num: sqp.qp_num(),
+            ..ConnParam::default()
+        })
+        .unwrap();
 
         assert_eq!(ch.get_event(t).unwrap().unwrap().kind, CmEventKind::ConnectResponse);
         for st in [QpState::Rtr, QpState::Rts] {
@@ -1253,7 +1277,8 @@ mod tests {
         assert_eq!(poll(&cq).status, WcStatus::Success);
         assert_eq!(poll(&scq).status, WcStatus::Success);
         assert_eq!(smr.to_vec(0, 6).unwrap(), b"own qp");
-        // The application's QP: the id's path is there too on soft ids.
-        assert_eq!(c.path().map(|p| p.0), Some(s.qp().unwrap().qp_num()));
+        // The applications' QPs: the ids' paths are there too on soft ids.
+        assert_eq!(c.path().map(|p| p.0), Some(sqp.qp_num()));
+        assert_eq!(s.path().map(|p| p.0), Some(qp.qp_num()));
     }
 }

@@ -25,7 +25,7 @@
 //!
 //! Not supported (-1 with `errno` `EOPNOTSUPP`): multicast, ECE, the IB
 //! port spaces (`RDMA_PS_IB`, `RDMA_PS_IPOIB`) and `AF_IB` addresses,
-//! `rdma_init_qp_attr`, SRQs made by the CM (`rdma_create_srq`); the
+//! SRQs made by the CM (`rdma_create_srq`); the
 //! route options of `rdma_set_option` (the id options are accepted and
 //! have no effect on soft devices).
 
@@ -1716,8 +1716,42 @@ pub unsafe extern "C" fn __softverbs_rdma_set_option(
     }
 }
 
+/// `rdma_init_qp_attr`: the attributes and mask that move the id's QP to
+/// `attr->qp_state` (INIT, RTR or RTS), for an application that drives
+/// its own QP and passes its number in `rdma_conn_param.qp_num`.
+///
+/// # Safety
+///
+/// `id` live; `attr` and `mask` writable (or NULL: `EINVAL`).
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    let sv = id_or!(id);
+    if attr.is_null() || mask.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: readable per the contract (checked not NULL).
+    let Some(state) = softverbs::verbs::QpState::from_raw(unsafe { (*attr).qp_state }) else {
+        return fail(libc::EINVAL);
+    };
+    match sv.cm.init_qp_attr(state) {
+        Ok((a, m)) => {
+            // SAFETY: writable per the contract (checked not NULL).
+            unsafe {
+                *attr = crate::verbs::qp_attr_to_c(&a);
+                *mask = m.bits() as c_int;
+            }
+            0
+        }
+        Err(e) => fail(e.errno()),
+    }
+}
+
 /// The calls soft devices do not support: -1 with `errno` `EOPNOTSUPP`
-/// (multicast, ECE, SRQs made by the CM, `rdma_init_qp_attr`).
+/// (multicast, ECE, SRQs made by the CM).
 #[no_mangle]
 pub extern "C" fn __softverbs_rdma_unsupported() -> c_int {
     fail(libc::EOPNOTSUPP)

@@ -75,6 +75,8 @@ mod events;
 mod memory;
 mod qp;
 
+pub(crate) use qp::qp_attr_to_c;
+
 pub(crate) use cq::*;
 pub(crate) use device::*;
 pub(crate) use memory::*;

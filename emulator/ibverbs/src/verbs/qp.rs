@@ -362,26 +362,9 @@ pub unsafe extern "C" fn __softverbs_ibv_modify_qp(qp: *mut ibv_qp, attr: *mut i
     }
 }
 
-/// `ibv_query_qp`: every attribute (the mask is not needed to choose).
-///
-/// # Safety
-///
-/// `qp` a live QP; `attr` and `init` writable.
-#[no_mangle]
-pub unsafe extern "C" fn __softverbs_ibv_query_qp(
-    qp: *mut ibv_qp,
-    attr: *mut ibv_qp_attr,
-    _mask: c_int,
-    init: *mut ibv_qp_init_attr,
-) -> c_int {
-    null_check!(libc::EINVAL; qp, attr, init);
-    // SAFETY: a live QP of this library.
-    let q = unsafe { SvQp::from_ibv(qp) };
-    let a = match q.h.query() {
-        Ok(a) => a,
-        Err(e) => return fail(&e),
-    };
-    let c = ibv_qp_attr {
+/// The C `ibv_qp_attr` of softverbs attributes (every field).
+pub(crate) fn qp_attr_to_c(a: &QpAttr) -> ibv_qp_attr {
+    ibv_qp_attr {
         qp_state: a.qp_state.as_raw(),
         cur_qp_state: a.cur_qp_state.as_raw(),
         path_mtu: a.path_mtu.as_raw(),
@@ -408,7 +391,29 @@ pub unsafe extern "C" fn __softverbs_ibv_query_qp(
         alt_port_num: a.alt_port_num,
         alt_timeout: a.alt_timeout,
         rate_limit: a.rate_limit,
+    }
+}
+
+/// `ibv_query_qp`: every attribute (the mask is not needed to choose).
+///
+/// # Safety
+///
+/// `qp` a live QP; `attr` and `init` writable.
+#[no_mangle]
+pub unsafe extern "C" fn __softverbs_ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init: *mut ibv_qp_init_attr,
+) -> c_int {
+    null_check!(libc::EINVAL; qp, attr, init);
+    // SAFETY: a live QP of this library.
+    let q = unsafe { SvQp::from_ibv(qp) };
+    let a = match q.h.query() {
+        Ok(a) => a,
+        Err(e) => return fail(&e),
     };
+    let c = qp_attr_to_c(&a);
     // SAFETY: writable per the contract; the C QP fields are ours.
     unsafe {
         *attr = c;
