@@ -23,6 +23,7 @@ use clap::Subcommand;
 
 use super::{CliError, Env};
 use crate::sim::bench::{self, BenchConfig, BenchOp};
+use softverbs::soft::proto::Recovery;
 use crate::sim::workload::GenLimits;
 use crate::sim::Scenario;
 
@@ -145,6 +146,18 @@ pub struct BenchArgs {
     /// Seed of the faults
     #[arg(long, default_value = "1", value_parser = parse_seed)]
     pub seed: u64,
+    /// Loss recoveries to compare, comma separated: `gbn` (standard
+    /// go-back-N on the wire), `sr` (selective repeat between soft devices)
+    #[arg(long, value_delimiter = ',', default_value = "gbn,sr", value_parser = parse_recovery)]
+    pub recovery: Vec<Recovery>,
+}
+
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    match s {
+        "gbn" => Ok(Recovery::GoBackN),
+        "sr" => Ok(Recovery::SelectiveRepeat),
+        _ => Err(format!("unknown recovery {s:?} (gbn or sr)")),
+    }
 }
 
 /// Runs `softverbs sim`.
@@ -175,6 +188,7 @@ fn run_bench(a: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
             ..d.qp
         },
         seed: a.seed,
+        recoveries: a.recovery.clone(),
         ..d
     };
     match bench::run(&cfg) {

@@ -126,6 +126,8 @@ impl Core {
             && qp.resp.epsn == bth.psn
             && qp.resp.recv.is_none()
             && qp.resp.write.is_none()
+            // Held packets wait behind this one (`recovery`).
+            && qp.resp.ooo.as_ref().is_none_or(|o| o.is_empty())
             // What `dispatch` checks of a train.
             && train.is_none_or(|t| t.fits(payload.len(), qp.mtu()));
         let done = ok
