@@ -23,9 +23,10 @@
 //! ```
 //!
 //! all big-endian, a multiple of 4 bytes so the pad count stays 0. The
-//! packet is BTH + AETH + this + ICRC: a capture decodes it as an RC
-//! Acknowledge (NAK, PSN sequence error) followed by bytes the dissector
-//! shows as data. rxe and NICs never receive one.
+//! packet is BTH + AETH + this + ICRC: tshark decodes it as an RC
+//! Acknowledge (NAK, PSN sequence error) without a malformed-packet
+//! warning, and does not show the extension. rxe and NICs never receive
+//! one.
 
 use super::{Psn, WireError, PSN_MASK};
 
