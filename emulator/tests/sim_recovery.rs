@@ -266,7 +266,11 @@ fn selective_repeat_is_negotiated() {
     let (sent, got, resent, _, naks) = lossy_pair((SelectiveRepeat, SelectiveRepeat));
     assert!(sent > 0 && got > 0 && resent > 0, "SR pair: {sent} {got} {resent}");
     assert!(naks >= sent);
-    for r in [(GoBackN, GoBackN), (SelectiveRepeat, GoBackN), (GoBackN, SelectiveRepeat)] {
+    for r in [
+        (GoBackN, GoBackN),
+        (SelectiveRepeat, GoBackN),
+        (GoBackN, SelectiveRepeat),
+    ] {
         let (sent, got, resent, probes, naks) = lossy_pair(r);
         assert_eq!((sent, got, resent, probes), (0, 0, 0, 0), "{r:?}");
         assert!(naks > 0, "{r:?}: go-back-N NAKs expected");

@@ -23,9 +23,9 @@ use clap::Subcommand;
 
 use super::{CliError, Env};
 use crate::sim::bench::{self, BenchConfig, BenchOp};
-use softverbs::soft::proto::Recovery;
 use crate::sim::workload::GenLimits;
 use crate::sim::Scenario;
+use softverbs::soft::proto::Recovery;
 
 /// Arguments of `softverbs sim`.
 #[derive(Debug, clap::Args)]

@@ -172,9 +172,8 @@ pub fn run_one(cfg: &BenchConfig, op: BenchOp, loss: f64, recovery: Recovery) ->
         ..cfg.qp
     };
     let size = cfg.size;
-    let (mut f, a, b) =
-        pair_with(cfg.seed, link, &qp, (size as usize).max(8), (recovery, recovery))
-            .map_err(|e| format!("setting up the pair: {e}"))?;
+    let (mut f, a, b) = pair_with(cfg.seed, link, &qp, (size as usize).max(8), (recovery, recovery))
+        .map_err(|e| format!("setting up the pair: {e}"))?;
     if op == BenchOp::Send {
         let rsgl = [b.sge(0, size)];
         for i in 0..cfg.messages {

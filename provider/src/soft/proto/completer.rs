@@ -106,7 +106,7 @@ impl Core {
         }
         if qp.req.rtt.as_ref().and_then(|r| r.probe_at).is_some_and(|t| t <= now)
             && qp.req.rnr_wait.is_none()
-            && !qp.req.retrans_at.is_some_and(|t| t <= now)
+            && qp.req.retrans_at.is_none_or(|t| t > now)
         {
             self.fire_probe(qp, now);
         }

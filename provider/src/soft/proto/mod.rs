@@ -32,8 +32,8 @@ mod memops;
 mod mr;
 mod post;
 mod qp;
-mod recv;
 mod recovery;
+mod recv;
 mod requester;
 mod responder;
 mod slab;
@@ -52,10 +52,10 @@ use crate::verbs::{
 };
 
 pub use qp::QpCreate;
-pub use recv::Counters;
 pub use recovery::{
     Recovery, HOLD_MAX_BYTES, HOLD_MAX_PKTS, PROBE_INITIAL_NS, PROBE_MIN_NS, WINDOW_MAX_NS, WINDOW_MIN_NS,
 };
+pub use recv::Counters;
 
 use cq::Cq;
 use mr::MrTable;

@@ -240,10 +240,8 @@ impl Core {
             })
         });
         o.advance_to(epsn);
-        let fits = dist > 0
-            && (dist as u32) < HOLD_MAX_PKTS
-            && o.bytes + raw.len() <= HOLD_MAX_BYTES
-            && !raw.is_empty();
+        let fits =
+            dist > 0 && (dist as u32) < HOLD_MAX_PKTS && o.bytes + raw.len() <= HOLD_MAX_BYTES && !raw.is_empty();
         if fits {
             let i = dist as usize;
             if o.slots.len() <= i {
@@ -252,7 +250,12 @@ impl Core {
             if o.slots[i].is_none() {
                 let mut data = self.take_buffer(raw.len());
                 data.extend_from_slice(raw);
-                o.slots[i] = Some(Held { data, src, dst, at: now });
+                o.slots[i] = Some(Held {
+                    data,
+                    src,
+                    dst,
+                    at: now,
+                });
                 o.count += 1;
                 o.bytes += raw.len();
                 self.counters.rx_held += 1;
@@ -432,7 +435,11 @@ impl Core {
         // window).
         if let Some(r) = qp.req.rtt.as_mut() {
             if let Some((p, t)) = r.sample {
-                if sack.ranges.iter().any(|g| g.first.distance(p) >= 0 && p.is_before(g.end())) {
+                if sack
+                    .ranges
+                    .iter()
+                    .any(|g| g.first.distance(p) >= 0 && p.is_before(g.end()))
+                {
                     r.sample = None;
                     r.add_sample(now.saturating_sub(t));
                 }
@@ -442,7 +449,9 @@ impl Core {
         for &(a, b) in &holes {
             let mut p = a;
             while p != b {
-                let Some(idx) = self.wqe_with_psn(qp, p) else { return false };
+                let Some(idx) = self.wqe_with_psn(qp, p) else {
+                    return false;
+                };
                 let w = &qp.sq[idx];
                 if w.op.is_read_or_atomic() || w.op.is_local() {
                     return false;
@@ -546,7 +555,9 @@ impl Core {
         self.counters.probes += 1;
         r.sample = None;
         let oldest = qp.req.acked_psn.next();
-        let Some(idx) = self.wqe_with_psn(qp, oldest) else { return };
+        let Some(idx) = self.wqe_with_psn(qp, oldest) else {
+            return;
+        };
         let w = &qp.sq[idx];
         let sendable = !w.op.is_read_or_atomic()
             && !w.op.is_local()

@@ -4,8 +4,8 @@
 //! dropped and counted, never a panic.
 
 use crate::soft::wire::{
-    check_icrc, has_soft_cap, AethRepr, BthRepr, Direction, IpPseudoHeader, OpKind, Opcode, Packet, Pkey, Position, Sack,
-    Transport, UdpPorts, ICRC_LEN,
+    check_icrc, has_soft_cap, AethRepr, BthRepr, Direction, IpPseudoHeader, OpKind, Opcode, Packet, Pkey, Position,
+    Sack, Transport, UdpPorts, ICRC_LEN,
 };
 use crate::verbs::{QpState, QpType};
 
