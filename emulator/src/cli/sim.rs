@@ -2,7 +2,9 @@
 //! ([`crate::sim`]) from the command line.
 //!
 //! - `sim bench`: goodput and completion latency of RC writes and sends in
-//!   virtual time at 0, 0.1, 1 and 5 % loss with reordering.
+//!   virtual time at 0, 0.1, 1 and 5 % loss with reordering, for
+//!   standard go-back-N and selective repeat side by side
+//!   (`--recovery gbn|sr` for one).
 //! - `sim run --seed S`: one random scenario, checked against the reference
 //!   model; `--trace` prints its packet log (replay a failing seed).
 //! - `sim fuzz --count N`: many random scenarios; reports every failing
@@ -10,6 +12,7 @@
 //!
 //! ```text
 //! $ softverbs sim bench
+//! $ softverbs sim bench --reorder 0 --loss 1 --recovery sr
 //! $ softverbs sim run --seed 0x2a --trace --tail 200
 //! $ softverbs sim fuzz --count 10000 --permanent-cut
 //! ```
