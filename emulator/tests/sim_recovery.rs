@@ -347,3 +347,88 @@ fn bench_goals_at_one_percent_loss() {
         assert!(row.goodput_gbps >= 22.5, "{r:?}: {row:?}");
     }
 }
+
+/// Hostile SACKs: a malformed extension is dropped and counted; ranges
+/// that name PSNs never sent make the requester go back N, never panic
+/// or resend what it never sent; the transfer still completes.
+#[test]
+fn hostile_sacks_are_dropped_or_fall_back() {
+    use softverbs::soft::proto::Datagram;
+    use softverbs::soft::wire::{
+        fill_icrc, set_soft_cap, AethRepr, BthRepr, IpPseudoHeader, NakCode, Opcode, Psn, Qpn, Sack, SackRange,
+        Syndrome, UdpPorts, ROCEV2_UDP_PORT,
+    };
+    let r = Recovery::SelectiveRepeat;
+    let qp = QpOptions::default();
+    let (mut f, a, b) = pair_with(5, LinkConfig::ideal(), &qp, 1 << 20, (r, r)).unwrap();
+    // Learn the peer, then leave a write outstanding (B cut off for now).
+    let sgl = [a.sge(0, 4096)];
+    let wr = SendWr::new(0, SendOp::Write { remote: b.remote(0) }, &sgl).flags(SendFlags::SIGNALED);
+    a.post_send(&mut f, &[wr]).unwrap();
+    f.run_until_idle(100_000).unwrap();
+    assert_eq!(a.poll_send(&mut f).len(), 1);
+    let (src, dst) = (f.addr(b.node), f.addr(a.node));
+    let ports = UdpPorts {
+        src: 0xc123,
+        dst: ROCEV2_UDP_PORT,
+    };
+    let psn_b = QpOptions::default().psn_a;
+    let build = |ext: &[u8], psn: u32| -> Vec<u8> {
+        let mut p = vec![0u8; BthRepr::LEN + AethRepr::LEN];
+        BthRepr::new(Opcode::RcAcknowledge, Qpn::new(a.qpn), Psn::new(psn))
+            .emit(&mut p[..BthRepr::LEN])
+            .unwrap();
+        AethRepr {
+            syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
+            msn: 0,
+        }
+        .emit(&mut p[BthRepr::LEN..])
+        .unwrap();
+        p.extend_from_slice(ext);
+        p.extend_from_slice(&[0; 4]);
+        set_soft_cap(&mut p);
+        fill_icrc(&IpPseudoHeader::between(src, dst).unwrap(), ports, &mut p).unwrap();
+        p
+    };
+    let inject = |f: &mut softverbs_emulator::sim::Fabric, data: &[u8]| {
+        f.with(a.node, |core, now| {
+            core.handle_datagram(
+                now,
+                Datagram {
+                    src,
+                    dst,
+                    src_port: ports.src,
+                    dst_port: ports.dst,
+                    data,
+                    train: None,
+                },
+            )
+        });
+    };
+    let before = f.core(a.node).counters().rx_malformed;
+    inject(&mut f, &build(&[0x53, 0x52, 9, 1, 0, 0, 0, 1, 0, 0, 0, 1], psn_b));
+    inject(&mut f, &build(&[0xde, 0xad, 1, 0], psn_b));
+    assert_eq!(f.core(a.node).counters().rx_malformed, before + 2);
+    // A well-formed SACK far beyond anything sent, while a write is out.
+    f.isolate(b.node);
+    let sgl = [a.sge(0, 65536)];
+    let wr = SendWr::new(1, SendOp::Write { remote: b.remote(0) }, &sgl).flags(SendFlags::SIGNALED);
+    a.post_send(&mut f, &[wr]).unwrap();
+    let next = psn_b + 4; // the write's first PSN (4 packets of 1 KiB before)
+    let mut ext = Vec::new();
+    Sack {
+        ranges: vec![SackRange {
+            first: Psn::new(next + 100_000),
+            npkts: 5,
+        }],
+    }
+    .emit(&mut ext)
+    .unwrap();
+    inject(&mut f, &build(&ext, next));
+    assert_eq!(f.core(a.node).counters().sr_resent_packets, 0);
+    f.heal();
+    f.run_until_idle(1_000_000).unwrap();
+    let wcs = a.poll_send(&mut f);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+}
