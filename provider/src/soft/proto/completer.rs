@@ -332,7 +332,10 @@ impl Core {
                             NakCode::PsnSequenceError => {
                                 self.counters.seq_naks_received += 1;
                                 let at = (psn, qp.req.acked_psn);
-                                if qp.req.last_nak == Some(at) {
+                                // A SACK NAK again at the same place lists
+                                // gaps whose resends were lost: not a copy.
+                                let sack = self.rx_sack.is_some() && self.sr_requester(qp);
+                                if qp.req.last_nak == Some(at) && !sack {
                                     self.counters.seq_naks_duplicate += 1;
                                 } else {
                                     qp.req.last_nak = Some(at);

@@ -26,7 +26,9 @@
 //! sequence NAK (a SACK, [`crate::soft::wire::Sack`]); a requester that
 //! gets one resends only the missing packets of SENDs and WRITEs (a gap
 //! that touches a READ or atomic, or that it cannot map, falls back to
-//! go-back-N from the NAK's PSN).
+//! go-back-N from the NAK's PSN). Gaps listed once are listed again only
+//! after twice the measured time from a SACK to the fill of its first gap
+//! (a resend or the SACK was lost).
 //!
 //! **Requester: RTT-adaptive probe.** Between soft devices the requester
 //! measures the round trip (one sample at a time, never from a resent
@@ -107,6 +109,14 @@ pub(crate) struct Reorder {
     fillers: VecDeque<(Psn, Nanos)>,
     /// Every gap before this PSN was listed in a SACK already.
     requested_upto: Option<Psn>,
+    /// When the last SACK left, until its first gap fills (a sample).
+    sack_at: Option<Nanos>,
+    /// When the last SACK left.
+    listed_at: Option<Nanos>,
+    /// Smoothed time from a SACK to the fill of its first gap: how long a
+    /// selective resend takes to arrive. A gap listed and not filled after
+    /// twice that is listed again (its resend was lost).
+    fill_ns: Nanos,
 }
 
 impl Reorder {
@@ -279,6 +289,10 @@ impl Core {
             return;
         }
         let gap_at = o.gap_at.unwrap_or(now);
+        if let (true, Some(t)) = (nak_sent, o.sack_at.take()) {
+            let s = now.saturating_sub(t).max(1);
+            o.fill_ns = if o.fill_ns == 0 { s } else { (7 * o.fill_ns + s) / 8 };
+        }
         if o.fillers.len() == FILLERS {
             o.fillers.pop_front();
         }
@@ -350,14 +364,24 @@ impl Core {
             o.gap_at = None;
             return;
         }
-        if qp.resp.nak_sent {
-            return;
+        let sr_peer = self.cfg.recovery == Recovery::SelectiveRepeat && qp.resp.peer_sr;
+        if qp.resp.nak_sent || o.requested_upto.is_some_and(|r| epsn.is_before(r)) {
+            // This gap was NAK'd or listed in a SACK: its resend is on the
+            // way. A selective-repeat peer is told again once twice the
+            // usual time for a resend went by (the resend or the SACK was
+            // lost); otherwise the requester's timers cover it.
+            let (Some(t), true) = (o.listed_at, sr_peer && o.fill_ns > 0) else {
+                return;
+            };
+            let due = t + 2 * o.fill_ns.max(WINDOW_MIN_NS);
+            if now < due {
+                qp.resp.nak_deadline = Some(due);
+                self.update_timer(qp);
+                return;
+            }
+            self.counters.sacks_repeated += 1;
         }
-        if o.requested_upto.is_some_and(|r| epsn.is_before(r)) {
-            // This gap was listed in the last SACK: its resend is on the
-            // way; the requester's probe covers a lost one.
-            return;
-        }
+        let Some(o) = qp.resp.ooo.as_mut() else { return };
         let gap_at = *o.gap_at.get_or_insert(now);
         // A selective-repeat peer resends only what a NAK lists, so a NAK
         // of a packet that was only late costs one packet: it gets the
@@ -375,6 +399,8 @@ impl Core {
             let ranges = qp.resp.ooo.as_ref().map(|o| o.ranges()).unwrap_or_default();
             if let (Some(o), Some(last)) = (qp.resp.ooo.as_mut(), ranges.last()) {
                 o.requested_upto = Some(last.end());
+                o.sack_at = Some(now);
+                o.listed_at = Some(now);
             }
             self.send_sack(qp, epsn, Sack { ranges });
         } else {

@@ -58,6 +58,7 @@ pub struct Counters {
     pub reorder_detected: u64,
     pub sacks_sent: u64,
     pub sacks_received: u64,
+    pub sacks_repeated: u64,
     pub sr_resent_packets: u64,
     pub probes: u64,
 }
@@ -108,6 +109,7 @@ impl Counters {
             ("reorder_detected", self.reorder_detected),
             ("sacks_sent", self.sacks_sent),
             ("sacks_received", self.sacks_received),
+            ("sacks_repeated", self.sacks_repeated),
             ("sr_resent_packets", self.sr_resent_packets),
             ("probes", self.probes),
         ]
