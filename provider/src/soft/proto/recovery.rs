@@ -15,10 +15,11 @@
 //! is NAK'd at once, as the standard says. The path is known to reorder
 //! when a packet that filled a gap arrives a second time: two copies were
 //! in flight, so the NAK was premature (the original was late, not lost).
-//! From then on the NAK waits for a reordering window (learned from the
-//! gaps that filled by themselves, [`WINDOW_MIN_NS`] to
-//! [`WINDOW_MAX_NS`]); a standard requester only sees a later NAK, as
-//! from a longer path.
+//! From then on, toward a go-back-N requester, the NAK waits for a
+//! reordering window (learned from the gaps that filled by themselves,
+//! [`WINDOW_MIN_NS`] to [`WINDOW_MAX_NS`]); a standard requester only sees
+//! a later NAK, as from a longer path. A selective-repeat requester gets
+//! it at once: a premature one costs it one resent packet, not a window.
 //!
 //! **Selective repeat.** A soft device with [`Recovery::SelectiveRepeat`]
 //! announces itself in its packets ([`crate::soft::wire::set_soft_cap`]).
