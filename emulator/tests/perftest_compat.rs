@@ -426,16 +426,19 @@ fn sim_bench_plot_draws_goodput_and_p99_against_loss() {
     let o = softverbs(&["sim", "bench", "-n", "20", "--loss", "0,1,5", "--plot", p]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let (lines, texts) = svg_parts(&path);
-    // A colour per operation, its lines with a point per loss rate.
-    assert_eq!(lines, [3, 3], "{texts:?}");
+    // A colour per operation and loss recovery (go-back-N and selective
+    // repeat by default), its lines with a point per loss rate.
+    assert_eq!(lines, [3, 3, 3, 3], "{texts:?}");
     for t in [
         "sim bench: goodput against loss",
         "sim bench: p99 completion latency against loss",
         "goodput [Gb/s]",
         "p99 [usec]",
         "loss [%]",
-        "write",
-        "send",
+        "write gbn",
+        "write sr",
+        "send gbn",
+        "send sr",
     ] {
         assert!(texts.iter().any(|x| x == t), "no {t:?} in {texts:?}");
     }

@@ -49,8 +49,36 @@ fn sim_fuzz_and_bench() {
         .lines()
         .filter(|l| l.starts_with("write") || l.starts_with("send"))
         .collect();
-    assert_eq!(rows.len(), 4, "{out}");
+    // Both recoveries side by side: 2 ops × 2 losses × gbn and sr.
+    assert_eq!(rows.len(), 8, "{out}");
     assert!(out.contains("goodput"));
+    assert_eq!(
+        rows.iter()
+            .filter(|l| l.split_whitespace().nth(1) == Some("sr"))
+            .count(),
+        4
+    );
+    let o = softverbs(&[
+        "--no-embedded",
+        "sim",
+        "bench",
+        "-n",
+        "4",
+        "--loss",
+        "1",
+        "--recovery",
+        "gbn",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    let rows: Vec<_> = out
+        .lines()
+        .filter(|l| l.starts_with("write") || l.starts_with("send"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows.iter().all(|l| l.split_whitespace().nth(1) == Some("gbn")), "{out}");
+    let o = softverbs(&["--no-embedded", "sim", "bench", "--recovery", "tcp"]);
+    assert_eq!(o.status.code(), Some(2));
 }
 
 #[test]

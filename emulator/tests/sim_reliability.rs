@@ -4,8 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use softverbs::soft::proto::Recovery;
 use softverbs::soft::wire::{Opcode, Packet};
 use softverbs::verbs::{Mtu, QpType, RecvWr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus};
+use softverbs_emulator::sim::conn::pair_with;
 use softverbs_emulator::sim::trace::TraceKind;
 use softverbs_emulator::sim::{pair, FaultModel, FilterPacket, LinkConfig, NodeId, QpOptions, Verdict};
 
@@ -47,32 +49,40 @@ fn drop_nth(from: NodeId, op: Opcode, nth: usize) -> softverbs_emulator::sim::Pa
 
 #[test]
 fn nak_sequence_error_goes_back_n() {
-    let (mut f, a, b) = pair(21, LinkConfig::ideal(), &opts(), 1 << 16).unwrap();
-    f.set_trace(None);
-    // A 16-packet write; the 4th packet (3rd middle) is lost.
-    f.set_filter(drop_nth(A, Opcode::RcRdmaWriteMiddle, 2));
-    let data = pattern(16 * 1024, 1);
-    a.write(0, &data);
-    let sgl = [a.sge(0, 16 * 1024)];
-    let wr = SendWr::new(1, SendOp::Write { remote: b.remote(0) }, &sgl).flags(SendFlags::SIGNALED);
-    a.post_send(&mut f, &[wr]).unwrap();
-    f.run_until_idle(10_000).unwrap();
-    assert_eq!(a.poll_send(&mut f)[0].status, WcStatus::Success);
-    assert_eq!(b.read(0, data.len()), data);
-    let cb = f.core(B).counters();
-    assert_eq!(cb.seq_naks_sent, 1, "one NAK per gap");
-    assert_eq!(cb.rx_out_of_sequence, 12, "packets after the gap are dropped");
-    let ca = f.core(A).counters();
-    assert_eq!(ca.seq_naks_received, 1);
-    assert_eq!(ca.retransmit_timeouts, 0, "the NAK, not the timer, recovers");
-    // Go-back-N resends from the lost PSN: 16 + 13 request packets in all.
-    let sent = f
-        .trace()
-        .unwrap()
-        .events()
-        .filter(|e| e.from == A && matches!(e.kind, TraceKind::Send { .. } | TraceKind::Drop(_)))
-        .count();
-    assert_eq!(sent, 16 + 13);
+    // Go-back-N (standard peers), and selective repeat between soft
+    // devices: the NAK lists the 12 packets held after the gap and only
+    // the lost one is resent.
+    for (r, resent) in [(Recovery::GoBackN, 13), (Recovery::SelectiveRepeat, 1)] {
+        let (mut f, a, b) = pair_with(21, LinkConfig::ideal(), &opts(), 1 << 16, (r, r)).unwrap();
+        f.set_trace(None);
+        // A 16-packet write; the 4th packet (3rd middle) is lost.
+        f.set_filter(drop_nth(A, Opcode::RcRdmaWriteMiddle, 2));
+        let data = pattern(16 * 1024, 1);
+        a.write(0, &data);
+        let sgl = [a.sge(0, 16 * 1024)];
+        let wr = SendWr::new(1, SendOp::Write { remote: b.remote(0) }, &sgl).flags(SendFlags::SIGNALED);
+        a.post_send(&mut f, &[wr]).unwrap();
+        f.run_until_idle(10_000).unwrap();
+        assert_eq!(a.poll_send(&mut f)[0].status, WcStatus::Success);
+        assert_eq!(b.read(0, data.len()), data);
+        let cb = f.core(B).counters();
+        assert_eq!(cb.seq_naks_sent, 1, "one NAK per gap");
+        assert_eq!(cb.rx_out_of_sequence, 12, "packets after the gap are held");
+        assert_eq!(cb.rx_held, 12);
+        let ca = f.core(A).counters();
+        assert_eq!(ca.seq_naks_received, 1);
+        assert_eq!(ca.retransmit_timeouts, 0, "the NAK, not the timer, recovers");
+        assert_eq!(ca.sacks_received, u64::from(r == Recovery::SelectiveRepeat));
+        // Go-back-N resends from the lost PSN: 16 + 13 request packets in
+        // all; selective repeat 16 + 1.
+        let sent = f
+            .trace()
+            .unwrap()
+            .events()
+            .filter(|e| e.from == A && matches!(e.kind, TraceKind::Send { .. } | TraceKind::Drop(_)))
+            .count();
+        assert_eq!(sent, 16 + resent, "{r:?}");
+    }
 }
 
 #[test]

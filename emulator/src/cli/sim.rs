@@ -2,7 +2,9 @@
 //! ([`crate::sim`]) from the command line.
 //!
 //! - `sim bench`: goodput and completion latency of RC writes and sends in
-//!   virtual time at 0, 0.1, 1 and 5 % loss with reordering.
+//!   virtual time at 0, 0.1, 1 and 5 % loss with reordering, for
+//!   standard go-back-N and selective repeat side by side
+//!   (`--recovery gbn|sr` for one).
 //! - `sim run --seed S`: one random scenario, checked against the reference
 //!   model; `--trace` prints its packet log (replay a failing seed).
 //! - `sim fuzz --count N`: many random scenarios; reports every failing
@@ -10,6 +12,7 @@
 //!
 //! ```text
 //! $ softverbs sim bench
+//! $ softverbs sim bench --reorder 0 --loss 1 --recovery sr
 //! $ softverbs sim run --seed 0x2a --trace --tail 200
 //! $ softverbs sim fuzz --count 10000 --permanent-cut
 //! ```
@@ -25,6 +28,7 @@ use super::{CliError, Env};
 use crate::sim::bench::{self, BenchConfig, BenchOp};
 use crate::sim::workload::GenLimits;
 use crate::sim::Scenario;
+use softverbs::soft::proto::Recovery;
 
 /// Arguments of `softverbs sim`.
 #[derive(Debug, clap::Args)]
@@ -149,6 +153,18 @@ pub struct BenchArgs {
     /// FILE
     #[arg(long = "plot", value_name = "FILE.svg")]
     pub plot: Option<std::path::PathBuf>,
+    /// Loss recoveries to compare, comma separated: `gbn` (standard
+    /// go-back-N on the wire), `sr` (selective repeat between soft devices)
+    #[arg(long, value_delimiter = ',', default_value = "gbn,sr", value_parser = parse_recovery)]
+    pub recovery: Vec<Recovery>,
+}
+
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    match s {
+        "gbn" => Ok(Recovery::GoBackN),
+        "sr" => Ok(Recovery::SelectiveRepeat),
+        _ => Err(format!("unknown recovery {s:?} (gbn or sr)")),
+    }
 }
 
 /// Runs `softverbs sim`.
@@ -179,6 +195,7 @@ fn run_bench(a: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
             ..d.qp
         },
         seed: a.seed,
+        recoveries: a.recovery.clone(),
         ..d
     };
     match bench::run(&cfg) {
@@ -196,9 +213,16 @@ fn run_bench(a: &BenchArgs, out: &mut dyn Write) -> Result<(), CliError> {
     }
 }
 
-/// `sim bench --plot`: the result rows as charts, one line per operation.
+/// `sim bench --plot`: the result rows as charts, one line per operation
+/// and loss recovery.
 fn plot_bench(path: &std::path::Path, rows: &[bench::BenchRow]) -> Result<(), CliError> {
-    let charts = super::plot::sim_charts(rows, |r| r.op.name().to_string());
+    let charts = super::plot::sim_charts(rows, |r| {
+        let recovery = match r.recovery {
+            Recovery::GoBackN => "gbn",
+            Recovery::SelectiveRepeat => "sr",
+        };
+        format!("{} {recovery}", r.op.name())
+    });
     super::plot::write_svg(path, &charts).map_err(|e| {
         super::eprintln_safe(&format!("softverbs: sim bench: {e}"));
         CliError::Reported(3)

@@ -14,7 +14,9 @@ use std::fmt::Write as _;
 use softverbs::soft::proto::Nanos;
 use softverbs::verbs::{Mtu, RecvWr, SendFlags, SendOp, SendWr};
 
-use super::conn::{pair, QpOptions};
+use softverbs::soft::proto::Recovery;
+
+use super::conn::{pair_with, QpOptions};
 use super::link::{FaultModel, LinkConfig};
 use super::SimError;
 
@@ -58,6 +60,8 @@ pub struct BenchConfig {
     pub qp: QpOptions,
     /// Seed of every row's fabric.
     pub seed: u64,
+    /// Loss recoveries compared (both nodes run the same one).
+    pub recoveries: Vec<Recovery>,
 }
 
 impl Default for BenchConfig {
@@ -81,6 +85,7 @@ impl Default for BenchConfig {
                 ..QpOptions::default()
             },
             seed: 1,
+            recoveries: vec![Recovery::GoBackN, Recovery::SelectiveRepeat],
         }
     }
 }
@@ -90,6 +95,8 @@ impl Default for BenchConfig {
 pub struct BenchRow {
     /// Operation.
     pub op: BenchOp,
+    /// Loss recovery of both nodes.
+    pub recovery: Recovery,
     /// Loss probability.
     pub loss: f64,
     /// Message size.
@@ -127,7 +134,9 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>, String> {
     let mut rows = Vec::new();
     for &op in &cfg.ops {
         for &loss in &cfg.losses {
-            rows.push(run_one(cfg, op, loss)?);
+            for &r in &cfg.recoveries {
+                rows.push(run_one(cfg, op, loss, r)?);
+            }
         }
     }
     Ok(rows)
@@ -146,7 +155,7 @@ fn percentile(sorted: &[Nanos], p: f64) -> Nanos {
 /// # Errors
 ///
 /// As [`run`].
-pub fn run_one(cfg: &BenchConfig, op: BenchOp, loss: f64) -> Result<BenchRow, String> {
+pub fn run_one(cfg: &BenchConfig, op: BenchOp, loss: f64, recovery: Recovery) -> Result<BenchRow, String> {
     let link = LinkConfig {
         faults: FaultModel {
             loss,
@@ -163,8 +172,8 @@ pub fn run_one(cfg: &BenchConfig, op: BenchOp, loss: f64) -> Result<BenchRow, St
         ..cfg.qp
     };
     let size = cfg.size;
-    let (mut f, a, b) =
-        pair(cfg.seed, link, &qp, (size as usize).max(8)).map_err(|e| format!("setting up the pair: {e}"))?;
+    let (mut f, a, b) = pair_with(cfg.seed, link, &qp, (size as usize).max(8), (recovery, recovery))
+        .map_err(|e| format!("setting up the pair: {e}"))?;
     if op == BenchOp::Send {
         let rsgl = [b.sge(0, size)];
         for i in 0..cfg.messages {
@@ -222,6 +231,7 @@ pub fn run_one(cfg: &BenchConfig, op: BenchOp, loss: f64) -> Result<BenchRow, St
     let c = f.core(a.node).counters().clone();
     Ok(BenchRow {
         op,
+        recovery,
         loss,
         size,
         messages: cfg.messages,
@@ -262,8 +272,9 @@ pub fn render(cfg: &BenchConfig, rows: &[BenchRow]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<6} {:>6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
+        "{:<6} {:<4} {:>6} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
         "op",
+        "rec",
         "loss%",
         "goodput",
         "elapsed[ms]",
@@ -278,8 +289,9 @@ pub fn render(cfg: &BenchConfig, rows: &[BenchRow]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<6} {:>6} {:>7.2}Gb/s {:>12.3} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
+            "{:<6} {:<4} {:>6} {:>7.2}Gb/s {:>12.3} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
             r.op.name(),
+            recovery_name(r.recovery),
             format!("{}", r.loss * 100.0),
             r.goodput_gbps,
             r.elapsed_ns as f64 / 1e6,
@@ -293,4 +305,12 @@ pub fn render(cfg: &BenchConfig, rows: &[BenchRow]) -> String {
         );
     }
     s
+}
+
+/// The short name of a recovery in the table (`gbn`, `sr`).
+pub fn recovery_name(r: Recovery) -> &'static str {
+    match r {
+        Recovery::GoBackN => "gbn",
+        Recovery::SelectiveRepeat => "sr",
+    }
 }

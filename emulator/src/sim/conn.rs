@@ -359,10 +359,30 @@ pub fn connect(
 ///
 /// The verbs error of the first call that fails.
 pub fn pair(seed: u64, link: super::LinkConfig, opts: &QpOptions, mem: usize) -> Result<(Fabric, Endpoint, Endpoint)> {
+    let r = softverbs::soft::proto::Recovery::default();
+    pair_with(seed, link, opts, mem, (r, r))
+}
+
+/// [`pair`] with the loss recovery each node offers (node a, node b).
+///
+/// # Errors
+///
+/// As [`pair`].
+pub fn pair_with(
+    seed: u64,
+    link: super::LinkConfig,
+    opts: &QpOptions,
+    mem: usize,
+    recovery: (softverbs::soft::proto::Recovery, softverbs::soft::proto::Recovery),
+) -> Result<(Fabric, Endpoint, Endpoint)> {
     use std::net::{IpAddr, Ipv4Addr};
     let mut f = Fabric::new(seed, link);
-    let a = f.add_node(super::NodeConfig::new("a", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
-    let b = f.add_node(super::NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))));
+    let mut na = super::NodeConfig::new("a", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+    na.recovery = recovery.0;
+    let mut nb = super::NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+    nb.recovery = recovery.1;
+    let a = f.add_node(na);
+    let b = f.add_node(nb);
     let (ea, eb) = connect(&mut f, a, b, mem, mem, opts)?;
     Ok((f, ea, eb))
 }

@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use softverbs::soft::device::limits;
-use softverbs::soft::proto::{train, Core, CoreConfig, CoreEvent, Datagram, Nanos, Transmit};
+use softverbs::soft::proto::{train, Core, CoreConfig, CoreEvent, Datagram, Nanos, Recovery, Transmit};
 use softverbs::verbs::{AtomicCap, DeviceAttr, DeviceCapFlags, Gid, Guid, LinkLayer, Mtu, PortAttr, PortState};
 
 use super::link::{LinkConfig, Partition};
@@ -45,6 +45,8 @@ pub struct NodeConfig {
     /// Engine option: verify received ICRCs (leave on: corruption faults
     /// rely on it).
     pub check_icrc: bool,
+    /// Engine option: the loss recovery the node offers its peers.
+    pub recovery: Recovery,
 }
 
 impl NodeConfig {
@@ -56,6 +58,7 @@ impl NodeConfig {
             ack_every: 64,
             max_inflight_packets: 1024,
             check_icrc: true,
+            recovery: Recovery::default(),
         }
     }
 }
@@ -348,6 +351,7 @@ impl Fabric {
         core_cfg.ack_every = cfg.ack_every;
         core_cfg.max_inflight_packets = cfg.max_inflight_packets;
         core_cfg.check_icrc = cfg.check_icrc;
+        core_cfg.recovery = cfg.recovery;
         self.by_addr.insert(cfg.addr, id);
         self.nodes.push(Node {
             name: cfg.name,

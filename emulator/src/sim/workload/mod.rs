@@ -197,7 +197,8 @@ pub struct Cut {
 pub struct Scenario {
     /// Seed of the fabric (faults, engine key bytes, memory contents).
     /// With an odd seed both nodes send large messages from shareable
-    /// buffers as trains.
+    /// buffers as trains; bits 1 and 2 choose each node's loss recovery
+    /// ([`recoveries`]).
     pub seed: u64,
     /// The program.
     pub program: Program,
@@ -250,3 +251,17 @@ impl fmt::Display for Violation {
 }
 
 impl std::error::Error for Violation {}
+
+/// The loss recovery of nodes a and b in a scenario with this seed: bits
+/// 1 and 2 pick selective repeat on both, go-back-N on both, or one of
+/// each (a selective-repeat node against a go-back-N one), so that every
+/// property runs over all four pairs.
+pub fn recoveries(seed: u64) -> (softverbs::soft::proto::Recovery, softverbs::soft::proto::Recovery) {
+    use softverbs::soft::proto::Recovery::{GoBackN, SelectiveRepeat};
+    match (seed >> 1) & 3 {
+        0 => (SelectiveRepeat, SelectiveRepeat),
+        1 => (GoBackN, GoBackN),
+        2 => (SelectiveRepeat, GoBackN),
+        _ => (GoBackN, SelectiveRepeat),
+    }
+}

@@ -94,8 +94,13 @@ impl<'a> Runner<'a> {
         if let Some(limit) = trace {
             fabric.set_trace(limit);
         }
-        let a = fabric.add_node(NodeConfig::new("a", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
-        let b = fabric.add_node(NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))));
+        let (ra, rb) = super::recoveries(sc.seed);
+        let mut na = NodeConfig::new("a", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)));
+        na.recovery = ra;
+        let mut nb = NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
+        nb.recovery = rb;
+        let a = fabric.add_node(na);
+        let b = fabric.add_node(nb);
         if sc.seed & 1 == 1 {
             // Odd seeds: large messages from shareable buffers go as trains.
             fabric.enable_trains(a);

@@ -72,6 +72,7 @@ impl Core {
         } else if qp.req.retrans_at.is_none() {
             qp.req.retrans_at = ack_timeout_ns(qp.attr.timeout).map(|t| now + t);
         }
+        self.arm_probe(qp, now, waiting && qp.state() != QpState::Err);
         self.update_timer(qp);
     }
 
@@ -83,11 +84,12 @@ impl Core {
     /// from the real deadlines ([`Core::on_qp_timer`]). That keeps the
     /// timer table out of the per-message path (two B-tree updates per
     /// message before); a QP that goes idle costs one spurious wake-up.
-    fn update_timer(&mut self, qp: &mut Qp) {
-        let t = match (qp.req.rnr_wait, qp.req.retrans_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+    pub(crate) fn update_timer(&mut self, qp: &mut Qp) {
+        let probe = qp.req.rtt.as_ref().and_then(|r| r.probe_at);
+        let t = [qp.req.rnr_wait, qp.req.retrans_at, qp.resp.nak_deadline, probe]
+            .into_iter()
+            .flatten()
+            .min();
         match (t, qp.timer) {
             (None, _) => {}
             (Some(want), Some(armed)) if armed <= want => {}
@@ -98,6 +100,15 @@ impl Core {
     pub(crate) fn on_qp_timer(&mut self, qp: &mut Qp, now: Nanos) {
         if qp.state() == QpState::Err || qp.state() == QpState::Reset {
             return;
+        }
+        if qp.resp.nak_deadline.is_some_and(|t| t <= now) {
+            self.check_gap(qp, now);
+        }
+        if qp.req.rtt.as_ref().and_then(|r| r.probe_at).is_some_and(|t| t <= now)
+            && qp.req.rnr_wait.is_none()
+            && qp.req.retrans_at.is_none_or(|t| t > now)
+        {
+            self.fire_probe(qp, now);
         }
         if qp.req.rnr_wait.is_some_and(|t| t <= now) {
             qp.req.rnr_wait = None;
@@ -134,6 +145,7 @@ impl Core {
 
     /// Go-back-N: make the requester resend from `psn`.
     pub(crate) fn rewind(&mut self, qp: &mut Qp, psn: Psn) {
+        Self::rtt_invalidate(qp);
         let mtu = qp.mtu();
         let mut target = None;
         for (i, w) in qp.sq.iter().enumerate() {
@@ -282,6 +294,7 @@ impl Core {
         train: Option<&TrainIn<'_>>,
     ) {
         let psn = pkt.headers.bth.psn;
+        let acked_before = qp.req.acked_psn;
         // A response must be for a PSN we sent and have not seen acknowledged.
         let oldest = qp.req.acked_psn.next();
         let in_window = oldest.distance(psn) >= 0 && psn.is_before(qp.req.next_psn.max_with(qp));
@@ -319,11 +332,22 @@ impl Core {
                             NakCode::PsnSequenceError => {
                                 self.counters.seq_naks_received += 1;
                                 let at = (psn, qp.req.acked_psn);
-                                if qp.req.last_nak == Some(at) {
+                                // A SACK NAK again at the same place lists
+                                // gaps whose resends were lost: not a copy.
+                                let sack = self.rx_sack.is_some() && self.sr_requester(qp);
+                                if qp.req.last_nak == Some(at) && !sack {
                                     self.counters.seq_naks_duplicate += 1;
                                 } else {
                                     qp.req.last_nak = Some(at);
-                                    self.rewind(qp, psn);
+                                    let sack = self.rx_sack.take();
+                                    if sack.is_some() {
+                                        self.counters.sacks_received += 1;
+                                    }
+                                    let selective = self.sr_requester(qp)
+                                        && sack.is_some_and(|s| self.selective_resend(qp, now, psn, &s));
+                                    if !selective {
+                                        self.rewind(qp, psn);
+                                    }
                                 }
                                 None
                             }
@@ -348,6 +372,10 @@ impl Core {
             OpKind::AtomicAck => self.handle_atomic_ack(qp, pkt),
             _ => {}
         }
+        if qp.req.acked_psn.is_after(acked_before) {
+            let acked = qp.req.acked_psn;
+            self.rtt_on_ack(qp, now, acked);
+        }
         self.complete_done_prefix(qp);
         if qp.req.go_back.is_some_and(|g| g.from.is_before(window_start(qp))) {
             // The responder has the resent packet: the copies sent before
@@ -359,7 +387,7 @@ impl Core {
         self.requester(qp, now);
     }
 
-    fn wqe_with_psn(&self, qp: &Qp, psn: Psn) -> Option<usize> {
+    pub(crate) fn wqe_with_psn(&self, qp: &Qp, psn: Psn) -> Option<usize> {
         qp.sq.iter().position(|w| {
             w.npkts > 0 && {
                 let d = w.first_psn.distance(psn);

@@ -126,6 +126,8 @@ impl Core {
             && qp.resp.epsn == bth.psn
             && qp.resp.recv.is_none()
             && qp.resp.write.is_none()
+            // Held packets wait behind this one (`recovery`).
+            && qp.resp.ooo.as_ref().is_none_or(|o| o.is_empty())
             // What `dispatch` checks of a train.
             && train.is_none_or(|t| t.fits(payload.len(), qp.mtu()));
         let done = ok
@@ -309,7 +311,11 @@ impl Core {
         let unasked = (qp.req.unasked_pkts, qp.req.unasked_wqes);
         let ack_req = asks_ack_queued(qp, idx + 1, signaled, 1, true, room <= 1, self.cfg.ack_every);
         let psn = qp.req.next_psn;
-        let headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
+        let mut headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
+        if self.announces_sr(qp) {
+            // As `send_packet` does (`recovery`).
+            headers.set_soft_cap();
+        }
         if !self.egress_only(qp.qpn, &qp.attr, &mut qp.link_hint, [headers.as_bytes(), &data], send) {
             (qp.req.unasked_pkts, qp.req.unasked_wqes) = unasked;
             qp.recycle_inline(Some(data));
@@ -404,7 +410,11 @@ impl Core {
         // bit once the policy has counted it).
         let psn = qp.req.next_psn;
         let ack_req = asks_ack(qp, idx, 1, true, room <= 1, self.cfg.ack_every);
-        let headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
+        let mut headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
+        if self.announces_sr(qp) {
+            // As `send_packet` does (`recovery`).
+            headers.set_soft_cap();
+        }
         // Nothing queued before it: out now, in pieces, as `finish_packet`
         // would have built it (see `post_send_eager`). With an ICRC to
         // compute, or refused, it is built and queued.

@@ -32,6 +32,7 @@ mod memops;
 mod mr;
 mod post;
 mod qp;
+mod recovery;
 mod recv;
 mod requester;
 mod responder;
@@ -51,6 +52,9 @@ use crate::verbs::{
 };
 
 pub use qp::QpCreate;
+pub use recovery::{
+    Recovery, HOLD_MAX_BYTES, HOLD_MAX_PKTS, PROBE_INITIAL_NS, PROBE_MIN_NS, WINDOW_MAX_NS, WINDOW_MIN_NS,
+};
 pub use recv::Counters;
 
 use cq::Cq;
@@ -110,6 +114,9 @@ pub struct CoreConfig {
     /// do what the general paths do, a little sooner; off, everything goes
     /// the general way (the tests compare the two).
     pub fast_paths: bool,
+    /// The loss recovery offered to peers that announce it too
+    /// ([`Recovery`]); any other peer gets standard go-back-N.
+    pub recovery: Recovery,
 }
 
 impl CoreConfig {
@@ -126,6 +133,7 @@ impl CoreConfig {
             emit_icrc: true,
             udp_port: crate::soft::wire::ROCEV2_UDP_PORT,
             fast_paths: true,
+            recovery: Recovery::SelectiveRepeat,
         }
     }
 }
@@ -336,6 +344,8 @@ pub struct Core {
     train_route: Option<TrainRouteRef>,
     /// Where QP1 (GSI) MADs go ([`gsi`]); none: QP1 is unknown.
     gsi_sink: Option<std::sync::Arc<dyn gsi::GsiSink>>,
+    /// The SACK extension of the datagram being handled (`recovery`).
+    rx_sack: Option<crate::soft::wire::Sack>,
 }
 
 /// The requester's view of the link for trains.
@@ -371,6 +381,7 @@ impl Core {
             fatal: false,
             train_route: None,
             gsi_sink: None,
+            rx_sack: None,
         }
     }
 

@@ -217,6 +217,10 @@ pub(crate) struct ReqState {
     /// A go-back-N resend under way whose earlier copies may still be on
     /// the link ([`GoBack`]).
     pub(crate) go_back: Option<GoBack>,
+    /// The responder announced selective repeat (`recovery`).
+    pub(crate) peer_sr: bool,
+    /// Round-trip estimate and probe, between soft devices (`recovery`).
+    pub(crate) rtt: Option<Box<super::recovery::Rtt>>,
 }
 
 /// Go-back-N in flight (docs/design.md §3.7): the requester went back to `from`,
@@ -286,6 +290,12 @@ pub(crate) struct RespState {
     pub(crate) rd_atomic: VecDeque<RdAtomicRes>,
     /// A sequence-error NAK was sent and not yet resolved (send it once).
     pub(crate) nak_sent: bool,
+    /// The requester announced selective repeat (`recovery`).
+    pub(crate) peer_sr: bool,
+    /// When the NAK of the current gap is due (reordering window).
+    pub(crate) nak_deadline: Option<Nanos>,
+    /// Out-of-order packets held for replay (`recovery`), from the first gap.
+    pub(crate) ooo: Option<Box<super::recovery::Reorder>>,
     /// Whether the first packet (COMM_EST) was seen.
     pub(crate) established: bool,
 }
@@ -564,6 +574,7 @@ impl Core {
         }
         if mask.contains(QpAttrMask::RQ_PSN) {
             qp.resp.epsn = Psn::new(attr.rq_psn);
+            Core::reset_reorder(&mut qp);
         }
         if mask.contains(QpAttrMask::SQ_PSN) {
             qp.req.next_psn = Psn::new(attr.sq_psn);

@@ -3,7 +3,10 @@
 //! and the counters of what was dropped. A malformed or hostile packet is
 //! dropped and counted, never a panic.
 
-use crate::soft::wire::{check_icrc, Direction, IpPseudoHeader, OpKind, Packet, Pkey, Position, Transport, UdpPorts};
+use crate::soft::wire::{
+    check_icrc, has_soft_cap, AethRepr, BthRepr, Direction, IpPseudoHeader, OpKind, Opcode, Packet, Pkey, Position,
+    Sack, Transport, UdpPorts, ICRC_LEN,
+};
 use crate::verbs::{QpState, QpType};
 
 use super::requester::transport_of;
@@ -51,6 +54,13 @@ pub struct Counters {
     pub rx_fast: u64,
     pub tx_fast: u64,
     pub tx_eager: u64,
+    pub rx_held: u64,
+    pub reorder_detected: u64,
+    pub sacks_sent: u64,
+    pub sacks_received: u64,
+    pub sacks_repeated: u64,
+    pub sr_resent_packets: u64,
+    pub probes: u64,
 }
 
 impl Counters {
@@ -95,6 +105,13 @@ impl Counters {
             ("rx_fast", self.rx_fast),
             ("tx_fast", self.tx_fast),
             ("tx_eager", self.tx_eager),
+            ("rx_held", self.rx_held),
+            ("reorder_detected", self.reorder_detected),
+            ("sacks_sent", self.sacks_sent),
+            ("sacks_received", self.sacks_received),
+            ("sacks_repeated", self.sacks_repeated),
+            ("sr_resent_packets", self.sr_resent_packets),
+            ("probes", self.probes),
         ]
         .into_iter()
     }
@@ -125,7 +142,26 @@ impl Core {
             return;
         }
         self.counters.rx_packets += 1;
-        let pkt = match Packet::parse(d.data) {
+        // A sequence NAK with the SACK extension (`wire::sack`): the
+        // standard packet is its first 16 bytes; the ICRC is checked over
+        // the whole datagram below.
+        let mut short = [0u8; BthRepr::LEN + AethRepr::LEN + ICRC_LEN];
+        let mut data = d.data;
+        self.rx_sack = None;
+        let sack_len = d.data.len().saturating_sub(short.len());
+        if sack_len > 0 && d.data[0] == u8::from(Opcode::RcAcknowledge) && has_soft_cap(d.data) {
+            let ext = &d.data[BthRepr::LEN + AethRepr::LEN..d.data.len() - ICRC_LEN];
+            match Sack::parse(ext) {
+                Ok(s) => self.rx_sack = Some(s),
+                Err(_) => {
+                    self.counters.rx_malformed += 1;
+                    return;
+                }
+            }
+            short[..BthRepr::LEN + AethRepr::LEN].copy_from_slice(&d.data[..BthRepr::LEN + AethRepr::LEN]);
+            data = &short;
+        }
+        let pkt = match Packet::parse(data) {
             Ok(p) => p,
             Err(_) => {
                 self.counters.rx_malformed += 1;
@@ -149,6 +185,7 @@ impl Core {
             return;
         };
         self.dispatch(&mut qp, now, &pkt, d);
+        self.rx_sack = None;
         self.put_qp(qp);
     }
 
@@ -187,6 +224,14 @@ impl Core {
                 return;
             }
         }
+        if qp.qp_type == QpType::Rc && has_soft_cap(d.data) {
+            // The peer announced selective repeat (`recovery`).
+            if request {
+                qp.resp.peer_sr = true;
+            } else {
+                qp.req.peer_sr = true;
+            }
+        }
         if let Some(t) = d.train {
             // Only RC SEND/WRITE messages (and READ responses) travel as
             // trains, as an ONLY packet standing for all their packets; a
@@ -207,12 +252,16 @@ impl Core {
             }
             self.counters.rx_trains += 1;
             if request {
-                self.handle_request(qp, pkt, d.src, d.dst, Some(&t));
+                self.handle_request(qp, now, pkt, d.src, d.dst, Some(&t), d.data);
+                self.drain_held(qp, now);
             } else {
                 self.handle_response(qp, now, pkt, Some(&t));
             }
         } else if request {
-            self.handle_request(qp, pkt, d.src, d.dst, None);
+            self.handle_request(qp, now, pkt, d.src, d.dst, None, d.data);
+            if qp.resp.ooo.is_some() {
+                self.drain_held(qp, now);
+            }
         } else if pkt.info.transport == Transport::Rc {
             self.handle_response(qp, now, pkt, None);
         }

@@ -184,7 +184,9 @@ impl Core {
                     _ => packets_for(w.length, mtu),
                 };
             }
+            let psn = next_packet_psn(qp);
             let done = self.send_one_packet(qp, idx, room);
+            self.rtt_on_send(qp, now, psn);
             if done {
                 // (An RC WQE stays Sent until an ACK, which this loop
                 // does not take in.)
@@ -276,6 +278,12 @@ impl Core {
                 return true;
             }
         }
+        self.send_packet(qp, idx, room, false)
+    }
+
+    /// [`Core::send_one_packet`] without trains; `force_ack` sets AckReq
+    /// (a selective resend or a probe wants the answer).
+    pub(crate) fn send_packet(&mut self, qp: &mut Qp, idx: usize, room: u32, force_ack: bool) -> bool {
         let mtu = qp.mtu();
         let transport = transport_of(qp.qp_type);
         let ack_every = self.cfg.ack_every;
@@ -339,7 +347,8 @@ impl Core {
                     qkey: u.qkey,
                     src_qpn: Qpn::new(qp.qpn),
                 });
-                bth.ack_req = transport == Transport::Rc && asks_ack(qp, idx, 1, last, room <= 1, ack_every);
+                bth.ack_req =
+                    transport == Transport::Rc && (asks_ack(qp, idx, 1, last, room <= 1, ack_every) || force_ack);
                 if matches!(bth.opcode, Opcode::Unknown(_)) {
                     // No opcode for the combination (a bug: posting checks
                     // the operation against the QP type).
@@ -368,6 +377,9 @@ impl Core {
                 self.fail_wqe(qp, idx, WcStatus::LocProtErr, vendor::LOCAL_KEY);
                 return false;
             }
+        }
+        if self.announces_sr(qp) {
+            crate::soft::wire::set_soft_cap(&mut data);
         }
         let (dst, sgid_index) = match qp.sq[idx].ud {
             Some(u) => (u.dst, u.sgid_index),
@@ -440,7 +452,10 @@ impl Core {
             return;
         }
         let headers = MessageHeaders::new(&bth, 0, None, m.reth.as_ref(), m.immdt, m.ieth);
-        let data = self.message_packet(&headers, 0);
+        let mut data = self.message_packet(&headers, 0);
+        if self.announces_sr(qp) {
+            crate::soft::wire::set_soft_cap(&mut data);
+        }
         let dst = qp.attr.ah_attr.grh.dgid.to_ip();
         let sgid_index = qp.attr.ah_attr.grh.sgid_index;
         self.counters.tx_trains += 1;

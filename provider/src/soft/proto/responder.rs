@@ -36,13 +36,18 @@ impl Core {
     /// address (for UD GRHs and responses).
     /// `train`: the payload of a train (the packet is then its ONLY
     /// packet standing for `train.npkts()` PSNs; checked by the caller).
+    /// `raw` is the datagram (kept when the packet arrives out of order,
+    /// [`super::recovery`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn handle_request(
         &mut self,
         qp: &mut Qp,
+        now: super::Nanos,
         pkt: &ParsedPacket<'_>,
         src: IpAddr,
         dst: IpAddr,
         train: Option<&TrainIn<'_>>,
+        raw: &[u8],
     ) {
         if qp.state() == QpState::Rtr && !qp.resp.established {
             qp.resp.established = true;
@@ -67,18 +72,20 @@ impl Core {
             qp.resp.epsn = psn;
         } else if d < 0 {
             self.counters.rx_duplicates += 1;
+            self.note_duplicate(qp, now, psn);
             self.handle_duplicate(qp, pkt);
             return;
         } else if d > 0 {
-            // A gap: NAK once with the PSN we expect (go-back-N).
+            // A gap: the packet is held for replay (a train is not: its
+            // payload is not ours to keep) and the gap NAK'd once with the
+            // PSN we expect, at once or after the reordering window
+            // (`recovery`).
             self.counters.rx_out_of_sequence += 1;
-            if !qp.resp.nak_sent {
-                qp.resp.nak_sent = true;
-                let epsn = qp.resp.epsn;
-                self.counters.seq_naks_sent += 1;
-                self.send_ack(qp, epsn, Syndrome::Nak(NakCode::PsnSequenceError));
-            }
+            let keep = if train.is_some() { &[][..] } else { raw };
+            self.out_of_order(qp, now, psn, keep, src, dst);
             return;
+        } else {
+            self.note_gap_fill(qp, now, psn);
         }
         qp.resp.nak_sent = false;
         let outcome = self.execute_request(qp, pkt, train);
@@ -801,6 +808,9 @@ impl Core {
             let mut generic = [0u8; LEN];
             debug_assert_eq!(h.emit_headers(0, &mut generic), Ok(LEN));
             debug_assert_eq!(&generic[..], &data[..]);
+        }
+        if self.sr_responder(qp) {
+            crate::soft::wire::set_soft_cap(&mut data);
         }
         let dst = qp.attr.ah_attr.grh.dgid.to_ip();
         let sgid = qp.attr.ah_attr.grh.sgid_index;

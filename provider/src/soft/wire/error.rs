@@ -41,4 +41,8 @@ pub enum WireError {
     /// Emit only: the output buffer is too small for the packet.
     #[error("output buffer too small")]
     BufferTooSmall,
+    /// A soft-device extension (the selective acknowledgement of
+    /// `wire::sack`) has a bad magic, version, count or range.
+    #[error("malformed soft-device extension")]
+    BadExtension,
 }

@@ -67,6 +67,7 @@ mod ip;
 mod opcode;
 mod packet;
 mod psn;
+mod sack;
 mod view;
 
 #[cfg(test)]
@@ -87,3 +88,6 @@ pub use ip::{
 pub use opcode::{Direction, ExtHeaders, OpKind, Opcode, OpcodeInfo, Position, Transport};
 pub use packet::{pad_len, MessageHeaders, Packet, PacketRepr, ParsedPacket, ICRC_LEN, MIN_PACKET_LEN};
 pub use psn::{Pkey, Psn, Qpn, PSN_MASK};
+pub use sack::{
+    has_soft_cap, set_soft_cap, Sack, SackRange, SACK_MAGIC, SACK_MAX_RANGES, SACK_VERSION, SOFT_CAP_BIT, SOFT_CAP_BYTE,
+};

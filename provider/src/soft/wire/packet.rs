@@ -241,6 +241,11 @@ impl MessageHeaders {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..self.len]
     }
+
+    /// Sets the soft capability bit of the BTH ([`super::set_soft_cap`]).
+    pub fn set_soft_cap(&mut self) {
+        super::set_soft_cap(&mut self.bytes[..self.len]);
+    }
 }
 
 /// Hands out consecutive sub-slices of an output buffer.

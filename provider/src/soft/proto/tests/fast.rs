@@ -296,7 +296,10 @@ fn receive_errors_go_the_general_way() {
 fn psn_and_write_errors_go_the_general_way() {
     // A duplicate is re-acknowledged, a gap NAKed once until an in-order
     // packet arrives, and again after it (receive WQEs wait meanwhile).
-    both(2, |n| {
+    // The packets beyond the gap are held (`recovery`), so the in-order
+    // one behind them goes the general way: the fast path takes only the
+    // first.
+    both(1, |n| {
         for k in 0..4 {
             n.post_recv(k, 64 * k, 64);
         }
