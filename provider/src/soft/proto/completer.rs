@@ -343,7 +343,13 @@ impl Core {
                                     if sack.is_some() {
                                         self.counters.sacks_received += 1;
                                     }
-                                    let selective = self.sr_requester(qp)
+                                    // During an RNR wait nothing is resent before
+                                    // the wait ends (the responder has no
+                                    // receive yet: an early resend would use
+                                    // up an RNR retry); going back is what the
+                                    // wait's end does anyway.
+                                    let selective = qp.req.rnr_wait.is_none()
+                                        && self.sr_requester(qp)
                                         && sack.is_some_and(|s| self.selective_resend(qp, now, psn, &s));
                                     if !selective {
                                         self.rewind(qp, psn);

@@ -294,6 +294,10 @@ pub(crate) struct RespState {
     pub(crate) peer_sr: bool,
     /// When the NAK of the current gap is due (reordering window).
     pub(crate) nak_deadline: Option<Nanos>,
+    /// The PSN of the last RNR NAK: while it is the expected PSN, the gap
+    /// behind it is no loss (the packet came and waits for a receive; the
+    /// requester retries when its RNR timer ends), so no SACK lists it.
+    pub(crate) rnr_at: Option<Psn>,
     /// Out-of-order packets held for replay (`recovery`), from the first gap.
     pub(crate) ooo: Option<Box<super::recovery::Reorder>>,
     /// Whether the first packet (COMM_EST) was seen.

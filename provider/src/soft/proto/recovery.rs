@@ -360,6 +360,13 @@ impl Core {
     pub(crate) fn check_gap(&mut self, qp: &mut Qp, now: Nanos) {
         qp.resp.nak_deadline = None;
         let epsn = qp.resp.epsn;
+        if qp.resp.rnr_at == Some(epsn) && self.sr_responder(qp) {
+            // The missing packet came and was refused for want of a
+            // receive (RNR NAK): its retry follows the requester's RNR
+            // timer. A SACK now would make the requester resend it early
+            // and spend an RNR retry.
+            return;
+        }
         let Some(o) = qp.resp.ooo.as_mut() else { return };
         if o.count == 0 {
             o.gap_at = None;

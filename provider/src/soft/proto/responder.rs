@@ -107,6 +107,7 @@ impl Core {
             Outcome::Rnr => {
                 if rc {
                     self.counters.rnr_naks_sent += 1;
+                    qp.resp.rnr_at = Some(psn);
                     let timer = qp.attr.min_rnr_timer;
                     self.send_ack(qp, psn, Syndrome::RnrNak { timer });
                 } else {
