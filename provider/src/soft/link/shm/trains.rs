@@ -443,6 +443,10 @@ impl ShmLink {
             *slot = unsafe { MappedPiece::new(map.as_ptr().add(p.offset as usize), p.len as usize) };
         }
         let train = TrainIn::new(desc.npkts, &pieces[..desc.pieces.len()])?;
+        // The next slot's lines cross from the producer's core while the
+        // engine copies this train, instead of after it, when the reader
+        // would wait for them.
+        rx.cons.prefetch_next(&c.region);
         let bytes = train.len();
         bump(&self.stats.rx_trains);
         if cma {
