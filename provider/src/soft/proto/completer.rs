@@ -104,11 +104,16 @@ impl Core {
         if qp.resp.nak_deadline.is_some_and(|t| t <= now) {
             self.check_gap(qp, now);
         }
-        if qp.req.rtt.as_ref().and_then(|r| r.probe_at).is_some_and(|t| t <= now)
-            && qp.req.rnr_wait.is_none()
-            && qp.req.retrans_at.is_none_or(|t| t > now)
-        {
-            self.fire_probe(qp, now);
+        if qp.req.rtt.as_ref().and_then(|r| r.probe_at).is_some_and(|t| t <= now) {
+            if qp.req.rnr_wait.is_none() && qp.req.retrans_at.is_none_or(|t| t > now) {
+                self.fire_probe(qp, now);
+            } else if let Some(r) = qp.req.rtt.as_mut() {
+                // Not now (an RNR wait or the retransmission rules): the
+                // probe is re-armed from now when one is still waited for
+                // (`arm_retransmit`). Left due, it would keep the QP's
+                // timer firing at this instant.
+                r.probe_at = None;
+            }
         }
         if qp.req.rnr_wait.is_some_and(|t| t <= now) {
             qp.req.rnr_wait = None;

@@ -567,8 +567,10 @@ impl Core {
             return;
         }
         let cap = ack_timeout_ns(qp.attr.timeout);
+        let rnr_wait = qp.req.rnr_wait.is_some();
         let Some(r) = qp.req.rtt.as_mut() else { return };
-        if !waiting {
+        // No probe during an RNR wait: the wait's end resends.
+        if !waiting || rnr_wait {
             r.probe_at = None;
             return;
         }
