@@ -1062,6 +1062,9 @@ impl UlpQp {
         pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
+        if pooled.is_none() && lazy_inv.is_none() && chain.plain_one().is_some() {
+            return self.submit_plain(chain, cb, signaled, reserved);
+        }
         let sh = &*self.sh;
         let ws = chain.as_slice();
         let n = ws.len() as u32;
@@ -1144,6 +1147,70 @@ impl UlpQp {
                 })
             }
         }
+    }
+
+    /// [`UlpQp::submit`] of one plain WR over one buffer
+    /// ([`Chain::plain_one`]): the verbs WR is built straight from it, no
+    /// READ credit or backlog applies (it neither is a READ nor fenced), and
+    /// the request keeps only the buffer's MR.
+    fn submit_plain(
+        &self,
+        chain: Chain,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+    ) -> std::result::Result<(), UlpPostError> {
+        let sh = &*self.sh;
+        let mut t = sh.track();
+        let fail = |t: &mut Track, error: Error, cb: Option<Cb>| {
+            t.sq_used -= reserved;
+            Err(UlpPostError {
+                error,
+                callback: cb.map(Cb::into_boxed),
+            })
+        };
+        if t.closing {
+            return fail(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"), cb);
+        }
+        let need = 1 - reserved.min(1);
+        let free = t.sq_cap - t.sq_used;
+        if need > free {
+            let cap = t.sq_cap;
+            return fail(
+                &mut t,
+                verr!(
+                    PostSend,
+                    NoMemory,
+                    "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
+                ),
+                cb,
+            );
+        }
+        let seq = t.next_sq;
+        let res = {
+            let (w, b) = chain.plain_one().expect("checked by the caller");
+            let sge = [b.sge()];
+            sh.qp
+                .post_send(std::slice::from_ref(&w.send_wr(sh.epoch | seq, &sge, signaled)))
+        };
+        if let Err(e) = res {
+            // Nothing was posted; the chain (and its MR) drops after the
+            // lock is released.
+            return fail(&mut t, e.error, cb);
+        }
+        t.sq_used += need;
+        t.next_sq += 1;
+        t.stats.requests += 1;
+        let req = Req {
+            cb,
+            mr: chain.into_plain_mr(),
+            rare: None,
+            remaining: 1,
+            signaled,
+        };
+        let i = t.alloc_req(req);
+        t.sq.push_back(Entry { seq, req: i, rd: false });
+        Ok(())
     }
 
     /// Posts a receive of `sgl`; `cb` is called once with its completion
