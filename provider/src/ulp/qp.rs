@@ -387,7 +387,7 @@ struct Track {
 
 pub(crate) struct QpShared {
     pub(crate) qp: Qp,
-    qpn: u32,
+    pub(crate) qpn: u32,
     epoch: u64,
     track: Mutex<Track>,
     send_cq: Arc<CqShared>,
