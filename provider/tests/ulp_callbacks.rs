@@ -8,7 +8,7 @@ mod ulp_common;
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
-use softverbs::ulp::{LocalBuf, UlpQpInit, UlpWr};
+use softverbs::ulp::{Chain, LocalBuf, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 use ulp_common::*;
 
@@ -117,7 +117,18 @@ fn signaled_success_calls_once_unsignaled_success_calls_nothing() {
 
 #[test]
 fn an_error_calls_every_request_it_completes_once_unsignaled_included() {
-    let (_da, _db, a, b) = pair("err", &UlpQpInit::default(), 4);
+    error_calls_every_request_once(false);
+}
+
+/// The same with each WR and its buffer given inline (the layer's short
+/// path for one plain WR over one buffer).
+#[test]
+fn an_error_calls_every_plain_request_it_completes_once_unsignaled_included() {
+    error_calls_every_request_once(true);
+}
+
+fn error_calls_every_request_once(plain: bool) {
+    let (_da, _db, a, b) = pair(if plain { "errp" } else { "err" }, &UlpQpInit::default(), 4);
     let log = Arc::new(Mutex::new(Vec::new()));
     let src = a.mr(4096);
     let dst = b.mr(4096);
@@ -130,7 +141,11 @@ fn an_error_calls_every_request_it_completes_once_unsignaled_included() {
     // 5..10 flushed (alternately unsignaled).
     for i in 0..10 {
         let remote = if i == 4 { bad } else { good };
-        let wr = vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 32).unwrap()], remote)];
+        let wr: Chain = if plain {
+            UlpWr::write(LocalBuf::new(&src, 0, 32).unwrap(), remote).into()
+        } else {
+            vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 32).unwrap()], remote)].into()
+        };
         if i % 2 == 0 {
             a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
         } else {

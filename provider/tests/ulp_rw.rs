@@ -269,9 +269,32 @@ fn budgets_and_reservations() {
     let e = e.unwrap_err();
     assert_eq!(e.error.kind(), ErrorKind::NoMemory);
     assert!(e.callback.is_some());
+    // Nor for one plain WR over one buffer (the layer's short path).
+    let mr = Arc::new(pd.alloc_mr(4096, AccessFlags::LOCAL_WRITE).unwrap());
+    let last = qp.reserve(1).unwrap();
+    let c = called.clone();
+    let e = qp
+        .post(UlpWr::send(LocalBuf::new(&mr, 0, 8).unwrap()), move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap_err();
+    assert_eq!(e.error.kind(), ErrorKind::NoMemory);
+    assert!(e.callback.is_some());
+    assert_eq!(qp.stats().sq_used, cap, "a refused post takes no slot");
+    drop(last);
     drop(r);
     assert_eq!(qp.stats().sq_used, 0, "slots back on drop");
     assert_eq!(called.load(Ordering::SeqCst), 0);
+    // A plain WR into a larger reservation gives the unused slots back;
+    // on a QP not yet connected the device refuses it: the callback comes
+    // back, uncalled, and the reserved slot is returned.
+    let r = qp.reserve(3).unwrap();
+    let e = qp
+        .post_reserved(r, UlpWr::send(LocalBuf::new(&mr, 0, 8).unwrap()), true, |_| {})
+        .unwrap_err();
+    assert!(e.callback.is_some(), "{e}");
+    assert_eq!(qp.stats().sq_used, 0, "reserved slots back after a refused post");
+    assert_eq!(qp.stats().requests, 0);
 }
 
 /// A link that holds every datagram to one address until the test

@@ -69,6 +69,9 @@ pub struct CqStats {
 struct PollState {
     wcs: Vec<WorkCompletion>,
     qps: QpMap,
+    /// The QP of the last completion read (most runs of completions are
+    /// of one QP: no map lookup for them).
+    last: Option<Arc<QpShared>>,
 }
 
 pub(crate) struct CqShared {
@@ -117,14 +120,18 @@ impl CqShared {
     pub(crate) fn detach(&self, qpn: u32) {
         // Under the poll lock: no poller is between reading a completion
         // of this QP and retiring it.
-        lock(&self.poll).qps.remove(&qpn);
+        let mut st = lock(&self.poll);
+        st.qps.remove(&qpn);
+        if st.last.as_ref().is_some_and(|qp| qp.qpn == qpn) {
+            st.last = None;
+        }
     }
 
     /// Reads up to `want` completions and retires what they complete;
     /// the finished requests go to `out`. Returns how many were read.
     fn poll_once(&self, want: usize, out: &mut Vec<Done>) -> Result<usize> {
         let mut st = lock(&self.poll);
-        let PollState { wcs, qps } = &mut *st;
+        let PollState { wcs, qps, last } = &mut *st;
         let want = want.min(BATCH);
         let n = self.cq.poll(&mut wcs[..want])?;
         if n == 0 {
@@ -132,7 +139,10 @@ impl CqShared {
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
         for wc in &wcs[..n] {
-            let known = qps.get(&wc.qp_num).is_some_and(|qp| qp.retire(wc, out));
+            if last.as_ref().is_none_or(|qp| qp.qpn != wc.qp_num) {
+                *last = qps.get(&wc.qp_num).cloned();
+            }
+            let known = last.as_ref().is_some_and(|qp| qp.retire(wc, out));
             if !known {
                 self.stray.fetch_add(1, Ordering::Relaxed);
                 if wc.status != WcStatus::Success {
@@ -238,6 +248,7 @@ impl UlpCq {
                 poll: Mutex::new(PollState {
                     wcs: vec![WorkCompletion::default(); BATCH],
                     qps: QpMap::default(),
+                    last: None,
                 }),
                 committed: Mutex::new(0),
                 polled: AtomicU64::new(0),

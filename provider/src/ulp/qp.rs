@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::cb::Cb;
 use super::cq::{CqShared, UlpCq};
 use super::pool::PooledMr;
-use super::wr::{Callback, Chain, Kept, Sgl, UlpWr};
+use super::wr::{Callback, Chain, Kept, LocalBuf, Sgl, UlpWr};
 use crate::verbs::{
     verr, Context, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
     SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -387,7 +387,7 @@ struct Track {
 
 pub(crate) struct QpShared {
     pub(crate) qp: Qp,
-    qpn: u32,
+    pub(crate) qpn: u32,
     epoch: u64,
     track: Mutex<Track>,
     send_cq: Arc<CqShared>,
@@ -1062,6 +1062,31 @@ impl UlpQp {
         pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
+        if pooled.is_none() && lazy_inv.is_none() {
+            if let Some((w, b)) = chain.plain_one() {
+                let (mut t, seq) = match self.post_plain(w, b, signaled, reserved) {
+                    Ok(posted) => posted,
+                    Err(error) => {
+                        // Nothing was posted; the chain (and its MR) drops
+                        // here, outside the lock.
+                        return Err(UlpPostError {
+                            error,
+                            callback: cb.map(Cb::into_boxed),
+                        });
+                    }
+                };
+                let req = Req {
+                    cb,
+                    mr: chain.into_plain_mr(),
+                    rare: None,
+                    remaining: 1,
+                    signaled,
+                };
+                let i = t.alloc_req(req);
+                t.sq.push_back(Entry { seq, req: i, rd: false });
+                return Ok(());
+            }
+        }
         let sh = &*self.sh;
         let ws = chain.as_slice();
         let n = ws.len() as u32;
@@ -1144,6 +1169,56 @@ impl UlpQp {
                 })
             }
         }
+    }
+
+    /// Posts one plain WR over one buffer ([`Chain::plain_one`]) for
+    /// [`UlpQp::submit`]: the verbs WR is built straight from it, and no
+    /// READ credit or backlog applies (it neither is a READ nor fenced).
+    /// Returns the QP's state, still locked, with the slot taken and the
+    /// request counted, and the WR's sequence number, for the caller to
+    /// track the request; on an error nothing was posted and `reserved`
+    /// slots were given back.
+    fn post_plain(
+        &self,
+        w: &UlpWr,
+        b: &LocalBuf,
+        signaled: bool,
+        reserved: u32,
+    ) -> Result<(MutexGuard<'_, Track>, u64)> {
+        let sh = &*self.sh;
+        let mut t = sh.track();
+        let refused = |t: &mut Track, error: Error| {
+            t.sq_used -= reserved;
+            Err(error)
+        };
+        if t.closing {
+            return refused(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"));
+        }
+        let need = 1 - reserved.min(1);
+        let free = t.sq_cap - t.sq_used;
+        if need > free {
+            let cap = t.sq_cap;
+            return refused(
+                &mut t,
+                verr!(
+                    PostSend,
+                    NoMemory,
+                    "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
+                ),
+            );
+        }
+        let seq = t.next_sq;
+        let sge = [b.sge()];
+        if let Err(e) = sh
+            .qp
+            .post_send(std::slice::from_ref(&w.send_wr(sh.epoch | seq, &sge, signaled)))
+        {
+            return refused(&mut t, e.error);
+        }
+        t.sq_used += need;
+        t.next_sq += 1;
+        t.stats.requests += 1;
+        Ok((t, seq))
     }
 
     /// Posts a receive of `sgl`; `cb` is called once with its completion

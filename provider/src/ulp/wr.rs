@@ -449,6 +449,47 @@ impl Chain {
         }
     }
 
+    /// The WR and its buffer if the chain is one plain WR: an
+    /// operation that is neither a READ nor an atomic, not fenced, with no
+    /// inline data and no fast-registration entry, over one buffer. The
+    /// layer posts such a chain without its general path (no READ credit,
+    /// no backlog, only the buffer's MR to keep).
+    pub(crate) fn plain_one(&self) -> Option<(&UlpWr, &LocalBuf)> {
+        let w = match &self.0 {
+            ChainRepr::One(w) => w,
+            ChainRepr::Many(v) if v.len() == 1 => &v[0],
+            ChainRepr::Many(_) => return None,
+        };
+        let plain = matches!(w.kind, WrKind::Op(op) if !op.is_rd_atomic())
+            && w.frmr.is_none()
+            && w.frmr_sge.is_none()
+            && w.inline.is_none()
+            && !w.flags.contains(SendFlags::FENCE);
+        match &w.sgl.0 {
+            SglRepr::One(b) if plain => Some((w, b)),
+            _ => None,
+        }
+    }
+
+    /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a
+    /// request keeps alive).
+    pub(crate) fn into_plain_mr(self) -> Option<Arc<Mr>> {
+        match self.0 {
+            ChainRepr::One(UlpWr {
+                sgl: Sgl(SglRepr::One(b)),
+                ..
+            }) => Some(b.mr),
+            ChainRepr::Many(mut v) => match v.pop() {
+                Some(UlpWr {
+                    sgl: Sgl(SglRepr::One(b)),
+                    ..
+                }) => Some(b.mr),
+                _ => None,
+            },
+            ChainRepr::One(_) => None,
+        }
+    }
+
     /// The WR of a chain of one kept inline, or the `Vec`.
     pub(crate) fn into_one(self) -> std::result::Result<UlpWr, Vec<UlpWr>> {
         match self.0 {
