@@ -2,6 +2,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+/// Most steps a run may take without virtual time moving.
+const SAME_INSTANT_STEPS: u64 = 200_000;
+
 use softverbs::soft::proto::{Counters, Nanos};
 use softverbs::verbs::{QpState, RecvWr, SendFlags, SendOp, SendWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 
@@ -79,6 +82,8 @@ struct Runner<'a> {
     /// Per op, whether its receive CQE was seen.
     recv_seen: Vec<bool>,
     steps: u64,
+    /// Steps taken since virtual time last moved, and when that was.
+    same_instant: (u64, Nanos),
     error_mode: bool,
 }
 
@@ -147,6 +152,7 @@ impl<'a> Runner<'a> {
             recv_flushing: [false, false],
             recv_seen: vec![false; n],
             steps: 0,
+            same_instant: (0, 0),
             error_mode: sc.has_permanent_cut(),
         })
     }
@@ -225,6 +231,19 @@ impl<'a> Runner<'a> {
         if self.steps > self.sc.max_steps {
             let e = self.fabric.livelock(self.steps);
             return Err(self.violation(e.to_string()));
+        }
+        // Virtual time that stops moving while events keep firing is a
+        // livelock (a timer re-armed at the instant it fired), found here
+        // long before the step bound.
+        let now = self.fabric.now();
+        if now == self.same_instant.1 {
+            self.same_instant.0 += 1;
+            if self.same_instant.0 > SAME_INSTANT_STEPS {
+                let e = self.fabric.livelock(self.steps);
+                return Err(self.violation(format!("{e} ({SAME_INSTANT_STEPS} steps at {now} ns)")));
+            }
+        } else {
+            self.same_instant = (0, now);
         }
         self.check_cqs()
     }
