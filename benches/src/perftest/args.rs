@@ -1065,7 +1065,9 @@ impl Params {
                 return Err(usage(format!("--drop {d}: a probability, from 0 to 1")));
             }
         }
-        let drop = a.drop.filter(|_| backend == BackendKind::Soft && a.link == LinkKind::Udp);
+        let drop = a
+            .drop
+            .filter(|_| backend == BackendKind::Soft && a.link == LinkKind::Udp);
         if a.drop.is_some() && drop.is_none() {
             notes.push("--drop ignored: only the soft backend's UDP link (--link udp) injects loss".to_string());
         }
@@ -1301,6 +1303,34 @@ mod tests {
             Mode::Server
         );
         assert_eq!(params(&["write_bw", "--link", "shm"]).unwrap().link, LinkKind::Shm);
+    }
+
+    #[test]
+    fn recovery_and_injected_loss() {
+        let p = params(&["write_bw", "--link", "udp"]).unwrap();
+        assert_eq!((p.recovery, p.drop), (Recovery::SelectiveRepeat, None));
+        let p = params(&["write_bw", "--link", "udp", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
+        assert_eq!((p.recovery, p.drop), (Recovery::GoBackN, Some(0.01)));
+        assert!(p.notes.is_empty(), "{:?}", p.notes);
+        for bad in ["1.5", "-0.1", "NaN"] {
+            let flag = format!("--drop={bad}");
+            assert!(
+                matches!(params(&["write_bw", "--link", "udp", &flag]), Err(PerfError::Usage(_))),
+                "{bad}"
+            );
+        }
+        // Where they cannot apply they are said to be ignored.
+        let p = params(&["write_bw", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
+        assert_eq!(p.drop, None);
+        assert!(p.notes.iter().any(|n| n.starts_with("--drop ignored")), "{:?}", p.notes);
+        assert!(
+            p.notes.iter().any(|n| n.starts_with("--recovery ignored")),
+            "{:?}",
+            p.notes
+        );
+        let p = params(&["write_bw", "--link", "shm", "--drop", "0.01"]).unwrap();
+        assert_eq!(p.drop, None);
+        assert!(try_parse(&["write_bw", "--recovery", "irn"]).is_err());
     }
 
     #[test]

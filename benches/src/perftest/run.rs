@@ -147,9 +147,8 @@ fn udp_device_with(
         let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
         });
-        udp.drop = Some(
-            softverbs::soft::link::udp::InjectedLoss::new(d, seed).map_err(|e| PerfError::Usage(e.to_string()))?,
-        );
+        udp.drop =
+            Some(softverbs::soft::link::udp::InjectedLoss::new(d, seed).map_err(|e| PerfError::Usage(e.to_string()))?);
     }
     let cfg = if shm {
         SoftDeviceConfig::udp_shm(name, udp, softverbs::soft::link::shm::ShmMode::Only)

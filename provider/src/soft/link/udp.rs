@@ -1106,7 +1106,8 @@ mod tests {
     fn a_link_with_injected_loss_sends_only_the_rest() {
         let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         let rx = UdpSocket::bind(SocketAddr::new(lo, 0)).unwrap();
-        rx.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
         let to = rx.local_addr().unwrap();
         let mut cfg = UdpConfig::new(lo);
         cfg.port = UdpPort::Auto;
