@@ -9,6 +9,7 @@ use std::fmt;
 
 use clap::ValueEnum as _;
 
+use softverbs::soft::proto::Recovery;
 use softverbs::verbs::{BackendKind, Mtu, QpType};
 
 use super::PerfError;
@@ -209,6 +210,14 @@ impl LinkKind {
     }
 }
 
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    match s {
+        "gbn" => Ok(Recovery::GoBackN),
+        "sr" => Ok(Recovery::SelectiveRepeat),
+        _ => Err(format!("unknown recovery {s:?} (gbn or sr)")),
+    }
+}
+
 /// The arguments of `softverbs perf`.
 ///
 /// As with perftest (getopt), a flag given twice takes its last value.
@@ -364,6 +373,21 @@ pub struct PerfArgs {
         help_heading = "softverbs options"
     )]
     pub link: LinkKind,
+    /// Loss recovery of the soft UDP/shm devices the run makes: sr
+    /// (selective repeat with peers that offer it too) or gbn (go-back-N)
+    #[arg(
+        long,
+        value_name = "gbn|sr",
+        default_value = "sr",
+        value_parser = parse_recovery,
+        help_heading = "softverbs options"
+    )]
+    pub recovery: Recovery,
+    /// Test and benchmark facility: the soft UDP link drops this share
+    /// (0 to 1) of the datagrams it sends, at random (seeded by the device
+    /// name), as a lossy network would
+    #[arg(long, hide = true, value_name = "P")]
+    pub drop: Option<f64>,
     /// scale: the QP counts to measure, comma separated
     #[arg(
         long,
@@ -817,6 +841,10 @@ pub struct Params {
     pub backend: BackendKind,
     /// Link (soft backend).
     pub link: LinkKind,
+    /// Loss recovery of the soft devices the run makes (`--recovery`).
+    pub recovery: Recovery,
+    /// `--drop`: share of the datagrams the soft UDP link drops.
+    pub drop: Option<f64>,
     /// `--output`: print only this figure per size.
     pub output: Option<OutputKind>,
     /// `-w`: least average bandwidth, in the report's unit.
@@ -1032,6 +1060,24 @@ impl Params {
                 a.link.name()
             ));
         }
+        if let Some(d) = a.drop {
+            if !(0.0..=1.0).contains(&d) {
+                return Err(usage(format!("--drop {d}: a probability, from 0 to 1")));
+            }
+        }
+        let drop = a
+            .drop
+            .filter(|_| backend == BackendKind::Soft && a.link == LinkKind::Udp);
+        if a.drop.is_some() && drop.is_none() {
+            notes.push("--drop ignored: only the soft backend's UDP link (--link udp) injects loss".to_string());
+        }
+        if a.recovery != Recovery::default() && !net_loopback {
+            notes.push(
+                "--recovery ignored: it sets the soft UDP/shm devices a run makes (--link udp or shm), not existing \
+                 devices"
+                    .to_string(),
+            );
+        }
         let warm_up = a.perform_warm_up && bw && verb != VerbKind::Send && mode == Mode::Loopback;
         if a.perform_warm_up && !warm_up {
             notes.push(if mode == Mode::Loopback {
@@ -1076,6 +1122,8 @@ impl Params {
             mode,
             backend,
             link: a.link,
+            recovery: a.recovery,
+            drop,
             output: a.output,
             limit_bw: a.limit_bw,
             limit_msgrate: a.limit_msgrate,
@@ -1255,6 +1303,34 @@ mod tests {
             Mode::Server
         );
         assert_eq!(params(&["write_bw", "--link", "shm"]).unwrap().link, LinkKind::Shm);
+    }
+
+    #[test]
+    fn recovery_and_injected_loss() {
+        let p = params(&["write_bw", "--link", "udp"]).unwrap();
+        assert_eq!((p.recovery, p.drop), (Recovery::SelectiveRepeat, None));
+        let p = params(&["write_bw", "--link", "udp", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
+        assert_eq!((p.recovery, p.drop), (Recovery::GoBackN, Some(0.01)));
+        assert!(p.notes.is_empty(), "{:?}", p.notes);
+        for bad in ["1.5", "-0.1", "NaN"] {
+            let flag = format!("--drop={bad}");
+            assert!(
+                matches!(params(&["write_bw", "--link", "udp", &flag]), Err(PerfError::Usage(_))),
+                "{bad}"
+            );
+        }
+        // Where they cannot apply they are said to be ignored.
+        let p = params(&["write_bw", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
+        assert_eq!(p.drop, None);
+        assert!(p.notes.iter().any(|n| n.starts_with("--drop ignored")), "{:?}", p.notes);
+        assert!(
+            p.notes.iter().any(|n| n.starts_with("--recovery ignored")),
+            "{:?}",
+            p.notes
+        );
+        let p = params(&["write_bw", "--link", "shm", "--drop", "0.01"]).unwrap();
+        assert_eq!(p.drop, None);
+        assert!(try_parse(&["write_bw", "--recovery", "irn"]).is_err());
     }
 
     #[test]

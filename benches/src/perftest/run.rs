@@ -43,7 +43,7 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             let link = PeerLink::listen(p.tcp_port, &p)?;
             let dev = match dev {
                 Some(d) => d,
-                None => udp_device("perf_udp_server", link.local_ip()?, shm)?,
+                None => udp_device("perf_udp_server", link.local_ip()?, shm, NetOpts::of(&p))?,
             };
             run_networked(&p, &dev, link, true, out)
         }
@@ -52,7 +52,7 @@ pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) ->
             let link = PeerLink::connect(&host, p.tcp_port)?;
             let dev = match dev {
                 Some(d) => d,
-                None => udp_device("perf_udp_client", link.local_ip()?, shm)?,
+                None => udp_device("perf_udp_client", link.local_ip()?, shm, NetOpts::of(&p))?,
             };
             run_networked(&p, &dev, link, false, out)
         }
@@ -87,7 +87,7 @@ pub fn run_rows(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Writ
 fn run_loopback_on(p: &Params, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
     let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
     let (a, b) = if net {
-        udp_loopback_devices(p.bw, p.verb, p.link == LinkKind::Shm)?
+        udp_loopback_devices(p.bw, p.verb, p.link == LinkKind::Shm, NetOpts::of(p))?
     } else {
         loopback_devices(p)?
     };
@@ -98,11 +98,30 @@ fn run_loopback_on(p: &Params, out: &mut dyn Write) -> Result<Vec<Row>, PerfErro
     run_loopback(p, &a, &b, out)
 }
 
+/// What a run sets on the soft devices it makes: `--recovery`, `--drop`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetOpts {
+    /// Loss recovery offered to peers.
+    pub recovery: softverbs::soft::proto::Recovery,
+    /// Share of the datagrams the UDP link drops (a test facility).
+    pub drop: Option<f64>,
+}
+
+impl NetOpts {
+    /// The options of `p`.
+    pub fn of(p: &Params) -> NetOpts {
+        NetOpts {
+            recovery: p.recovery,
+            drop: p.drop,
+        }
+    }
+}
+
 /// A soft device on the UDP link bound to `ip` (automatic port; the
 /// private GID carries it), created once per process and name; with `shm`,
 /// shared-memory rings carry the traffic and UDP only the rendezvous.
-fn udp_device(name: &str, ip: std::net::IpAddr, shm: bool) -> Result<Device, PerfError> {
-    udp_device_with(name, ip, softverbs::soft::engine::EngineMode::Inline, shm)
+fn udp_device(name: &str, ip: std::net::IpAddr, shm: bool, opts: NetOpts) -> Result<Device, PerfError> {
+    udp_device_with(name, ip, softverbs::soft::engine::EngineMode::Inline, shm, opts)
 }
 
 fn udp_device_with(
@@ -110,6 +129,7 @@ fn udp_device_with(
     ip: std::net::IpAddr,
     engine: softverbs::soft::engine::EngineMode,
     shm: bool,
+    opts: NetOpts,
 ) -> Result<Device, PerfError> {
     let name = &format!("{name}{}", if shm { "_shm" } else { "" });
     use softverbs::soft::link::udp::UdpConfig;
@@ -120,13 +140,24 @@ fn udp_device_with(
     {
         return Ok(d);
     }
+    let mut udp = UdpConfig::new(ip);
+    if let Some(d) = opts.drop {
+        // Seeded by the name: each device its own draws, the same in
+        // every run.
+        let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        udp.drop =
+            Some(softverbs::soft::link::udp::InjectedLoss::new(d, seed).map_err(|e| PerfError::Usage(e.to_string()))?);
+    }
     let cfg = if shm {
-        SoftDeviceConfig::udp_shm(name, UdpConfig::new(ip), softverbs::soft::link::shm::ShmMode::Only)
+        SoftDeviceConfig::udp_shm(name, udp, softverbs::soft::link::shm::ShmMode::Only)
     } else {
-        SoftDeviceConfig::udp(name, UdpConfig::new(ip))
+        SoftDeviceConfig::udp(name, udp)
     };
     let mut cfg = cfg.map_err(|e| PerfError::NotAvailable(format!("soft device on {ip}: {e}")))?;
     cfg.engine = engine;
+    cfg.recovery = opts.recovery;
     let dev = SoftDevice::create(cfg).map_err(|e| PerfError::NotAvailable(format!("UDP soft device: {e}")))?;
     Ok(dev.device())
 }
@@ -143,21 +174,21 @@ fn udp_device_with(
 /// # Errors
 ///
 /// [`PerfError::NotAvailable`] when the sockets cannot be bound.
-pub fn udp_loopback_devices(bw: bool, verb: VerbKind, shm: bool) -> Result<(Device, Device), PerfError> {
+pub fn udp_loopback_devices(bw: bool, verb: VerbKind, shm: bool, opts: NetOpts) -> Result<(Device, Device), PerfError> {
     use softverbs::soft::engine::EngineMode;
     let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let threaded = EngineMode::ProgressThread {
         spin: std::time::Duration::ZERO,
     };
     let a = if verb == VerbKind::Write && !bw {
-        udp_device_with("perf_udp_0t", lo, threaded, shm)?
+        udp_device_with("perf_udp_0t", lo, threaded, shm, opts)?
     } else {
-        udp_device("perf_udp_0", lo, shm)?
+        udp_device("perf_udp_0", lo, shm, opts)?
     };
     let b = if bw || verb != VerbKind::Send {
-        udp_device_with("perf_udp_1t", lo, threaded, shm)?
+        udp_device_with("perf_udp_1t", lo, threaded, shm, opts)?
     } else {
-        udp_device("perf_udp_1", lo, shm)?
+        udp_device("perf_udp_1", lo, shm, opts)?
     };
     Ok((a, b))
 }
@@ -815,8 +846,8 @@ mod tests {
     /// full-suite run in two at load ~15 on 2 cores).
     fn between_inline_udp_devices(args: &[&str], names: (&str, &str)) -> (String, String) {
         let lo = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-        let a = udp_device(names.0, lo, false).unwrap();
-        let b = udp_device(names.1, lo, false).unwrap();
+        let a = udp_device(names.0, lo, false, NetOpts::default()).unwrap();
+        let b = udp_device(names.1, lo, false, NetOpts::default()).unwrap();
         let mut args = args.to_vec();
         args.extend_from_slice(&["-u", "18"]);
         networked_pair(&args, &a, &b)

@@ -53,7 +53,8 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::ShmMode;
-use softverbs::soft::link::udp::{GsoMode, UdpConfig, UdpPort};
+use softverbs::soft::link::udp::{GsoMode, InjectedLoss, UdpConfig, UdpPort};
+use softverbs::soft::proto::Recovery;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::exchange::{accept_first_line, GREETING_TIMEOUT, MAX_LINE, PEER_TIMEOUT};
 use softverbs::verbs::{
@@ -156,6 +157,14 @@ pub struct Args {
     #[arg(long = "qp-timeout", value_name = "N", default_value_t = 14,
           value_parser = clap::value_parser!(u8).range(0..=31))]
     pub qp_timeout: u8,
+    /// Loss recovery of the soft device: sr (selective repeat with peers
+    /// that offer it too) or gbn (go-back-N)
+    #[arg(long, value_name = "gbn|sr", default_value = "sr", value_parser = parse_recovery)]
+    pub recovery: Recovery,
+    /// Test facility: the UDP link drops this share (0 to 1) of the
+    /// datagrams it sends, at random, as a lossy network would
+    #[arg(long, hide = true, value_name = "P")]
+    pub drop: Option<f64>,
     /// ibv_rc_pingpong's flags that have no effect here (each is said on
     /// standard error); last, as their help heading applies to what
     /// follows.
@@ -539,6 +548,14 @@ pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> 
     report
 }
 
+fn parse_recovery(s: &str) -> Result<Recovery, String> {
+    match s {
+        "gbn" => Ok(Recovery::GoBackN),
+        "sr" => Ok(Recovery::SelectiveRepeat),
+        _ => Err(format!("unknown recovery {s:?} (gbn or sr)")),
+    }
+}
+
 fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Option<Arc<SoftDevice>>), CliError> {
     if let Some(name) = &args.device {
         let d = env.device(Some(env.global.backend()), name)?;
@@ -552,6 +569,10 @@ fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Opti
         Gso::Off => GsoMode::Off,
     };
     udp.connect = args.connected == Connected::Auto;
+    if let Some(p) = args.drop {
+        let loss = InjectedLoss::new(p, u64::from(std::process::id())).map_err(|e| usage(format!("--drop: {e}")))?;
+        udp.drop = Some(loss);
+    }
     let name = format!("softverbs_udp{}", std::process::id());
     let mut cfg = match args.link {
         LinkKind::Udp => SoftDeviceConfig::udp(&name, udp),
@@ -559,6 +580,7 @@ fn open_device(env: &Env, args: &Args, local_ip: IpAddr) -> Result<(Device, Opti
         LinkKind::Shm => SoftDeviceConfig::udp_shm(&name, udp, ShmMode::Only),
     }
     .map_err(verbs_fail("creating the UDP device"))?;
+    cfg.recovery = args.recovery;
     cfg.engine = match args.engine {
         Engine::Inline => EngineMode::Inline,
         Engine::Thread => EngineMode::ProgressThread {

@@ -12,7 +12,7 @@ use super::link::shm::{ShmLink, ShmMode};
 use super::link::udp::{UdpConfig, UdpLink};
 use super::link::Link;
 use super::objects::SoftContext;
-use super::proto::{Core, CoreConfig};
+use super::proto::{Core, CoreConfig, Recovery};
 use crate::verbs::backend::*;
 use crate::verbs::{
     verr, AsyncElement, AsyncEvent, BackendKind, DeviceAttr, ErrorKind, EventType, Gid, Guid, PortAttr, PortState,
@@ -108,6 +108,9 @@ pub struct SoftDeviceConfig {
     /// How the engine makes progress (inline by default; see
     /// [`crate::soft::engine`] for when to use a progress thread).
     pub engine: EngineMode,
+    /// The loss recovery the device offers its peers (selective repeat
+    /// by default; see [`Recovery`]).
+    pub recovery: Recovery,
 }
 
 impl SoftDeviceConfig {
@@ -123,6 +126,7 @@ impl SoftDeviceConfig {
             seed,
             link: None,
             engine: EngineMode::Inline,
+            recovery: Recovery::default(),
         }
     }
 
@@ -249,6 +253,7 @@ impl SoftDevice {
         let port = Self::default_port_attr();
         let mut core_cfg = CoreConfig::new(attr, port, gids.clone(), config.seed);
         core_cfg.max_inflight_packets = 1024;
+        core_cfg.recovery = config.recovery;
         let link = config.link.unwrap_or_else(|| InprocFabric::global() as Arc<dyn Link>);
         if !link.poll_fds().is_empty() {
             // A network link: what a QP has in flight must fit the peer's

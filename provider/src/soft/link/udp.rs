@@ -133,6 +133,19 @@
 //! unreachable) on the next call: a send that reports it sent nothing and
 //! is made again, and a receive that reports it is no error.
 //!
+//! # Injected loss (tests and benchmarks)
+//!
+//! [`UdpConfig::drop`] makes the link discard a seeded random share of
+//! its outgoing datagrams before they reach the socket, each with the
+//! same probability, independently (counted as `udp_tx_injected_drops`).
+//! It stands in for a lossy network where none can be made (no `netem`
+//! in the kernel, no root): RC recovery then runs over real sockets and
+//! processes. The choice is made once per datagram when it is routed, so
+//! a retransmission is a new draw; the sequence of draws follows from the
+//! seed alone, but which packet meets which draw depends on timing. Off
+//! (`None`, the default) it costs one test of an `Option` per datagram.
+//! `softverbs perf --drop P` sets it for the devices a run creates.
+//!
 //! # Examples
 //!
 //! ```no_run
@@ -217,6 +230,86 @@ pub struct UdpConfig {
     /// sending to may go by a connected socket (see the module docs). On
     /// in [`UdpConfig::new`].
     pub connect: bool,
+    /// Discard this share of outgoing datagrams (a test and benchmark
+    /// facility, see the module docs); `None` in [`UdpConfig::new`].
+    pub drop: Option<InjectedLoss>,
+}
+
+/// Seeded random loss of outgoing datagrams (see the module docs).
+///
+/// # Examples
+///
+/// ```
+/// use std::net::{IpAddr, Ipv4Addr};
+/// use softverbs::soft::link::udp::{InjectedLoss, UdpConfig};
+///
+/// let mut udp = UdpConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+/// udp.drop = Some(InjectedLoss::new(0.01, 42)?); // 1 % of the datagrams
+/// assert!(InjectedLoss::new(1.5, 42).is_err());
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InjectedLoss {
+    /// A datagram is dropped when a 32-bit draw is below this (2^32: all).
+    threshold: u64,
+    seed: u64,
+}
+
+impl InjectedLoss {
+    /// Drops each datagram with probability `probability` (0 to 1), the
+    /// draws made from `seed`.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidInput` if `probability` is not a number from 0 to 1.
+    pub fn new(probability: f64, seed: u64) -> io::Result<InjectedLoss> {
+        if !(0.0..=1.0).contains(&probability) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a drop probability is from 0 to 1, not {probability}"),
+            ));
+        }
+        // Exact at both ends: 0 never drops, 1 always does.
+        let threshold = (probability * 4_294_967_296.0).round() as u64;
+        Ok(InjectedLoss { threshold, seed })
+    }
+
+    /// The probability, as given (to 2^-32).
+    pub fn probability(&self) -> f64 {
+        self.threshold as f64 / 4_294_967_296.0
+    }
+
+    /// The seed of the draws.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
+/// The draws of an [`InjectedLoss`]: splitmix64, which any seed (0 too)
+/// starts well.
+#[derive(Debug, Clone)]
+struct LossDraws {
+    threshold: u64,
+    state: u64,
+}
+
+impl LossDraws {
+    fn new(l: InjectedLoss) -> LossDraws {
+        LossDraws {
+            threshold: l.threshold,
+            state: l.seed,
+        }
+    }
+
+    /// Whether the next datagram is dropped.
+    fn drop_next(&mut self) -> bool {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 32) < self.threshold
+    }
 }
 
 impl UdpConfig {
@@ -228,6 +321,7 @@ impl UdpConfig {
             gso: GsoMode::Auto,
             socket_buffer: 4 << 20,
             connect: true,
+            drop: None,
         }
     }
 
@@ -261,6 +355,7 @@ pub struct UdpStats {
     pub rx_gro_switches: u64,
     pub tx_connected: u64,
     pub tx_connects: u64,
+    pub tx_injected_drops: u64,
 }
 
 impl UdpStats {
@@ -284,6 +379,7 @@ impl UdpStats {
             ("udp_rx_gro_switches", self.rx_gro_switches),
             ("udp_tx_connected", self.tx_connected),
             ("udp_tx_connects", self.tx_connects),
+            ("udp_tx_injected_drops", self.tx_injected_drops),
         ]
         .into_iter()
     }
@@ -308,6 +404,7 @@ struct AtomicStats {
     rx_gro_switches: AtomicU64,
     tx_connected: AtomicU64,
     tx_connects: AtomicU64,
+    tx_injected_drops: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -383,6 +480,8 @@ struct TxFlow {
     icrc: IcrcPrefix,
     /// Per socket: where its twin is connected (`None`: parked).
     peers: Vec<Option<SocketAddr>>,
+    /// Injected loss ([`UdpConfig::drop`]), if on.
+    loss: Option<LossDraws>,
 }
 
 #[derive(Debug)]
@@ -495,6 +594,7 @@ impl UdpLink {
                 backlog: VecDeque::new(),
                 flow: TxFlow {
                     peers,
+                    loss: cfg.drop.map(LossDraws::new),
                     ..TxFlow::default()
                 },
                 route: Vec::new(),
@@ -588,6 +688,7 @@ impl UdpLink {
             rx_gro_switches: g(&s.rx_gro_switches),
             tx_connected: g(&s.tx_connected),
             tx_connects: g(&s.tx_connects),
+            tx_injected_drops: g(&s.tx_injected_drops),
         }
     }
 
@@ -648,7 +749,15 @@ impl UdpLink {
     /// Where `t` goes (its socket, destination, and whether GSO may carry
     /// it there), with its ICRC filled in against the real addresses and
     /// ports; `None`, counted, if it cannot go anywhere.
+    /// An injected loss ([`UdpConfig::drop`]) is `None` too, counted as
+    /// such.
     fn route_of(&self, t: &mut Transmit, flow: &mut TxFlow) -> Option<(usize, SocketAddr, bool)> {
+        if let Some(loss) = &mut flow.loss {
+            if loss.drop_next() {
+                bump_held(&self.stats.tx_injected_drops, 1);
+                return None;
+            }
+        }
         // The kept destination is used in place: copying it out and back
         // cost ~30 instructions a datagram.
         if !flow.last.as_ref().is_some_and(|r| r.src == t.src && r.dst == t.dst) {
@@ -955,5 +1064,80 @@ impl Link for UdpLink {
 
     fn name(&self) -> &'static str {
         "udp"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drops(p: f64, seed: u64, n: usize) -> usize {
+        let mut d = LossDraws::new(InjectedLoss::new(p, seed).unwrap());
+        (0..n).filter(|_| d.drop_next()).count()
+    }
+
+    #[test]
+    fn injected_loss_drops_its_share_and_replays_from_the_seed() {
+        assert_eq!(drops(0.0, 1, 100_000), 0);
+        assert_eq!(drops(1.0, 1, 100_000), 100_000);
+        // 1 % of 200,000: 2,000, σ ≈ 44.
+        let n = drops(0.01, 7, 200_000);
+        assert!((1_700..=2_300).contains(&n), "{n}");
+        let n = drops(0.3, 0, 100_000);
+        assert!((29_000..=31_000).contains(&n), "{n}");
+        let seq = |seed| {
+            let mut d = LossDraws::new(InjectedLoss::new(0.5, seed).unwrap());
+            (0..64).map(|_| d.drop_next()).collect::<Vec<_>>()
+        };
+        assert_eq!(seq(3), seq(3));
+        assert_ne!(seq(3), seq(4));
+        for bad in [-0.1, 1.01, f64::NAN] {
+            assert_eq!(
+                InjectedLoss::new(bad, 0).unwrap_err().kind(),
+                io::ErrorKind::InvalidInput
+            );
+        }
+        assert_eq!(InjectedLoss::new(0.25, 9).unwrap().probability(), 0.25);
+    }
+
+    /// The link drops what the injector picks before the socket, and
+    /// counts it; nothing else is lost.
+    #[test]
+    fn a_link_with_injected_loss_sends_only_the_rest() {
+        let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+        let rx = UdpSocket::bind(SocketAddr::new(lo, 0)).unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_millis(200)))
+            .unwrap();
+        let to = rx.local_addr().unwrap();
+        let mut cfg = UdpConfig::new(lo);
+        cfg.port = UdpPort::Auto;
+        cfg.connect = false;
+        cfg.drop = Some(InjectedLoss::new(0.5, 11).unwrap());
+        let link = UdpLink::bind(&cfg).unwrap();
+        let src = link.gids()[0].to_ip();
+        let dst = addr::gid_of(to).to_ip();
+        let n = 200;
+        for i in 0..n {
+            let mut data = vec![0u8; 64];
+            data[0] = i as u8;
+            let t = Transmit {
+                src,
+                dst,
+                src_port: 0xc000,
+                dst_port: ROCEV2_UDP_PORT,
+                data,
+                train: None,
+            };
+            link.transmit_one(t, &mut drop);
+        }
+        let mut got = 0u64;
+        let mut buf = [0u8; 64];
+        while rx.recv(&mut buf).is_ok() {
+            got += 1;
+        }
+        let s = link.stats();
+        assert!(s.tx_injected_drops > 50 && s.tx_injected_drops < 150, "{s:?}");
+        assert_eq!(s.tx_datagrams, got, "{s:?}");
+        assert_eq!(got + s.tx_injected_drops, n, "{s:?}");
     }
 }
