@@ -373,12 +373,13 @@ pub struct PerfArgs {
         help_heading = "softverbs options"
     )]
     pub link: LinkKind,
-    /// Loss recovery of the soft UDP/shm devices the run makes: sr
-    /// (selective repeat with peers that offer it too) or gbn (go-back-N)
+    /// Loss recovery of the soft UDP/shm devices the run makes: gbn
+    /// (go-back-N, the default) or sr (selective repeat with peers that
+    /// offer it too; opt-in, see the `Recovery` docs)
     #[arg(
         long,
         value_name = "gbn|sr",
-        default_value = "sr",
+        default_value = "gbn",
         value_parser = parse_recovery,
         help_heading = "softverbs options"
     )]
