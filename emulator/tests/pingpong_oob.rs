@@ -69,8 +69,20 @@ fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
     let mut server_args = vec!["--bind", "127.0.0.1"];
     server_args.extend_from_slice(&common);
     let server = spawn(None, &server_args);
+    // Should the wait below fail, the server must not outlive the test.
+    struct KillOnPanic(Option<std::process::Child>);
+    impl Drop for KillOnPanic {
+        fn drop(&mut self) {
+            if let Some(c) = self.0.as_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut guard = KillOnPanic(Some(server));
     let held = stranger(port);
     wait_until_accepted(port, held.local_addr().unwrap().port());
+    let server = guard.0.take().expect("the server");
     let mut client_args = vec!["127.0.0.1"];
     client_args.extend_from_slice(&common);
     let client = spawn(None, &client_args);
