@@ -1,7 +1,8 @@
 //! Small system-call wrappers and helpers shared by the whole crate, so
 //! that each exists once: taking a lock whose holder panicked, checking a
-//! libc return value, and making an eventfd.
+//! libc return value, and making an eventfd or a memfd.
 
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
@@ -36,6 +37,16 @@ pub(crate) fn eventfd(flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A new anonymous memory file named `name` with `flags` (`MFD_*`;
+/// `MFD_CLOEXEC` is always added).
+pub(crate) fn memfd(name: &CStr, flags: libc::c_uint) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is a NUL-terminated string that outlives the call; a
+    // negative return is an error, checked by `cvt`.
+    let fd = cvt(unsafe { libc::memfd_create(name.as_ptr(), flags | libc::MFD_CLOEXEC) })?;
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsRawFd;
@@ -66,11 +77,14 @@ mod tests {
     }
 
     #[test]
-    fn eventfd_is_close_on_exec_and_non_blocking() {
+    fn eventfd_and_memfd_are_close_on_exec() {
         let e = eventfd(libc::EFD_NONBLOCK).unwrap();
-        // SAFETY: F_GETFD on our own open descriptor.
-        let flags = unsafe { libc::fcntl(e.as_raw_fd(), libc::F_GETFD) };
-        assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        let m = memfd(c"sys-test", 0).unwrap();
+        for fd in [e.as_raw_fd(), m.as_raw_fd()] {
+            // SAFETY: F_GETFD on our own open descriptor.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            assert_eq!(flags & libc::FD_CLOEXEC, libc::FD_CLOEXEC);
+        }
         // Non-blocking: reading the empty counter does not wait.
         let mut v = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from our own descriptor.

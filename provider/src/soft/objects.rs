@@ -6,6 +6,7 @@
 //! explicit destroy returns what the engine says (`EBUSY` while in use) and
 //! is idempotent once it succeeded.
 
+use crate::sys::lock;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -23,10 +24,6 @@ use crate::verbs::{
 };
 
 static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// An open soft device.
 pub(crate) struct SoftContext {

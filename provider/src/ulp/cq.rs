@@ -1,10 +1,11 @@
 //! Completion queues through the layer: polling turns completions into
 //! callbacks.
 
+use crate::sys::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::qp::{Done, QpShared};
@@ -12,10 +13,6 @@ use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkComplet
 
 /// Completions read from the device per `poll_cq` call.
 const BATCH: usize = 32;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// QP numbers are already well spread: hash them as they are (SipHash of
 /// a `u32` showed in the per-completion cost).

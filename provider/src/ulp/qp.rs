@@ -2,6 +2,7 @@
 //! completions back to requests, send-queue budgets and reservations, the
 //! READ/atomic depth cap, and draining on close.
 
+use crate::sys::lock;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,10 +31,6 @@ const EPOCH_MASK: u64 = !(RQ_BIT | SEQ_MASK);
 /// How long closing a QP waits for the device to flush what it has in
 /// flight before completing the rest itself.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What to create a QP with through the layer ([`UlpQp::create`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

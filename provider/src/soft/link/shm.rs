@@ -185,6 +185,7 @@ mod sys;
 mod tests;
 mod trains;
 
+use crate::sys::lock;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
@@ -192,7 +193,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use memmap2::MmapRaw;
 
@@ -312,10 +313,6 @@ const UP: u8 = 1;
 const DEAD: u8 = 2;
 /// The peer closed: read what it published before, then [`DEAD`].
 const CLOSING: u8 = 3;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The abstract socket name of the device owning `gid`.
 pub fn rendezvous_name(gid: Gid) -> String {

@@ -165,12 +165,13 @@ mod rx;
 mod sys;
 mod twin;
 
+use crate::sys::lock;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::Link;
 use crate::soft::engine::DeviceShared;
@@ -510,10 +511,6 @@ pub struct UdpLink {
     armed: AtomicBool,
     stats: AtomicStats,
     rcvbuf: i32,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl UdpLink {

@@ -75,16 +75,7 @@ impl SharedFile {
     }
 
     fn create_file(len: usize, token: u64) -> std::io::Result<SharedFile> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: a valid NUL-terminated name; the descriptor returned is
-        // new and owned by the OwnedFd.
-        let raw = unsafe { libc::memfd_create(c"softverbs-mr".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `raw` was just created and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let file = std::fs::File::from(fd);
+        let file = std::fs::File::from(crate::sys::memfd(c"softverbs-mr", libc::MFD_ALLOW_SEALING)?);
         file.set_len(len as u64)?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
         // SAFETY: fcntl on a live descriptor with an integer argument.

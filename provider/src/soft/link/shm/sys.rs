@@ -6,22 +6,12 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
+use crate::sys::cvt;
 
 /// A new memfd that can be sealed.
 pub(super) fn memfd(name: &str) -> io::Result<File> {
     let cname = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: a valid NUL-terminated name; the returned descriptor is new
-    // and owned by the File.
-    let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) })?;
-    // SAFETY: `fd` was just created and nothing else owns it.
-    Ok(unsafe { File::from_raw_fd(fd) })
+    Ok(File::from(crate::sys::memfd(&cname, libc::MFD_ALLOW_SEALING)?))
 }
 
 /// Seals the size (no shrink, no grow) and the seals themselves.
