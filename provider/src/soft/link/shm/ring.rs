@@ -1045,7 +1045,7 @@ impl Consumer {
         }))
     }
 
-    /// Asks the CPU to fetch the first [`PREFETCH_LINES`] cache lines of
+    /// Asks the CPU to fetch the first `PREFETCH_LINES` cache lines of
     /// the next slot (its `seq`, header and, for a train, the descriptor)
     /// without waiting for them. The producer wrote them on its core, so
     /// reading them costs a line transfer between cores each; a reader
