@@ -40,9 +40,7 @@ use rdma_sys::{
 use super::agent::{qp_to_err, Id, IdState, Inner, State};
 use super::hwmap::{self, Action};
 use super::{CmEventKind, ConnParam, Error, PortSpace, Result, UdParam};
-use crate::verbs::{
-    AccessFlags, AhAttr, Gid, GlobalRoute, MigState, Mtu, Qp, QpAttr, QpAttrMask, QpCap, QpState, QpType,
-};
+use crate::verbs::{AhAttr, Gid, GlobalRoute, Qp, QpAttr, QpAttrMask, QpState, QpType};
 
 /// A librdmacm object pointer that may cross threads.
 struct Ptr<T>(NonNull<T>);
@@ -341,7 +339,8 @@ impl HwId {
         // SAFETY: live id; `a` and `mask` are live outputs.
         let rc = unsafe { rdma_sys::rdma_init_qp_attr(self.raw(), &mut a, &mut mask) };
         check(rc, "rdma_init_qp_attr")?;
-        Ok((qp_attr_from(&a), hwmap::qp_mask(mask)))
+        let attr = crate::hw::convert::qp_attr_from_raw(&a)?;
+        Ok((attr, hwmap::qp_mask(mask)))
     }
 
     /// Moves `qp` to `state` with the attributes librdmacm gives.
@@ -349,62 +348,6 @@ impl HwId {
         let (attr, mask) = self.qp_attr(state)?;
         qp.modify(&attr, mask | QpAttrMask::STATE)?;
         Ok(())
-    }
-}
-
-/// `struct ibv_qp_attr` as this API's [`QpAttr`]; numbers this API does
-/// not know keep the defaults (their mask bits are dropped too).
-fn qp_attr_from(a: &ibv_qp_attr) -> QpAttr {
-    let ah = |h: &rdma_sys::ibv_ah_attr| AhAttr {
-        grh: GlobalRoute {
-            // SAFETY: every bit pattern of the union is a valid [u8; 16].
-            dgid: Gid(unsafe { h.grh.dgid.raw }),
-            flow_label: h.grh.flow_label,
-            sgid_index: h.grh.sgid_index,
-            hop_limit: h.grh.hop_limit,
-            traffic_class: h.grh.traffic_class,
-        },
-        dlid: h.dlid,
-        sl: h.sl,
-        src_path_bits: h.src_path_bits,
-        static_rate: h.static_rate,
-        is_global: h.is_global != 0,
-        port_num: h.port_num,
-    };
-    let d = QpAttr::default();
-    QpAttr {
-        qp_state: QpState::from_raw(a.qp_state).unwrap_or(d.qp_state),
-        cur_qp_state: QpState::from_raw(a.cur_qp_state).unwrap_or(d.cur_qp_state),
-        path_mtu: Mtu::from_raw(a.path_mtu).unwrap_or(d.path_mtu),
-        path_mig_state: MigState::from_raw(a.path_mig_state).unwrap_or(d.path_mig_state),
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: AccessFlags::from_bits_truncate(a.qp_access_flags),
-        cap: QpCap {
-            max_send_wr: a.cap.max_send_wr,
-            max_recv_wr: a.cap.max_recv_wr,
-            max_send_sge: a.cap.max_send_sge,
-            max_recv_sge: a.cap.max_recv_sge,
-            max_inline_data: a.cap.max_inline_data,
-        },
-        ah_attr: ah(&a.ah_attr),
-        alt_ah_attr: ah(&a.alt_ah_attr),
-        pkey_index: a.pkey_index,
-        alt_pkey_index: a.alt_pkey_index,
-        en_sqd_async_notify: a.en_sqd_async_notify != 0,
-        sq_draining: a.sq_draining != 0,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        alt_port_num: a.alt_port_num,
-        alt_timeout: a.alt_timeout,
-        rate_limit: a.rate_limit,
     }
 }
 
@@ -1035,6 +978,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verbs::Mtu;
 
     #[test]
     fn socket_addresses_round_trip() {
@@ -1064,7 +1008,7 @@ mod tests {
         a.ah_attr.grh.hop_limit = 64;
         a.ah_attr.grh.sgid_index = 3;
         a.ah_attr.grh.dgid.raw = Gid::from_ip("10.0.0.2".parse().unwrap()).0;
-        let q = qp_attr_from(&a);
+        let q = crate::hw::convert::qp_attr_from_raw(&a).unwrap();
         assert_eq!(q.qp_state, QpState::Rtr);
         assert_eq!(q.path_mtu, Mtu::Mtu4096);
         assert_eq!((q.dest_qp_num, q.rq_psn), (0x1234, 0xabcdef));
@@ -1072,8 +1016,8 @@ mod tests {
         assert!(q.ah_attr.is_global);
         assert_eq!(q.ah_attr.grh.dgid.to_ip(), "10.0.0.2".parse::<IpAddr>().unwrap());
         assert_eq!((q.ah_attr.grh.sgid_index, q.ah_attr.grh.hop_limit), (3, 64));
-        // A state number from a newer verbs.h keeps the default, not UB.
+        // A state number from a newer verbs.h is an error, not UB.
         a.qp_state = 99;
-        assert_eq!(qp_attr_from(&a).qp_state, QpState::Reset);
+        assert!(crate::hw::convert::qp_attr_from_raw(&a).is_err());
     }
 }

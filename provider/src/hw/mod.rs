@@ -63,7 +63,7 @@
 //! libclang (`libclang-dev`), plus `libibverbs-dev`, `librdmacm-dev` and
 //! `pkg-config`.
 
-mod convert;
+pub(crate) mod convert;
 mod device;
 mod ffi;
 pub(crate) mod life;
