@@ -21,82 +21,15 @@ mod pingpong_common;
 
 use std::process::{Command, Stdio};
 
-use pingpong_common::{bin, finish, run_pair};
+use pingpong_common::{bin, finish, run_pair, Netns};
 
 /// Share of the datagrams each side drops.
 const LOSS: &str = "0.01";
 
-/// Two namespaces and a veth pair between them, removed on drop.
-struct Netns {
-    a: String,
-    b: String,
-    subnet: u8,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Netns {
-    fn new() -> Result<Netns, String> {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let euid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string));
-        if euid.as_deref() != Some("0") {
-            return Err("not root (creating network namespaces needs CAP_SYS_ADMIN)".into());
-        }
-        let id = std::process::id();
-        // Another range than pingpong_netns's (20–219), so that the two
-        // tests may run at once.
-        let subnet = (id % 30) as u8 + 220;
-        let n = Netns {
-            a: format!("svls{id}a"),
-            b: format!("svls{id}b"),
-            subnet,
-        };
-        // Made before the first `ip` call so that Drop removes whatever
-        // part of the setup succeeded.
-        ip(&["netns", "add", &n.a])?;
-        ip(&["netns", "add", &n.b])?;
-        let (va, vb) = (format!("svl{id}a"), format!("svl{id}b"));
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &n.a])?;
-        ip(&["link", "set", &vb, "netns", &n.b])?;
-        for (ns, dev, host) in [(&n.a, &va, 1), (&n.b, &vb, 2)] {
-            let v4 = format!("10.201.{subnet}.{host}/24");
-            ip(&["-n", ns, "addr", "add", &v4, "dev", dev])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    fn v4(&self, host: u8) -> String {
-        format!("10.201.{}.{host}", self.subnet)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes the veth end in it (and its peer).
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
 fn setup() -> Option<Netns> {
-    match Netns::new() {
+    // Another range than pingpong_netns's (10.200.20–219), so that the
+    // two tests may run at once.
+    match Netns::new("ls", 201, 220, 30, false) {
         Ok(n) => Some(n),
         Err(why) => {
             println!("SKIP: RC over lossy UDP between network namespaces: {why}");

@@ -5,83 +5,10 @@
 
 mod pingpong_common;
 
-use std::process::Command;
-
 use pingpong_common::*;
 
-/// Two namespaces and a veth pair between them, removed on drop.
-struct Netns {
-    a: String,
-    b: String,
-    subnet: u8,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-impl Netns {
-    fn new() -> Result<Netns, String> {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        let euid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string));
-        if euid.as_deref() != Some("0") {
-            return Err("not root (creating network namespaces needs CAP_SYS_ADMIN)".into());
-        }
-        let id = std::process::id();
-        let subnet = (id % 200) as u8 + 20;
-        let n = Netns {
-            a: format!("svpp{id}a"),
-            b: format!("svpp{id}b"),
-            subnet,
-        };
-        ip(&["netns", "add", &n.a])?;
-        ip(&["netns", "add", &n.b])?;
-        let (va, vb) = (format!("sv{id}a"), format!("sv{id}b"));
-        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
-        ip(&["link", "set", &va, "netns", &n.a])?;
-        ip(&["link", "set", &vb, "netns", &n.b])?;
-        for (ns, dev, host) in [(&n.a, &va, 1), (&n.b, &vb, 2)] {
-            let v4 = format!("10.200.{subnet}.{host}/24");
-            let v6 = format!("fd00:5376:{subnet:x}::{host}/64");
-            ip(&["-n", ns, "addr", "add", &v4, "dev", dev])?;
-            ip(&["-n", ns, "addr", "add", &v6, "dev", dev, "nodad"])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    fn v4(&self, host: u8) -> String {
-        format!("10.200.{}.{host}", self.subnet)
-    }
-
-    fn v6(&self, host: u8) -> String {
-        format!("fd00:5376:{:x}::{host}", self.subnet)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes the veth end in it (and its peer).
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
-
 fn setup() -> Option<Netns> {
-    match Netns::new() {
+    match Netns::new("pp", 200, 20, 200, true) {
         Ok(n) => Some(n),
         Err(why) => {
             eprintln!("SKIP pingpong between network namespaces: {why}");
@@ -116,7 +43,7 @@ fn pingpong_between_two_namespaces() {
     check_send_report(&s, 200);
     check_send_report(&c, 200);
     // As ibv_rc_pingpong prints it (inet_ntop).
-    let a_gid = format!("GID ::ffff:10.200.{}.1\n", n.subnet);
+    let a_gid = format!("GID ::ffff:{}\n", n.v4(1));
     assert!(c.contains("  remote address: LID 0x0000") && c.contains(&a_gid), "{c}");
     // IPv6 with the progress-thread engine, and an RDMA WRITE stream (path
     // MTU 1024: RoCE packets must fit the veth's 1500-byte MTU, DF is set).

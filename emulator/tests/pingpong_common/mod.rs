@@ -91,3 +91,92 @@ pub fn check_send_report(out: &str, iters: u32) {
     assert!(out.contains(&format!("{iters} iters in ")), "{out}");
     assert!(out.contains(" usec/iter"), "{out}");
 }
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Two network namespaces and a veth pair between them, hosts `.1` (in
+/// `a`) and `.2` (in `b`) of 10.`net`.`subnet`.0/24, and with `v6` of
+/// fd00:5376:`subnet`::/64; removed on drop.
+pub struct Netns {
+    pub a: String,
+    pub b: String,
+    net: u8,
+    subnet: u8,
+}
+
+impl Netns {
+    /// Names made of `tag` and the process id; `subnet` is
+    /// `base + pid % span` (tests that may run at once use ranges apart).
+    /// `Err(why)` without root or when `ip` fails.
+    pub fn new(tag: &str, net: u8, base: u8, span: u32, v6: bool) -> Result<Netns, String> {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let euid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string));
+        if euid.as_deref() != Some("0") {
+            return Err("not root (creating network namespaces needs CAP_SYS_ADMIN)".into());
+        }
+        let id = std::process::id();
+        let subnet = (id % span) as u8 + base;
+        // Made before the first `ip` call so that Drop removes whatever
+        // part of the setup succeeded.
+        let n = Netns {
+            a: format!("sv{tag}{id}a"),
+            b: format!("sv{tag}{id}b"),
+            net,
+            subnet,
+        };
+        ip(&["netns", "add", &n.a])?;
+        ip(&["netns", "add", &n.b])?;
+        let (va, vb) = (format!("sv{tag}v{id}a"), format!("sv{tag}v{id}b"));
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        ip(&["link", "set", &va, "netns", &n.a])?;
+        ip(&["link", "set", &vb, "netns", &n.b])?;
+        for (ns, dev, host) in [(&n.a, &va, 1), (&n.b, &vb, 2)] {
+            ip(&["-n", ns, "addr", "add", &format!("{}/24", n.v4(host)), "dev", dev])?;
+            if v6 {
+                ip(&[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{}/64", n.v6(host)),
+                    "dev",
+                    dev,
+                    "nodad",
+                ])?;
+            }
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+
+    pub fn v4(&self, host: u8) -> String {
+        format!("10.{}.{}.{host}", self.net, self.subnet)
+    }
+
+    pub fn v6(&self, host: u8) -> String {
+        format!("fd00:5376:{:x}::{host}", self.subnet)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it (and its peer).
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
