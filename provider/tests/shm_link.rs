@@ -121,6 +121,49 @@ fn traffic(engine_a: EngineMode, engine_b: EngineMode, mode: ShmMode) -> (Arc<Sh
     (la, lb)
 }
 
+/// Doorbells `a` rang while 100 inline SENDs went each way between two
+/// busy-polling inline devices, after `b`'s application took its
+/// context's event descriptor (`b` driven by a thread of the caller's
+/// own if `external`).
+fn doorbells_with_a_watched_descriptor(external: bool) -> u64 {
+    use std::os::fd::AsFd;
+    let ((da, la), (db, _lb)) = (
+        shm_device(ShmMode::Only, EngineMode::Inline),
+        shm_device(ShmMode::Only, EngineMode::Inline),
+    );
+    if external {
+        db.shared().set_driven_externally();
+    }
+    let (a, b) = (side(&da, 1 << 16, 100), side(&db, 1 << 16, 9000));
+    connect(&a, &b, Mtu::Mtu4096);
+    let _fd = b.ctx.as_fd();
+    send_inline(&a, &b, 0);
+    let before = stat(&la, "shm_doorbells");
+    for i in 1..=100 {
+        send_inline(&a, &b, i);
+        send_inline(&b, &a, 1000 + i);
+    }
+    let rung = stat(&la, "shm_doorbells") - before;
+    drop((a, b));
+    da.remove();
+    db.remove();
+    rung
+}
+
+#[test]
+fn a_device_driven_by_its_own_thread_keeps_busy_peers_off_the_doorbell() {
+    // Inline mode on a network link: an application that may sleep on the
+    // context's descriptor needs every datagram signalled, so taking the
+    // descriptor makes peers ring the doorbell for each one.
+    let watched = doorbells_with_a_watched_descriptor(false);
+    assert!(watched >= 100, "a watched link was rung only {watched} times");
+    // With a thread of the embedding library driving the device (as the
+    // C library's progress thread does), the descriptor is the eventfd
+    // alone, and a busy-polling peer makes no system call per message.
+    let driven = doorbells_with_a_watched_descriptor(true);
+    assert!(driven < 10, "a link driven by its own thread was rung {driven} times");
+}
+
 #[test]
 fn rc_send_and_write_over_shared_memory_inline() {
     traffic(EngineMode::Inline, EngineMode::Inline, ShmMode::Only);

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use softverbs::soft::engine::DeviceShared;
 use softverbs::soft::link::Link;
 use softverbs::soft::SoftDevice;
 
@@ -329,7 +330,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     while !stop.load(Ordering::Acquire) {
         let mut wake = if !link.prepare_sleep() {
             Wake::Pending
-        } else if wait(&link.poll_fds(), pacer.tick()) {
+        } else if wait(&link.poll_fds(), sleep_for(&shared, pacer.tick())) {
             Wake::Readable
         } else {
             Wake::Timeout
@@ -382,6 +383,18 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     }
     let mut links = SLEEPERS.lock().unwrap_or_else(|p| p.into_inner());
     links.retain(|l| !std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(&link)));
+}
+
+/// The timeout of a sleep: the pacer's `tick`, or less if one of the
+/// engine's timers (a retransmission, an RNR wait) comes due sooner, so
+/// that an application sleeping on an event descriptor hears of what the
+/// timer brings (a retry, an error completion) in time. Never shorter
+/// than [`MIN_TICK`]: a deadline that an application's polls are about to
+/// run must not make this thread spin.
+fn sleep_for(shared: &DeviceShared, tick: Duration) -> Duration {
+    shared
+        .until_deadline()
+        .map_or(tick, |d| d.clamp(MIN_TICK, tick.max(MIN_TICK)))
 }
 
 /// Asks for a timer slack of 1 ns for the calling thread, so that its

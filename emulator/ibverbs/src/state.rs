@@ -295,6 +295,7 @@ fn create_default() -> Result<&'static SvDevice, String> {
     let soft = SoftDevice::create(cfg).map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     if let (Progress::Library, Some(link)) = (progress, link) {
+        soft.shared().set_driven_externally();
         let (s, st) = (soft.clone(), stop.clone());
         std::thread::Builder::new()
             .name(format!("softverbs-{}", soft.name()))

@@ -193,6 +193,9 @@ pub struct DeviceShared {
     /// descriptor to sleep on: the timer that makes it readable when an
     /// engine deadline passes (see `watch`).
     watch: std::sync::OnceLock<watch::Watch>,
+    /// A thread outside the provider drives this device in inline mode
+    /// (see [`DeviceShared::set_driven_externally`]).
+    driven_externally: AtomicBool,
 }
 
 impl std::fmt::Debug for DeviceShared {
@@ -235,6 +238,7 @@ impl DeviceShared {
             coalesce_acks: AtomicBool::new(false),
             held_none: AtomicBool::new(true),
             watch: std::sync::OnceLock::new(),
+            driven_externally: AtomicBool::new(false),
         });
         dev.link.attach(&dev);
         dev
@@ -573,7 +577,7 @@ impl DeviceShared {
     ///
     /// The timer cannot be created (out of descriptors).
     pub(crate) fn watched_fds(&self) -> std::io::Result<Vec<RawFd>> {
-        if self.progress.threaded() || !self.network {
+        if self.someone_drives() || !self.network {
             return Ok(Vec::new());
         }
         let w = match self.watch.get() {
@@ -593,6 +597,28 @@ impl DeviceShared {
         Ok(fds)
     }
 
+    /// Declares that a thread outside the provider drives this device in
+    /// [`EngineMode::Inline`]: it waits on [`DeviceShared::poll_fds`] (after
+    /// [`Link::prepare_sleep`]) and calls [`DeviceShared::drive`] when they
+    /// are readable and when the engine's deadline passes, as a library
+    /// that embeds the provider runs its own progress thread. Event
+    /// descriptors handed to applications (a context's async events, a
+    /// completion channel) then wait on their own eventfd alone, and the
+    /// link is never put in the mode where peers signal every datagram
+    /// (which an application sleeping on the link's descriptors needs,
+    /// and which costs a busy-polling peer a system call per message).
+    ///
+    /// Call it before the first descriptor is handed out; it cannot be
+    /// undone.
+    pub fn set_driven_externally(&self) {
+        self.driven_externally.store(true, Ordering::Release);
+    }
+
+    /// Whether a thread other than the application's drives the engine.
+    fn someone_drives(&self) -> bool {
+        self.progress.threaded() || self.driven_externally.load(Ordering::Acquire)
+    }
+
     /// The engine mode.
     pub fn mode(&self) -> EngineMode {
         self.progress.mode()
@@ -608,7 +634,7 @@ impl DeviceShared {
     /// Waits until `fd` is readable or `timeout` passes; in inline mode
     /// also wakes when the link has datagrams (the caller then drives).
     pub(crate) fn wait_readable(&self, fd: RawFd, timeout: Option<Duration>) -> bool {
-        if self.progress.threaded() || self.link_fds.is_empty() {
+        if self.someone_drives() || self.link_fds.is_empty() {
             return super::notify::poll_readable(&[fd], timeout);
         }
         if !self.link.prepare_sleep() {
@@ -623,6 +649,14 @@ impl DeviceShared {
     /// Engine time of the next deadline, if any.
     pub(crate) fn next_deadline(&self) -> Option<Nanos> {
         self.lock().poll_timeout()
+    }
+
+    /// How long until the engine's next deadline (zero if it passed), if
+    /// it has one: a thread driving the device from outside
+    /// ([`DeviceShared::set_driven_externally`]) sleeps no longer.
+    pub fn until_deadline(&self) -> Option<Duration> {
+        self.next_deadline()
+            .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
     }
 
     fn progress_locked(core: &mut Core, inbox: &SegQueue<Transmit>, now: Nanos) {
