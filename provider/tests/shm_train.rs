@@ -289,6 +289,41 @@ fn raw_memory_goes_as_cma_trains() {
     db.remove();
 }
 
+/// A 64 KiB WRITE from heap memory (`Pd::alloc_mr_heap`, what a C
+/// program's `ibv_reg_mr` gives) goes packet by packet, below the size
+/// where cross-memory attach pays; the same from the provider's own
+/// memory (`Pd::alloc_mr`) goes as one train. Data arrives either way.
+#[test]
+fn heap_memory_goes_as_packets_and_provider_memory_as_a_train() {
+    const LEN: u32 = 64 << 10;
+    let engine = EngineMode::Inline;
+    let ((da, la), (db, _lb)) = (shm_device(engine, true), shm_device(engine, true));
+    let (a, b) = (side(&da, 1 << 20, 100), side(&db, 1 << 20, 9000));
+    connect_patient(&a, &b, Mtu::Mtu4096);
+    open_channel(&a, &b);
+    let heap = a.pd.alloc_mr_heap(LEN as usize, AccessFlags::LOCAL_WRITE).unwrap();
+    let data = pattern(LEN, 0x33);
+    heap.write(0, &data).unwrap();
+    let (trains, datagrams) = (stat(&la, "shm_tx_trains"), stat(&la, "shm_tx_datagrams"));
+    write_to(&a, &b, 2, &[heap.sge(0, LEN).unwrap()], 0);
+    assert_eq!(b.mr.to_vec(0, LEN as usize).unwrap(), data);
+    quiet(&a, &b);
+    assert_eq!(stat(&la, "shm_tx_trains"), trains, "{:?}", la.stats());
+    assert!(stat(&la, "shm_tx_datagrams") - datagrams >= 16, "{:?}", la.stats());
+
+    let data = pattern(LEN, 0x44);
+    a.mr.write(0, &data).unwrap();
+    write_to(&a, &b, 3, &[a.mr.sge(0, LEN).unwrap()], 0);
+    assert_eq!(b.mr.to_vec(0, LEN as usize).unwrap(), data);
+    quiet(&a, &b);
+    assert_eq!(stat(&la, "shm_tx_trains"), trains + 1, "{:?}", la.stats());
+    no_retransmission(&da, &db);
+    drop(heap);
+    drop((a, b));
+    da.remove();
+    db.remove();
+}
+
 /// At MTU 4096, messages of one packet from 2 KiB (a 4 KiB WRITE, a
 /// 3,000-byte SEND, a 2,500-byte READ's response) go as trains between
 /// two shared-memory links that both take them; a 2,047-byte WRITE goes as

@@ -298,6 +298,12 @@ pub struct PerfArgs {
     /// Sleep on CQ events (a completion channel) instead of busy polling
     #[arg(short = 'e', long = "events")]
     pub events: bool,
+    /// Buffers from the process heap, as a C program's `ibv_reg_mr` gives
+    /// (never shareable with a peer process, so the shared-memory link
+    /// copies them through its rings), instead of memory the provider
+    /// allocates
+    #[arg(long = "heap")]
+    pub heap: bool,
     /// Atomic operation
     #[arg(
         short = 'A',
@@ -812,6 +818,8 @@ pub struct Params {
     pub post_list: u32,
     /// Sleep on completion events.
     pub events: bool,
+    /// `--heap`: buffers from the process heap.
+    pub heap: bool,
     /// Atomic operation.
     pub atomic_type: AtomicType,
     /// Outstanding reads/atomics requested (`None`: device maximum, ≤ 16).
@@ -1108,6 +1116,7 @@ impl Params {
             mtu,
             post_list: a.post_list,
             events: a.events,
+            heap: a.heap,
             atomic_type: a.atomic_type,
             outs: a.outs,
             peak: !a.no_peak && iters <= PEAK_MAX_ITERS && duration.is_none(),

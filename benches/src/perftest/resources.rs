@@ -253,15 +253,17 @@ impl Side {
             .ctx("create_cq (recv)")?;
         let pd = ctx.alloc_pd().ctx("alloc_pd")?;
         let mr_len = (2 * slot * u64::from(qps)).max(4096);
-        let mr = pd
-            .alloc_mr(
-                usize::try_from(mr_len).map_err(|_| PerfError::Usage("buffer too large".into()))?,
-                AccessFlags::LOCAL_WRITE
-                    | AccessFlags::REMOTE_WRITE
-                    | AccessFlags::REMOTE_READ
-                    | AccessFlags::REMOTE_ATOMIC,
-            )
-            .ctx("reg_mr")?;
+        let mr_len = usize::try_from(mr_len).map_err(|_| PerfError::Usage("buffer too large".into()))?;
+        let access = AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC;
+        let mr = if p.heap {
+            pd.alloc_mr_heap(mr_len, access)
+        } else {
+            pd.alloc_mr(mr_len, access)
+        }
+        .ctx("reg_mr")?;
         let recv_depth = if p.verb == VerbKind::Send { p.rx_depth } else { 1 };
         // An unsignaled send keeps its slot until a later completion
         // retires it, so send_lat's queue holds 2 * cq_mod of them (a

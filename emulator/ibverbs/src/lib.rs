@@ -30,7 +30,7 @@
 //! | `SOFTVERBS_PORT` | UDP port: `auto` (4791 if free, else a private port whose GID encodes it), `private` (a free port of 0x8000–0xBFFF and its private GID), or a number | `private` on a loopback address, else `auto` |
 //! | `SOFTVERBS_LINK` | `auto` (UDP + shared memory to local peers), `udp`, `shm` (shared memory only) | `auto` |
 //! | `SOFTVERBS_ENGINE` | `thread` (the library's progress thread, engine inline), `inline` (no thread: progress only inside verbs), `provider-thread` (the soft provider's own progress thread) | `thread` |
-//! | `SOFTVERBS_SPIN_US` | with `provider-thread`: how long that thread busy-polls after work before sleeping | `0` |
+//! | `SOFTVERBS_SPIN_US` | with `thread`: how long the library's thread keeps reading the link after serving traffic while the application's threads are blocked; with `provider-thread`: how long that thread busy-polls after work before sleeping | `50` with `thread`, `0` with `provider-thread` |
 //! | `SOFTVERBS_UNPLUG_AFTER_MS` | hot-unplug the device this many ms after it was created (see Hotplug) | unset |
 //!
 //! A program sees its GID with `ibv_query_gid` as usual and exchanges it
@@ -67,7 +67,13 @@
 //! the link to it. Its costs: traffic that arrives while no application
 //! thread is in a verb waits for the thread's wake-up (a context switch),
 //! and an idle device wakes it every 20 ms for timers.
-//! `SOFTVERBS_ENGINE=inline` removes the thread (nothing progresses while
+//! When it served traffic and the application's threads did not run
+//! since its last wake-up (a passive target blocked in a TCP read, as
+//! perftest's bandwidth server is), it keeps reading the link for
+//! `SOFTVERBS_SPIN_US` (50 µs) of quiet before sleeping, so that a
+//! stream of WRITEs costs one wake-up per burst rather than one per
+//! message; it stops at once when an application thread polls a CQ or
+//! runs. `SOFTVERBS_ENGINE=inline` removes the thread (nothing progresses while
 //! no thread is in a verb); `provider-thread` uses the soft provider's
 //! edge-triggered progress thread instead.
 //!

@@ -316,7 +316,7 @@ fn polls_elsewhere() -> bool {
 /// on announcing, or woken for), leaves it to an application thread that
 /// is polling CQs and drives the device otherwise; drives on timeouts for
 /// the engine's timers.
-pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBool>) {
+pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBool>, linger: Duration) {
     let shared = soft.shared().clone();
     short_slice();
     fine_timer_slack();
@@ -327,6 +327,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     let mut served: u64 = 0;
     let mut alone = single_cpu();
     let mut wakes: u64 = 0;
+    let mut idle_mark = others_cpu();
     while !stop.load(Ordering::Acquire) {
         let mut wake = if !link.prepare_sleep() {
             Wake::Pending
@@ -370,6 +371,10 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
         };
         if drive {
             shared.drive();
+            if found && !linger.is_zero() && others_idle(&mut idle_mark) {
+                self::linger(&shared, &stop, linger);
+                idle_mark = others_cpu();
+            }
         }
         let now = start.elapsed();
         pacer.on_wake(now, seen);
@@ -383,6 +388,54 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     }
     let mut links = SLEEPERS.lock().unwrap_or_else(|p| p.into_inner());
     links.retain(|l| !std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(&link)));
+}
+
+/// How long the thread keeps reading the link after serving traffic
+/// while the application's threads do not run ([`linger`]), unless
+/// `SOFTVERBS_SPIN_US` says otherwise.
+pub(crate) const LINGER_US: u64 = 50;
+
+/// Whether the application's threads have had no CPU time since `mark`
+/// (a value of [`others_cpu`]), which moves to now: they are blocked (a
+/// passive RDMA target in a TCP read), so this thread may keep a core
+/// busy without taking it from them.
+fn others_idle(mark: &mut Duration) -> bool {
+    let now = others_cpu();
+    let idle = now.saturating_sub(*mark) < IDLE_CPU;
+    *mark = now;
+    idle
+}
+
+/// CPU time the application's threads may have had between two wake-ups
+/// and still count as not running (the clock's granularity, a signal).
+const IDLE_CPU: Duration = Duration::from_micros(2);
+
+/// Keeps reading the link of `shared` until it has been quiet for `span`,
+/// an application thread polls a CQ (it reads the link itself then), or
+/// the application's threads start running. A stream of WRITEs to a
+/// passive target then costs one wake-up per burst instead of one per
+/// message: a wake-up takes the sender's next message as long again as
+/// placing it does on a quiet machine.
+fn linger(shared: &Arc<DeviceShared>, stop: &AtomicBool, span: Duration) {
+    let polls = POLLS.load(Ordering::Relaxed);
+    let others = others_cpu();
+    let mut quiet_since = Instant::now();
+    let mut turns: u32 = 0;
+    while quiet_since.elapsed() < span && !stop.load(Ordering::Relaxed) {
+        if shared.poll_link() > 0 {
+            quiet_since = Instant::now();
+        } else {
+            std::hint::spin_loop();
+        }
+        turns = turns.wrapping_add(1);
+        if POLLS.load(Ordering::Relaxed) != polls {
+            return;
+        }
+        // The process CPU clock is a system call: look now and then.
+        if turns.is_multiple_of(64) && others_cpu().saturating_sub(others) >= IDLE_CPU {
+            return;
+        }
+    }
 }
 
 /// The timeout of a sleep: the pacer's `tick`, or less if one of the

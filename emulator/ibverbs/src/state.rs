@@ -120,8 +120,10 @@ pub(crate) fn note_completions() {
 /// How the engine of the default device makes progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Progress {
-    /// The library's progress thread over the inline engine (default).
-    Library,
+    /// The library's progress thread over the inline engine (default),
+    /// reading on for this long after serving traffic while the
+    /// application's threads do not run.
+    Library(Duration),
     /// The soft provider's own progress thread.
     Provider(Duration),
     /// No thread: progress only inside verbs.
@@ -176,13 +178,15 @@ fn env(name: &str) -> Option<String> {
 
 /// The progress mode the environment asks for.
 fn progress_mode() -> Result<Progress, String> {
-    let spin_us: u64 = match env("SOFTVERBS_SPIN_US") {
-        Some(s) => s.parse().map_err(|_| format!("SOFTVERBS_SPIN_US={s}: not a number"))?,
-        None => 0,
+    let spin_us: Option<u64> = match env("SOFTVERBS_SPIN_US") {
+        Some(s) => Some(s.parse().map_err(|_| format!("SOFTVERBS_SPIN_US={s}: not a number"))?),
+        None => None,
     };
     match env("SOFTVERBS_ENGINE").as_deref() {
-        None | Some("thread") => Ok(Progress::Library),
-        Some("provider-thread") => Ok(Progress::Provider(Duration::from_micros(spin_us))),
+        None | Some("thread") => Ok(Progress::Library(Duration::from_micros(
+            spin_us.unwrap_or(crate::progress::LINGER_US),
+        ))),
+        Some("provider-thread") => Ok(Progress::Provider(Duration::from_micros(spin_us.unwrap_or(0)))),
         Some("inline") => Ok(Progress::Inline),
         Some(o) => Err(format!(
             "SOFTVERBS_ENGINE={o}: expected thread, provider-thread or inline"
@@ -277,7 +281,7 @@ fn device_config() -> Result<(SoftDeviceConfig, Progress), String> {
     let progress = progress_mode()?;
     cfg.engine = match progress {
         Progress::Provider(spin) => EngineMode::ProgressThread { spin },
-        Progress::Library | Progress::Inline => EngineMode::Inline,
+        Progress::Library(_) | Progress::Inline => EngineMode::Inline,
     };
     Ok((cfg, progress))
 }
@@ -294,12 +298,12 @@ fn create_default() -> Result<&'static SvDevice, String> {
     let link = cfg.link.clone();
     let soft = SoftDevice::create(cfg).map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
-    if let (Progress::Library, Some(link)) = (progress, link) {
+    if let (Progress::Library(linger), Some(link)) = (progress, link) {
         soft.shared().set_driven_externally();
         let (s, st) = (soft.clone(), stop.clone());
         std::thread::Builder::new()
             .name(format!("softverbs-{}", soft.name()))
-            .spawn(move || crate::progress::run(s, link, st))
+            .spawn(move || crate::progress::run(s, link, st, linger))
             .map_err(|e| format!("starting the progress thread: {e}"))?;
     }
     let device = soft.device();

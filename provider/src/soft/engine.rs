@@ -619,6 +619,17 @@ impl DeviceShared {
         self.progress.threaded() || self.driven_externally.load(Ordering::Acquire)
     }
 
+    /// One turn of [`DeviceShared::drive`] without the link's slow path
+    /// (draining doorbells, rendezvous, every socket): reads what the
+    /// link's fast path holds, runs due timers and sends; returns how many
+    /// datagrams it read. For a thread that drives the device from
+    /// outside and keeps reading for a while after traffic
+    /// ([`DeviceShared::set_driven_externally`]); a turn that finds
+    /// nothing costs no system call on the shared-memory link.
+    pub fn poll_link(self: &Arc<Self>) -> usize {
+        self.run_verb(true, |_, _| (), |_| false, true).1
+    }
+
     /// The engine mode.
     pub fn mode(&self) -> EngineMode {
         self.progress.mode()

@@ -447,6 +447,20 @@ impl Pd {
         })
     }
 
+    /// As [`Pd::alloc_mr`], with memory from the process heap that is
+    /// never shareable with peers on this host ([`MrMemory::heap`]): what
+    /// `ibv_reg_mr` of a C program's buffer gives, for measuring and
+    /// testing the paths such memory takes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pd::alloc_mr`].
+    pub fn alloc_mr_heap(&self, len: usize, access: AccessFlags) -> Result<Mr> {
+        Ok(Mr {
+            ops: self.ops.reg_mr(MemorySource::Owned(MrMemory::heap(len)?), access)?,
+        })
+    }
+
     /// Registers caller-owned memory (`ibv_reg_mr`). The region's own
     /// `unsafe` constructor carries the caller's promise.
     ///

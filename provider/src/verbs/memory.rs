@@ -235,6 +235,22 @@ impl MrMemory {
                 });
             }
         }
+        MrMemory::heap(len)
+    }
+
+    /// Allocates `len` zeroed bytes aligned to [`PAGE_SIZE`] from the
+    /// process heap, never shareable: the memory a C program registers
+    /// with `ibv_reg_mr`, which a peer process on this host cannot map
+    /// (the shared-memory link then copies messages through its rings, or
+    /// reads large ones with cross-memory attach).
+    ///
+    /// # Errors
+    ///
+    /// As [`MrMemory::new`].
+    pub fn heap(len: usize) -> Result<MrMemory> {
+        if len == 0 {
+            return MrMemory::new(0);
+        }
         let layout = Layout::from_size_align(len, PAGE_SIZE)
             .map_err(|_| verr!(RegMr, NoMemory, "cannot allocate {len} bytes"))?;
         // SAFETY: layout has non-zero size (len > 0 checked above).
