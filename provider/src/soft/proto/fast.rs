@@ -52,10 +52,10 @@ use crate::soft::wire::{
 };
 use crate::verbs::{AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus};
 
+use super::by_reference::TrainIn;
 use super::post::wqe_fields;
 use super::qp::{Qp, SendWqe, WqeOp, WqeState};
 use super::requester::{asks_ack, asks_ack_queued};
-use super::train::TrainIn;
 use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
