@@ -14,7 +14,9 @@ use std::fmt;
 use std::net::IpAddr;
 
 use softverbs::soft::device::limits;
-use softverbs::soft::proto::{train, Core, CoreConfig, CoreEvent, Datagram, Nanos, Recovery, Transmit};
+use softverbs::soft::proto::{
+    by_reference, Core, CoreConfig, CoreEvent, Datagram, Nanos, Recovery, TrainRoute, Transmit,
+};
 use softverbs::verbs::{AtomicCap, DeviceAttr, DeviceCapFlags, Gid, Guid, LinkLayer, Mtu, PortAttr, PortState};
 
 use super::link::{LinkConfig, Partition};
@@ -383,7 +385,7 @@ impl Fabric {
     }
 
     /// Lets `node` send RC SENDs and WRITEs of 2 KiB or more from
-    /// shareable buffers as trains (`softverbs::soft::proto::train`):
+    /// shareable buffers as trains (`softverbs::soft::proto::by_reference`):
     /// one packet standing for the message, which faults drop, duplicate,
     /// delay and reorder like any other.
     pub fn enable_trains(&mut self, node: NodeId) {
@@ -750,7 +752,7 @@ impl Fabric {
         // packet keeps alive (every node lives in this process).
         let pieces = p.tx.train.as_ref().and_then(|t| t.local_pieces());
         let train = match (&p.tx.train, &pieces) {
-            (Some(t), Some(pieces)) => train::TrainIn::new(t.npkts, pieces),
+            (Some(t), Some(pieces)) => by_reference::TrainIn::new(t.npkts, pieces),
             _ => None,
         };
         let d = Datagram {
@@ -769,14 +771,14 @@ impl Fabric {
 /// Every node of a fabric can read every other's buffers.
 struct AllTrains;
 
-impl train::TrainRoute for AllTrains {
-    fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
+impl TrainRoute for AllTrains {
+    fn train_caps(&self, _dst: IpAddr) -> by_reference::TrainCaps {
         // In-process delivery reads shareable buffers only.
         // Trains of one packet too, as to a shared-memory peer, so that
         // faults hit those as well.
-        train::TrainCaps {
+        by_reference::TrainCaps {
             one_packet: true,
-            ..train::TrainCaps::SHARED
+            ..by_reference::TrainCaps::SHARED
         }
     }
 }

@@ -35,6 +35,7 @@ use super::lifecycle::HeldSet;
 use super::objects::{HwAh, HwMr, HwMw};
 use super::shadow::Producer;
 use crate::verbs::backend::MwOps;
+use crate::verbs::wr_check::{check_send_wr, SendLimits, SendWrFault};
 use crate::verbs::{verr, Error, PostError, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Verb, WcOpcode};
 
 /// Work requests per provider call.
@@ -168,21 +169,10 @@ pub(crate) struct SendTarget {
     pub(crate) qp_type: QpType,
     /// Granted scatter length.
     pub(crate) max_send_sge: u32,
+    /// Granted inline room.
+    pub(crate) max_inline_data: u32,
     /// Every send work request is signaled (`sq_sig_all`).
     pub(crate) sig_all: bool,
-}
-
-/// Whether inline data may be used with this operation (docs/design.md §3.3:
-/// Send and RDMA Write only).
-fn carries_inline(op: &SendOp<'_>) -> bool {
-    matches!(
-        op,
-        SendOp::Send
-            | SendOp::SendWithImm { .. }
-            | SendOp::SendWithInv { .. }
-            | SendOp::Write { .. }
-            | SendOp::WriteWithImm { .. }
-    )
 }
 
 /// Converts one send WR into `chunk`, entering the objects it names in
@@ -268,10 +258,8 @@ fn fill_send<'a>(
         SendOp::LocalInv { key } => w.imm_data_invalidated_rkey_union.invalidated_rkey = key,
         _ => {}
     }
-    if qp.qp_type == QpType::Ud {
-        let dest = wr
-            .ud
-            .ok_or_else(|| verr!(PostSend, InvalidArgument, "a UD send needs a destination (SendWr::ud)"))?;
+    // (`check_send_wr` refused a UD send without a destination.)
+    if let (QpType::Ud, Some(dest)) = (qp.qp_type, wr.ud) {
         let ah = super::downcast::<HwAh, _>(dest.ah.ops()).ok_or_else(|| {
             verr!(
                 PostSend,
@@ -295,7 +283,8 @@ fn fill_send<'a>(
     Ok(bound)
 }
 
-/// The checks made before a send WR reaches the provider; its opcode.
+/// The checks made before a send WR reaches the provider (the rules every
+/// backend keeps, [`check_send_wr`]); its opcode.
 fn send_opcode_checked(qp: &SendTarget, wr: &SendWr<'_>) -> Result<u32, Error> {
     let opcode = convert::send_opcode(&wr.op).ok_or_else(|| {
         verr!(
@@ -304,37 +293,14 @@ fn send_opcode_checked(qp: &SendTarget, wr: &SendWr<'_>) -> Result<u32, Error> {
             "user-space ibverbs has no REG_MR work request (fast registration exists only in kernel verbs)"
         )
     })?;
-    if !wr.op.is_valid_for(qp.qp_type) {
-        return Err(invalid(
-            Verb::PostSend,
-            format!(
-                "{} work requests are not valid on a {} QP",
-                wr.op.wc_opcode(),
-                qp.qp_type
-            ),
-        ));
-    }
-    let max = qp.max_send_sge as usize;
-    if wr.sg_list.len() > max {
-        return Err(invalid(
-            Verb::PostSend,
-            format!("{} SGEs exceed the QP's max_send_sge of {max}", wr.sg_list.len()),
-        ));
-    }
-    if wr.sg_list.iter().any(Sge::is_inline_only) {
-        if !wr.send_flags.contains(SendFlags::INLINE) {
-            return Err(invalid(
-                Verb::PostSend,
-                "an Sge::inline entry needs SendFlags::INLINE (it has no lkey)".to_string(),
-            ));
-        }
-        if !carries_inline(&wr.op) {
-            return Err(invalid(
-                Verb::PostSend,
-                "inline data is only valid with Send and RDMA Write".to_string(),
-            ));
-        }
-    }
+    let limits = SendLimits {
+        qp_type: qp.qp_type,
+        max_send_sge: qp.max_send_sge,
+        max_inline_data: qp.max_inline_data,
+        // The device checks the port's limit.
+        max_msg_sz: None,
+    };
+    check_send_wr(wr, &limits).map_err(SendWrFault::error)?;
     Ok(opcode)
 }
 

@@ -107,6 +107,7 @@ impl HwQp {
             target: SendTarget {
                 qp_type: attr.qp_type,
                 max_send_sge: cap.max_send_sge,
+                max_inline_data: cap.max_inline_data,
                 sig_all: attr.sq_sig_all,
             },
             shadow,

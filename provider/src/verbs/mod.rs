@@ -65,6 +65,7 @@ pub mod memory;
 pub mod qp_state;
 pub mod types;
 pub mod wr;
+pub(crate) mod wr_check;
 
 use std::sync::Arc;
 

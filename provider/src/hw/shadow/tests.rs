@@ -21,6 +21,7 @@ use crate::verbs::{ErrorKind, PostError, QpType, RecvWr, SendFlags, SendOp, Send
 const TARGET: SendTarget = SendTarget {
     qp_type: QpType::Rc,
     max_send_sge: 4,
+    max_inline_data: 64,
     sig_all: false,
 };
 

@@ -3,7 +3,13 @@
 
 use std::collections::VecDeque;
 
-use crate::verbs::{WcStatus, WorkCompletion};
+use crate::verbs::{verr, AsyncElement, AsyncEvent, EventType, Result, WcStatus, WorkCompletion};
+
+use super::{Core, CoreEvent};
+
+/// A completion queue id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
 
 /// Armed notification state (`ibv_req_notify_cq`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +94,140 @@ impl Cq {
             n += 1;
         }
         n
+    }
+}
+
+impl Core {
+    /// `ibv_create_cq`: returns the id and the granted capacity.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for 0 or more than `max_cqe` entries; `ENOMEM` at `max_cq`.
+    pub fn create_cq(&mut self, cqe: u32, context: u64, owner: u32) -> Result<(CqId, u32)> {
+        self.live(crate::verbs::Verb::CreateCq)?;
+        if cqe == 0 || cqe > self.cfg.attr.max_cqe {
+            return Err(verr!(
+                CreateCq,
+                InvalidArgument,
+                "cqe {cqe} not in 1..={}",
+                self.cfg.attr.max_cqe
+            ));
+        }
+        if self.cqs.live() >= self.cfg.attr.max_cq {
+            return Err(verr!(
+                CreateCq,
+                NoMemory,
+                "device limit of {} CQs reached",
+                self.cfg.attr.max_cq
+            ));
+        }
+        Ok((CqId(self.cqs.insert(Cq::new(cqe, context, owner))), cqe))
+    }
+
+    /// `ibv_destroy_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` while a QP uses the CQ; `EINVAL` if unknown.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
+        if self.revoked {
+            self.cqs.remove(cq.0);
+            return Ok(());
+        }
+        match self.cqs.get(cq.0) {
+            None => Err(verr!(DestroyCq, InvalidArgument, "no such CQ")),
+            Some(c) if c.users > 0 && !self.revoked => {
+                Err(verr!(DestroyCq, Busy, "{} QP(s) still use this CQ", c.users))
+            }
+            Some(_) => {
+                self.cqs.remove(cq.0);
+                Ok(())
+            }
+        }
+    }
+
+    /// `ibv_poll_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EIO` once the CQ overran; `EINVAL` if unknown.
+    pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(PollCq, InvalidArgument, "no such CQ"))?;
+        if c.overrun {
+            return Err(verr!(
+                PollCq,
+                Io,
+                "the CQ overran and is unusable (CQ_ERR was reported)"
+            ));
+        }
+        Ok(c.poll(out))
+    }
+
+    /// Number of completions waiting in a CQ.
+    pub fn cq_len(&self, cq: CqId) -> usize {
+        self.cqs.get(cq.0).map_or(0, |c| c.queue.len())
+    }
+
+    /// `ibv_req_notify_cq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if unknown.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<()> {
+        self.live(crate::verbs::Verb::ReqNotifyCq)?;
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(ReqNotifyCq, InvalidArgument, "no such CQ"))?;
+        c.arm = if solicited_only { Arm::Solicited } else { Arm::Next };
+        Ok(())
+    }
+
+    /// `ibv_resize_cq`: returns the new capacity.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` below the number of queued completions, 0, or above
+    /// `max_cqe`.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32> {
+        self.live(crate::verbs::Verb::ResizeCq)?;
+        let max = self.cfg.attr.max_cqe;
+        let c = self
+            .cqs
+            .get_mut(cq.0)
+            .ok_or_else(|| verr!(ResizeCq, InvalidArgument, "no such CQ"))?;
+        if cqe == 0 || cqe > max || (cqe as usize) < c.queue.len() {
+            return Err(verr!(
+                ResizeCq,
+                InvalidArgument,
+                "cqe {cqe} must be in 1..={max} and hold the {} queued completions",
+                c.queue.len()
+            ));
+        }
+        c.capacity = cqe;
+        Ok(cqe)
+    }
+
+    pub(crate) fn push_cqe(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
+        let Some(c) = self.cqs.get_mut(cq.0) else { return };
+        let out = c.push(wc, solicited);
+        let (context, owner) = (c.context, c.owner);
+        if out.notify {
+            self.events.push_back(CoreEvent::CqNotify { cq });
+        }
+        if out.overrun {
+            self.counters.cq_overruns += 1;
+            self.push_async(
+                Some(owner),
+                AsyncEvent {
+                    event_type: EventType::CqErr,
+                    element: AsyncElement::Cq(context),
+                },
+            );
+        }
     }
 }
 

@@ -33,7 +33,8 @@
 //! peer may be reading it. Posted without an egress, or refused by it, the
 //! WQE is queued first and [`Core::fast_send_wqe`] sends it.
 //!
-//! Every check the general path makes is made here, and any that fails
+//! Every check the general path makes is made here (a send WR passes the
+//! same [`Core::check_send_wr`]), and any that fails
 //! (or any packet or WQE of another kind) leaves the engine untouched and
 //! returns `false`: the caller then runs the general path, which counts,
 //! answers and reports as before (a receive buffer that fails its key
@@ -52,10 +53,9 @@ use crate::soft::wire::{
 };
 use crate::verbs::{AccessFlags, QpAttr, QpState, QpType, RemoteAddr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus};
 
-use super::post::wqe_fields;
-use super::qp::{Qp, SendWqe, WqeOp, WqeState};
+use super::by_reference::TrainIn;
+use super::qp::{Qp, WqeOp, WqeState};
 use super::requester::{asks_ack, asks_ack_queued};
-use super::train::TrainIn;
 use super::{Core, Datagram, Egress, LinkHint, Nanos, Outgoing};
 
 /// The request kinds the fast path takes.
@@ -263,15 +263,19 @@ impl Core {
     /// queued after, already sent. `false`: nothing was changed (the
     /// inline buffer taken is given back), post it the usual way.
     ///
-    /// Every check `post_send_inner` makes on such a WR passes here first,
-    /// so that the WR it leaves would have been posted; the WQE is the one
-    /// `post_send_inner` builds, with the state [`Core::fast_send_wqe`]
-    /// gives it. The ACK-request policy and the window see the queue as
-    /// they would with the WQE in it (the window does not count a WQE not
-    /// yet started; the policy is told the queue's length).
+    /// The WR passes [`Core::check_send_wr`], the checks of the general
+    /// path, so that the WR it leaves would have been posted; the WQE is
+    /// the one those checks' fields make, with the state
+    /// [`Core::fast_send_wqe`] gives it. The ACK-request policy and the
+    /// window see the queue as they would with the WQE in it (the window
+    /// does not count a WQE not yet started; the policy is told the
+    /// queue's length).
     pub(super) fn fast_post_direct(&mut self, qp: &mut Qp, now: Nanos, wr: &SendWr<'_>, send: Egress<'_>) -> bool {
         let idx = qp.sq.len();
         let flags = wr.send_flags;
+        // What the fast path takes beyond a WR that may be posted: an
+        // inline, unfenced WR on an RC QP in RTS whose requester waits
+        // for nothing, with nothing queued for the link before it.
         if qp.qp_type != QpType::Rc
             || qp.state() != QpState::Rts
             || !flags.contains(SendFlags::INLINE)
@@ -279,23 +283,24 @@ impl Core {
             || qp.req.rnr_wait.is_some()
             || qp.req.send_offset != 0
             || qp.req.send_next != idx
-            || idx >= qp.cap.max_send_wr as usize
-            || qp.cap.max_send_sge == 0
             || !self.tx.is_empty()
             || self.cfg.emit_icrc
         {
             return false;
         }
-        // (`Only::of` below takes SENDs and WRITEs, with or without
-        // immediate data, and nothing else.)
-        let (op, remote, imm, _, _) = wqe_fields(wr.op);
         let [sge] = wr.sg_list else { return false };
-        let len = sge.length();
-        if len > qp.cap.max_inline_data || u64::from(len) > u64::from(self.cfg.port.max_msg_sz) || len > qp.mtu() {
+        // The WR's checks are those of the general path; a refused WR goes
+        // that way, which reports it.
+        let Ok(f) = self.check_send_wr(qp, wr) else {
+            return false;
+        };
+        let len = f.length;
+        if len > qp.mtu() {
             return false;
         }
-        let solicited = flags.contains(SendFlags::SOLICITED);
-        let Some(only) = Only::of(op, imm, solicited, remote, len) else {
+        // (`Only::of` takes SENDs and WRITEs, with or without immediate
+        // data, and nothing else.)
+        let Some(only) = Only::of(f.op, f.imm, f.solicited, f.remote, len) else {
             return false;
         };
         let room = self.window_room(qp);
@@ -307,9 +312,8 @@ impl Core {
             qp.recycle_inline(Some(data));
             return false;
         }
-        let signaled = qp.sq_sig_all || flags.contains(SendFlags::SIGNALED);
         let unasked = (qp.req.unasked_pkts, qp.req.unasked_wqes);
-        let ack_req = asks_ack_queued(qp, idx + 1, signaled, 1, true, room <= 1, self.cfg.ack_every);
+        let ack_req = asks_ack_queued(qp, idx + 1, f.signaled, 1, true, room <= 1, self.cfg.ack_every);
         let psn = qp.req.next_psn;
         let mut headers = only.headers(qp.attr.dest_qp_num, psn, ack_req);
         if self.announces_sr(qp) {
@@ -322,26 +326,11 @@ impl Core {
             return false;
         }
         let sgl = qp.take_vec();
-        qp.sq.push_back(SendWqe {
-            wr_id: wr.wr_id,
-            op,
-            remote,
-            imm,
-            compare: 0,
-            swap_add: 0,
-            sgl,
-            inline: Some(data),
-            length: len,
-            signaled,
-            fence: false,
-            solicited,
-            ud: None,
-            local: None,
-            state: WqeState::Sent,
-            first_psn: psn,
-            npkts: 1,
-            resp_pkts: 0,
-        });
+        let mut wqe = f.into_wqe(sgl, Some(data));
+        wqe.state = WqeState::Sent;
+        wqe.first_psn = psn;
+        wqe.npkts = 1;
+        qp.sq.push_back(wqe);
         self.counters.tx_packets += 1;
         self.counters.tx_eager += 1;
         self.fast_sent(qp, now, psn);

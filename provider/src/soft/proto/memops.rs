@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use crate::verbs::{verr, AccessFlags, MemorySource, MwType, Result, WcStatus};
+use crate::soft::wire::Psn;
+use crate::verbs::{verr, AccessFlags, MemorySource, MwType, QpState, QpType, RemoteAddr, Result, WcStatus};
 
 use super::mr::{Backing, Binding, Mapping, Segment};
-use super::qp::{LocalOp, Qp};
+use super::qp::{LocalOp, Qp, SendWqe, WqeOp, WqeState};
 use super::requester::vendor;
-use super::{Core, PdId};
+use super::{Core, Nanos, PdId};
 
 /// Rights a window or fast registration may grant only if the underlying
 /// MR allows local write (IBTA 10.6.3.2 / ibv_reg_mr(3)).
@@ -514,5 +515,105 @@ impl Core {
             }),
         };
         Ok(())
+    }
+}
+
+impl Core {
+    /// `ibv_bind_mw` for a type 1 window: posts a bind WQE on the QP (it
+    /// completes in order with opcode BIND_MW) and returns the window's new
+    /// rkey (key byte incremented, as `ibv_inc_rkey`).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the QP is not RTS (or SQE or ERR, where it flushes), is UD, or
+    /// the window is not type 1; `ENOMEM` if the send queue is full.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_mw_type1(
+        &mut self,
+        now: Nanos,
+        qpn: u32,
+        mw_key: u32,
+        mr_key: u32,
+        addr: u64,
+        len: u64,
+        access: AccessFlags,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<u32> {
+        self.live(crate::verbs::Verb::BindMw)?;
+        let is_type1 = self.mrs.get(mw_key).is_some_and(|e| {
+            matches!(
+                e.backing,
+                super::mr::Backing::Window {
+                    mw_type: crate::verbs::MwType::Type1,
+                    ..
+                }
+            )
+        });
+        if !is_type1 {
+            return Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "{mw_key:#x} is not a type 1 memory window"
+            ));
+        }
+        let mut qp = self
+            .take_qp(qpn)
+            .ok_or_else(|| verr!(BindMw, InvalidArgument, "no QP {qpn:#x}"))?;
+        let check = if qp.qp_type == QpType::Ud {
+            Err(verr!(
+                BindMw,
+                InvalidArgument,
+                "memory windows cannot be bound through a UD QP"
+            ))
+        } else if !matches!(qp.state(), QpState::Rts | QpState::Sqe | QpState::Err) {
+            Err(verr!(BindMw, InvalidArgument, "the QP must be in RTS to bind a window"))
+        } else if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            Err(verr!(BindMw, NoMemory, "send queue full"))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = check {
+            self.put_qp(qp);
+            return Err(e);
+        }
+        let new_key = (mw_key & !0xff) | (mw_key.wrapping_add(1) & 0xff);
+        let sgl = qp.take_vec();
+        qp.sq.push_back(SendWqe {
+            wr_id,
+            op: WqeOp::BindMw,
+            remote: RemoteAddr::default(),
+            imm: 0,
+            compare: 0,
+            swap_add: 0,
+            sgl,
+            inline: None,
+            length: 0,
+            signaled: signaled || qp.sq_sig_all,
+            fence: false,
+            solicited: false,
+            ud: None,
+            local: Some(LocalOp::Bind {
+                mw_key,
+                new_key,
+                mr_key,
+                addr,
+                len,
+                access,
+                type1: true,
+            }),
+            state: WqeState::Pending,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            resp_pkts: 0,
+        });
+        match qp.state() {
+            QpState::Err => self.flush_qp(&mut qp),
+            QpState::Sqe => self.flush_sq(&mut qp),
+            _ => {}
+        }
+        self.put_qp(qp);
+        self.run_requester(now, qpn);
+        Ok(new_key)
     }
 }

@@ -16,50 +16,71 @@
 //! `poll_event`, then re-arm the timer from `poll_timeout`. This is what
 //! lets the simulated fabric replay any run from its seed (docs/design.md §2).
 //!
-//! Files follow the directions of traffic, as rxe does: `qp` (objects,
-//! state changes, flushing), `post` (posting), `requester` (WQEs → request packets),
-//! `responder` (request packets → memory, receive completions, responses),
-//! `completer` (responses → send completions, retransmission) and `recv`
-//! (header checks and dispatch).
+//! This file holds [`Core`] and its I/O surface alone. The verbs live
+//! with their object family: `pd` (protection domains, address handles),
+//! `cq` (completion queues), `srq` (shared receive queues and their
+//! posting), `qp` (QPs: creation, state changes, queries, flushing), `mr`
+//! (the key table and placement through it) and `memops` (the MR and MW
+//! verbs and the memory work requests). Posting is `post`; the transport
+//! follows the
+//! directions of traffic, as rxe does: `requester` (WQEs → request
+//! packets), `responder` (request packets → memory, receive completions,
+//! responses), `completer` (responses → send completions,
+//! retransmission), `recv` (header checks and dispatch), with `fast` the
+//! one-packet fast paths of both directions, `recovery` and `timers`.
+//! Messages sent by reference are `by_reference`; what the transport
+//! asks of or hands to a link directly is `seams`.
 
 #![deny(unsafe_code)]
 
+pub mod by_reference;
 mod completer;
 mod cq;
 mod fast;
 pub mod gsi;
 mod memops;
 mod mr;
+mod pd;
 mod post;
 mod qp;
 mod recovery;
 mod recv;
 mod requester;
 mod responder;
+pub mod seams;
 mod slab;
 mod srq;
 #[cfg(test)]
 mod tests;
 mod timers;
-pub mod train;
+
+/// The trains' types and their route ([`by_reference`], [`TrainRoute`])
+/// under the path the links and the engine name them by.
+pub mod train {
+    pub use super::by_reference::*;
+    pub use super::seams::TrainRoute;
+}
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use crate::verbs::{
-    verr, AhAttr, AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, PortAttr, Result, SrqAttr, SrqAttrMask,
-    WorkCompletion,
-};
+use crate::verbs::{AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, PortAttr, Result};
 
+pub use cq::CqId;
+pub use pd::{AhId, PdId};
 pub use qp::QpCreate;
 pub use recovery::{
     Recovery, HOLD_MAX_BYTES, HOLD_MAX_PKTS, PROBE_INITIAL_NS, PROBE_MIN_NS, WINDOW_MAX_NS, WINDOW_MIN_NS,
 };
 pub use recv::Counters;
+pub use seams::{Egress, LinkHint, Outgoing, TrainRoute};
+pub use srq::SrqId;
 
 use cq::Cq;
 use mr::MrTable;
+use pd::{AhEntry, PdEntry};
 use qp::Qp;
+use seams::TrainRouteRef;
 use slab::Slab;
 use srq::Srq;
 
@@ -70,19 +91,6 @@ pub const SPARE_BUFS: usize = 512;
 
 /// Time in nanoseconds on the caller's monotonic scale.
 pub type Nanos = u64;
-
-/// A protection domain id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PdId(pub u32);
-/// A completion queue id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CqId(pub u32);
-/// A shared receive queue id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SrqId(pub u32);
-/// An address handle id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AhId(pub u32);
 
 /// QP numbers start here (0 and 1 are the special QPs of IBTA).
 pub const QPN_BASE: u32 = 0x11;
@@ -151,90 +159,10 @@ pub struct Transmit {
     pub dst_port: u16,
     /// The UDP payload.
     pub data: Vec<u8>,
-    /// Set for a train ([`train`]): `data` is its ONLY packet, without
+    /// Set for a train ([`by_reference`]): `data` is its ONLY packet, without
     /// payload, and this says where the payload is. Only links that can
-    /// carry trains ([`train::TrainRoute`]) ever get one.
-    pub train: Option<Box<train::TrainOut>>,
-}
-
-/// The hook by which [`Core::post_send_eager`] hands a datagram to the
-/// driver's link the moment the send fast path has its pieces, before
-/// any buffer holds it: it sends the datagram and returns `true`, or does
-/// nothing and returns `false` (the datagram is then built and queued as
-/// usual). The [`LinkHint`] is the sending QP's.
-pub type Egress<'a> = &'a mut dyn FnMut(&Outgoing<'_>, &mut LinkHint) -> bool;
-
-/// A datagram in pieces, as the send fast path hands it to an [`Egress`]:
-/// its UDP payload is `parts` one after the other (headers, payload, then
-/// the pad and the ICRC's place). It carries no train.
-#[derive(Debug, Clone, Copy)]
-pub struct Outgoing<'a> {
-    /// Source address.
-    pub src: IpAddr,
-    /// Destination address.
-    pub dst: IpAddr,
-    /// UDP source port.
-    pub src_port: u16,
-    /// UDP destination port.
-    pub dst_port: u16,
-    /// The UDP payload, in order.
-    pub parts: [&'a [u8]; 3],
-}
-
-impl<'a> Outgoing<'a> {
-    /// `t` as one piece (`t` must carry no train: the pieces cannot).
-    pub fn whole(t: &'a Transmit) -> Outgoing<'a> {
-        Outgoing {
-            src: t.src,
-            dst: t.dst,
-            src_port: t.src_port,
-            dst_port: t.dst_port,
-            parts: [&t.data, &[], &[]],
-        }
-    }
-
-    /// The same datagram in one buffer.
-    pub fn to_transmit(&self) -> Transmit {
-        Transmit {
-            src: self.src,
-            dst: self.dst,
-            src_port: self.src_port,
-            dst_port: self.dst_port,
-            data: self.parts.concat(),
-            train: None,
-        }
-    }
-}
-
-/// What a link remembers about where a QP's datagrams go, kept with the QP
-/// and handed back with each of its datagrams on the send fast path
-/// ([`Egress`]), so that the link need not look the route up again (the
-/// shared-memory link keeps the peer's channel here). Opaque to the
-/// engine; the link checks it is still good before it uses it, and
-/// replaces it when not.
-#[derive(Default)]
-pub struct LinkHint(Option<Box<dyn std::any::Any + Send>>);
-
-impl LinkHint {
-    /// The hint, if one of type `T` is set.
-    pub fn get<T: 'static>(&self) -> Option<&T> {
-        self.0.as_deref().and_then(|h| h.downcast_ref())
-    }
-
-    /// Replaces the hint.
-    pub fn set<T: Send + 'static>(&mut self, hint: T) {
-        self.0 = Some(Box::new(hint));
-    }
-}
-
-impl std::fmt::Debug for LinkHint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "LinkHint(set)"
-        } else {
-            "LinkHint(none)"
-        })
-    }
+    /// carry trains ([`TrainRoute`]) ever get one.
+    pub train: Option<Box<by_reference::TrainOut>>,
 }
 
 /// Its UDP payload (links hand `Transmit`s to the kernel as they are).
@@ -257,9 +185,9 @@ pub struct Datagram<'a> {
     pub dst_port: u16,
     /// The UDP payload.
     pub data: &'a [u8],
-    /// Set for a train ([`train`]): `data` is its ONLY packet, without
+    /// Set for a train ([`by_reference`]): `data` is its ONLY packet, without
     /// payload, and this is the payload.
-    pub train: Option<train::TrainIn<'a>>,
+    pub train: Option<by_reference::TrainIn<'a>>,
 }
 
 /// Something the driver must deliver outside the engine.
@@ -302,19 +230,6 @@ impl SplitMix {
     }
 }
 
-/// A protection domain; `owner` is the context that allocated it.
-#[derive(Debug, Default)]
-struct PdEntry {
-    #[allow(dead_code)] // kept for hotplug: objects are reported per context
-    owner: u32,
-}
-
-#[derive(Debug)]
-struct AhEntry {
-    pd: PdId,
-}
-
-/// The engine of one soft device. See the module docs for the call order.
 #[derive(Debug)]
 pub struct Core {
     cfg: CoreConfig,
@@ -348,16 +263,6 @@ pub struct Core {
     rx_sack: Option<crate::soft::wire::Sack>,
 }
 
-/// The requester's view of the link for trains.
-#[derive(Clone)]
-struct TrainRouteRef(std::sync::Arc<dyn train::TrainRoute>);
-
-impl std::fmt::Debug for TrainRouteRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TrainRoute")
-    }
-}
-
 impl Core {
     /// A device engine with no objects.
     pub fn new(cfg: CoreConfig) -> Core {
@@ -386,9 +291,9 @@ impl Core {
     }
 
     /// Lets the requester send multi-packet SENDs and WRITEs from
-    /// shareable memory as trains ([`train`]) to the destinations `route`
+    /// shareable memory as trains ([`by_reference`]) to the destinations `route`
     /// accepts.
-    pub fn set_train_route(&mut self, route: std::sync::Arc<dyn train::TrainRoute>) {
+    pub fn set_train_route(&mut self, route: std::sync::Arc<dyn TrainRoute>) {
         self.train_route = Some(TrainRouteRef(route));
     }
 
@@ -585,200 +490,6 @@ impl Core {
         }
     }
 
-    // ---- protection domains -------------------------------------------
-
-    /// `ibv_alloc_pd`.
-    ///
-    /// # Errors
-    ///
-    /// `ENOMEM` at `max_pd`.
-    pub fn alloc_pd(&mut self, owner: u32) -> Result<PdId> {
-        self.live(crate::verbs::Verb::AllocPd)?;
-        if self.pds.live() >= self.cfg.attr.max_pd {
-            return Err(verr!(
-                AllocPd,
-                NoMemory,
-                "device limit of {} PDs reached",
-                self.cfg.attr.max_pd
-            ));
-        }
-        Ok(PdId(self.pds.insert(PdEntry { owner })))
-    }
-
-    /// `ibv_dealloc_pd`.
-    ///
-    /// # Errors
-    ///
-    /// `EBUSY` while MRs, QPs, SRQs or AHs use the PD; `EINVAL` if unknown.
-    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<()> {
-        if self.revoked {
-            // Destroy after removal always succeeds (docs/design.md §5).
-            self.pds.remove(pd.0);
-            return Ok(());
-        }
-        if self.pds.get(pd.0).is_none() {
-            return Err(verr!(DeallocPd, InvalidArgument, "no such PD"));
-        }
-        let in_use = self.mrs.uses_pd(pd)
-            || self.qps.iter().any(|(_, q)| q.pd == pd)
-            || self.srqs.iter().any(|(_, s)| s.pd == pd)
-            || self.ahs.iter().any(|(_, a)| a.pd == pd);
-        if in_use && !self.revoked {
-            return Err(verr!(DeallocPd, Busy, "the PD still has MRs, QPs, SRQs or AHs"));
-        }
-        self.pds.remove(pd.0);
-        Ok(())
-    }
-
-    fn check_pd(&self, verb: crate::verbs::Verb, pd: PdId) -> Result<()> {
-        match self.pds.get(pd.0) {
-            Some(_) => Ok(()),
-            None => Err(crate::verbs::Error::new(
-                verb,
-                crate::verbs::ErrorKind::InvalidArgument,
-                "the PD was deallocated",
-            )),
-        }
-    }
-
-    // ---- completion queues --------------------------------------------
-
-    /// `ibv_create_cq`: returns the id and the granted capacity.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for 0 or more than `max_cqe` entries; `ENOMEM` at `max_cq`.
-    pub fn create_cq(&mut self, cqe: u32, context: u64, owner: u32) -> Result<(CqId, u32)> {
-        self.live(crate::verbs::Verb::CreateCq)?;
-        if cqe == 0 || cqe > self.cfg.attr.max_cqe {
-            return Err(verr!(
-                CreateCq,
-                InvalidArgument,
-                "cqe {cqe} not in 1..={}",
-                self.cfg.attr.max_cqe
-            ));
-        }
-        if self.cqs.live() >= self.cfg.attr.max_cq {
-            return Err(verr!(
-                CreateCq,
-                NoMemory,
-                "device limit of {} CQs reached",
-                self.cfg.attr.max_cq
-            ));
-        }
-        Ok((CqId(self.cqs.insert(Cq::new(cqe, context, owner))), cqe))
-    }
-
-    /// `ibv_destroy_cq`.
-    ///
-    /// # Errors
-    ///
-    /// `EBUSY` while a QP uses the CQ; `EINVAL` if unknown.
-    pub fn destroy_cq(&mut self, cq: CqId) -> Result<()> {
-        if self.revoked {
-            self.cqs.remove(cq.0);
-            return Ok(());
-        }
-        match self.cqs.get(cq.0) {
-            None => Err(verr!(DestroyCq, InvalidArgument, "no such CQ")),
-            Some(c) if c.users > 0 && !self.revoked => {
-                Err(verr!(DestroyCq, Busy, "{} QP(s) still use this CQ", c.users))
-            }
-            Some(_) => {
-                self.cqs.remove(cq.0);
-                Ok(())
-            }
-        }
-    }
-
-    /// `ibv_poll_cq`.
-    ///
-    /// # Errors
-    ///
-    /// `EIO` once the CQ overran; `EINVAL` if unknown.
-    pub fn poll_cq(&mut self, cq: CqId, out: &mut [WorkCompletion]) -> Result<usize> {
-        let c = self
-            .cqs
-            .get_mut(cq.0)
-            .ok_or_else(|| verr!(PollCq, InvalidArgument, "no such CQ"))?;
-        if c.overrun {
-            return Err(verr!(
-                PollCq,
-                Io,
-                "the CQ overran and is unusable (CQ_ERR was reported)"
-            ));
-        }
-        Ok(c.poll(out))
-    }
-
-    /// Number of completions waiting in a CQ.
-    pub fn cq_len(&self, cq: CqId) -> usize {
-        self.cqs.get(cq.0).map_or(0, |c| c.queue.len())
-    }
-
-    /// `ibv_req_notify_cq`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` if unknown.
-    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<()> {
-        self.live(crate::verbs::Verb::ReqNotifyCq)?;
-        let c = self
-            .cqs
-            .get_mut(cq.0)
-            .ok_or_else(|| verr!(ReqNotifyCq, InvalidArgument, "no such CQ"))?;
-        c.arm = if solicited_only {
-            cq::Arm::Solicited
-        } else {
-            cq::Arm::Next
-        };
-        Ok(())
-    }
-
-    /// `ibv_resize_cq`: returns the new capacity.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` below the number of queued completions, 0, or above
-    /// `max_cqe`.
-    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32> {
-        self.live(crate::verbs::Verb::ResizeCq)?;
-        let max = self.cfg.attr.max_cqe;
-        let c = self
-            .cqs
-            .get_mut(cq.0)
-            .ok_or_else(|| verr!(ResizeCq, InvalidArgument, "no such CQ"))?;
-        if cqe == 0 || cqe > max || (cqe as usize) < c.queue.len() {
-            return Err(verr!(
-                ResizeCq,
-                InvalidArgument,
-                "cqe {cqe} must be in 1..={max} and hold the {} queued completions",
-                c.queue.len()
-            ));
-        }
-        c.capacity = cqe;
-        Ok(cqe)
-    }
-
-    pub(crate) fn push_cqe(&mut self, cq: CqId, wc: WorkCompletion, solicited: bool) {
-        let Some(c) = self.cqs.get_mut(cq.0) else { return };
-        let out = c.push(wc, solicited);
-        let (context, owner) = (c.context, c.owner);
-        if out.notify {
-            self.events.push_back(CoreEvent::CqNotify { cq });
-        }
-        if out.overrun {
-            self.counters.cq_overruns += 1;
-            self.push_async(
-                Some(owner),
-                AsyncEvent {
-                    event_type: EventType::CqErr,
-                    element: AsyncElement::Cq(context),
-                },
-            );
-        }
-    }
-
     pub(crate) fn qp_event(&mut self, qp: &Qp, event_type: EventType) {
         self.push_async(
             Some(qp.owner),
@@ -787,166 +498,6 @@ impl Core {
                 element: AsyncElement::Qp(qp.qpn),
             },
         );
-    }
-
-    // ---- shared receive queues ----------------------------------------
-
-    /// `ibv_create_srq`: returns the id and the granted attributes.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` beyond `max_srq_wr`/`max_srq_sge` or a limit above the
-    /// depth; `ENOMEM` at `max_srq`.
-    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr, context: u64, owner: u32) -> Result<(SrqId, SrqAttr)> {
-        self.live(crate::verbs::Verb::CreateSrq)?;
-        self.check_pd(crate::verbs::Verb::CreateSrq, pd)?;
-        let a = &self.cfg.attr;
-        if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr || attr.max_sge == 0 || attr.max_sge > a.max_srq_sge {
-            return Err(verr!(
-                CreateSrq,
-                InvalidArgument,
-                "max_wr {} / max_sge {} outside 1..={} / 1..={}",
-                attr.max_wr,
-                attr.max_sge,
-                a.max_srq_wr,
-                a.max_srq_sge
-            ));
-        }
-        if attr.srq_limit > attr.max_wr {
-            return Err(verr!(CreateSrq, InvalidArgument, "srq_limit above max_wr"));
-        }
-        if self.srqs.live() >= a.max_srq {
-            return Err(verr!(CreateSrq, NoMemory, "device limit of {} SRQs reached", a.max_srq));
-        }
-        let srq = Srq::new(pd, attr, context, owner);
-        let granted = srq.attr();
-        Ok((SrqId(self.srqs.insert(srq)), granted))
-    }
-
-    /// `ibv_modify_srq`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for a limit above the depth, a resize below the queued
-    /// count or above `max_srq_wr`.
-    pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
-        self.live(crate::verbs::Verb::ModifySrq)?;
-        let max = self.cfg.attr.max_srq_wr;
-        let s = self
-            .srqs
-            .get_mut(srq.0)
-            .ok_or_else(|| verr!(ModifySrq, InvalidArgument, "no such SRQ"))?;
-        s.modify(attr, mask, max)
-    }
-
-    /// `ibv_query_srq`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` if unknown.
-    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr> {
-        self.srqs
-            .get(srq.0)
-            .map(|s| s.attr())
-            .ok_or_else(|| verr!(QuerySrq, InvalidArgument, "no such SRQ"))
-    }
-
-    /// `ibv_destroy_srq`.
-    ///
-    /// # Errors
-    ///
-    /// `EBUSY` while QPs use it.
-    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
-        if self.revoked {
-            self.srqs.remove(srq.0);
-            return Ok(());
-        }
-        match self.srqs.get(srq.0) {
-            None => Err(verr!(DestroySrq, InvalidArgument, "no such SRQ")),
-            Some(s) if s.users > 0 && !self.revoked => {
-                Err(verr!(DestroySrq, Busy, "{} QP(s) still use this SRQ", s.users))
-            }
-            Some(_) => {
-                self.srqs.remove(srq.0);
-                Ok(())
-            }
-        }
-    }
-
-    // ---- address handles ----------------------------------------------
-
-    /// `ibv_create_ah`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` for a bad port, a non-global AV (RoCE needs a GRH) or an
-    /// unpopulated source GID; `ENOMEM` at `max_ah`.
-    pub fn create_ah(&mut self, pd: PdId, attr: &AhAttr) -> Result<AhId> {
-        self.live(crate::verbs::Verb::CreateAh)?;
-        self.check_pd(crate::verbs::Verb::CreateAh, pd)?;
-        self.check_av(attr)
-            .map_err(|e| e.with_verb(crate::verbs::Verb::CreateAh))?;
-        if self.ahs.live() >= self.cfg.attr.max_ah {
-            return Err(verr!(
-                CreateAh,
-                NoMemory,
-                "device limit of {} AHs reached",
-                self.cfg.attr.max_ah
-            ));
-        }
-        Ok(AhId(self.ahs.insert(AhEntry { pd })))
-    }
-
-    /// `ibv_destroy_ah`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` if unknown.
-    pub fn destroy_ah(&mut self, ah: AhId) -> Result<()> {
-        if self.revoked {
-            self.ahs.remove(ah.0);
-            return Ok(());
-        }
-        self.ahs
-            .remove(ah.0)
-            .map(|_| ())
-            .ok_or_else(|| verr!(DestroyAh, InvalidArgument, "no such AH"))
-    }
-
-    pub(crate) fn check_av(&self, av: &AhAttr) -> Result<()> {
-        if av.port_num != 1 {
-            return Err(verr!(
-                ModifyQp,
-                InvalidArgument,
-                "address vector port {} does not exist",
-                av.port_num
-            ));
-        }
-        if !av.is_global {
-            return Err(verr!(
-                ModifyQp,
-                InvalidArgument,
-                "RoCE address vectors need a GRH (is_global)"
-            ));
-        }
-        let sgid = self
-            .cfg
-            .gids
-            .get(av.grh.sgid_index as usize)
-            .copied()
-            .unwrap_or(Gid::ZERO);
-        if sgid.is_zero() {
-            return Err(verr!(
-                ModifyQp,
-                InvalidArgument,
-                "source GID index {} is not populated",
-                av.grh.sgid_index
-            ));
-        }
-        if av.grh.dgid.is_zero() {
-            return Err(verr!(ModifyQp, InvalidArgument, "destination GID is zero"));
-        }
-        Ok(())
     }
 
     // ---- timers -------------------------------------------------------
@@ -960,14 +511,5 @@ impl Core {
             self.timers.insert(t, qp.qpn);
             qp.timer = Some(t);
         }
-    }
-
-    pub(crate) fn take_qp(&mut self, qpn: u32) -> Option<Box<Qp>> {
-        self.qps.take(qpn.checked_sub(QPN_BASE)?)
-    }
-
-    pub(crate) fn put_qp(&mut self, qp: Box<Qp>) {
-        let id = qp.qpn - QPN_BASE;
-        self.qps.put(id, qp);
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::verbs::{AccessFlags, MemorySource, MwType};
 
+use super::by_reference::{TrainCaps, TrainIn, TrainPiece};
 use super::qp::SgeRaw;
-use super::train::{TrainCaps, TrainIn, TrainPiece};
 use super::{PdId, SplitMix};
 
 /// Why a key check failed; the caller turns it into the status of its side

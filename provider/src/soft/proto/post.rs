@@ -3,10 +3,9 @@
 //! reported back and nothing after it is posted.
 
 use crate::soft::wire::Psn;
-use crate::verbs::{
-    verr, AccessFlags, ErrorKind, PostError, QpState, QpType, RecvWr, RemoteAddr, Result, SendFlags, SendOp, SendWr,
-    Verb,
-};
+use crate::verbs::{ErrorKind, PostError, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Verb};
+
+use crate::verbs::wr_check::{check_send_wr, SendLimits, SendWrFault};
 
 use super::mr::MrTable;
 use super::qp::{post_err, LocalOp, Qp, RecvWqe, SendWqe, SgeRaw, UdTarget, WqeOp, WqeState};
@@ -113,166 +112,13 @@ impl Core {
         wrs: &[SendWr<'_>],
     ) -> std::result::Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
-            let state = qp.state();
-            if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    format!("post_send in {state}: the QP must be in RTS"),
-                ));
-            }
-            if !wr.op.is_valid_for(qp.qp_type) {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    format!("{:?} is not valid on a {} QP", wr.op, qp.qp_type),
-                ));
-            }
-            let (op, remote, imm, compare, swap_add) = wqe_fields(wr.op);
-            let local = match wr.op {
-                SendOp::LocalInv { key } => Some(LocalOp::Inv { key }),
-                SendOp::RegMr { mr, key, access } => {
-                    if (key >> 8) != (mr.lkey() >> 8) {
-                        return Err(post_err(
-                            i,
-                            Verb::PostSend,
-                            ErrorKind::InvalidArgument,
-                            "REG_MR may change only the key byte of the MR's key",
-                        ));
-                    }
-                    Some(LocalOp::Reg { mr_key: key, access })
-                }
-                SendOp::BindMw { mw, rkey, bind } => {
-                    if mw.mw_type() != crate::verbs::MwType::Type2 {
-                        return Err(post_err(
-                            i,
-                            Verb::PostSend,
-                            ErrorKind::InvalidArgument,
-                            "BIND_MW work requests bind type 2 windows; use Qp::bind_mw for type 1",
-                        ));
-                    }
-                    Some(LocalOp::Bind {
-                        mw_key: mw.rkey(),
-                        new_key: rkey,
-                        mr_key: bind.mr.lkey(),
-                        addr: bind.addr,
-                        len: bind.length,
-                        access: bind.access,
-                        type1: false,
-                    })
-                }
-                _ => None,
+            let f = match self.check_send_wr(qp, wr) {
+                Ok(f) => f,
+                Err(refusal) => return Err(refusal.post_err(i)),
             };
-            if wr.sg_list.len() > qp.cap.max_send_sge as usize {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    format!("{} SGEs exceed max_send_sge {}", wr.sg_list.len(), qp.cap.max_send_sge),
-                ));
-            }
-            let inline = wr.send_flags.contains(SendFlags::INLINE);
-            let Some(length) = crate::verbs::sgl_len(wr.sg_list) else {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    "message longer than 2^32-1 bytes",
-                ));
-            };
-            if inline {
-                if !matches!(
-                    op,
-                    WqeOp::Send | WqeOp::SendImm | WqeOp::SendInv | WqeOp::Write | WqeOp::WriteImm
-                ) {
-                    return Err(post_err(
-                        i,
-                        Verb::PostSend,
-                        ErrorKind::InvalidArgument,
-                        "INLINE is only valid for sends and RDMA writes",
-                    ));
-                }
-                if length > qp.cap.max_inline_data {
-                    return Err(post_err(
-                        i,
-                        Verb::PostSend,
-                        ErrorKind::InvalidArgument,
-                        format!(
-                            "inline data of {length} bytes exceeds max_inline_data {}",
-                            qp.cap.max_inline_data
-                        ),
-                    ));
-                }
-            } else if wr.sg_list.iter().any(|s| s.is_inline_only()) {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    "an SGE made with Sge::inline needs SendFlags::INLINE",
-                ));
-            }
-            if op.is_atomic() && (wr.remote_addr_is_misaligned() || wr.sg_list.len() != 1 || length < 8) {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    "atomics need an 8-byte aligned remote address and one local SGE of at least 8 bytes",
-                ));
-            }
-            if u64::from(length) > u64::from(self.cfg.port.max_msg_sz) {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::InvalidArgument,
-                    "message longer than max_msg_sz",
-                ));
-            }
-            let ud = if qp.qp_type == QpType::Ud {
-                let Some(d) = wr.ud else {
-                    return Err(post_err(
-                        i,
-                        Verb::PostSend,
-                        ErrorKind::InvalidArgument,
-                        "a UD send needs a destination (ah, remote_qpn, remote_qkey)",
-                    ));
-                };
-                let av = d.ah.attr();
-                if length > qp.mtu() {
-                    return Err(post_err(
-                        i,
-                        Verb::PostSend,
-                        ErrorKind::InvalidArgument,
-                        format!("UD message of {length} bytes exceeds the path MTU {}", qp.mtu()),
-                    ));
-                }
-                Some(UdTarget {
-                    dst: av.grh.dgid.to_ip(),
-                    sgid_index: av.grh.sgid_index,
-                    qpn: d.remote_qpn & 0x00ff_ffff,
-                    // IBTA 10.2.5: a Q_Key with the high bit set means "use
-                    // the QP's own".
-                    qkey: if d.remote_qkey & 0x8000_0000 != 0 {
-                        qp.attr.qkey
-                    } else {
-                        d.remote_qkey
-                    },
-                })
-            } else {
-                None
-            };
-            if qp.sq.len() >= qp.cap.max_send_wr as usize {
-                return Err(post_err(
-                    i,
-                    Verb::PostSend,
-                    ErrorKind::NoMemory,
-                    format!("send queue full ({} WRs)", qp.cap.max_send_wr),
-                ));
-            }
             let mut sgl = qp.take_vec();
-            let inline_bytes = if inline {
-                let mut data = qp.take_inline(length as usize);
+            let inline_bytes = if f.inline {
+                let mut data = qp.take_inline(f.length as usize);
                 for s in wr.sg_list {
                     if !s.append_direct(&mut data) && !self.append_from_mr(s, &mut data) {
                         qp.recycle(sgl);
@@ -289,27 +135,7 @@ impl Core {
                 sgl.extend(wr.sg_list.iter().map(SgeRaw::of));
                 None
             };
-            let signaled = qp.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
-            qp.sq.push_back(SendWqe {
-                wr_id: wr.wr_id,
-                op,
-                remote,
-                imm,
-                compare,
-                swap_add,
-                sgl,
-                inline: inline_bytes,
-                length,
-                signaled,
-                fence: wr.send_flags.contains(SendFlags::FENCE) || op == WqeOp::LocalInv,
-                solicited: wr.send_flags.contains(SendFlags::SOLICITED),
-                ud,
-                local,
-                state: WqeState::Pending,
-                first_psn: Psn::new(0),
-                npkts: 0,
-                resp_pkts: 0,
-            });
+            qp.sq.push_back(f.into_wqe(sgl, inline_bytes));
             if !BATCH {
                 match qp.state() {
                     // Posting to a QP in ERR succeeds and flushes (docs/design.md §3.3).
@@ -322,6 +148,96 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Every check `ibv_post_send` makes of `wr` on `qp` before queueing
+    /// it, in the order their failures are reported: the QP's state, the
+    /// rules every backend keeps ([`check_send_wr`]), the memory work
+    /// requests' own, a UD message's MTU and the send queue's room. The
+    /// fields of the WQE it makes, or why it is refused. The general path
+    /// and the send fast path both post through it.
+    #[inline]
+    pub(super) fn check_send_wr<'a>(
+        &self,
+        qp: &Qp,
+        wr: &SendWr<'a>,
+    ) -> std::result::Result<WqeFields, SendRefusal<'a>> {
+        let state = qp.state();
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(SendRefusal::State(state));
+        }
+        let limits = SendLimits {
+            qp_type: qp.qp_type,
+            max_send_sge: qp.cap.max_send_sge,
+            max_inline_data: qp.cap.max_inline_data,
+            max_msg_sz: Some(self.cfg.port.max_msg_sz),
+        };
+        let length = check_send_wr(wr, &limits).map_err(SendRefusal::Rule)?;
+        let (op, remote, imm, compare, swap_add) = wqe_fields(wr.op);
+        let local = match wr.op {
+            SendOp::LocalInv { key } => Some(LocalOp::Inv { key }),
+            SendOp::RegMr { mr, key, access } => {
+                if (key >> 8) != (mr.lkey() >> 8) {
+                    return Err(SendRefusal::RegMrKey);
+                }
+                Some(LocalOp::Reg { mr_key: key, access })
+            }
+            SendOp::BindMw { mw, rkey, bind } => {
+                if mw.mw_type() != crate::verbs::MwType::Type2 {
+                    return Err(SendRefusal::BindType1);
+                }
+                Some(LocalOp::Bind {
+                    mw_key: mw.rkey(),
+                    new_key: rkey,
+                    mr_key: bind.mr.lkey(),
+                    addr: bind.addr,
+                    len: bind.length,
+                    access: bind.access,
+                    type1: false,
+                })
+            }
+            _ => None,
+        };
+        let ud = match wr.ud {
+            Some(d) if qp.qp_type == QpType::Ud => {
+                if length > qp.mtu() {
+                    return Err(SendRefusal::UdOverMtu(length, qp.mtu()));
+                }
+                let av = d.ah.attr();
+                Some(UdTarget {
+                    dst: av.grh.dgid.to_ip(),
+                    sgid_index: av.grh.sgid_index,
+                    qpn: d.remote_qpn & 0x00ff_ffff,
+                    // IBTA 10.2.5: a Q_Key with the high bit set means "use
+                    // the QP's own".
+                    qkey: if d.remote_qkey & 0x8000_0000 != 0 {
+                        qp.attr.qkey
+                    } else {
+                        d.remote_qkey
+                    },
+                })
+            }
+            _ => None,
+        };
+        if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            return Err(SendRefusal::Full(qp.cap.max_send_wr));
+        }
+        let flags = wr.send_flags;
+        Ok(WqeFields {
+            wr_id: wr.wr_id,
+            op,
+            remote,
+            imm,
+            compare,
+            swap_add,
+            length,
+            inline: flags.contains(SendFlags::INLINE),
+            signaled: qp.sq_sig_all || flags.contains(SendFlags::SIGNALED),
+            fence: flags.contains(SendFlags::FENCE) || op == WqeOp::LocalInv,
+            solicited: flags.contains(SendFlags::SOLICITED),
+            ud,
+            local,
+        })
     }
 
     /// `ibv_post_recv`.
@@ -387,6 +303,105 @@ impl Core {
     }
 }
 
+/// What a send WR that passed [`Core::check_send_wr`] puts in its WQE.
+#[derive(Debug)]
+pub(super) struct WqeFields {
+    pub(super) wr_id: u64,
+    pub(super) op: WqeOp,
+    pub(super) remote: RemoteAddr,
+    /// The immediate data, the rkey to invalidate or the key of a LOCAL_INV.
+    pub(super) imm: u32,
+    pub(super) compare: u64,
+    pub(super) swap_add: u64,
+    /// The message's length in bytes.
+    pub(super) length: u32,
+    /// Posted INLINE: the WQE carries a copy of the bytes.
+    pub(super) inline: bool,
+    pub(super) signaled: bool,
+    pub(super) fence: bool,
+    pub(super) solicited: bool,
+    pub(super) ud: Option<UdTarget>,
+    pub(super) local: Option<LocalOp>,
+}
+
+impl WqeFields {
+    /// The WQE, waiting for the requester, with its scatter list or inline
+    /// bytes.
+    #[inline]
+    pub(super) fn into_wqe(self, sgl: Vec<SgeRaw>, inline: Option<Vec<u8>>) -> SendWqe {
+        SendWqe {
+            wr_id: self.wr_id,
+            op: self.op,
+            remote: self.remote,
+            imm: self.imm,
+            compare: self.compare,
+            swap_add: self.swap_add,
+            sgl,
+            inline,
+            length: self.length,
+            signaled: self.signaled,
+            fence: self.fence,
+            solicited: self.solicited,
+            ud: self.ud,
+            local: self.local,
+            state: WqeState::Pending,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            resp_pkts: 0,
+        }
+    }
+}
+
+/// Why [`Core::check_send_wr`] refuses a send WR.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum SendRefusal<'a> {
+    /// The QP is in RESET, INIT or RTR.
+    State(QpState),
+    /// A rule every backend keeps.
+    Rule(SendWrFault<'a>),
+    /// A REG_MR that changes more than the key byte.
+    RegMrKey,
+    /// A BIND_MW work request for a type 1 window.
+    BindType1,
+    /// A UD message longer than the path MTU: (length, MTU).
+    UdOverMtu(u32, u32),
+    /// The send queue holds `max_send_wr` WRs.
+    Full(u32),
+}
+
+impl SendRefusal<'_> {
+    /// The error `ibv_post_send` reports for WR `index`.
+    #[cold]
+    pub(super) fn post_err(self, index: usize) -> PostError {
+        let (kind, detail): (ErrorKind, std::borrow::Cow<'static, str>) = match self {
+            SendRefusal::State(state) => (
+                ErrorKind::InvalidArgument,
+                format!("post_send in {state}: the QP must be in RTS").into(),
+            ),
+            SendRefusal::Rule(fault) => {
+                return PostError {
+                    index,
+                    error: fault.error(),
+                }
+            }
+            SendRefusal::RegMrKey => (
+                ErrorKind::InvalidArgument,
+                "REG_MR may change only the key byte of the MR's key".into(),
+            ),
+            SendRefusal::BindType1 => (
+                ErrorKind::InvalidArgument,
+                "BIND_MW work requests bind type 2 windows; use Qp::bind_mw for type 1".into(),
+            ),
+            SendRefusal::UdOverMtu(length, mtu) => (
+                ErrorKind::InvalidArgument,
+                format!("UD message of {length} bytes exceeds the path MTU {mtu}").into(),
+            ),
+            SendRefusal::Full(max) => (ErrorKind::NoMemory, format!("send queue full ({max} WRs)").into()),
+        };
+        post_err(index, Verb::PostSend, kind, detail)
+    }
+}
+
 /// Why a receive WR cannot be queued on a QP as it stands (the checks of
 /// `ibv_post_recv`, in the order they are reported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,104 +457,6 @@ impl RecvRefusal {
 }
 
 impl Core {
-    /// `ibv_bind_mw` for a type 1 window: posts a bind WQE on the QP (it
-    /// completes in order with opcode BIND_MW) and returns the window's new
-    /// rkey (key byte incremented, as `ibv_inc_rkey`).
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` if the QP is not RTS (or SQE or ERR, where it flushes), is UD, or
-    /// the window is not type 1; `ENOMEM` if the send queue is full.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind_mw_type1(
-        &mut self,
-        now: Nanos,
-        qpn: u32,
-        mw_key: u32,
-        mr_key: u32,
-        addr: u64,
-        len: u64,
-        access: AccessFlags,
-        wr_id: u64,
-        signaled: bool,
-    ) -> Result<u32> {
-        self.live(crate::verbs::Verb::BindMw)?;
-        let is_type1 = self.mrs.get(mw_key).is_some_and(|e| {
-            matches!(
-                e.backing,
-                super::mr::Backing::Window {
-                    mw_type: crate::verbs::MwType::Type1,
-                    ..
-                }
-            )
-        });
-        if !is_type1 {
-            return Err(verr!(
-                BindMw,
-                InvalidArgument,
-                "{mw_key:#x} is not a type 1 memory window"
-            ));
-        }
-        let mut qp = self
-            .take_qp(qpn)
-            .ok_or_else(|| verr!(BindMw, InvalidArgument, "no QP {qpn:#x}"))?;
-        let check = if qp.qp_type == QpType::Ud {
-            Err(verr!(
-                BindMw,
-                InvalidArgument,
-                "memory windows cannot be bound through a UD QP"
-            ))
-        } else if !matches!(qp.state(), QpState::Rts | QpState::Sqe | QpState::Err) {
-            Err(verr!(BindMw, InvalidArgument, "the QP must be in RTS to bind a window"))
-        } else if qp.sq.len() >= qp.cap.max_send_wr as usize {
-            Err(verr!(BindMw, NoMemory, "send queue full"))
-        } else {
-            Ok(())
-        };
-        if let Err(e) = check {
-            self.put_qp(qp);
-            return Err(e);
-        }
-        let new_key = (mw_key & !0xff) | (mw_key.wrapping_add(1) & 0xff);
-        let sgl = qp.take_vec();
-        qp.sq.push_back(SendWqe {
-            wr_id,
-            op: WqeOp::BindMw,
-            remote: RemoteAddr::default(),
-            imm: 0,
-            compare: 0,
-            swap_add: 0,
-            sgl,
-            inline: None,
-            length: 0,
-            signaled: signaled || qp.sq_sig_all,
-            fence: false,
-            solicited: false,
-            ud: None,
-            local: Some(LocalOp::Bind {
-                mw_key,
-                new_key,
-                mr_key,
-                addr,
-                len,
-                access,
-                type1: true,
-            }),
-            state: WqeState::Pending,
-            first_psn: Psn::new(0),
-            npkts: 0,
-            resp_pkts: 0,
-        });
-        match qp.state() {
-            QpState::Err => self.flush_qp(&mut qp),
-            QpState::Sqe => self.flush_sq(&mut qp),
-            _ => {}
-        }
-        self.put_qp(qp);
-        self.run_requester(now, qpn);
-        Ok(new_key)
-    }
-
     /// Reads an MR-made SGE's bytes through the MR table (inline sends: the
     /// lkey is not access-checked, as with ibverbs' INLINE).
     pub(super) fn append_from_mr(&self, s: &crate::verbs::Sge<'_>, dst: &mut Vec<u8>) -> bool {
@@ -566,7 +483,7 @@ impl Core {
 /// The WQE's operation and the operation's fields a send WR carries:
 /// `(op, remote, imm, compare, swap_add)`, `imm` being the immediate data,
 /// the rkey to invalidate or the key of a LOCAL_INV.
-pub(super) fn wqe_fields(op: SendOp<'_>) -> (WqeOp, RemoteAddr, u32, u64, u64) {
+fn wqe_fields(op: SendOp<'_>) -> (WqeOp, RemoteAddr, u32, u64, u64) {
     match op {
         SendOp::Send => (WqeOp::Send, RemoteAddr::default(), 0, 0, 0),
         SendOp::SendWithImm { imm } => (WqeOp::SendImm, RemoteAddr::default(), imm, 0, 0),
@@ -579,19 +496,5 @@ pub(super) fn wqe_fields(op: SendOp<'_>) -> (WqeOp, RemoteAddr, u32, u64, u64) {
         SendOp::LocalInv { key } => (WqeOp::LocalInv, RemoteAddr::default(), key, 0, 0),
         SendOp::RegMr { .. } => (WqeOp::RegMr, RemoteAddr::default(), 0, 0, 0),
         SendOp::BindMw { .. } => (WqeOp::BindMw, RemoteAddr::default(), 0, 0, 0),
-    }
-}
-
-/// Extension used by posting checks.
-trait RemoteAlign {
-    fn remote_addr_is_misaligned(&self) -> bool;
-}
-
-impl RemoteAlign for SendWr<'_> {
-    fn remote_addr_is_misaligned(&self) -> bool {
-        match self.op {
-            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => remote.addr % 8 != 0,
-            _ => false,
-        }
     }
 }

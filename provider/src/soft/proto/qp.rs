@@ -742,3 +742,14 @@ impl Core {
         }
     }
 }
+
+impl Core {
+    pub(crate) fn take_qp(&mut self, qpn: u32) -> Option<Box<Qp>> {
+        self.qps.take(qpn.checked_sub(QPN_BASE)?)
+    }
+
+    pub(crate) fn put_qp(&mut self, qp: Box<Qp>) {
+        let id = qp.qpn - QPN_BASE;
+        self.qps.put(id, qp);
+    }
+}

@@ -5,7 +5,11 @@ use std::collections::VecDeque;
 use crate::verbs::{verr, Result, SrqAttr, SrqAttrMask};
 
 use super::qp::RecvWqe;
-use super::PdId;
+use super::{Core, PdId};
+
+/// A shared receive queue id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
 
 #[derive(Debug)]
 pub(crate) struct Srq {
@@ -85,7 +89,89 @@ impl Srq {
     }
 }
 
-impl super::Core {
+impl Core {
+    /// `ibv_create_srq`: returns the id and the granted attributes.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` beyond `max_srq_wr`/`max_srq_sge` or a limit above the
+    /// depth; `ENOMEM` at `max_srq`.
+    pub fn create_srq(&mut self, pd: PdId, attr: SrqAttr, context: u64, owner: u32) -> Result<(SrqId, SrqAttr)> {
+        self.live(crate::verbs::Verb::CreateSrq)?;
+        self.check_pd(crate::verbs::Verb::CreateSrq, pd)?;
+        let a = &self.cfg.attr;
+        if attr.max_wr == 0 || attr.max_wr > a.max_srq_wr || attr.max_sge == 0 || attr.max_sge > a.max_srq_sge {
+            return Err(verr!(
+                CreateSrq,
+                InvalidArgument,
+                "max_wr {} / max_sge {} outside 1..={} / 1..={}",
+                attr.max_wr,
+                attr.max_sge,
+                a.max_srq_wr,
+                a.max_srq_sge
+            ));
+        }
+        if attr.srq_limit > attr.max_wr {
+            return Err(verr!(CreateSrq, InvalidArgument, "srq_limit above max_wr"));
+        }
+        if self.srqs.live() >= a.max_srq {
+            return Err(verr!(CreateSrq, NoMemory, "device limit of {} SRQs reached", a.max_srq));
+        }
+        let srq = Srq::new(pd, attr, context, owner);
+        let granted = srq.attr();
+        Ok((SrqId(self.srqs.insert(srq)), granted))
+    }
+
+    /// `ibv_modify_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for a limit above the depth, a resize below the queued
+    /// count or above `max_srq_wr`.
+    pub fn modify_srq(&mut self, srq: SrqId, attr: &SrqAttr, mask: SrqAttrMask) -> Result<()> {
+        self.live(crate::verbs::Verb::ModifySrq)?;
+        let max = self.cfg.attr.max_srq_wr;
+        let s = self
+            .srqs
+            .get_mut(srq.0)
+            .ok_or_else(|| verr!(ModifySrq, InvalidArgument, "no such SRQ"))?;
+        s.modify(attr, mask, max)
+    }
+
+    /// `ibv_query_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if unknown.
+    pub fn query_srq(&self, srq: SrqId) -> Result<SrqAttr> {
+        self.srqs
+            .get(srq.0)
+            .map(|s| s.attr())
+            .ok_or_else(|| verr!(QuerySrq, InvalidArgument, "no such SRQ"))
+    }
+
+    /// `ibv_destroy_srq`.
+    ///
+    /// # Errors
+    ///
+    /// `EBUSY` while QPs use it.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<()> {
+        if self.revoked {
+            self.srqs.remove(srq.0);
+            return Ok(());
+        }
+        match self.srqs.get(srq.0) {
+            None => Err(verr!(DestroySrq, InvalidArgument, "no such SRQ")),
+            Some(s) if s.users > 0 && !self.revoked => {
+                Err(verr!(DestroySrq, Busy, "{} QP(s) still use this SRQ", s.users))
+            }
+            Some(_) => {
+                self.srqs.remove(srq.0);
+                Ok(())
+            }
+        }
+    }
+
     /// `ibv_post_srq_recv`.
     ///
     /// # Errors

@@ -1,22 +1,22 @@
-//! Scripted train tests (`super::super::train`): the responder's checks
+//! Scripted train tests (`super::super::by_reference`): the responder's checks
 //! and placement, the requester's choice, READ response trains.
 
 use super::*;
 
 /// A train route that gives every destination the same capabilities.
-struct Route(train::TrainCaps);
+struct Route(by_reference::TrainCaps);
 
-impl train::TrainRoute for Route {
-    fn train_caps(&self, _dst: IpAddr) -> train::TrainCaps {
+impl TrainRoute for Route {
+    fn train_caps(&self, _dst: IpAddr) -> by_reference::TrainCaps {
         self.0
     }
 }
 
 /// Shareable buffers, trains of one packet too (a shared-memory peer
 /// that takes them).
-const ONE_TOO: train::TrainCaps = train::TrainCaps {
+const ONE_TOO: by_reference::TrainCaps = by_reference::TrainCaps {
     one_packet: true,
-    ..train::TrainCaps::SHARED
+    ..by_reference::TrainCaps::SHARED
 };
 
 /// A shareable source buffer holding `len` bytes of a pattern.
@@ -45,7 +45,7 @@ impl Node {
             .iter()
             .map(|(m, len)| m.shared().unwrap().piece(0, *len).unwrap())
             .collect();
-        let t = train::TrainIn::new(npkts, &pieces).unwrap();
+        let t = by_reference::TrainIn::new(npkts, &pieces).unwrap();
         self.core.handle_datagram(
             now,
             Datagram {
@@ -237,9 +237,9 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
     for route in [true, false] {
         let mut n = node(QpType::Rc, Mtu::Mtu1024);
         let caps = if route {
-            train::TrainCaps::SHARED
+            by_reference::TrainCaps::SHARED
         } else {
-            train::TrainCaps::NONE
+            by_reference::TrainCaps::NONE
         };
         n.core.set_train_route(Arc::new(Route(caps)));
         n.post_send(
@@ -273,7 +273,7 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
         assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
         // Short messages never go as trains: below the threshold (two
         // packets at this MTU).
-        n.post_send(2, 2, SendOp::Send, 0, crate::soft::proto::train::TRAIN_MIN_LEN - 1);
+        n.post_send(2, 2, SendOp::Send, 0, by_reference::TRAIN_MIN_LEN - 1);
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
         n.post_send(3, 3, SendOp::Send, 0, 1024);
@@ -281,14 +281,14 @@ fn the_requester_sends_a_train_only_where_the_route_allows() {
     }
 }
 
-/// A message of one packet from [`train::TRAIN_MIN_LEN`] bytes (4 KiB at
+/// A message of one packet from [`by_reference::TRAIN_MIN_LEN`] bytes (4 KiB at
 /// MTU 4096, the usual storage I/O) goes as a train where the receiver
 /// takes trains of one packet, as a packet where it does not; the
 /// receiver places it once and ACKs its PSN, and answers a one-packet
 /// READ with a train the same way.
 #[test]
 fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
-    for caps in [ONE_TOO, train::TrainCaps::SHARED] {
+    for caps in [ONE_TOO, by_reference::TrainCaps::SHARED] {
         let mut n = node(QpType::Rc, Mtu::Mtu4096);
         n.core.set_train_route(Arc::new(Route(caps)));
         let remote = RemoteAddr { addr: 0x1000, rkey: 9 };
@@ -309,7 +309,7 @@ fn one_packet_messages_go_as_trains_where_the_receiver_takes_them() {
         let wc = n.cqes();
         assert_eq!((wc.len(), wc[0].status), (1, WcStatus::Success));
         // Below the threshold, one packet goes as a packet either way.
-        n.post_send(2, 2, SendOp::Send, 0, train::TRAIN_MIN_LEN - 1);
+        n.post_send(2, 2, SendOp::Send, 0, by_reference::TRAIN_MIN_LEN - 1);
         assert!(n.core.poll_transmit().is_some_and(|t| t.train.is_none()));
 
         // Responder: a one-packet READ of shareable memory.
@@ -360,7 +360,7 @@ fn read_responses_go_as_one_train_where_the_route_allows_and_land_once() {
     // Responder side: a 40,000-byte read of shareable memory (the node's
     // 64 KiB MR) is answered by one READ_RESPONSE_ONLY train.
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
-    n.core.set_train_route(Arc::new(Route(train::TrainCaps::SHARED)));
+    n.core.set_train_route(Arc::new(Route(by_reference::TrainCaps::SHARED)));
     n.inject(0, &read_req(&n, RQ_PSN, 100, 40_000), &[]);
     let mut txs = Vec::new();
     while let Some(t) = n.core.poll_transmit() {

@@ -1,4 +1,4 @@
-//! Trains: a SEND or RDMA WRITE of at least [`TRAIN_MIN_LEN`] bytes sent
+//! Trains, messages sent by reference: a SEND or RDMA WRITE of at least [`TRAIN_MIN_LEN`] bytes sent
 //! as one request whose payload stays in the sender's memory, for links whose receiver can read
 //! that memory directly (the in-process link and the shared-memory link
 //! for [`SharedMemory`] buffers; the shared-memory link also for any
@@ -23,7 +23,7 @@
 //!
 //! A train is only built from the first byte of a message (a resumed
 //! message goes packet by packet), only towards destinations the link says
-//! it can carry trains to ([`TrainRoute`]), and only when every byte of
+//! it can carry trains to ([`TrainRoute`](super::TrainRoute)), and only when every byte of
 //! the message lies in memory the route can carry ([`TrainCaps`]): each
 //! piece is either part of a [`SharedMemory`] buffer
 //! ([`TrainPiece::Shared`]) or, if the route allows it, a range of this
@@ -32,7 +32,6 @@
 //! route changed) drops it like a lost packet; the retransmission rebuilds
 //! the message as packets.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::verbs::{MappedPiece, SharedMemory};
@@ -102,14 +101,6 @@ impl TrainCaps {
     pub fn any(self) -> bool {
         self.shared || self.process
     }
-}
-
-/// Tells the requester where trains can go. Implemented for the link by
-/// the engine.
-pub trait TrainRoute: Send + Sync {
-    /// What memory a train sent to `dst` now may carry
-    /// ([`TrainCaps::NONE`]: no train may go there).
-    fn train_caps(&self, dst: IpAddr) -> TrainCaps;
 }
 
 /// A piece of an outgoing train's payload.
