@@ -125,8 +125,8 @@ fn write_bw(n: &Netns, recovery: &str, port: &str) -> f64 {
 /// `write_bw` then `pingpong --op write` with data checked, in `recovery`.
 fn recovers(recovery: &str, port: &str) {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    // Names of their own: the namespaces of the other test may still be
-    // there (it removes them as it ends).
+    // A tag of its own: both tests run in one process, and the namespaces
+    // are named after the tag and the process.
     let tag = if recovery == "gbn" { "lg" } else { "lr" };
     let Some(n) = setup(tag) else { return };
     let bw = write_bw(&n, recovery, port);
