@@ -7,7 +7,8 @@
 //!   with the bytes of a reference model, and never deadlock;
 //! - the negotiation: a go-back-N side never sends or gets a SACK;
 //! - a dead peer still ends in RETRY_EXC_ERR after `retry_cnt` IBTA
-//!   timeouts (the probe does not consume retries);
+//!   timeouts (the probe does not consume retries), and a peer that only
+//!   stops for a while (a descheduled process) shorter than that does not;
 //! - the goals of `softverbs sim bench` at 1 % loss (virtual time: exact).
 //!
 //! The other properties of `sim_props` run over all four pairs of
@@ -436,4 +437,83 @@ fn hostile_sacks_are_dropped_or_fall_back() {
     let wcs = a.poll_send(&mut f);
     assert_eq!(wcs.len(), 1);
     assert_eq!(wcs[0].status, WcStatus::Success);
+}
+
+/// 64 KiB WRITEs from A to B under 1 % loss, 32 outstanding, while B stops
+/// (a descheduled process) for `pause_ns` every ~10 ms of virtual time:
+/// what B would receive or send meanwhile waits for the pause's end.
+/// Returns the first error status (or success), the WRITEs completed and
+/// A's retransmission timeouts.
+fn paused_responder(recovery: Recovery, seed: u64, pause_ns: u64, n: usize) -> (WcStatus, usize, u64) {
+    use softverbs_emulator::sim::{FilterPacket, Verdict};
+    let link = LinkConfig {
+        latency_ns: 20_000,
+        bandwidth_bps: 10_000_000_000,
+        faults: FaultModel::lossy(0.01),
+        ..LinkConfig::ideal()
+    };
+    // The IBTA timeout is 67 ms (14), retry_cnt 7: B is dead to A after
+    // 8 timeouts without an answer, 537 ms.
+    let qp = QpOptions::default();
+    let slots = 32;
+    let (mut f, a, b) = pair_with(seed, link, &qp, slots * 65536, (recovery, recovery)).unwrap();
+    let bnode = b.node;
+    let mut rng = softverbs_emulator::sim::SimRng::derive(seed, 77);
+    let mut pauses: Vec<(u64, u64)> = Vec::new();
+    let mut t = 2_000_000u64;
+    for _ in 0..200 {
+        pauses.push((t, t + pause_ns));
+        t += pause_ns + rng.range(1_000_000, 20_000_000);
+    }
+    f.set_filter(Box::new(move |p: &FilterPacket<'_>| {
+        if p.to != bnode && p.from != bnode {
+            return Verdict::Pass;
+        }
+        match pauses.iter().find(|&&(s, e)| p.time >= s && p.time < e) {
+            Some(&(_, e)) => Verdict::Delay(e - p.time),
+            None => Verdict::Pass,
+        }
+    }));
+    let (mut posted, mut done, mut steps) = (0usize, 0usize, 0u64);
+    while done < n {
+        while posted < n && posted - done < slots {
+            let off = ((posted % slots) * 65536) as u64;
+            let sgl = [a.sge(off, 65536)];
+            let wr =
+                SendWr::new(posted as u64, SendOp::Write { remote: b.remote(off) }, &sgl).flags(SendFlags::SIGNALED);
+            a.post_send(&mut f, &[wr]).unwrap();
+            posted += 1;
+        }
+        assert!(f.step(), "{recovery:?}: idle with {done} of {n} done");
+        steps += 1;
+        assert!(steps < 20_000_000, "{recovery:?}: {}", f.livelock(steps));
+        for wc in a.poll_send(&mut f) {
+            if wc.status != WcStatus::Success {
+                return (wc.status, done, f.core(a.node).counters().retransmit_timeouts);
+            }
+            done += 1;
+        }
+    }
+    (WcStatus::Success, done, f.core(a.node).counters().retransmit_timeouts)
+}
+
+/// A live peer that stops answering for a while (a descheduled process)
+/// is not a dead one: with stops of 6 IBTA timeouts under 1 % loss, in
+/// both recoveries, every WRITE completes (the IBTA timer fires during
+/// each stop; the probe, at its shorter period, spends no retry). A stop
+/// longer than `retry_cnt` + 1 timeouts ends in RETRY_EXC_ERR, in both.
+#[test]
+fn a_paused_peer_is_not_a_dead_one() {
+    let timeout = 4096u64 << 14;
+    for r in [Recovery::SelectiveRepeat, Recovery::GoBackN] {
+        let (status, done, rtos) = paused_responder(r, 11, 6 * timeout, 150);
+        assert_eq!((status, done), (WcStatus::Success, 150), "{r:?}");
+        assert!(rtos >= 6, "{r:?}: the stops fired the IBTA timer ({rtos} timeouts)");
+        let (status, done, _) = paused_responder(r, 11, 9 * timeout, 150);
+        assert_eq!(
+            status,
+            WcStatus::RetryExcErr,
+            "{r:?}: a stop of 9 timeouts ({done} done)"
+        );
+    }
 }

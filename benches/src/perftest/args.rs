@@ -379,13 +379,13 @@ pub struct PerfArgs {
         help_heading = "softverbs options"
     )]
     pub link: LinkKind,
-    /// Loss recovery of the soft UDP/shm devices the run makes: gbn
-    /// (go-back-N, the default) or sr (selective repeat with peers that
-    /// offer it too; opt-in, see the `Recovery` docs)
+    /// Loss recovery of the soft UDP/shm devices the run makes: sr
+    /// (selective repeat with peers that offer it too, the default) or gbn
+    /// (go-back-N)
     #[arg(
         long,
         value_name = "gbn|sr",
-        default_value = "gbn",
+        default_value = "sr",
         value_parser = parse_recovery,
         help_heading = "softverbs options"
     )]
@@ -1318,9 +1318,9 @@ mod tests {
     #[test]
     fn recovery_and_injected_loss() {
         let p = params(&["write_bw", "--link", "udp"]).unwrap();
-        assert_eq!((p.recovery, p.drop), (Recovery::GoBackN, None));
-        let p = params(&["write_bw", "--link", "udp", "--recovery", "sr", "--drop", "0.01"]).unwrap();
-        assert_eq!((p.recovery, p.drop), (Recovery::SelectiveRepeat, Some(0.01)));
+        assert_eq!((p.recovery, p.drop), (Recovery::SelectiveRepeat, None));
+        let p = params(&["write_bw", "--link", "udp", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
+        assert_eq!((p.recovery, p.drop), (Recovery::GoBackN, Some(0.01)));
         assert!(p.notes.is_empty(), "{:?}", p.notes);
         for bad in ["1.5", "-0.1", "NaN"] {
             let flag = format!("--drop={bad}");
@@ -1330,7 +1330,7 @@ mod tests {
             );
         }
         // Where they cannot apply they are said to be ignored.
-        let p = params(&["write_bw", "--recovery", "sr", "--drop", "0.01"]).unwrap();
+        let p = params(&["write_bw", "--recovery", "gbn", "--drop", "0.01"]).unwrap();
         assert_eq!(p.drop, None);
         assert!(p.notes.iter().any(|n| n.starts_with("--drop ignored")), "{:?}", p.notes);
         assert!(

@@ -501,13 +501,19 @@ const NET_RECV_SPIN: u32 = 64;
 
 /// Drives this end's agents while watching the TCP connection: `SENT` from
 /// the peer (its sender finished) raises `peer_flag`; our own `sent` flag
-/// is announced the same way.
+/// is announced the same way. `watch`: give up after [`STALL_TIMEOUT`]
+/// without progress. An end with only a [`Passive`] agent (the target of
+/// WRITEs, READs and atomics) sees no completion however well the run
+/// goes: its peer, which does, watches for stalls, and its exit closes
+/// the TCP connection (before, such a server gave up on every run longer
+/// than the timeout and left its peer's QP without answers).
 fn net_drive(
     agents: &mut [&mut dyn Agent],
     sent: Option<Rc<Cell<bool>>>,
     st: &mut NetState<'_>,
     clock: &Clock,
     progress: &mut Progress,
+    watch: bool,
 ) -> Result<(), PerfError> {
     let mut done = vec![false; agents.len()];
     let mut announced = false;
@@ -541,7 +547,7 @@ fn net_drive(
             let now = clock.now();
             if std::mem::take(&mut moved) {
                 last_progress = now;
-            } else if now - last_progress > STALL_TIMEOUT.as_nanos() as u64 && !st.peer_flag.get() {
+            } else if watch && now - last_progress > STALL_TIMEOUT.as_nanos() as u64 && !st.peer_flag.get() {
                 return Err(PerfError::Failed(format!(
                     "no progress for {} s (a lost completion or a peer that stopped)",
                     STALL_TIMEOUT.as_secs()
@@ -661,6 +667,7 @@ fn networked_size(
             side,
             until: st.peer_flag.clone(),
         });
+        let watch = sender.is_some() || receiver.is_some();
         {
             let mut agents: Vec<&mut dyn Agent> = Vec::new();
             if let Some(s) = &mut sender {
@@ -672,7 +679,7 @@ fn networked_size(
             if let Some(x) = &mut passive {
                 agents.push(x);
             }
-            net_drive(&mut agents, sent, &mut st, &clock, progress)?;
+            net_drive(&mut agents, sent, &mut st, &clock, progress, watch)?;
         }
         let mine = sender.as_ref().map(BwSender::result);
         let row = match (&mine, &receiver) {
@@ -697,6 +704,7 @@ fn networked_size(
             side,
             until: st.peer_flag.clone(),
         });
+        let watch = agent.is_some();
         {
             let mut agents: Vec<&mut dyn Agent> = Vec::new();
             if let Some(a) = &mut agent {
@@ -705,7 +713,7 @@ fn networked_size(
             if let Some(x) = &mut passive {
                 agents.push(x);
             }
-            net_drive(&mut agents, sent, &mut st, &clock, progress)?;
+            net_drive(&mut agents, sent, &mut st, &clock, progress, watch)?;
         }
         let row = agent.as_ref().and_then(LatAgent::result);
         return finish_size(&mut st, None, size).map(|_| lat_row(row));

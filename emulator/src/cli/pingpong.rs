@@ -157,9 +157,9 @@ pub struct Args {
     #[arg(long = "qp-timeout", value_name = "N", default_value_t = 14,
           value_parser = clap::value_parser!(u8).range(0..=31))]
     pub qp_timeout: u8,
-    /// Loss recovery of the soft device: gbn (go-back-N, the default) or
-    /// sr (selective repeat with peers that offer it too; opt-in)
-    #[arg(long, value_name = "gbn|sr", default_value = "gbn", value_parser = parse_recovery)]
+    /// Loss recovery of the soft device: sr (selective repeat with peers
+    /// that offer it too, the default) or gbn (go-back-N)
+    #[arg(long, value_name = "gbn|sr", default_value = "sr", value_parser = parse_recovery)]
     pub recovery: Recovery,
     /// Test facility: the UDP link drops this share (0 to 1) of the
     /// datagrams it sends, at random, as a lossy network would

@@ -56,19 +56,16 @@ use super::{Core, Nanos};
 
 /// The recovery a soft device offers its peers.
 ///
-/// Go-back-N is the default. Selective repeat is opt-in: in the simulated
-/// fabric it passes every property test and meets its goals, but over
-/// real UDP between two processes with 1 % injected loss it ended with
-/// RETRY_EXC_ERR on a live peer in 3 of 15 runs, a defect not yet found
-/// (`emulator/tests/perf_loss_netns.rs` has the ignored reproduction).
+/// Selective repeat is the default: it is used only with a peer that
+/// offers it too, and falls back to go-back-N toward any other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Recovery {
     /// Standard go-back-N on the wire, toward every peer (the reordering
     /// buffer still works: it is local to the responder).
-    #[default]
     GoBackN,
     /// Selective repeat and the adaptive probe with peers that announce
     /// it too; standard go-back-N toward any other.
+    #[default]
     SelectiveRepeat,
 }
 
