@@ -135,22 +135,39 @@ impl CqShared {
             return Ok(0);
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
-        for wc in &wcs[..n] {
-            if last.as_ref().is_none_or(|qp| qp.qpn != wc.qp_num) {
-                *last = qps.get(&wc.qp_num).cloned();
+        // A run of completions of one QP is retired under one lock of it.
+        let mut i = 0;
+        while i < n {
+            let qpn = wcs[i].qp_num;
+            let mut end = i + 1;
+            while end < n && wcs[end].qp_num == qpn {
+                end += 1;
             }
-            let known = last.as_ref().is_some_and(|qp| qp.retire(wc, out));
-            if !known {
-                self.stray.fetch_add(1, Ordering::Relaxed);
-                if wc.status != WcStatus::Success {
-                    self.stray_errors.fetch_add(1, Ordering::Relaxed);
-                    if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
-                        sink(wc);
-                    }
+            if last.as_ref().is_none_or(|qp| qp.qpn != qpn) {
+                *last = qps.get(&qpn).cloned();
+            }
+            while i < end {
+                i += last.as_ref().map_or(0, |qp| qp.retire_run(&wcs[i..end], out));
+                if i < end {
+                    self.count_stray(&wcs[i]);
+                    i += 1;
                 }
             }
         }
         Ok(n)
+    }
+
+    /// Counts a completion that names no request of the layer, and hands
+    /// it to the sink if it is an error.
+    #[cold]
+    fn count_stray(&self, wc: &WorkCompletion) {
+        self.stray.fetch_add(1, Ordering::Relaxed);
+        if wc.status != WcStatus::Success {
+            self.stray_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
+                sink(wc);
+            }
+        }
     }
 
     /// Polls up to `budget` completions and runs their callbacks.

@@ -101,8 +101,11 @@ impl LocalBuf {
         self.mr.addr() + self.offset
     }
 
-    pub(crate) fn sge(&self) -> Sge<'_> {
-        self.mr.sge(self.offset, self.len).expect("checked at construction")
+    /// The verbs entry (checked again: the MR may have been re-registered
+    /// smaller since).
+    #[inline]
+    pub(crate) fn sge(&self) -> Result<Sge<'_>> {
+        self.mr.sge(self.offset, self.len)
     }
 }
 
@@ -362,7 +365,7 @@ impl UlpWr {
     }
 
     /// The local scatter list as verbs entries.
-    pub(crate) fn sges(&self) -> Vec<Sge<'_>> {
+    pub(crate) fn sges(&self) -> Result<Vec<Sge<'_>>> {
         if let Some((addr, len, key)) = self.frmr_sge {
             // SAFETY: the range is the mapping of the fast-registration MR
             // `self.frmr`, which this WR keeps alive, and that mapping
@@ -371,10 +374,10 @@ impl UlpWr {
             // retired; the key is the one the chain's REG_MR, posted
             // before this WR, gives it. Registered memory is only accessed
             // by copies (never Rust references).
-            return vec![unsafe { Sge::from_raw(addr, len, key) }];
+            return Ok(vec![unsafe { Sge::from_raw(addr, len, key) }]);
         }
         if let Some(data) = &self.inline {
-            return vec![Sge::inline(data)];
+            return Ok(vec![Sge::inline(data)]);
         }
         self.sgl.iter().map(LocalBuf::sge).collect()
     }
