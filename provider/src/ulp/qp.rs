@@ -256,6 +256,23 @@ impl Done {
         }
     }
 
+    /// Calls the callback if it is to be called, taking it (it runs at
+    /// most once); what the request keeps goes when the `Done` is dropped.
+    /// Returns whether a callback ran.
+    #[inline]
+    pub(crate) fn call_back(&mut self) -> bool {
+        if !self.call {
+            return false;
+        }
+        match self.req.cb.take() {
+            Some(cb) => {
+                cb.call(&self.wc);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Calls the callback (if it is to be called), then releases the
     /// request's resources. Returns whether a callback ran.
     pub(crate) fn run(self) -> bool {
@@ -411,7 +428,13 @@ impl Ring {
             self.grow();
         }
         let seq = self.next;
-        *self.slot(seq) = Slot { req, ahead, rd };
+        let s = self.slot(seq);
+        // The slot was emptied when its last WR retired (`pop`): nothing
+        // to drop there (should it hold a request, it leaks, no worse).
+        debug_assert!(s.req.is_none());
+        std::mem::forget(std::mem::replace(&mut s.req, req));
+        s.ahead = ahead;
+        s.rd = rd;
         self.next = seq + 1;
     }
 
@@ -531,7 +554,7 @@ impl Track {
     }
 
     /// Retires the oldest WR of a queue with `wc`.
-    #[inline]
+    #[inline(always)]
     fn retire_oldest(&mut self, rq: bool, wc: &WorkCompletion, out: &mut Vec<Done>) {
         let Slot { req, ahead, rd } = self.ring(rq).pop();
         if rq {
@@ -632,7 +655,7 @@ impl Track {
                 "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
             ));
         }
-        let sge = [b.sge()?];
+        let sge = [b.sge()];
         let wr = w.send_wr(sh.epoch | self.sq.next, &sge, signaled);
         sh.qp.post_send(std::slice::from_ref(&wr)).map_err(|e| e.error)?;
         self.sq_used += need;
@@ -664,25 +687,16 @@ impl Track {
                 let one;
                 let many;
                 let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
-                    match w.sgl[0].sge() {
-                        Ok(s) => one = [s],
-                        Err(e) => return Err((e, Some(req))),
-                    }
+                    one = [w.sgl[0].sge()];
                     &one
                 } else {
-                    many = match w.sges() {
-                        Ok(s) => s,
-                        Err(e) => return Err((e, Some(req))),
-                    };
+                    many = w.sges();
                     &many
                 };
                 let wr = w.send_wr(sh.epoch | base, sges, signaled);
                 sh.qp.post_send(std::slice::from_ref(&wr))
             } else {
-                let sges = match ws.iter().map(UlpWr::sges).collect::<Result<Vec<_>>>() {
-                    Ok(s) => s,
-                    Err(e) => return Err((e, Some(req))),
-                };
+                let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
                 let wrs: Vec<SendWr<'_>> = ws
                     .iter()
                     .zip(&sges)
@@ -805,22 +819,23 @@ fn flush_wc(wr_id: u64, qpn: u32, vendor_err: u32) -> WorkCompletion {
 }
 
 impl QpShared {
+    #[inline]
     fn track(&self) -> MutexGuard<'_, Track> {
         lock(&self.track)
     }
 
-    /// Retires what the leading completions of `wcs` (a run of this QP's
-    /// number, read by the CQ under its poll lock) complete, under one
-    /// lock of the QP. Returns how many it retired: if fewer than all, the
-    /// next one names nothing of this QP (the caller counts it as stray
-    /// and goes on after it).
+    /// Retires what the leading completions of `wcs` (read by the CQ under
+    /// its poll lock) of this QP complete, under one lock of the QP.
+    /// Returns how many it retired: it stops at the first completion of
+    /// another QP, or one that names nothing of this QP (the caller counts
+    /// that one as stray and goes on after it).
     pub(crate) fn retire_run(&self, wcs: &[WorkCompletion], out: &mut Vec<Done>) -> usize {
         let mut t = self.track();
         let mut sent = false;
         let mut n = 0;
         for wc in wcs {
             let rq = wc.wr_id & RQ_BIT != 0;
-            if wc.wr_id & EPOCH_MASK != self.epoch || !t.retire(rq, wc, self.qpn, out) {
+            if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || !t.retire(rq, wc, self.qpn, out) {
                 break;
             }
             sent |= !rq;
@@ -1173,6 +1188,7 @@ impl UlpQp {
         self.submit(chain, Some(cb), signaled, n, None, None)
     }
 
+    #[inline]
     pub(crate) fn submit(
         &self,
         chain: Chain,
@@ -1182,9 +1198,9 @@ impl UlpQp {
         pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
-        let sh = &*self.sh;
         if pooled.is_none() && lazy_inv.is_none() {
             if let Some((w, b)) = chain.plain_one() {
+                let sh = &*self.sh;
                 // The short path: post and track under one lock, the
                 // request straight into its WR's slot of the ring.
                 let mut t = sh.track();
@@ -1208,6 +1224,22 @@ impl UlpQp {
                 return Ok(());
             }
         }
+        self.submit_general(chain, cb, signaled, reserved, pooled, lazy_inv)
+    }
+
+    /// [`UlpQp::submit`] of anything but one plain WR over one buffer:
+    /// READ credits, the backlog, chains, registrations.
+    #[inline(never)]
+    fn submit_general(
+        &self,
+        chain: Chain,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+        pooled: Option<PooledMr>,
+        lazy_inv: Option<u32>,
+    ) -> std::result::Result<(), UlpPostError> {
+        let sh = &*self.sh;
         let ws = chain.as_slice();
         let n = ws.len() as u32;
         let (rd, fenced) = ws.iter().fold((0u32, false), |(rd, f), w| {
@@ -1325,31 +1357,16 @@ impl UlpQp {
         // One buffer (the common case) stays on the stack.
         let one;
         let many: Vec<Sge<'_>>;
-        let sges: Result<&[Sge<'_>]> = if sgl.len() == 1 {
-            match sgl[0].sge() {
-                Ok(s) => {
-                    one = [s];
-                    Ok(&one)
-                }
-                Err(e) => Err(e),
-            }
+        let sges: &[Sge<'_>] = if sgl.len() == 1 {
+            one = [sgl[0].sge()];
+            &one
         } else {
-            match sgl.iter().map(LocalBuf::sge).collect::<Result<Vec<_>>>() {
-                Ok(v) => {
-                    many = v;
-                    Ok(&many)
-                }
-                Err(e) => Err(e),
-            }
+            many = sgl.iter().map(LocalBuf::sge).collect();
+            &many
         };
-        let posted = sges.and_then(|sges| {
-            sh.qp
-                .post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)])
-                .map_err(|e| e.error)
-        });
-        if let Err(error) = posted {
+        if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
             return Err(UlpPostError {
-                error,
+                error: e.error,
                 callback: Some(cb.into_boxed()),
             });
         }

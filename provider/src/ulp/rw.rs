@@ -144,7 +144,7 @@ fn map(pool: &MrPool, local: &[LocalBuf]) -> Result<(PooledMr, u32, u64, u32)> {
             pool.total()
         )
     })?;
-    let sges = local.iter().map(LocalBuf::sge).collect::<Result<Vec<Sge<'_>>>>()?;
+    let sges: Vec<Sge<'_>> = local.iter().map(LocalBuf::sge).collect();
     let n = p.mr().map_pages(&sges, PAGE_SIZE as u32)?;
     if n != local.len() {
         return Err(verr!(

@@ -12,10 +12,20 @@ pub type Callback = Box<dyn FnOnce(&WorkCompletion) + Send + 'static>;
 
 /// A range of registered memory the layer keeps alive (it holds the
 /// `Arc<Mr>`) until every WR using it has retired.
+///
+/// The range is checked against the MR once, when the buffer is made, and
+/// its scatter entry (address and local key) is kept: a WR over it is
+/// built without asking the MR again. A buffer made before the MR was
+/// re-registered ([`Mr::rereg`]) still names the old key and address: the
+/// device refuses it (a local protection error completes the request),
+/// so make buffers again after re-registering.
 #[derive(Clone)]
 pub struct LocalBuf {
     mr: Arc<Mr>,
     offset: u64,
+    /// The entry's address and key, as the MR gave them at construction.
+    sge_addr: u64,
+    lkey: u32,
     len: u32,
 }
 
@@ -51,8 +61,10 @@ impl LocalBuf {
     /// # Ok::<(), softverbs::verbs::Error>(())
     /// ```
     pub fn new(mr: &Arc<Mr>, offset: u64, len: u32) -> Result<LocalBuf> {
-        mr.sge(offset, len)?;
+        let sge = mr.sge(offset, len)?;
         Ok(LocalBuf {
+            sge_addr: sge.addr(),
+            lkey: sge.lkey(),
             mr: mr.clone(),
             offset,
             len,
@@ -101,11 +113,11 @@ impl LocalBuf {
         self.mr.addr() + self.offset
     }
 
-    /// The verbs entry (checked again: the MR may have been re-registered
-    /// smaller since).
+    /// The verbs entry, as checked at construction (the buffer keeps its
+    /// MR alive, so the entry stays valid for as long as it is borrowed).
     #[inline]
-    pub(crate) fn sge(&self) -> Result<Sge<'_>> {
-        self.mr.sge(self.offset, self.len)
+    pub(crate) fn sge(&self) -> Sge<'_> {
+        Sge::checked(self.sge_addr, self.len, self.lkey)
     }
 }
 
@@ -365,7 +377,7 @@ impl UlpWr {
     }
 
     /// The local scatter list as verbs entries.
-    pub(crate) fn sges(&self) -> Result<Vec<Sge<'_>>> {
+    pub(crate) fn sges(&self) -> Vec<Sge<'_>> {
         if let Some((addr, len, key)) = self.frmr_sge {
             // SAFETY: the range is the mapping of the fast-registration MR
             // `self.frmr`, which this WR keeps alive, and that mapping
@@ -374,10 +386,10 @@ impl UlpWr {
             // retired; the key is the one the chain's REG_MR, posted
             // before this WR, gives it. Registered memory is only accessed
             // by copies (never Rust references).
-            return Ok(vec![unsafe { Sge::from_raw(addr, len, key) }]);
+            return vec![unsafe { Sge::from_raw(addr, len, key) }];
         }
         if let Some(data) = &self.inline {
-            return Ok(vec![Sge::inline(data)]);
+            return vec![Sge::inline(data)];
         }
         self.sgl.iter().map(LocalBuf::sge).collect()
     }
@@ -476,6 +488,7 @@ impl Chain {
 
     /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a
     /// request keeps alive).
+    #[inline]
     pub(crate) fn into_plain_mr(self) -> Option<Arc<Mr>> {
         match self.0 {
             ChainRepr::One(UlpWr {
