@@ -439,3 +439,35 @@ fn a_buffer_made_before_its_mr_shrank_completes_once_with_an_error() {
     assert_eq!((calls, drops, ordered), (1, 1, true));
     assert_ne!(status, Some(WcStatus::Success));
 }
+
+/// A callback that panics unwinds out of the poll; the requests that poll
+/// finished after it stay with the polling thread, and their callbacks
+/// run, once, at its next poll (they are not dropped uncalled).
+#[test]
+fn after_a_panicking_callback_the_rest_of_its_poll_runs_at_the_next_one() {
+    let (_da, _db, a, b) = pair("panic", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    // A post to a QP in ERR is flushed at once: both completions are in
+    // the CQ before the poll, which reads them together.
+    a.qp()
+        .modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
+    a.qp().post(wr(), |_| panic!("the first callback panics")).unwrap();
+    a.qp().post(wr(), cb(1, &log)).unwrap();
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.cq.poll(16)));
+    assert!(first.is_err(), "the panic unwinds out of the poll");
+    a.cq.poll(16).unwrap();
+    assert_eq!(
+        outcome(&log.lock().unwrap(), 1),
+        (1, Some(WcStatus::WrFlushErr), 1, true)
+    );
+}
