@@ -528,7 +528,24 @@ impl Track {
     /// Request `req` finished: `wc` is its last WR's completion (or the
     /// first error of any of its WRs, kept in it). It goes to `out`, to
     /// run outside the lock.
-    fn finish(&mut self, mut req: Req, wc: &WorkCompletion, out: &mut Vec<Done>) {
+    #[inline]
+    fn finish(&mut self, req: Req, wc: &WorkCompletion, out: &mut Vec<Done>) {
+        if req.rare.is_some() {
+            return self.finish_rare(req, wc, out);
+        }
+        let call = req.signaled || wc.status != WcStatus::Success;
+        match (&req.cb, call) {
+            (Some(_), true) => self.stats.callbacks += 1,
+            (Some(_), false) => self.stats.silent += 1,
+            (None, _) => {}
+        }
+        out.push(Done { req, wc: *wc, call });
+    }
+
+    /// [`Track::finish`] of a request with a first error, a lazy
+    /// invalidation or kept WRs.
+    #[inline(never)]
+    fn finish_rare(&mut self, mut req: Req, wc: &WorkCompletion, out: &mut Vec<Done>) {
         let mut first_err = None;
         if let Some(r) = &mut req.rare {
             first_err = r.first_err.take();
@@ -585,6 +602,11 @@ impl Track {
     fn retire(&mut self, rq: bool, wc: &WorkCompletion, qpn: u32, out: &mut Vec<Done>) -> bool {
         let seq = wc.wr_id & SEQ_MASK;
         let q = self.ring(rq);
+        if seq == q.head && !q.is_empty() && wc.status == WcStatus::Success {
+            // The common case: the oldest WR, completed successfully.
+            self.retire_oldest(rq, wc, out);
+            return true;
+        }
         if !q.holds(seq) {
             return false;
         }
