@@ -773,12 +773,11 @@ impl Track {
                 out.push(Done::release(req));
                 continue;
             }
-            if let Err((_, unposted)) = self.post_now(sh, req, UlpWr::local_inv(key).into()) {
-                // A single WR is posted whole or not at all.
-                if let Some(mut req) = unposted {
-                    req.poison();
-                    out.push(Done::release(req));
-                }
+            // A single WR is posted whole or not at all: on an error the
+            // request comes back.
+            if let Err((_, Some(mut req))) = self.post_now(sh, req, UlpWr::local_inv(key).into()) {
+                req.poison();
+                out.push(Done::release(req));
             }
         }
     }
