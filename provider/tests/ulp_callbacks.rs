@@ -378,3 +378,96 @@ fn a_failed_wr_without_a_callback_is_counted_and_reported() {
     let st = a.cq.stats();
     assert_eq!((st.stray, st.stray_errors), (1, 1));
 }
+
+/// Completions of one QP are retired a run at a time: a stray in the
+/// middle of the run (a WR posted on the verbs QP directly) is counted,
+/// and the requests before and after it each call their callback once.
+#[test]
+fn a_stray_within_a_run_of_one_qps_completions_is_counted_and_the_rest_retire() {
+    let (_da, _db, a, b) = pair("run", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let write = |i: usize| {
+        let wr = UlpWr::write(LocalBuf::new(&src, 0, 16).unwrap(), dst.remote(64 * i as u64));
+        a.qp().post(wr, cb(i, &log)).unwrap();
+    };
+    write(0);
+    write(1);
+    let sge = [src.sge(0, 8).unwrap()];
+    let raw = SendWr::new(
+        0xbeef,
+        SendOp::Write {
+            remote: dst.remote(1024),
+        },
+        &sge,
+    )
+    .flags(SendFlags::SIGNALED);
+    a.qp().qp().post_send(&[raw]).unwrap();
+    write(2);
+    write(3);
+    poll_until(&[&a.cq, &b.cq], "four writes", || count_resolved(&log) == 4);
+    let log = log.lock().unwrap().clone();
+    for i in 0..4 {
+        assert_eq!(outcome(&log, i), (1, Some(WcStatus::Success), 1, true), "write {i}");
+    }
+    let st = a.cq.stats();
+    assert_eq!((st.stray, st.stray_errors, st.callbacks), (1, 0, 4));
+}
+
+/// A buffer keeps the entry its MR gave when it was made: posting it after
+/// the MR was re-registered smaller goes to the device with the old
+/// address, which refuses it; the request completes once, with the error
+/// (the layer does not panic).
+#[test]
+fn a_buffer_made_before_its_mr_shrank_completes_once_with_an_error() {
+    let (_da, _db, a, b) = pair("rereg", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let buf = LocalBuf::new(&src, 2048, 1024).unwrap();
+    src.rereg(
+        ReregFlags::CHANGE_TRANSLATION,
+        None,
+        Some(MemorySource::Owned(MrMemory::new(256).unwrap())),
+        src.access(),
+    )
+    .unwrap();
+    a.qp().post(UlpWr::write(buf, dst.remote(0)), cb(0, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the write", || count_resolved(&log) == 1);
+    let (calls, status, drops, ordered) = outcome(&log.lock().unwrap(), 0);
+    assert_eq!((calls, drops, ordered), (1, 1, true));
+    assert_ne!(status, Some(WcStatus::Success));
+}
+
+/// A callback that panics unwinds out of the poll; the requests that poll
+/// finished after it stay with the polling thread, and their callbacks
+/// run, once, at its next poll (they are not dropped uncalled).
+#[test]
+fn after_a_panicking_callback_the_rest_of_its_poll_runs_at_the_next_one() {
+    let (_da, _db, a, b) = pair("panic", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    // A post to a QP in ERR is flushed at once: both completions are in
+    // the CQ before the poll, which reads them together.
+    a.qp()
+        .modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
+    a.qp().post(wr(), |_| panic!("the first callback panics")).unwrap();
+    a.qp().post(wr(), cb(1, &log)).unwrap();
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.cq.poll(16)));
+    assert!(first.is_err(), "the panic unwinds out of the poll");
+    a.cq.poll(16).unwrap();
+    assert_eq!(
+        outcome(&log.lock().unwrap(), 1),
+        (1, Some(WcStatus::WrFlushErr), 1, true)
+    );
+}

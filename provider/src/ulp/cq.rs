@@ -37,8 +37,8 @@ type QpMap = HashMap<u32, Arc<QpShared>, std::hash::BuildHasherDefault<QpnHasher
 
 thread_local! {
     /// This thread's list of finished requests, kept for its capacity (a
-    /// callback that polls again finds it taken and uses a new one).
-    static DONE: std::cell::Cell<Vec<Done>> = const { std::cell::Cell::new(Vec::new()) };
+    /// callback that polls again finds it borrowed and uses a new one).
+    static DONE: std::cell::RefCell<Vec<Done>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// A handler for completions that belong to no request of the layer.
@@ -135,30 +135,44 @@ impl CqShared {
             return Ok(0);
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
-        for wc in &wcs[..n] {
-            if last.as_ref().is_none_or(|qp| qp.qpn != wc.qp_num) {
-                *last = qps.get(&wc.qp_num).cloned();
+        // A run of completions of one QP is retired under one lock of it.
+        let mut i = 0;
+        while i < n {
+            let qpn = wcs[i].qp_num;
+            if last.as_ref().is_none_or(|qp| qp.qpn != qpn) {
+                *last = qps.get(&qpn).cloned();
             }
-            let known = last.as_ref().is_some_and(|qp| qp.retire(wc, out));
-            if !known {
-                self.stray.fetch_add(1, Ordering::Relaxed);
-                if wc.status != WcStatus::Success {
-                    self.stray_errors.fetch_add(1, Ordering::Relaxed);
-                    if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
-                        sink(wc);
-                    }
-                }
+            let k = last.as_ref().map_or(0, |qp| qp.retire_run(&wcs[i..n], out));
+            if k == 0 {
+                self.count_stray(&wcs[i]);
+                i += 1;
             }
+            i += k;
         }
         Ok(n)
+    }
+
+    /// Counts a completion that names no request of the layer, and hands
+    /// it to the sink if it is an error.
+    #[cold]
+    fn count_stray(&self, wc: &WorkCompletion) {
+        self.stray.fetch_add(1, Ordering::Relaxed);
+        if wc.status != WcStatus::Success {
+            self.stray_errors.fetch_add(1, Ordering::Relaxed);
+            if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
+                sink(wc);
+            }
+        }
     }
 
     /// Polls up to `budget` completions and runs their callbacks.
     pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
         let mut total = 0;
-        let mut out = DONE.with(|d| d.take());
-        let res = self.poll_into(budget, &mut total, &mut out);
-        DONE.with(|d| d.set(out));
+        let res = DONE.with(|d| match d.try_borrow_mut() {
+            Ok(mut out) => self.poll_into(budget, &mut total, &mut out),
+            // A callback polling again: a list of its own.
+            Err(_) => self.poll_into(budget, &mut total, &mut Vec::new()),
+        });
         res.map(|()| total)
     }
 
@@ -166,7 +180,14 @@ impl CqShared {
         while *total < budget {
             let want = (budget - *total).min(BATCH);
             let n = self.poll_once(want, out);
-            let calls = out.drain(..).map(Done::run).filter(|c| *c).count();
+            // The callbacks run in place (a request's resources go with
+            // the list's `clear`); should one panic, the rest stay in this
+            // thread's list and run at its next poll.
+            let mut calls = 0;
+            for d in out.iter_mut() {
+                calls += usize::from(d.call_back());
+            }
+            out.clear();
             if calls > 0 {
                 self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
             }

@@ -34,20 +34,23 @@
 //! The layer sits on every post and every poll, so its fast path is kept
 //! short:
 //!
-//! - **Locks**: one per QP (the tracker: requests, both queues' order,
+//! - **Locks**: one per QP (the tracker: both queues' rings of requests,
 //!   slots, READ credits, all under one mutex) and one per CQ poll (the
-//!   completion buffer and the map of attached QPs together); a post takes
-//!   the QP's lock once, a poll takes the CQ's once and each completing
-//!   QP's once.
+//!   completion buffer and the map of attached QPs together); a post
+//!   takes the QP's lock once (the verbs post and the bookkeeping under
+//!   it), a poll takes the CQ's once and the QP's once per run of that
+//!   QP's completions.
 //! - **Allocations**: none for the common request, a [`UlpWr`] over one
 //!   buffer posted with [`UlpQp::post`] (a [`Chain`] keeps one WR inline,
 //!   an [`Sgl`] one buffer): its callback is stored inline in the
 //!   request (closures of up to four words; larger ones are boxed once),
-//!   the request keeps only that buffer's MR, request slots are reused by
-//!   index (the `wr_id` carries the queue's sequence number, the slot is
-//!   found in the queue's order), and the completion buffer (the CQ's)
-//!   and the list of finished requests (the polling thread's) are
-//!   reused. Chains of several WRs, several buffers, registrations,
+//!   the request keeps only that buffer's MR (and the buffer its checked
+//!   scatter entry, so the WR is built without asking the MR again); each
+//!   queue is a ring of slots indexed by the sequence number the `wr_id`
+//!   carries, the request in the slot of its (last) WR, so a completion
+//!   finds it without a lookup; the completion buffer (the CQ's) and the
+//!   list of finished requests (the polling thread's, whose callbacks run
+//!   in place) are reused. Chains of several WRs, several buffers, registrations,
 //!   pooled MRs and the first error of a multi-WR request go to a part of
 //!   the request that is allocated only for them. A request is a few
 //!   dozen bytes (it moves into its slot and out to the poller).

@@ -256,6 +256,23 @@ impl Done {
         }
     }
 
+    /// Calls the callback if it is to be called, taking it (it runs at
+    /// most once); what the request keeps goes when the `Done` is dropped.
+    /// Returns whether a callback ran.
+    #[inline]
+    pub(crate) fn call_back(&mut self) -> bool {
+        if !self.call {
+            return false;
+        }
+        match self.req.cb.take() {
+            Some(cb) => {
+                cb.call(&self.wc);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Calls the callback (if it is to be called), then releases the
     /// request's resources. Returns whether a callback ran.
     pub(crate) fn run(self) -> bool {
@@ -283,7 +300,6 @@ struct Req {
     /// The MR of a request of one WR over one buffer.
     mr: Option<Arc<Mr>>,
     rare: Option<Box<Rare>>,
-    remaining: u32,
     signaled: bool,
 }
 
@@ -308,7 +324,6 @@ impl Req {
             cb,
             mr: None,
             rare: None,
-            remaining: 1,
             signaled,
         }
     }
@@ -347,28 +362,118 @@ struct Followup {
     req: Req,
 }
 
-#[derive(Clone, Copy)]
-struct Entry {
-    seq: u64,
-    req: u32,
+/// One posted WR of a queue, not retired yet.
+#[derive(Default)]
+struct Slot {
+    /// The request, in the slot of its last posted WR (none in the slots
+    /// of the chain's earlier WRs, nor in a drain marker's).
+    req: Option<Req>,
+    /// Of an earlier WR of a chain: how many slots ahead the slot holding
+    /// its request is.
+    ahead: u32,
+    /// Whether the WR holds a READ/atomic credit.
     rd: bool,
 }
 
+/// The WRs of one queue posted and not retired, in post order: a ring
+/// indexed by the sequence number each WR's `wr_id` carries, so a
+/// completion finds its WR, and the request in it, without a lookup. The
+/// layer never has more WRs posted than the queue holds; the ring grows
+/// (by doubling) only up to that.
+struct Ring {
+    slots: Box<[Slot]>,
+    mask: u64,
+    /// Sequence number of the oldest WR not retired.
+    head: u64,
+    /// Sequence number of the next WR posted.
+    next: u64,
+    /// Whether a completion of the queue had an error: a later WR without
+    /// a completion of its own was flushed.
+    err: bool,
+}
+
+impl Ring {
+    /// A ring for a queue of `depth` WRs (it starts smaller and grows).
+    fn new(depth: u32) -> Ring {
+        Ring::with_len(depth.clamp(1, 64).next_power_of_two() as usize)
+    }
+
+    fn with_len(len: usize) -> Ring {
+        Ring {
+            slots: (0..len).map(|_| Slot::default()).collect(),
+            mask: len as u64 - 1,
+            head: 0,
+            next: 0,
+            err: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head == self.next
+    }
+
+    /// Whether `seq` names a WR posted and not retired.
+    fn holds(&self, seq: u64) -> bool {
+        seq.wrapping_sub(self.head) < self.next - self.head
+    }
+
+    fn slot(&mut self, seq: u64) -> &mut Slot {
+        &mut self.slots[(seq & self.mask) as usize]
+    }
+
+    /// Records the next WR as posted (taking the next sequence number).
+    #[inline]
+    fn push(&mut self, req: Option<Req>, ahead: u32, rd: bool) {
+        if self.next - self.head == self.slots.len() as u64 {
+            self.grow();
+        }
+        let seq = self.next;
+        let s = self.slot(seq);
+        // The slot was emptied when its last WR retired (`pop`): nothing
+        // to drop there (should it hold a request, it leaks, no worse).
+        debug_assert!(s.req.is_none());
+        std::mem::forget(std::mem::replace(&mut s.req, req));
+        s.ahead = ahead;
+        s.rd = rd;
+        self.next = seq + 1;
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let mut bigger = Ring::with_len(self.slots.len() * 2);
+        bigger.head = self.head;
+        bigger.next = self.next;
+        bigger.err = self.err;
+        for seq in self.head..self.next {
+            *bigger.slot(seq) = std::mem::take(self.slot(seq));
+        }
+        *self = bigger;
+    }
+
+    /// Takes the oldest WR out.
+    #[inline]
+    fn pop(&mut self) -> Slot {
+        let seq = self.head;
+        self.head = seq + 1;
+        let s = self.slot(seq);
+        Slot {
+            req: s.req.take(),
+            ahead: s.ahead,
+            rd: s.rd,
+        }
+    }
+}
+
+/// A request waiting for READ/atomic credits (or behind one that does).
 struct Queued {
-    req: u32,
+    req: Req,
     chain: Chain,
     rd: u32,
 }
 
 struct Track {
-    reqs: Vec<Option<Req>>,
-    free: Vec<u32>,
-    sq: VecDeque<Entry>,
-    rq: VecDeque<Entry>,
-    next_sq: u64,
-    next_rq: u64,
-    sq_err: bool,
-    rq_err: bool,
+    sq: Ring,
+    rq: Ring,
     sq_cap: u32,
     sq_used: u32,
     rq_cap: u32,
@@ -396,14 +501,8 @@ pub(crate) struct QpShared {
 impl Track {
     fn new(sq_cap: u32, rq_cap: u32) -> Track {
         Track {
-            reqs: Vec::new(),
-            free: Vec::new(),
-            sq: VecDeque::new(),
-            rq: VecDeque::new(),
-            next_sq: 0,
-            next_rq: 0,
-            sq_err: false,
-            rq_err: false,
+            sq: Ring::new(sq_cap + 1),
+            rq: Ring::new(rq_cap + 1),
             sq_cap,
             sq_used: 0,
             rq_cap,
@@ -418,35 +517,35 @@ impl Track {
         }
     }
 
-    fn alloc_req(&mut self, req: Req) -> u32 {
-        match self.free.pop() {
-            Some(i) => {
-                self.reqs[i as usize] = Some(req);
-                i
-            }
-            None => {
-                self.reqs.push(Some(req));
-                (self.reqs.len() - 1) as u32
-            }
+    fn ring(&mut self, rq: bool) -> &mut Ring {
+        if rq {
+            &mut self.rq
+        } else {
+            &mut self.sq
         }
     }
 
-    fn req(&mut self, i: u32) -> &mut Req {
-        self.reqs[i as usize].as_mut().expect("live request")
+    /// Request `req` finished: `wc` is its last WR's completion (or the
+    /// first error of any of its WRs, kept in it). It goes to `out`, to
+    /// run outside the lock.
+    #[inline]
+    fn finish(&mut self, req: Req, wc: &WorkCompletion, out: &mut Vec<Done>) {
+        if req.rare.is_some() {
+            return self.finish_rare(req, wc, out);
+        }
+        let call = req.signaled || wc.status != WcStatus::Success;
+        match (&req.cb, call) {
+            (Some(_), true) => self.stats.callbacks += 1,
+            (Some(_), false) => self.stats.silent += 1,
+            (None, _) => {}
+        }
+        out.push(Done { req, wc: *wc, call });
     }
 
-    /// One WR of request `i` retired with `wc`.
-    fn finish_member(&mut self, i: u32, wc: &WorkCompletion, out: &mut Vec<Done>) {
-        let req = self.req(i);
-        req.remaining -= 1;
-        if req.remaining > 0 {
-            if wc.status != WcStatus::Success {
-                req.rare().first_err.get_or_insert(*wc);
-            }
-            return;
-        }
-        let mut req = self.reqs[i as usize].take().expect("live request");
-        self.free.push(i);
+    /// [`Track::finish`] of a request with a first error, a lazy
+    /// invalidation or kept WRs.
+    #[inline(never)]
+    fn finish_rare(&mut self, mut req: Req, wc: &WorkCompletion, out: &mut Vec<Done>) {
         let mut first_err = None;
         if let Some(r) = &mut req.rare {
             first_err = r.first_err.take();
@@ -471,29 +570,51 @@ impl Track {
         out.push(Done { req, wc, call });
     }
 
+    /// Retires the oldest WR of a queue with `wc`.
+    #[inline(always)]
+    fn retire_oldest(&mut self, rq: bool, wc: &WorkCompletion, out: &mut Vec<Done>) {
+        let Slot { req, ahead, rd } = self.ring(rq).pop();
+        if rq {
+            self.rq_used -= 1;
+        } else {
+            self.sq_used -= 1;
+        }
+        if rd {
+            self.rd_out -= 1;
+        }
+        match req {
+            Some(req) => self.finish(req, wc, out),
+            None if ahead > 0 && wc.status != WcStatus::Success => {
+                // An earlier WR of a chain failed: the request, further
+                // on, completes with the first error of its WRs.
+                let q = self.ring(rq);
+                let at = q.head - 1 + u64::from(ahead);
+                if let Some(r) = q.slot(at).req.as_mut() {
+                    r.rare().first_err.get_or_insert(*wc);
+                }
+            }
+            None => {}
+        }
+    }
+
     /// Retires the WRs of one queue up to the one `wc` completes. Returns
     /// false if `wc` names no outstanding WR of this queue.
     fn retire(&mut self, rq: bool, wc: &WorkCompletion, qpn: u32, out: &mut Vec<Done>) -> bool {
         let seq = wc.wr_id & SEQ_MASK;
-        let q = if rq { &self.rq } else { &self.sq };
-        match (q.front(), q.back()) {
-            (Some(f), Some(b)) if f.seq <= seq && seq <= b.seq => {}
-            _ => return false,
+        let q = self.ring(rq);
+        if seq == q.head && !q.is_empty() && wc.status == WcStatus::Success {
+            // The common case: the oldest WR, completed successfully.
+            self.retire_oldest(rq, wc, out);
+            return true;
         }
-        let failed_before = if rq { self.rq_err } else { self.sq_err };
+        if !q.holds(seq) {
+            return false;
+        }
+        let failed_before = q.err;
         loop {
-            let q = if rq { &mut self.rq } else { &mut self.sq };
-            let e = q.pop_front().expect("seq is within the queue");
-            if rq {
-                self.rq_used -= 1;
-            } else {
-                self.sq_used -= 1;
-            }
-            if e.rd {
-                self.rd_out -= 1;
-            }
-            if e.seq == seq {
-                self.finish_member(e.req, wc, out);
+            let head = self.ring(rq).head;
+            if head == seq {
+                self.retire_oldest(rq, wc, out);
                 break;
             }
             // An earlier WR without a completion of its own: completions
@@ -501,7 +622,7 @@ impl Track {
             // unless the queue had already failed (a device that flushes
             // only signaled WRs): then it was flushed.
             let implied = WorkCompletion {
-                wr_id: e.seq | self_epoch_bits(wc.wr_id) | if rq { RQ_BIT } else { 0 },
+                wr_id: head | self_epoch_bits(wc.wr_id) | if rq { RQ_BIT } else { 0 },
                 status: if failed_before {
                     WcStatus::WrFlushErr
                 } else {
@@ -514,14 +635,10 @@ impl Track {
             if failed_before {
                 self.stats.synthesized += 1;
             }
-            self.finish_member(e.req, &implied, out);
+            self.retire_oldest(rq, &implied, out);
         }
         if wc.status != WcStatus::Success {
-            if rq {
-                self.rq_err = true;
-            } else {
-                self.sq_err = true;
-            }
+            self.ring(rq).err = true;
         }
         true
     }
@@ -530,83 +647,116 @@ impl Track {
     /// (a close that could not get them from the device).
     fn synthesize_all(&mut self, epoch: u64, qpn: u32, out: &mut Vec<Done>) {
         for rq in [false, true] {
-            loop {
-                let q = if rq { &mut self.rq } else { &mut self.sq };
-                let Some(e) = q.pop_front() else { break };
-                if rq {
-                    self.rq_used -= 1;
-                } else {
-                    self.sq_used -= 1;
-                }
-                if e.rd {
-                    self.rd_out -= 1;
-                }
+            while !self.ring(rq).is_empty() {
+                let seq = self.ring(rq).head;
                 self.stats.synthesized += 1;
-                let wc = flush_wc(epoch | e.seq | if rq { RQ_BIT } else { 0 }, qpn, 0);
-                self.finish_member(e.req, &wc, out);
+                let wc = flush_wc(epoch | seq | if rq { RQ_BIT } else { 0 }, qpn, 0);
+                self.retire_oldest(rq, &wc, out);
             }
         }
     }
 
-    /// Posts `chain` of request `i` now. On a rejected WR, the prefix
-    /// before it stays tracked; returns the error and how many WRs were
-    /// posted.
-    fn post_now(&mut self, sh: &QpShared, i: u32, chain: Chain) -> std::result::Result<(), (Error, usize)> {
-        let ws = chain.as_slice();
-        let n = ws.len();
-        let signaled = self.req(i).signaled;
-        let base = self.next_sq;
-        let res = if n == 1 {
-            // One WR (the common case): no list of lists, and a single
-            // local entry stays on the stack.
-            let w = &ws[0];
-            let one;
-            let many;
-            let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
-                one = [w.sgl[0].sge()];
-                &one
+    /// Posts one plain WR over one buffer ([`Chain::plain_one`]) for
+    /// [`UlpQp::submit`]: the verbs WR is built straight from it, and no
+    /// READ credit or backlog applies (it neither is a READ nor fenced).
+    /// On success the slot is taken and the request counted; the caller
+    /// puts the request in the ring's next slot (the WR's). On an error
+    /// nothing was posted.
+    #[inline]
+    fn post_plain(&mut self, sh: &QpShared, w: &UlpWr, b: &LocalBuf, signaled: bool, reserved: u32) -> Result<()> {
+        if self.closing {
+            return Err(verr!(PostSend, InvalidArgument, "the QP is closing"));
+        }
+        let need = 1 - reserved.min(1);
+        let free = self.sq_cap - self.sq_used;
+        if need > free {
+            let cap = self.sq_cap;
+            return Err(verr!(
+                PostSend,
+                NoMemory,
+                "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
+            ));
+        }
+        let sge = [b.sge()];
+        let wr = w.send_wr(sh.epoch | self.sq.next, &sge, signaled);
+        sh.qp.post_send(std::slice::from_ref(&wr)).map_err(|e| e.error)?;
+        self.sq_used += need;
+        self.stats.requests += 1;
+        Ok(())
+    }
+
+    /// The request of the WR posted last (after a chain was posted only
+    /// in part, its prefix holds the request).
+    fn last_posted(&mut self) -> Option<&mut Req> {
+        let last = self.sq.next.wrapping_sub(1);
+        self.sq.slot(last).req.as_mut()
+    }
+
+    /// Posts `chain` of `req` now; the request goes in the slot of its
+    /// last posted WR. On a rejected WR, the prefix before it stays
+    /// tracked (the request with it); returns the error, and the request
+    /// back if nothing was posted.
+    fn post_now(&mut self, sh: &QpShared, mut req: Req, chain: Chain) -> std::result::Result<(), (Error, Option<Req>)> {
+        let n = chain.len();
+        let base = self.sq.next;
+        let res = {
+            let ws = chain.as_slice();
+            let signaled = req.signaled;
+            if n == 1 {
+                // One WR (the common case): no list of lists, and a single
+                // local entry stays on the stack.
+                let w = &ws[0];
+                let one;
+                let many;
+                let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
+                    one = [w.sgl[0].sge()];
+                    &one
+                } else {
+                    many = w.sges();
+                    &many
+                };
+                let wr = w.send_wr(sh.epoch | base, sges, signaled);
+                sh.qp.post_send(std::slice::from_ref(&wr))
             } else {
-                many = w.sges();
-                &many
-            };
-            let wr = w.send_wr(sh.epoch | base, sges, signaled);
-            sh.qp.post_send(std::slice::from_ref(&wr))
-        } else {
-            let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
-            let wrs: Vec<SendWr<'_>> = ws
-                .iter()
-                .zip(&sges)
-                .enumerate()
-                .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
-                .collect();
-            sh.qp.post_send(&wrs)
+                let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
+                let wrs: Vec<SendWr<'_>> = ws
+                    .iter()
+                    .zip(&sges)
+                    .enumerate()
+                    .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
+                    .collect();
+                sh.qp.post_send(&wrs)
+            }
         };
         let posted = match &res {
             Ok(()) => n,
             Err(e) => e.index.min(n),
         };
-        for (k, w) in ws.iter().enumerate().take(posted) {
+        for (k, w) in chain.iter().enumerate().take(posted) {
             let rd = w.is_rd_atomic();
-            self.sq.push_back(Entry {
-                seq: base + k as u64,
-                req: i,
-                rd,
-            });
+            self.sq.push(None, (posted - 1 - k) as u32, rd);
             if rd {
                 self.rd_out += 1;
             }
         }
         self.rd_peak = self.rd_peak.max(self.rd_out);
-        self.next_sq += posted as u64;
-        let req = self.req(i);
         req.keep(chain);
-        match res {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                req.remaining = posted as u32;
-                self.sq_used -= (n - posted) as u32;
-                Err((e.error, posted))
+        if posted > 0 {
+            self.sq.slot(base + posted as u64 - 1).req = Some(req);
+            match res {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    self.sq_used -= (n - posted) as u32;
+                    Err((e.error, None))
+                }
             }
+        } else {
+            self.sq_used -= n as u32;
+            let error = match res {
+                Err(e) => e.error,
+                Ok(()) => verr!(PostSend, InvalidArgument, "an empty chain"),
+            };
+            Err((error, Some(req)))
         }
     }
 
@@ -617,16 +767,15 @@ impl Track {
     fn post_followups(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
         for f in std::mem::take(&mut self.followups) {
             let Followup { key, mut req } = f;
-            if self.sq_err || self.closing {
+            if self.sq.err || self.closing {
                 self.sq_used -= 1;
                 req.poison();
                 out.push(Done::release(req));
                 continue;
             }
-            let i = self.alloc_req(req);
-            if let Err((_, 0)) = self.post_now(sh, i, UlpWr::local_inv(key).into()) {
-                let mut req = self.reqs[i as usize].take().expect("live request");
-                self.free.push(i);
+            // A single WR is posted whole or not at all: on an error the
+            // request comes back.
+            if let Err((_, Some(mut req))) = self.post_now(sh, req, UlpWr::local_inv(key).into()) {
                 req.poison();
                 out.push(Done::release(req));
             }
@@ -637,7 +786,7 @@ impl Track {
     /// queue (or a closing QP) completes them with a flush instead.
     fn pump(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
         while let Some(q) = self.backlog.front() {
-            let dead = self.sq_err || self.closing;
+            let dead = self.sq.err || self.closing;
             if !dead && q.rd > 0 && self.rd_out > 0 && self.rd_out + q.rd > self.rd_depth.max(1) {
                 break;
             }
@@ -646,30 +795,33 @@ impl Track {
                 self.flush_queued(sh, q, 0, out);
                 continue;
             }
-            if let Err((e, posted)) = self.post_now(sh, q.req, q.chain) {
+            if let Err((e, unposted)) = self.post_now(sh, q.req, q.chain) {
                 // The request completes once with a flush carrying the
                 // errno (after its posted prefix, if any, retires).
-                let wc = flush_wc(sh.epoch | self.next_sq, sh.qpn, e.errno() as u32);
-                let req = self.req(q.req);
-                req.rare().first_err.get_or_insert(wc);
-                if posted == 0 {
-                    req.remaining = 1;
-                    self.stats.synthesized += 1;
-                    self.finish_member(q.req, &wc, out);
+                let wc = flush_wc(sh.epoch | self.sq.next, sh.qpn, e.errno() as u32);
+                match unposted {
+                    Some(mut req) => {
+                        req.rare().first_err.get_or_insert(wc);
+                        self.stats.synthesized += 1;
+                        self.finish(req, &wc, out);
+                    }
+                    None => {
+                        if let Some(req) = self.last_posted() {
+                            req.rare().first_err.get_or_insert(wc);
+                        }
+                    }
                 }
             }
         }
     }
 
     fn flush_queued(&mut self, sh: &QpShared, q: Queued, vendor_err: u32, out: &mut Vec<Done>) {
-        let n = q.chain.len() as u32;
-        self.sq_used -= n;
+        let Queued { mut req, chain, .. } = q;
+        self.sq_used -= chain.len() as u32;
         self.stats.synthesized += 1;
-        let wc = flush_wc(sh.epoch | self.next_sq, sh.qpn, vendor_err);
-        let req = self.req(q.req);
-        req.keep(q.chain);
-        req.remaining = 1;
-        self.finish_member(q.req, &wc, out);
+        let wc = flush_wc(sh.epoch | self.sq.next, sh.qpn, vendor_err);
+        req.keep(chain);
+        self.finish(req, &wc, out);
     }
 }
 
@@ -688,28 +840,35 @@ fn flush_wc(wr_id: u64, qpn: u32, vendor_err: u32) -> WorkCompletion {
 }
 
 impl QpShared {
+    #[inline]
     fn track(&self) -> MutexGuard<'_, Track> {
         lock(&self.track)
     }
 
-    /// Retires what completion `wc` completes (called by the CQ under its
-    /// poll lock). False if it names nothing of this QP.
-    pub(crate) fn retire(&self, wc: &WorkCompletion, out: &mut Vec<Done>) -> bool {
-        if wc.wr_id & EPOCH_MASK != self.epoch {
-            return false;
-        }
-        let rq = wc.wr_id & RQ_BIT != 0;
+    /// Retires what the leading completions of `wcs` (read by the CQ under
+    /// its poll lock) of this QP complete, under one lock of the QP.
+    /// Returns how many it retired: it stops at the first completion of
+    /// another QP, or one that names nothing of this QP (the caller counts
+    /// that one as stray and goes on after it).
+    pub(crate) fn retire_run(&self, wcs: &[WorkCompletion], out: &mut Vec<Done>) -> usize {
         let mut t = self.track();
-        if !t.retire(rq, wc, self.qpn, out) {
-            return false;
+        let mut sent = false;
+        let mut n = 0;
+        for wc in wcs {
+            let rq = wc.wr_id & RQ_BIT != 0;
+            if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || !t.retire(rq, wc, self.qpn, out) {
+                break;
+            }
+            sent |= !rq;
+            n += 1;
         }
-        if !rq && !t.backlog.is_empty() {
+        if sent && !t.backlog.is_empty() {
             t.pump(self, out);
         }
         if !t.followups.is_empty() {
             t.post_followups(self, out);
         }
-        true
+        n
     }
 
     fn is_idle(&self) -> bool {
@@ -1050,6 +1209,7 @@ impl UlpQp {
         self.submit(chain, Some(cb), signaled, n, None, None)
     }
 
+    #[inline]
     pub(crate) fn submit(
         &self,
         chain: Chain,
@@ -1061,29 +1221,45 @@ impl UlpQp {
     ) -> std::result::Result<(), UlpPostError> {
         if pooled.is_none() && lazy_inv.is_none() {
             if let Some((w, b)) = chain.plain_one() {
-                let (mut t, seq) = match self.post_plain(w, b, signaled, reserved) {
-                    Ok(posted) => posted,
-                    Err(error) => {
-                        // Nothing was posted; the chain (and its MR) drops
-                        // here, outside the lock.
-                        return Err(UlpPostError {
-                            error,
-                            callback: cb.map(Cb::into_boxed),
-                        });
-                    }
-                };
+                let sh = &*self.sh;
+                // The short path: post and track under one lock, the
+                // request straight into its WR's slot of the ring.
+                let mut t = sh.track();
+                if let Err(error) = t.post_plain(sh, w, b, signaled, reserved) {
+                    t.sq_used -= reserved;
+                    drop(t);
+                    // Nothing was posted; the chain (and its MR) drops
+                    // here, outside the lock.
+                    return Err(UlpPostError {
+                        error,
+                        callback: cb.map(Cb::into_boxed),
+                    });
+                }
                 let req = Req {
                     cb,
                     mr: chain.into_plain_mr(),
                     rare: None,
-                    remaining: 1,
                     signaled,
                 };
-                let i = t.alloc_req(req);
-                t.sq.push_back(Entry { seq, req: i, rd: false });
+                t.sq.push(Some(req), 0, false);
                 return Ok(());
             }
         }
+        self.submit_general(chain, cb, signaled, reserved, pooled, lazy_inv)
+    }
+
+    /// [`UlpQp::submit`] of anything but one plain WR over one buffer:
+    /// READ credits, the backlog, chains, registrations.
+    #[inline(never)]
+    fn submit_general(
+        &self,
+        chain: Chain,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+        pooled: Option<PooledMr>,
+        lazy_inv: Option<u32>,
+    ) -> std::result::Result<(), UlpPostError> {
         let sh = &*self.sh;
         let ws = chain.as_slice();
         let n = ws.len() as u32;
@@ -1127,95 +1303,47 @@ impl UlpQp {
             t.rd_depth = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
         }
         let mut req = Req::new(cb, signaled);
-        req.remaining = n;
         if pooled.is_some() || lazy_inv.is_some() {
             let r = req.rare();
             r.pooled = pooled;
             r.lazy_inv = lazy_inv;
         }
-        let i = t.alloc_req(req);
         t.stats.requests += 1;
         let must_wait =
             (!t.backlog.is_empty() && (rd > 0 || fenced)) || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth);
         if must_wait {
             t.stats.queued_rd += 1;
-            t.backlog.push_back(Queued { req: i, chain, rd });
+            t.backlog.push_back(Queued { req, chain, rd });
             return Ok(());
         }
-        match t.post_now(sh, i, chain) {
+        match t.post_now(sh, req, chain) {
             Ok(()) => Ok(()),
-            Err((error, posted)) => {
-                let req = t.req(i);
-                let cb = req.cb.take();
+            Err((error, unposted)) => {
                 // Fast-registration MRs of a half-posted chain may be left
                 // valid: never reuse them.
-                req.poison();
-                let mut unposted = None;
-                if posted == 0 {
-                    unposted = t.reqs[i as usize].take();
-                    t.free.push(i);
-                    t.stats.requests -= 1;
-                    t.sq_used -= extra;
-                }
-                // What the request kept is released outside the lock.
-                drop(t);
-                drop(unposted);
+                let cb = match unposted {
+                    Some(mut req) => {
+                        // Nothing was posted: what the request kept is
+                        // released outside the lock.
+                        t.stats.requests -= 1;
+                        t.sq_used -= extra;
+                        drop(t);
+                        req.poison();
+                        req.cb.take()
+                    }
+                    // The posted prefix retires inside the layer, without
+                    // the callback.
+                    None => t.last_posted().and_then(|req| {
+                        req.poison();
+                        req.cb.take()
+                    }),
+                };
                 Err(UlpPostError {
                     error,
                     callback: cb.map(Cb::into_boxed),
                 })
             }
         }
-    }
-
-    /// Posts one plain WR over one buffer ([`Chain::plain_one`]) for
-    /// [`UlpQp::submit`]: the verbs WR is built straight from it, and no
-    /// READ credit or backlog applies (it neither is a READ nor fenced).
-    /// Returns the QP's state, still locked, with the slot taken and the
-    /// request counted, and the WR's sequence number, for the caller to
-    /// track the request; on an error nothing was posted and `reserved`
-    /// slots were given back.
-    fn post_plain(
-        &self,
-        w: &UlpWr,
-        b: &LocalBuf,
-        signaled: bool,
-        reserved: u32,
-    ) -> Result<(MutexGuard<'_, Track>, u64)> {
-        let sh = &*self.sh;
-        let mut t = sh.track();
-        let refused = |t: &mut Track, error: Error| {
-            t.sq_used -= reserved;
-            Err(error)
-        };
-        if t.closing {
-            return refused(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"));
-        }
-        let need = 1 - reserved.min(1);
-        let free = t.sq_cap - t.sq_used;
-        if need > free {
-            let cap = t.sq_cap;
-            return refused(
-                &mut t,
-                verr!(
-                    PostSend,
-                    NoMemory,
-                    "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
-                ),
-            );
-        }
-        let seq = t.next_sq;
-        let sge = [b.sge()];
-        if let Err(e) = sh
-            .qp
-            .post_send(std::slice::from_ref(&w.send_wr(sh.epoch | seq, &sge, signaled)))
-        {
-            return refused(&mut t, e.error);
-        }
-        t.sq_used += need;
-        t.next_sq += 1;
-        t.stats.requests += 1;
-        Ok((t, seq))
     }
 
     /// Posts a receive of `sgl`; `cb` is called once with its completion
@@ -1246,7 +1374,7 @@ impl UlpQp {
                 callback: Some(cb.into_boxed()),
             });
         }
-        let seq = t.next_rq;
+        let seq = t.rq.next;
         // One buffer (the common case) stays on the stack.
         let one;
         let many: Vec<Sge<'_>>;
@@ -1254,7 +1382,7 @@ impl UlpQp {
             one = [sgl[0].sge()];
             &one
         } else {
-            many = sgl.iter().map(|b| b.sge()).collect();
+            many = sgl.iter().map(LocalBuf::sge).collect();
             &many
         };
         if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
@@ -1265,11 +1393,9 @@ impl UlpQp {
         }
         let mut req = Req::new(Some(cb), true);
         req.keep(UlpWr::send(sgl).into());
-        let i = t.alloc_req(req);
         t.stats.requests += 1;
-        t.next_rq += 1;
         t.rq_used += 1;
-        t.rq.push_back(Entry { seq, req: i, rd: false });
+        t.rq.push(Some(req), 0, false);
         Ok(())
     }
 
@@ -1321,29 +1447,21 @@ fn close_shared(sh: &Arc<QpShared>) {
     {
         let mut t = sh.track();
         if !t.sq.is_empty() && sh.qp_type != QpType::Ud {
-            let seq = t.next_sq;
-            let i = t.alloc_req(Req::new(None, false));
+            let seq = t.sq.next;
             let wr = SendWr::new(sh.epoch | seq, SendOp::Send, &[]).flags(crate::verbs::SendFlags::SIGNALED);
             if sh.qp.post_send(&[wr]).is_ok() {
-                t.next_sq += 1;
                 t.sq_used += 1;
-                t.sq.push_back(Entry { seq, req: i, rd: false });
+                t.sq.push(None, 0, false);
             } else {
-                t.reqs[i as usize] = None;
-                t.free.push(i);
                 markers = false;
             }
         }
         if !t.rq.is_empty() {
-            let seq = t.next_rq;
-            let i = t.alloc_req(Req::new(None, false));
+            let seq = t.rq.next;
             if sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, &[])]).is_ok() {
-                t.next_rq += 1;
                 t.rq_used += 1;
-                t.rq.push_back(Entry { seq, req: i, rd: false });
+                t.rq.push(None, 0, false);
             } else {
-                t.reqs[i as usize] = None;
-                t.free.push(i);
                 markers = false;
             }
         }
@@ -1407,17 +1525,13 @@ mod tests {
         let signaled = [false, true, false, false, true];
         for (k, &sig) in signaled.iter().enumerate() {
             let l = log.clone();
-            let i = t.alloc_req(Req::new(
+            let req = Req::new(
                 Some(Cb::new(move |wc: &WorkCompletion| {
                     l.lock().unwrap().push((k, wc.status))
                 })),
                 sig,
-            ));
-            t.sq.push_back(Entry {
-                seq: k as u64,
-                req: i,
-                rd: false,
-            });
+            );
+            t.sq.push(Some(req), 0, false);
             t.sq_used += 1;
         }
         let wc = |seq: u64, status| WorkCompletion {
@@ -1455,16 +1569,15 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut t = Track::new(16, 16);
         let l = log.clone();
-        let mut req = Req::new(
+        let req = Req::new(
             Some(Cb::new(move |wc: &WorkCompletion| l.lock().unwrap().push(wc.status))),
             true,
         );
-        req.remaining = 3;
-        let i = t.alloc_req(req);
-        for seq in 0..3 {
-            t.sq.push_back(Entry { seq, req: i, rd: false });
-            t.sq_used += 1;
-        }
+        // A chain of three WRs: the request is in its last WR's slot.
+        t.sq.push(None, 2, false);
+        t.sq.push(None, 1, false);
+        t.sq.push(Some(req), 0, false);
+        t.sq_used += 3;
         let wc = |seq: u64, status| WorkCompletion {
             wr_id: seq,
             status,
@@ -1477,6 +1590,6 @@ mod tests {
         assert!(t.retire(false, &wc(2, WcStatus::WrFlushErr), 7, &mut out));
         let calls: u32 = out.drain(..).map(|d| u32::from(d.run())).sum();
         assert_eq!((calls, log.lock().unwrap().clone()), (1, vec![WcStatus::RemAccessErr]));
-        assert!(t.reqs[i as usize].is_none() && t.sq_used == 0);
+        assert!(t.sq.is_empty() && t.sq_used == 0);
     }
 }

@@ -12,10 +12,20 @@ pub type Callback = Box<dyn FnOnce(&WorkCompletion) + Send + 'static>;
 
 /// A range of registered memory the layer keeps alive (it holds the
 /// `Arc<Mr>`) until every WR using it has retired.
+///
+/// The range is checked against the MR once, when the buffer is made, and
+/// its scatter entry (address and local key) is kept: a WR over it is
+/// built without asking the MR again. A buffer made before the MR was
+/// re-registered ([`Mr::rereg`]) still names the old key and address: the
+/// device refuses it (a local protection error completes the request),
+/// so make buffers again after re-registering.
 #[derive(Clone)]
 pub struct LocalBuf {
     mr: Arc<Mr>,
     offset: u64,
+    /// The entry's address and key, as the MR gave them at construction.
+    sge_addr: u64,
+    lkey: u32,
     len: u32,
 }
 
@@ -51,8 +61,10 @@ impl LocalBuf {
     /// # Ok::<(), softverbs::verbs::Error>(())
     /// ```
     pub fn new(mr: &Arc<Mr>, offset: u64, len: u32) -> Result<LocalBuf> {
-        mr.sge(offset, len)?;
+        let sge = mr.sge(offset, len)?;
         Ok(LocalBuf {
+            sge_addr: sge.addr(),
+            lkey: sge.lkey(),
             mr: mr.clone(),
             offset,
             len,
@@ -101,8 +113,11 @@ impl LocalBuf {
         self.mr.addr() + self.offset
     }
 
+    /// The verbs entry, as checked at construction (the buffer keeps its
+    /// MR alive, so the entry stays valid for as long as it is borrowed).
+    #[inline]
     pub(crate) fn sge(&self) -> Sge<'_> {
-        self.mr.sge(self.offset, self.len).expect("checked at construction")
+        Sge::checked(self.sge_addr, self.len, self.lkey)
     }
 }
 
@@ -473,6 +488,7 @@ impl Chain {
 
     /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a
     /// request keeps alive).
+    #[inline]
     pub(crate) fn into_plain_mr(self) -> Option<Arc<Mr>> {
         match self.0 {
             ChainRepr::One(UlpWr {
