@@ -8,8 +8,8 @@ use rdma_sys::{ibv_mw_bind, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_srq};
 
 use super::convert;
 use super::ffi::{self, zeroed, PostRecvFn, PostSendFn, SendPtr};
-use super::life::{HwDeviceLife, Member, MemberKind, PostMode};
-use super::lifecycle::{Entered, IbvObject};
+use super::device_life::{HwDeviceLife, Member, MemberKind, PostMode};
+use super::ibv_object::{Entered, IbvObject};
 use super::objects::{HwMr, HwMw, HwPd};
 use super::post::{self, SendTarget};
 use super::queue::{HwCq, HwSrq};

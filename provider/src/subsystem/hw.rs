@@ -7,7 +7,7 @@
 //!   in the caller's.
 //! - [`HwPlugged`] ([`HotplugDevice`]): one instance of it. Its revoke,
 //!   DEVICE_FATAL and inert steps act on every context and object of the
-//!   device (`hw::life`); its monitor thread reads the device's async
+//!   device (`hw::device_life`); its monitor thread reads the device's async
 //!   events on a context of its own.
 //!
 //! # The hotplug path on hardware
@@ -44,7 +44,7 @@ use std::time::Duration;
 use super::device::{DeviceFactory, DeviceRef, Generation, HotplugDevice};
 use super::namespace::NamespaceId;
 use super::registry::Subsystem;
-use crate::hw::life::HwDeviceLife;
+use crate::hw::device_life::HwDeviceLife;
 use crate::hw::monitor::Monitor;
 use crate::hw::{HwDevice, HwEvent};
 use crate::verbs::backend::DeviceOps;
@@ -443,7 +443,7 @@ mod tests {
     /// revokes it and releases DEVICE_FATAL.
     #[test]
     fn the_monitor_handler_tracks_ports_and_handles_fatal() {
-        use crate::hw::life::Phase;
+        use crate::hw::device_life::Phase;
         let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
         let life = HwDeviceLife::unlisted("hwh_0");
         life.set_managed(true);
