@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr};
 
 use super::convert::{self, EventSubject};
-use super::ffi::{self, zeroed, RawAsyncEvent, SendPtr};
 use super::device_life::{HwDeviceLife, Member, MemberKind};
+use super::ffi::{self, zeroed, RawAsyncEvent, SendPtr};
 use super::ibv_object::IbvObject;
 use super::objects::HwPd;
 use super::queue::{CqEvents, HwCompChannel, HwCq};
@@ -330,7 +330,7 @@ impl HwContext {
     /// The device is gone (the kernel said DEVICE_FATAL, or `EIO`): stop
     /// reading the kernel, and deliver DEVICE_FATAL now or when released.
     fn kernel_fatal(&self) {
-        self.life.mark_dead();
+        self.life.mark_gone();
         self.wake.detach_kernel();
         let next = if self.holds_fatal() { FATAL_HELD } else { FATAL_PENDING };
         let _ = self

@@ -12,8 +12,8 @@ use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_srq, ibv_srq_attr, ibv_srq_init_att
 
 use super::convert;
 use super::device::HwContext;
-use super::ffi::{self, zeroed, PollCqFn, PostSrqRecvFn, ReqNotifyCqFn, SendPtr};
 use super::device_life::{HwDeviceLife, Member, MemberKind};
+use super::ffi::{self, zeroed, PollCqFn, PostSrqRecvFn, ReqNotifyCqFn, SendPtr};
 use super::ibv_object::IbvObject;
 use super::objects::HwPd;
 use super::post;
@@ -148,7 +148,7 @@ impl CompChannelOps for HwCompChannel {
                     libc::EAGAIN | libc::EINTR => {}
                     // The device is gone: only raised notifications remain.
                     libc::EIO | libc::ENODEV => {
-                        self.ctx.life().mark_dead();
+                        self.ctx.life().mark_gone();
                         self.wake.detach_kernel();
                     }
                     e => return Err(ibv_error(Verb::GetCqEvent, "ibv_get_cq_event", e)),
