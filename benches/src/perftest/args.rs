@@ -322,7 +322,7 @@ pub struct PerfArgs {
     #[arg(long = "digits", value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u8).range(0..=6))]
     pub digits: u8,
-    /// Latency tests: switch softverbs::soft::ab per block of N iterations
+    /// Latency tests: switch softverbs::soft::experiment per block of N iterations
     /// and print the median of either arm's blocks (an experiment inside
     /// one run; needs a build with the `ab` feature)
     #[arg(long = "ab", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
