@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{CommandFactory, Parser};
 use softverbs::verbs::BackendKind;
-use softverbs_benches::perftest::{Params, PerfArgs};
+use softverbs_emulator::cli::perftest::{Params, PerfArgs};
 use softverbs_emulator::cli::{Cli, Command as Sub};
 
 fn softverbs(args: &[&str]) -> Output {

@@ -358,7 +358,7 @@ mod tests {
     use softverbs::verbs::Gid;
 
     fn params(args: &[&str]) -> Params {
-        crate::perftest::args::testing::params(args).unwrap()
+        crate::cli::perftest::args::testing::params(args).unwrap()
     }
 
     fn info(p: &Params) -> BannerInfo<'_> {
@@ -482,7 +482,7 @@ mod tests {
 
     #[test]
     fn output_values_as_perftest_prints_them() {
-        use crate::perftest::args::OutputKind;
+        use crate::cli::perftest::args::OutputKind;
         let r = Row::Bw(BwResult {
             size: 8,
             iters: 10,
