@@ -22,10 +22,13 @@ pub mod experiment;
 pub mod link;
 mod notify;
 mod objects;
+// Hidden: latency probes (feature `probes`), started by the perf tool.
 #[doc(hidden)]
 pub mod probe;
+// Hidden: the sans-IO engine; the emulator's simulated fabric drives it.
 #[doc(hidden)]
 pub mod proto;
+// Hidden: packet formats; the simulated fabric, benches and tests build packets.
 #[doc(hidden)]
 pub mod wire;
 
