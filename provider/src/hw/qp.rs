@@ -381,4 +381,4 @@ impl QpOps for HwQp {
 }
 
 #[cfg(test)]
-mod device_tests;
+mod tests;

@@ -365,7 +365,7 @@ impl Drop for Progress {
 }
 
 #[cfg(test)]
-mod progress_tests {
+mod tests {
     use super::*;
 
     fn progress(style: Style) -> Progress {
