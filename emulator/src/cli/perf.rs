@@ -2,11 +2,11 @@
 //! (write_bw, write_lat, read_bw, read_lat, send_bw, send_lat, atomic_bw,
 //! atomic_lat) and the many-QP `scale` test, over the selected backend.
 //!
-//! The tests live in [`perftest`](crate::cli::perftest)
-//! (shared with the criterion benches); this module maps their errors to the
-//! CLI's exit statuses: a flag combination the test rejects is a usage error
-//! (2), a device or link that does not exist (yet) is 1, a failed verb or
-//! an error completion is 3.
+//! The tests live in [`perftest`] (shared with the criterion benches);
+//! this module maps their errors to the CLI's exit statuses: a flag
+//! combination the test rejects is a usage error (2), a device or link
+//! that does not exist (yet) is 1, a failed verb or an error completion
+//! is 3.
 //!
 //! ```text
 //! $ softverbs perf write_bw -a               # both ends in this process
