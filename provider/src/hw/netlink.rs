@@ -19,13 +19,12 @@
 //! and works on fixed sample data in the tests.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::subsystem::NetnsMode;
 use crate::sys::netlink::{
-    attr_str, attr_u32, attr_u64, attrs, bad, build, error_code, messages, ParseError, NLMSG_DONE, NLMSG_ERROR,
+    self, attr_str, attr_u32, attr_u64, attrs, bad, build, error_code, messages, ParseError, NLMSG_DONE, NLMSG_ERROR,
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
 };
 
@@ -169,39 +168,16 @@ pub(crate) fn collect_replies(datagram: &[u8], seq: u32, out: &mut Vec<Vec<u8>>)
 
 /// A `NETLINK_RDMA` socket (of the calling thread's network namespace).
 pub(crate) struct Socket {
-    fd: OwnedFd,
+    sock: netlink::Socket,
 }
 
 impl Socket {
     /// Opens one. Fails with `EPROTONOSUPPORT` where the kernel has no RDMA
     /// subsystem loaded.
     pub(crate) fn open() -> io::Result<Socket> {
-        // SAFETY: socket takes three integers; a non-negative result is a
-        // new descriptor that only this OwnedFd closes.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_RDMA) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: Duration::from_secs(2).as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: a valid socket and a timeval of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Socket { fd })
+        Ok(Socket {
+            sock: netlink::Socket::open(NETLINK_RDMA, Duration::from_secs(2))?,
+        })
     }
 
     /// Sends one request and returns the payloads of its replies.
@@ -209,37 +185,12 @@ impl Socket {
         static SEQ: AtomicU32 = AtomicU32::new(1);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
-        let msg = build(nl_type(cmd), flags, seq, attrs);
-        // SAFETY: an all-zero sockaddr_nl is valid; we set the family.
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: a valid socket, our buffer and a sockaddr_nl of its size.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&to as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.sock.send(&build(nl_type(cmd), flags, seq, attrs))?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: receiving into our buffer of that length.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if collect_replies(&buf[..n as usize], seq, &mut out)?.is_some() {
+            let n = self.sock.recv(&mut buf)?;
+            if collect_replies(&buf[..n], seq, &mut out)?.is_some() {
                 return Ok(out);
             }
         }

@@ -3,13 +3,17 @@
 //! Linux namespace driver): building a message (`nlmsghdr`, a family
 //! header, attributes, nested attributes) and splitting a datagram into
 //! messages and a payload into attributes, every length checked against
-//! what is there. No I/O: the sockets stay with their protocols.
+//! what is there; and the socket both talk to the kernel through
+//! ([`Socket`]: open, send, receive). What a protocol's messages mean, and
+//! which replies end a request, stay with the protocol.
 //!
 //! Public (hidden from the docs) for the emulator's rtnetlink driver; not a
 //! stable API.
 
 use std::fmt;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 /// Length of `struct nlmsghdr`.
 pub const HDR: usize = 16;
@@ -257,6 +261,118 @@ pub fn error_code(payload: &[u8]) -> Result<i32, ParseError> {
         .get(..4)
         .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
         .ok_or_else(|| bad("short NLMSG_ERROR"))
+}
+
+/// A netlink socket of protocol `NETLINK_*`, in the network namespace of
+/// the thread that opened it, talking to the kernel.
+#[derive(Debug)]
+pub struct Socket {
+    fd: OwnedFd,
+}
+
+impl Socket {
+    /// Opens a socket of `protocol` (`NETLINK_ROUTE`, `NETLINK_RDMA`, …),
+    /// bound to a port the kernel picks, whose receives give up after
+    /// `reply_timeout` (`EAGAIN`).
+    ///
+    /// # Errors
+    ///
+    /// The `socket(2)`, `bind(2)` or `setsockopt(2)` error
+    /// (`EPROTONOSUPPORT` where the kernel does not offer `protocol`).
+    pub fn open(protocol: libc::c_int, reply_timeout: Duration) -> io::Result<Socket> {
+        // SAFETY: socket takes three integers; a non-negative result is a
+        // new descriptor that only this OwnedFd closes.
+        let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a descriptor we just opened and nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let sa = kernel();
+        // SAFETY: `sa` is a sockaddr_nl of the length passed (port 0: the
+        // kernel assigns one; no groups).
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let tv = libc::timeval {
+            tv_sec: reply_timeout.as_secs() as libc::time_t,
+            tv_usec: reply_timeout.subsec_micros() as libc::suseconds_t,
+        };
+        // SAFETY: SO_RCVTIMEO takes a timeval of the length passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Socket { fd })
+    }
+
+    /// Sends the message `msg` to the kernel.
+    ///
+    /// # Errors
+    ///
+    /// The `sendto(2)` error.
+    pub fn send(&self, msg: &[u8]) -> io::Result<()> {
+        let to = kernel();
+        // SAFETY: a valid socket, our buffer of the length passed and a
+        // sockaddr_nl of its size.
+        let n = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                (&to as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram into `buf` (again if a signal interrupted the
+    /// wait); returns its length.
+    ///
+    /// # Errors
+    ///
+    /// The `recv(2)` error: `EAGAIN` once the reply timeout passed.
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: receiving into our buffer of the length passed.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The kernel's netlink address (port 0, no groups).
+fn kernel() -> libc::sockaddr_nl {
+    // SAFETY: an all-zero sockaddr_nl is valid; we set the family.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    sa
 }
 
 #[cfg(test)]

@@ -8,12 +8,12 @@
 //!
 //! Messages are built and parsed here without I/O (the framing is
 //! `softverbs::sys::netlink`'s: [`Msg`], [`parse`] over its checked
-//! splitting) and tested on bytes; [`Rtnl`] is the socket (the only `unsafe` of the
-//! driver besides namespace creation in `nsfs`).
+//! splitting) and tested on bytes; [`Rtnl`] asks the kernel through that
+//! module's socket.
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -189,7 +189,7 @@ pub(crate) fn parse(buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
 /// Shared by the driver's threads: one request and its replies at a time.
 #[derive(Debug)]
 pub(crate) struct Rtnl {
-    fd: OwnedFd,
+    sock: nl::Socket,
     seq: AtomicU32,
     /// Held from a request's send to its last reply: two threads reading
     /// one socket would each take (and drop, as another sequence number)
@@ -208,54 +208,8 @@ impl Rtnl {
     ///
     /// The `socket(2)`/`bind(2)` error.
     pub(crate) fn open() -> io::Result<Rtnl> {
-        // SAFETY: plain socket(2) call; the descriptor is checked and owned
-        // at once.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: an all-zero sockaddr_nl is valid (port 0: the kernel
-        // assigns one; no groups).
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: `sa` is a sockaddr_nl of the length passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let tv = libc::timeval {
-            tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: SO_RCVTIMEO takes a timeval of the length passed.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Rtnl {
-            fd,
+            sock: nl::Socket::open(libc::NETLINK_ROUTE, REPLY_TIMEOUT)?,
             seq: AtomicU32::new(1),
             exchange: Mutex::new(()),
         })
@@ -266,25 +220,12 @@ impl Rtnl {
     fn request(&self, msg: Msg) -> io::Result<Vec<Reply>> {
         let _one = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let bytes = msg.finish(seq);
-        // SAFETY: sending from a buffer of the length passed.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.sock.send(&msg.finish(seq))?;
         let mut buf = vec![0u8; 64 * 1024];
         let mut out = Vec::new();
         loop {
-            // SAFETY: receiving into a buffer of the length passed.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            for (s, reply) in parse(&buf[..n as usize])? {
+            let n = self.sock.recv(&mut buf)?;
+            for (s, reply) in parse(&buf[..n])? {
                 if s != seq {
                     continue; // a late reply to an earlier, failed request
                 }
