@@ -28,8 +28,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use softverbs::soft::proto::{Core, CoreConfig, CqId, Datagram, QpCreate};
 use softverbs::soft::wire::*;
 use softverbs::verbs::*;
-use softverbs_benches::perftest::args::{Params, PerfArgs};
-use softverbs_benches::perftest::resources::{Dest, Side};
+use softverbs_emulator::cli::perftest::args::{Params, PerfArgs};
+use softverbs_emulator::cli::perftest::resources::{Dest, Side};
 
 #[derive(Parser)]
 struct Cli {

@@ -111,7 +111,7 @@ impl CmHook for CmCheck {
     fn device_removal(&self, d: &DeviceRef, why: RemovalReason) {
         let app = self.app.lock().unwrap();
         let app = app.as_ref().unwrap();
-        assert_eq!(d.state(), DeviceState::Revoking);
+        assert_eq!(d.state(), DeviceState::Revoked);
         assert_eq!(app.ctx.alloc_pd().unwrap_err().kind(), ErrorKind::NoDevice);
         assert_eq!(
             app.ctx.create_cq(4, 0, None, 0).unwrap_err().kind(),
@@ -175,8 +175,8 @@ fn removal_runs_the_design_sequence_in_order() {
             "first add gen 1",
             "second add gen 1",
             "cm DEVICE_REMOVAL (unplug)",
-            "second remove (unplug) Revoking",
-            "first remove (unplug) Revoking",
+            "second remove (unplug) Revoked",
+            "first remove (unplug) Revoked",
         ]
     );
     assert_eq!(report.cm_hooks, 1);

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{CommandFactory, Parser};
 use softverbs::verbs::BackendKind;
-use softverbs_benches::perftest::{Params, PerfArgs};
+use softverbs_emulator::cli::perftest::{Params, PerfArgs};
 use softverbs_emulator::cli::{Cli, Command as Sub};
 
 fn softverbs(args: &[&str]) -> Output {
@@ -123,7 +123,7 @@ fn saved_perftest_lines_parse_and_resolve() {
     }
     let a = perf_args("ib_write_bw -F -x 3 -q 4 -D 10 --report_gbits --cpu_util").expect("parse");
     assert_eq!((a.gid_index, a.qps, a.duration), (Some(3), 4, Some(10)));
-    assert!(a.cpu_freq && a.report_gbits && a.inert.cpu_util);
+    assert!(a.cpu_freq && a.report_gbits && a.no_effect.cpu_util);
 }
 
 #[test]

@@ -45,6 +45,9 @@ pub mod hw;
 pub mod netns;
 pub mod soft;
 pub mod subsystem;
-mod sys;
+// Hidden: system-call helpers; only its netlink framing is public, for the
+// emulator's rtnetlink driver.
+#[doc(hidden)]
+pub mod sys;
 pub mod ulp;
 pub mod verbs;

@@ -1,11 +1,14 @@
 //! Small system-call wrappers and helpers shared by the whole crate, so
 //! that each exists once: taking a lock whose holder panicked, checking a
-//! libc return value, and making an eventfd or a memfd.
+//! libc return value, making an eventfd or a memfd, and netlink framing
+//! ([`netlink`], shared with the emulator too).
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
+
+pub mod netlink;
 
 /// Locks `m`, taking the data even if a thread panicked while holding it.
 ///

@@ -6,7 +6,6 @@
 //!
 //! Its own test binary: it counts this process's progress threads.
 
-#[path = "udp_common/mod.rs"]
 mod udp_common;
 
 use std::sync::Arc;

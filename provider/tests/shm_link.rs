@@ -3,7 +3,6 @@
 //! the rings, the doorbell of sleeping progress threads, and a peer that
 //! scribbles on the rings.
 
-#[path = "udp_common/mod.rs"]
 mod udp_common;
 
 use std::os::unix::fs::FileExt;

@@ -4,7 +4,6 @@
 //! registered memory, with cross-memory attach). Two devices of
 //! one process, each on its own link, exactly as two processes would be.
 
-#[path = "udp_common/mod.rs"]
 mod udp_common;
 
 use std::sync::Arc;

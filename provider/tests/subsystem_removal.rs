@@ -255,15 +255,15 @@ fn the_steps_run_in_order_and_each_has_its_effect() {
     let _ = events.drain();
 
     let r = s.remove_device("rm_order0").unwrap();
-    let revoking = "Revoking unplug Some(Unplug) Err(NoDevice)";
+    let revoked = "Revoked unplug Some(Unplug) Err(NoDevice)";
     assert_eq!(
         take(&log),
         [
             "revoke".to_string(),
             "unlist".to_string(),
-            "cm Revoking unplug".to_string(),
-            format!("second {revoking}"),
-            format!("first {revoking}"),
+            "cm Revoked unplug".to_string(),
+            format!("second {revoked}"),
+            format!("first {revoked}"),
             "fatal".to_string(),
         ],
         "backend, CM hooks, clients in reverse registration order, DEVICE_FATAL; nothing made inert"
@@ -388,7 +388,7 @@ fn a_consumer_that_lets_go_before_the_deadline_is_waited_for_not_named() {
             thread::sleep(Duration::from_millis(1));
         }
         assert!(fatal, "DEVICE_FATAL comes before the wait for consumers");
-        assert_eq!(dd.state(), DeviceState::Revoking);
+        assert_eq!(dd.state(), DeviceState::Revoked);
         thread::sleep(Duration::from_millis(20));
         drop(ctx);
     });

@@ -4,7 +4,10 @@
 //! [`devinfo`] (like `ibv_devinfo`). Each module has an `Args` struct (its
 //! clap arguments) and a `run` function; to add a subcommand (perf,
 //! conformance, pingpong, sim), add a module, a [`Command`] variant and one
-//! arm in [`run`].
+//! arm in [`run`]. The user tools' logic lives here too: [`pingpong`]
+//! (`ibv_rc_pingpong`'s twin) and [`perftest`] (perftest's tools and the
+//! scale test, wrapped by [`perf`]; the criterion benches of
+//! `softverbs-benches` use it as well).
 //!
 //! Errors never panic: [`main`] prints `softverbs: <error>` on standard error
 //! and exits with the status of the [`CliError`] (see [`EXIT_STATUS`]).
@@ -13,6 +16,7 @@ pub mod conformance;
 pub mod devices;
 pub mod devinfo;
 pub mod perf;
+pub mod perftest;
 pub mod pingpong;
 pub mod plot;
 pub mod sim;
@@ -228,7 +232,7 @@ impl Env {
     ///
     /// A verbs error if the embedded default cannot be created.
     pub fn new(global: GlobalOpts) -> Result<Env, CliError> {
-        softverbs_benches::perftest::set_quiet(global.quiet);
+        crate::cli::perftest::set_quiet(global.quiet);
         if !global.no_embedded {
             softverbs::soft::embedded_default()
                 .map_err(|e| CliError::verbs("creating the embedded default soft devices", e))?;

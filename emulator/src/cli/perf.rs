@@ -2,11 +2,11 @@
 //! (write_bw, write_lat, read_bw, read_lat, send_bw, send_lat, atomic_bw,
 //! atomic_lat) and the many-QP `scale` test, over the selected backend.
 //!
-//! The tests live in the `softverbs-benches` crate
-//! ([`softverbs_benches::perftest`]); this module maps their errors to the
-//! CLI's exit statuses: a flag combination the test rejects is a usage error
-//! (2), a device or link that does not exist (yet) is 1, a failed verb or
-//! an error completion is 3.
+//! The tests live in [`perftest`] (shared with the criterion benches);
+//! this module maps their errors to the CLI's exit statuses: a flag
+//! combination the test rejects is a usage error (2), a device or link
+//! that does not exist (yet) is 1, a failed verb or an error completion
+//! is 3.
 //!
 //! ```text
 //! $ softverbs perf write_bw -a               # both ends in this process
@@ -56,11 +56,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use crate::cli::perftest::args::LinkKind;
+use crate::cli::perftest::report::{self, Row};
+use crate::cli::perftest::stats::BwResult;
+use crate::cli::perftest::{self, Params, PerfArgs, PerfError, PerfTest};
 use softverbs::verbs::BackendKind;
-use softverbs_benches::perftest::args::LinkKind;
-use softverbs_benches::perftest::report::{self, Row};
-use softverbs_benches::perftest::stats::BwResult;
-use softverbs_benches::perftest::{self, Params, PerfArgs, PerfError, PerfTest};
 
 use super::{eprintln_safe, plot, stats, Backend, CliError, Env};
 

@@ -169,14 +169,14 @@ pub struct Args {
     /// standard error); last, as their help heading applies to what
     /// follows.
     #[command(flatten)]
-    pub inert: InertArgs,
+    pub no_effect: NoEffectArgs,
 }
 
 /// `ibv_rc_pingpong` flags accepted for compatibility that cannot apply
 /// here.
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "ibv_rc_pingpong options without effect here (accepted, said on stderr)")]
-pub struct InertArgs {
+pub struct NoEffectArgs {
     /// Service level
     #[arg(short = 'l', long = "sl", value_name = "SL")]
     pub sl: Option<u8>,
@@ -200,7 +200,7 @@ pub struct InertArgs {
     pub new_send: bool,
 }
 
-impl InertArgs {
+impl NoEffectArgs {
     /// One line per given flag and why it has no effect.
     pub fn notes(&self) -> Vec<String> {
         let odp = "on-demand paging is not supported (MRs are pinned allocations)";
@@ -471,7 +471,7 @@ fn mtu_of(m: u32) -> Result<Mtu, CliError> {
 /// [`CliError::NotFound`] for an unknown `-d` device.
 pub fn run(env: &Env, args: &Args, out: &mut dyn Write) -> Result<(), CliError> {
     let mtu = mtu_of(args.mtu)?;
-    for n in args.inert.notes() {
+    for n in args.no_effect.notes() {
         eprintln_safe(&format!("softverbs: pingpong: {n}"));
     }
     // Before any device (and its threads): SIGUSR1 prints the counters.

@@ -11,11 +11,11 @@
 use std::fmt;
 use std::path::Path;
 
+use crate::cli::perftest::report::Row;
+use crate::cli::perftest::stats::BwResult;
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use softverbs_benches::perftest::report::Row;
-use softverbs_benches::perftest::stats::BwResult;
 
 use crate::sim::bench::BenchRow;
 
@@ -344,7 +344,7 @@ pub fn sim_charts(rows: &[BenchRow], label: impl Fn(&BenchRow) -> String) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use softverbs_benches::perftest::stats::LatResult;
+    use crate::cli::perftest::stats::LatResult;
 
     fn bw(size: u64, mb: f64) -> Row {
         Row::Bw(BwResult {

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr};
 
 use super::convert::{self, EventSubject};
+use super::device_life::{HwDeviceLife, Member, MemberKind};
 use super::ffi::{self, zeroed, RawAsyncEvent, SendPtr};
-use super::life::{HwDeviceLife, Member, MemberKind};
-use super::lifecycle::IbvObject;
+use super::ibv_object::IbvObject;
 use super::objects::HwPd;
 use super::queue::{CqEvents, HwCompChannel, HwCq};
 use super::wake::WakeFd;
@@ -284,7 +284,7 @@ const DEVICE_FATAL: AsyncEvent = AsyncEvent {
 /// using it is gone.
 ///
 /// Its async events come from the kernel and, on removal, from the backend:
-/// DEVICE_FATAL is always the last one (see `life.rs`).
+/// DEVICE_FATAL is always the last one (see `device_life.rs`).
 pub struct HwContext {
     this: Weak<HwContext>,
     ctx: IbvObject<ibv_context>,
@@ -330,7 +330,7 @@ impl HwContext {
     /// The device is gone (the kernel said DEVICE_FATAL, or `EIO`): stop
     /// reading the kernel, and deliver DEVICE_FATAL now or when released.
     fn kernel_fatal(&self) {
-        self.life.mark_dead();
+        self.life.mark_gone();
         self.wake.detach_kernel();
         let next = if self.holds_fatal() { FATAL_HELD } else { FATAL_PENDING };
         let _ = self
@@ -340,7 +340,7 @@ impl HwContext {
 
     /// Enters the context for a call of `verb` (a context is only freed by
     /// its drop, so this never fails while `&self` exists).
-    fn enter(&self, verb: Verb) -> Result<super::lifecycle::Entered<'_, ibv_context>> {
+    fn enter(&self, verb: Verb) -> Result<super::ibv_object::Entered<'_, ibv_context>> {
         self.ctx.enter(verb)
     }
 

@@ -43,7 +43,7 @@ pub(crate) struct SendPtr<T>(NonNull<T>);
 
 // SAFETY: libibverbs is thread safe ("all verbs are thread safe", ibv_*
 // man pages): its objects may be used from any thread. What a SendPtr points
-// to is only dereferenced under the rules of its owner (see lifecycle.rs).
+// to is only dereferenced under the rules of its owner (see ibv_object.rs).
 unsafe impl<T> Send for SendPtr<T> {}
 // SAFETY: as for Send; the pointer itself is immutable.
 unsafe impl<T> Sync for SendPtr<T> {}

@@ -18,12 +18,13 @@
 //! - `convert`: every conversion between the API's types and `verbs.h`.
 //! - `ffi`: the few pieces of `verbs.h` that are `static inline` (dispatch
 //!   through the context's ops table) or that `rdma-sys` binds unsafely.
-//! - `lifecycle`: frees each ibverbs object exactly once, never while a call
-//!   is using it.
+//! - `ibv_object`: an ibverbs object pointer and the count of calls inside
+//!   it: frees each ibverbs object exactly once, never while a call is
+//!   using it.
 //! - `shadow`: the work requests posted and not yet completed, per queue,
 //!   so that a removed device's work still completes exactly once.
-//! - `life`: a device's life under hotplug (Live → Revoked → Inert), shared
-//!   by every context and object of the device.
+//! - `device_life`: a device's life under hotplug (Live → Revoked → Inert),
+//!   shared by every context and object of the device.
 //! - `wake`: kernel event descriptors joined with the backend's own, for
 //!   events a removal raises.
 //! - `monitor`: the per-device thread reading device-wide async events.
@@ -65,9 +66,9 @@
 
 pub(crate) mod convert;
 mod device;
+pub(crate) mod device_life;
 mod ffi;
-pub(crate) mod life;
-mod lifecycle;
+mod ibv_object;
 pub(crate) mod monitor;
 pub mod netlink;
 /// Network namespaces (moved to [`crate::netns`], which the soft side

@@ -14,16 +14,19 @@
 //! namespace, call these inside [`in_netns`](super::netns::in_netns).
 //!
 //! RDMA netlink messages carry their attributes right after the
-//! `nlmsghdr` (no family header). Parsing is separate from I/O and works on
-//! fixed sample data in the tests.
+//! `nlmsghdr` (no family header). The framing is
+//! [`sys::netlink`](crate::sys::netlink)'s; parsing is separate from I/O
+//! and works on fixed sample data in the tests.
 
-use std::fmt;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::subsystem::NetnsMode;
+use crate::sys::netlink::{
+    self, attr_str, attr_u32, attr_u64, attrs, bad, build, error_code, messages, ParseError, NLMSG_DONE, NLMSG_ERROR,
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
 
 /// `NETLINK_RDMA` (`<linux/netlink.h>`).
 pub(crate) const NETLINK_RDMA: libc::c_int = 20;
@@ -55,131 +58,9 @@ pub(crate) const ATTR_CHARDEV_NAME: u16 = 70;
 /// `RDMA_NLDEV_ATTR_CHARDEV` (u64 `dev_t`).
 pub(crate) const ATTR_CHARDEV: u16 = 72;
 
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
-const NLM_F_DUMP: u16 = 0x300;
-const HDR: usize = 16;
-/// Attribute type bits that are flags (`NLA_F_NESTED`, `NLA_F_NET_BYTEORDER`).
-const NLA_TYPE_MASK: u16 = 0x3fff;
-
 /// The netlink message type of an nldev command.
 pub(crate) const fn nl_type(cmd: u16) -> u16 {
     (RDMA_NL_NLDEV << 10) + cmd
-}
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// Malformed netlink data.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseError(String);
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "malformed RDMA netlink data: {}", self.0)
-    }
-}
-
-impl std::error::Error for ParseError {}
-
-impl From<ParseError> for io::Error {
-    fn from(e: ParseError) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, e)
-    }
-}
-
-fn bad(what: impl Into<String>) -> ParseError {
-    ParseError(what.into())
-}
-
-/// One netlink message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Message<'a> {
-    pub(crate) ty: u16,
-    pub(crate) flags: u16,
-    pub(crate) seq: u32,
-    pub(crate) payload: &'a [u8],
-}
-
-/// Splits a datagram into its messages.
-pub(crate) fn messages(mut buf: &[u8]) -> Result<Vec<Message<'_>>, ParseError> {
-    let mut out = Vec::new();
-    while buf.len() >= HDR {
-        let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
-        if len < HDR || len > buf.len() {
-            return Err(bad(format!("message length {len} with {} bytes left", buf.len())));
-        }
-        out.push(Message {
-            ty: u16::from_ne_bytes([buf[4], buf[5]]),
-            flags: u16::from_ne_bytes([buf[6], buf[7]]),
-            seq: u32::from_ne_bytes(buf[8..12].try_into().expect("4 bytes")),
-            payload: &buf[HDR..len],
-        });
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    if !buf.is_empty() {
-        return Err(bad(format!("{} trailing bytes", buf.len())));
-    }
-    Ok(out)
-}
-
-/// The attributes of a message payload: (type without flag bits, value).
-pub(crate) fn attrs(mut buf: &[u8]) -> Result<Vec<(u16, &[u8])>, ParseError> {
-    let mut out = Vec::new();
-    while buf.len() >= 4 {
-        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            return Err(bad(format!(
-                "attribute {ty} length {len} with {} bytes left",
-                buf.len()
-            )));
-        }
-        out.push((ty, &buf[4..len]));
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    if !buf.is_empty() {
-        return Err(bad(format!("{} trailing attribute bytes", buf.len())));
-    }
-    Ok(out)
-}
-
-fn attr_u32(v: &[u8], ty: u16) -> Result<u32, ParseError> {
-    v.get(..4)
-        .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
-        .ok_or_else(|| bad(format!("attribute {ty}: {} bytes for a u32", v.len())))
-}
-
-fn attr_u64(v: &[u8], ty: u16) -> Result<u64, ParseError> {
-    v.get(..8)
-        .map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
-        .ok_or_else(|| bad(format!("attribute {ty}: {} bytes for a u64", v.len())))
-}
-
-fn attr_str(v: &[u8]) -> String {
-    let end = v.iter().position(|&b| b == 0).unwrap_or(v.len());
-    String::from_utf8_lossy(&v[..end]).into_owned()
-}
-
-/// Builds a request: header and attributes.
-pub(crate) fn build(ty: u16, flags: u16, seq: u32, attrs: &[(u16, &[u8])]) -> Vec<u8> {
-    let mut buf = vec![0u8; HDR];
-    for (t, v) in attrs {
-        let len = 4 + v.len();
-        buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        buf.extend_from_slice(&t.to_ne_bytes());
-        buf.extend_from_slice(v);
-        buf.resize(align4(buf.len()), 0);
-    }
-    let total = buf.len() as u32;
-    buf[0..4].copy_from_slice(&total.to_ne_bytes());
-    buf[4..6].copy_from_slice(&ty.to_ne_bytes());
-    buf[6..8].copy_from_slice(&flags.to_ne_bytes());
-    buf[8..12].copy_from_slice(&seq.to_ne_bytes());
-    buf
 }
 
 /// An RDMA device as the nldev dump reports it.
@@ -272,11 +153,7 @@ pub(crate) fn collect_replies(datagram: &[u8], seq: u32, out: &mut Vec<Vec<u8>>)
         match m.ty {
             NLMSG_DONE => return Ok(Some(())),
             NLMSG_ERROR => {
-                let code = m
-                    .payload
-                    .get(..4)
-                    .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
-                    .ok_or_else(|| io::Error::from(bad("short NLMSG_ERROR")))?;
+                let code = error_code(m.payload)?;
                 return if code == 0 {
                     Ok(Some(()))
                 } else {
@@ -291,39 +168,16 @@ pub(crate) fn collect_replies(datagram: &[u8], seq: u32, out: &mut Vec<Vec<u8>>)
 
 /// A `NETLINK_RDMA` socket (of the calling thread's network namespace).
 pub(crate) struct Socket {
-    fd: OwnedFd,
+    sock: netlink::Socket,
 }
 
 impl Socket {
     /// Opens one. Fails with `EPROTONOSUPPORT` where the kernel has no RDMA
     /// subsystem loaded.
     pub(crate) fn open() -> io::Result<Socket> {
-        // SAFETY: socket takes three integers; a non-negative result is a
-        // new descriptor that only this OwnedFd closes.
-        let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_RDMA) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let tv = libc::timeval {
-            tv_sec: Duration::from_secs(2).as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: a valid socket and a timeval of the right size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Socket { fd })
+        Ok(Socket {
+            sock: netlink::Socket::open(NETLINK_RDMA, Duration::from_secs(2))?,
+        })
     }
 
     /// Sends one request and returns the payloads of its replies.
@@ -331,37 +185,12 @@ impl Socket {
         static SEQ: AtomicU32 = AtomicU32::new(1);
         let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         let flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
-        let msg = build(nl_type(cmd), flags, seq, attrs);
-        // SAFETY: an all-zero sockaddr_nl is valid; we set the family.
-        let mut to: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        to.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: a valid socket, our buffer and a sockaddr_nl of its size.
-        let n = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                0,
-                (&to as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.sock.send(&build(nl_type(cmd), flags, seq, attrs))?;
         let mut out = Vec::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            // SAFETY: receiving into our buffer of that length.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if collect_replies(&buf[..n as usize], seq, &mut out)?.is_some() {
+            let n = self.sock.recv(&mut buf)?;
+            if collect_replies(&buf[..n], seq, &mut out)?.is_some() {
                 return Ok(out);
             }
         }

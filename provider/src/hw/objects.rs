@@ -8,10 +8,10 @@ use rdma_sys::{ibv_ah, ibv_mr, ibv_mw, ibv_pd};
 
 use super::convert;
 use super::device::HwContext;
+use super::device_life::HwDeviceLife;
 use super::ffi::{self, DeallocMwFn, SendPtr};
 use super::ibv_error;
-use super::life::HwDeviceLife;
-use super::lifecycle::IbvObject;
+use super::ibv_object::IbvObject;
 use super::qp::HwQp;
 use super::queue::HwSrq;
 use crate::verbs::backend::*;

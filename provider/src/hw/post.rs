@@ -31,7 +31,7 @@ use rdma_sys::{atomic_t, bind_mw_t, ibv_mw_bind_info, ibv_recv_wr, ibv_send_wr, 
 use super::convert;
 use super::ffi::zeroed;
 use super::ibv_error;
-use super::lifecycle::HeldSet;
+use super::ibv_object::HeldSet;
 use super::objects::{HwAh, HwMr, HwMw};
 use super::shadow::Producer;
 use crate::verbs::backend::MwOps;

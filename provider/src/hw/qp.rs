@@ -7,9 +7,9 @@ use std::sync::{Arc, Weak};
 use rdma_sys::{ibv_mw_bind, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_srq};
 
 use super::convert;
+use super::device_life::{HwDeviceLife, Member, MemberKind, PostMode};
 use super::ffi::{self, zeroed, PostRecvFn, PostSendFn, SendPtr};
-use super::life::{HwDeviceLife, Member, MemberKind, PostMode};
-use super::lifecycle::{Entered, IbvObject};
+use super::ibv_object::{Entered, IbvObject};
 use super::objects::{HwMr, HwMw, HwPd};
 use super::post::{self, SendTarget};
 use super::queue::{HwCq, HwSrq};
@@ -167,7 +167,7 @@ impl HwQp {
 
 impl Member for HwQp {
     /// The removal's step 2: the QP moves to ERR (a present device then
-    /// flushes its work requests itself; a dead one answers `EIO`).
+    /// flushes its work requests itself; one that is gone answers `EIO`).
     fn revoke(&self, life: &HwDeviceLife) {
         let Ok(qp) = self.qp.enter(Verb::ModifyQp) else {
             return;
@@ -183,7 +183,7 @@ impl Member for HwQp {
             )
         };
         if rc.abs() == libc::EIO {
-            life.mark_dead();
+            life.mark_gone();
         }
     }
 }
@@ -382,4 +382,4 @@ impl QpOps for HwQp {
 }
 
 #[cfg(test)]
-mod device_tests;
+mod tests;

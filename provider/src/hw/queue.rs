@@ -12,9 +12,9 @@ use rdma_sys::{ibv_comp_channel, ibv_cq, ibv_srq, ibv_srq_attr, ibv_srq_init_att
 
 use super::convert;
 use super::device::HwContext;
+use super::device_life::{HwDeviceLife, Member, MemberKind};
 use super::ffi::{self, zeroed, PollCqFn, PostSrqRecvFn, ReqNotifyCqFn, SendPtr};
-use super::life::{HwDeviceLife, Member, MemberKind};
-use super::lifecycle::IbvObject;
+use super::ibv_object::IbvObject;
 use super::objects::HwPd;
 use super::post;
 use super::shadow::CqShadow;
@@ -30,7 +30,7 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// A completion event channel (`struct ibv_comp_channel`).
 ///
 /// Besides the kernel's notifications it delivers those a removal raises
-/// for armed CQs (see `life.rs`); [`CompChannelOps::fd`] is readable for
+/// for armed CQs (see `device_life.rs`); [`CompChannelOps::fd`] is readable for
 /// both (see `wake.rs`).
 pub struct HwCompChannel {
     ch: IbvObject<ibv_comp_channel>,
@@ -148,7 +148,7 @@ impl CompChannelOps for HwCompChannel {
                     libc::EAGAIN | libc::EINTR => {}
                     // The device is gone: only raised notifications remain.
                     libc::EIO | libc::ENODEV => {
-                        self.ctx.life().mark_dead();
+                        self.ctx.life().mark_gone();
                         self.wake.detach_kernel();
                     }
                     e => return Err(ibv_error(Verb::GetCqEvent, "ibv_get_cq_event", e)),

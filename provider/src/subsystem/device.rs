@@ -34,14 +34,20 @@ impl fmt::Display for Generation {
     }
 }
 
-/// A device's life (docs/design.md §5): Live → Revoking → Dead.
+/// A device's life (docs/design.md §5): Live → Revoked → Dead.
+///
+/// The backends use the same words for their side of a removal (the
+/// hardware backend's device life is Live → Revoked, then Inert for what
+/// stragglers still hold); Dead is the subsystem's alone: the removal
+/// sequence is over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceState {
     /// Usable.
     Live,
-    /// Being removed: control verbs fail with `ENODEV`, work flushes.
-    Revoking,
-    /// Removed.
+    /// Revoked, the removal sequence under way: no new opens, control verbs
+    /// fail with `ENODEV`, work flushes.
+    Revoked,
+    /// Removed: the removal sequence is over.
     Dead,
 }
 
@@ -49,7 +55,7 @@ impl DeviceState {
     fn from_u8(v: u8) -> DeviceState {
         match v {
             0 => DeviceState::Live,
-            1 => DeviceState::Revoking,
+            1 => DeviceState::Revoked,
             _ => DeviceState::Dead,
         }
     }
@@ -257,10 +263,10 @@ impl DeviceRecord {
         DeviceState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// Live → Revoking, ordered with [`DeviceRef::open`] (which records its
+    /// Live → Revoked, ordered with [`DeviceRef::open`] (which records its
     /// consumer under the same lock): every open either finished and was
     /// recorded, or fails.
-    pub(crate) fn begin_revoking(&self, reason: RemovalReason) {
+    pub(crate) fn set_revoked(&self, reason: RemovalReason) {
         let _c = lock(&self.consumers);
         *lock(&self.reason) = Some(reason);
         self.state.store(1, Ordering::Release);

@@ -7,7 +7,7 @@
 //!   in the caller's.
 //! - [`HwPlugged`] ([`HotplugDevice`]): one instance of it. Its revoke,
 //!   DEVICE_FATAL and inert steps act on every context and object of the
-//!   device (`hw::life`); its monitor thread reads the device's async
+//!   device (`hw::device_life`); its monitor thread reads the device's async
 //!   events on a context of its own.
 //!
 //! # The hotplug path on hardware
@@ -19,11 +19,11 @@
 //!    scan ([`HwDiscovery`](super::hw_discovery::HwDiscovery)) sees it
 //!    vanish or move to another network namespace.
 //! 2. The monitor closes its own context (so that the kernel is not kept
-//!    waiting by it), marks the device dead and calls
+//!    waiting by it), marks the device gone and calls
 //!    [`Subsystem::remove_device`] for this instance. (The discovery scan
 //!    calls it, or [`Subsystem::move_device`], for a vanished or moved
 //!    device.) Applications' contexts hold the kernel's DEVICE_FATAL back.
-//! 3. The subsystem's sequence runs ([`removal`](super::removal)): Revoking;
+//! 3. The subsystem's sequence runs ([`removal`](super::removal)): Revoked;
 //!    [`HotplugDevice::revoke`] — control verbs fail with `ENODEV`, QPs go
 //!    to ERR, posts go to the shadow rings only, CQ polls return the real
 //!    completions and then `WR_FLUSH_ERR` for every work request left, in
@@ -44,7 +44,7 @@ use std::time::Duration;
 use super::device::{DeviceFactory, DeviceRef, Generation, HotplugDevice};
 use super::namespace::NamespaceId;
 use super::registry::Subsystem;
-use crate::hw::life::HwDeviceLife;
+use crate::hw::device_life::HwDeviceLife;
 use crate::hw::monitor::Monitor;
 use crate::hw::{HwDevice, HwEvent};
 use crate::verbs::backend::DeviceOps;
@@ -281,8 +281,8 @@ impl HwPlugged {
     }
 
     /// Whether the kernel reported the device gone (DEVICE_FATAL, `EIO`).
-    pub fn is_dead(&self) -> bool {
-        self.life.is_dead()
+    pub fn is_gone(&self) -> bool {
+        self.life.is_gone()
     }
 
     /// The last port event seen for `port`: `Some(true)` after PORT_ACTIVE,
@@ -322,7 +322,7 @@ fn fatal_handler(
             HwEvent::PortErr(p) => {
                 lock(&ports).insert(p, false);
             }
-            HwEvent::DeviceFatal => life.mark_dead(),
+            HwEvent::DeviceFatal => life.mark_gone(),
             HwEvent::Other(_) | HwEvent::Failing(_) => {}
         }
         let sub = sub.upgrade();
@@ -401,7 +401,7 @@ impl Drop for HwPlugged {
             m.join();
         }
         self.life.set_managed(false);
-        if self.life.is_dead() {
+        if self.life.is_gone() {
             // Release a DEVICE_FATAL a context may be holding back.
             self.life.raise_fatal();
         }
@@ -443,7 +443,7 @@ mod tests {
     /// revokes it and releases DEVICE_FATAL.
     #[test]
     fn the_monitor_handler_tracks_ports_and_handles_fatal() {
-        use crate::hw::life::Phase;
+        use crate::hw::device_life::Phase;
         let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
         let life = HwDeviceLife::unlisted("hwh_0");
         life.set_managed(true);
@@ -471,7 +471,7 @@ mod tests {
         assert!(life.holds_fatal());
         h(HwEvent::DeviceFatal);
         assert_eq!(life.phase(), Phase::Revoked);
-        assert!(life.is_dead());
+        assert!(life.is_gone());
         assert!(!life.holds_fatal(), "DEVICE_FATAL released");
         assert_eq!(rx.try_recv().unwrap().event, HwEvent::DeviceFatal);
         // A life nobody holds any more: nothing happens.

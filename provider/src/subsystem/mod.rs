@@ -11,7 +11,7 @@
 //! - [`client`]: [`Client`]s register for all namespaces or one and get
 //!   `add`/`remove` upcalls (registration order / reverse; a failed `add`
 //!   gets no `remove`; unregister is a fence; upcalls may call back in).
-//! - [`removal`]: the removal sequence (Live → Revoking → Dead; `ENODEV`;
+//! - [`removal`]: the removal sequence (Live → Revoked → Dead; `ENODEV`;
 //!   QPs to ERR; every WR flushed exactly once; notifications; CM
 //!   DEVICE_REMOVAL through [`CmHook`]; clients' `remove`; DEVICE_FATAL
 //!   last; a deadline for consumers, after which the stragglers are named

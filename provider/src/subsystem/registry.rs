@@ -116,7 +116,7 @@ struct State {
     next_client: u64,
     clients: BTreeMap<ClientId, ClientRec>,
     next_generation: u64,
-    /// Present devices (Live or Revoking), by name.
+    /// Present devices (Live or Revoked), by name.
     devices: BTreeMap<String, Slot>,
     /// Which clients were added to which device instance.
     bindings: BTreeMap<Generation, BTreeSet<ClientId>>,
@@ -718,10 +718,10 @@ impl Subsystem {
     /// The removal sequence (see [`removal`](super::removal)).
     fn unplug(&self, rec: &Arc<DeviceRecord>, reason: RemovalReason, deadline: Duration) -> RemovalReport {
         let start = Instant::now();
-        // 1. Revoking: no new opens, not listed, not visible to new clients.
+        // 1. Revoked: no new opens, not listed, not visible to new clients.
         let hooks = {
             let mut st = lock(&self.state);
-            rec.begin_revoking(reason);
+            rec.set_revoked(reason);
             st.emit(rec, DeviceEventKind::Removing(reason));
             st.cm_hooks.iter().map(|(_, h)| h.clone()).collect::<Vec<_>>()
         };
@@ -941,7 +941,7 @@ impl Drop for Subsystem {
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for slot in std::mem::take(&mut st.devices).into_values() {
             if slot.rec.state() == DeviceState::Live {
-                slot.rec.begin_revoking(RemovalReason::Shutdown);
+                slot.rec.set_revoked(RemovalReason::Shutdown);
                 slot.rec.driver.revoke();
                 slot.rec.driver.unlist();
                 slot.rec.driver.raise_device_fatal();

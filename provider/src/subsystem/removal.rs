@@ -4,7 +4,7 @@
 //! [`Subsystem::remove_device`](super::Subsystem::remove_device); its steps,
 //! in order:
 //!
-//! 1. The registry marks the device Revoking: [`DeviceRef::open`] fails with
+//! 1. The registry marks the device Revoked: [`DeviceRef::open`] fails with
 //!    `ENODEV` and the device is no longer listed or visible to new clients.
 //! 2. The backend revokes it ([`HotplugDevice::revoke`]): control verbs fail
 //!    with `ENODEV`, every QP moves to ERR, every posted, uncompleted WR

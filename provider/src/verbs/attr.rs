@@ -333,7 +333,7 @@ impl QpModify {
 }
 
 #[cfg(test)]
-mod modify_tests {
+mod tests {
     use super::*;
 
     #[test]

@@ -46,6 +46,8 @@ pub struct MrMemory {
 /// ([`MappedPiece::remote`], cross-memory attach). Only ever read through
 /// raw-pointer or kernel copies, so its contents may change concurrently
 /// (another process writing).
+// Hidden: the soft provider's shared-memory trains use it; not for applications.
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
 pub struct MappedPiece<'a> {
     at: PieceAt,
@@ -261,6 +263,7 @@ impl MrMemory {
 
     /// The shareable memory behind the buffer, if it has one (where memfds
     /// work and [`SHARE_MAX_LIVE`] allows).
+    #[doc(hidden)] // the soft provider's shared-memory trains use it
     pub fn shared(&self) -> Option<&Arc<SharedMemory>> {
         self.shared.as_ref()
     }
@@ -472,6 +475,7 @@ impl MemorySource {
 
     /// The shareable memory the range lives in (offsets in the range are
     /// offsets in it), if any.
+    #[doc(hidden)] // the soft provider's shared-memory trains use it
     pub fn shared(&self) -> Option<&Arc<SharedMemory>> {
         match self {
             MemorySource::Owned(m) => m.shared(),
@@ -488,6 +492,7 @@ impl MemorySource {
     /// ([`MappedPiece::remote`]), `EIO` if the source could not be read
     /// in full (unmapped there, the process gone, no permission): the
     /// destination may then hold part of the piece.
+    #[doc(hidden)] // the soft provider's shared-memory trains use it
     pub fn write_piece(&self, offset: usize, src: MappedPiece<'_>) -> Result<()> {
         check_range(offset, src.len, self.len())?;
         match src.at {

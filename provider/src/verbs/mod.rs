@@ -75,7 +75,10 @@ pub use connect::{random_psn, Connect, Endpoint, EndpointParseError, RemoteBuffe
 pub(crate) use error::verr;
 pub use error::{Error, ErrorKind, PostError, Result, Verb};
 pub use handle::*;
-pub use memory::{MappedPiece, MemorySource, MrMemory, RawRegion, SharedMemory, PAGE_SIZE, SHARE_MIN};
+pub use memory::{MemorySource, MrMemory, RawRegion, PAGE_SIZE, SHARE_MIN};
+// The soft provider's shared-memory trains' types, for the crate only (they
+// stay reachable, hidden, at `verbs::memory` for the repository's tools).
+pub(crate) use memory::{MappedPiece, SharedMemory};
 pub use types::*;
 pub use wr::*;
 

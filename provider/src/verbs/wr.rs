@@ -445,7 +445,7 @@ impl WorkCompletion {
 }
 
 #[cfg(test)]
-mod wc_default_tests {
+mod tests {
     use super::*;
 
     #[test]

@@ -6,31 +6,26 @@
 //! A socket answers for the network namespace it was created in: the
 //! driver opens one per namespace inside it (`in_netns_file`).
 //!
-//! Messages are built and parsed here without I/O ([`Msg`], [`parse`]) and
-//! tested on bytes; [`Rtnl`] is the socket (the only `unsafe` of the
-//! driver besides namespace creation in `nsfs`).
+//! Messages are built and parsed here without I/O (the framing is
+//! `softverbs::sys::netlink`'s: [`Msg`], [`parse`] over its checked
+//! splitting) and tested on bytes; [`Rtnl`] asks the kernel through that
+//! module's socket.
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use softverbs::sys::netlink::{
+    self as nl, Msg, NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE,
+};
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
-
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_REPLACE: u16 = 0x100;
-const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_DUMP: u16 = 0x300;
 
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
@@ -38,8 +33,6 @@ const IFLA_NET_NS_FD: u16 = 28;
 const IFLA_INFO_KIND: u16 = 1;
 const IFLA_INFO_DATA: u16 = 2;
 const VETH_INFO_PEER: u16 = 1;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 const IFA_ADDRESS: u16 = 1;
 const IFA_LOCAL: u16 = 2;
@@ -50,78 +43,12 @@ pub(crate) const IFF_UP: u32 = 0x1;
 /// `IFF_LOWER_UP`: the driver signals carrier (for a veth: both ends up).
 pub(crate) const IFF_LOWER_UP: u32 = 0x1_0000;
 
-const HDR: usize = 16;
 /// `struct ifinfomsg`.
 const IFINFOMSG: usize = 16;
 /// `struct ifaddrmsg`.
 const IFADDRMSG: usize = 8;
 /// Longest interface name (`IFNAMSIZ` less the NUL).
 pub(crate) const IFNAME_MAX: usize = 15;
-
-fn align4(n: usize) -> usize {
-    (n + 3) & !3
-}
-
-/// A netlink request under construction.
-#[derive(Debug, Clone)]
-pub(crate) struct Msg {
-    buf: Vec<u8>,
-}
-
-impl Msg {
-    /// A request of type `ty` with `flags` (`NLM_F_REQUEST` is added).
-    pub(crate) fn new(ty: u16, flags: u16) -> Msg {
-        let mut buf = vec![0u8; HDR];
-        buf[4..6].copy_from_slice(&ty.to_ne_bytes());
-        buf[6..8].copy_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
-        Msg { buf }
-    }
-
-    /// Appends a family header (`ifinfomsg`, `ifaddrmsg`).
-    fn raw(&mut self, bytes: &[u8]) -> &mut Msg {
-        self.buf.extend_from_slice(bytes);
-        self.buf.resize(align4(self.buf.len()), 0);
-        self
-    }
-
-    /// Appends an attribute.
-    fn attr(&mut self, ty: u16, payload: &[u8]) -> &mut Msg {
-        let len = (4 + payload.len()) as u16;
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.resize(align4(self.buf.len()), 0);
-        self
-    }
-
-    /// Appends a NUL-terminated string attribute.
-    fn attr_str(&mut self, ty: u16, s: &str) -> &mut Msg {
-        let mut v = s.as_bytes().to_vec();
-        v.push(0);
-        self.attr(ty, &v)
-    }
-
-    /// Opens a nested attribute; returns where, for [`Msg::nest_end`].
-    fn nest_begin(&mut self, ty: u16) -> usize {
-        let at = self.buf.len();
-        self.attr(ty | NLA_F_NESTED, &[]);
-        at
-    }
-
-    /// Closes the nested attribute opened at `at`.
-    fn nest_end(&mut self, at: usize) {
-        let len = (self.buf.len() - at) as u16;
-        self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    /// The message with its length and sequence number filled in.
-    pub(crate) fn finish(mut self, seq: u32) -> Vec<u8> {
-        let len = self.buf.len() as u32;
-        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.buf
-    }
-}
 
 /// `struct ifinfomsg` for interface `index` (0: none), setting `flags`
 /// under `change`.
@@ -135,7 +62,7 @@ fn ifinfomsg(index: i32, flags: u32, change: u32) -> [u8; IFINFOMSG] {
 
 /// `RTM_GETLINK` dump: every interface.
 pub(crate) fn get_links() -> Msg {
-    let mut m = Msg::new(RTM_GETLINK, NLM_F_DUMP);
+    let mut m = Msg::request(RTM_GETLINK, NLM_F_DUMP);
     m.raw(&ifinfomsg(0, 0, 0));
     m
 }
@@ -143,7 +70,7 @@ pub(crate) fn get_links() -> Msg {
 /// `RTM_NEWLINK` creating veth `a` with peer `b` (`ip link add A type veth
 /// peer name B`).
 pub(crate) fn new_veth(a: &str, b: &str) -> Msg {
-    let mut m = Msg::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK);
+    let mut m = Msg::request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK);
     m.raw(&ifinfomsg(0, 0, 0)).attr_str(IFLA_IFNAME, a);
     let info = m.nest_begin(IFLA_LINKINFO);
     m.attr_str(IFLA_INFO_KIND, "veth");
@@ -158,7 +85,7 @@ pub(crate) fn new_veth(a: &str, b: &str) -> Msg {
 
 /// `RTM_DELLINK` of interface `index` (`ip link del`).
 pub(crate) fn del_link(index: i32) -> Msg {
-    let mut m = Msg::new(RTM_DELLINK, NLM_F_ACK);
+    let mut m = Msg::request(RTM_DELLINK, NLM_F_ACK);
     m.raw(&ifinfomsg(index, 0, 0));
     m
 }
@@ -166,7 +93,7 @@ pub(crate) fn del_link(index: i32) -> Msg {
 /// `RTM_NEWLINK` moving interface `index` to the namespace open at `ns_fd`
 /// (`ip link set IF netns NS`).
 pub(crate) fn set_netns(index: i32, ns_fd: RawFd) -> Msg {
-    let mut m = Msg::new(RTM_NEWLINK, NLM_F_ACK);
+    let mut m = Msg::request(RTM_NEWLINK, NLM_F_ACK);
     m.raw(&ifinfomsg(index, 0, 0))
         .attr(IFLA_NET_NS_FD, &ns_fd.to_ne_bytes());
     m
@@ -174,7 +101,7 @@ pub(crate) fn set_netns(index: i32, ns_fd: RawFd) -> Msg {
 
 /// `RTM_NEWLINK` setting interface `index` up or down (`ip link set IF up`).
 pub(crate) fn set_up(index: i32, up: bool) -> Msg {
-    let mut m = Msg::new(RTM_NEWLINK, NLM_F_ACK);
+    let mut m = Msg::request(RTM_NEWLINK, NLM_F_ACK);
     m.raw(&ifinfomsg(index, if up { IFF_UP } else { 0 }, IFF_UP));
     m
 }
@@ -183,7 +110,7 @@ pub(crate) fn set_up(index: i32, up: bool) -> Msg {
 /// (`ip addr replace`; IPv6 without duplicate address detection, so the
 /// address is usable at once).
 pub(crate) fn add_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
-    let mut m = Msg::new(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK);
+    let mut m = Msg::request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK);
     let (family, bytes): (u8, Vec<u8>) = match addr {
         IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
         IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
@@ -230,59 +157,30 @@ pub(crate) enum Reply {
     Other,
 }
 
-fn bad(what: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, format!("malformed rtnetlink reply: {what}"))
-}
-
-/// Attributes of a message body.
-fn attrs(mut buf: &[u8]) -> io::Result<Vec<(u16, &[u8])>> {
-    let mut out = Vec::new();
-    while buf.len() >= 4 {
-        let len = u16::from_ne_bytes([buf[0], buf[1]]) as usize;
-        let ty = u16::from_ne_bytes([buf[2], buf[3]]) & NLA_TYPE_MASK;
-        if len < 4 || len > buf.len() {
-            return Err(bad("attribute length"));
-        }
-        out.push((ty, &buf[4..len]));
-        buf = &buf[align4(len).min(buf.len())..];
-    }
-    Ok(out)
-}
-
 /// Splits a datagram into `(sequence number, reply)`s.
-pub(crate) fn parse(mut buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
+pub(crate) fn parse(buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
     let mut out = Vec::new();
-    while buf.len() >= HDR {
-        let len = u32::from_ne_bytes(buf[0..4].try_into().expect("4 bytes")) as usize;
-        if len < HDR || len > buf.len() {
-            return Err(bad("message length"));
-        }
-        let ty = u16::from_ne_bytes([buf[4], buf[5]]);
-        let seq = u32::from_ne_bytes(buf[8..12].try_into().expect("4 bytes"));
-        let body = &buf[HDR..len];
-        let reply = match ty {
+    for m in nl::messages(buf)? {
+        let body = m.payload;
+        let reply = match m.ty {
             NLMSG_DONE => Reply::Done,
-            NLMSG_ERROR => {
-                let e = body.get(0..4).ok_or_else(|| bad("short error"))?;
-                Reply::Ack(-i32::from_ne_bytes(e.try_into().expect("4 bytes")))
-            }
+            NLMSG_ERROR => Reply::Ack(-nl::error_code(body)?),
             RTM_NEWLINK => {
                 if body.len() < IFINFOMSG {
-                    return Err(bad("short ifinfomsg"));
+                    return Err(nl::bad("short ifinfomsg").into());
                 }
                 let index = i32::from_ne_bytes(body[4..8].try_into().expect("4 bytes"));
                 let flags = u32::from_ne_bytes(body[8..12].try_into().expect("4 bytes"));
-                let name = attrs(&body[IFINFOMSG..])?
+                let name = nl::attrs(&body[IFINFOMSG..])?
                     .into_iter()
                     .find(|(t, _)| *t == IFLA_IFNAME)
-                    .map(|(_, v)| String::from_utf8_lossy(v.split(|&b| b == 0).next().unwrap_or(&[])).into_owned())
+                    .map(|(_, v)| nl::attr_str(v))
                     .unwrap_or_default();
                 Reply::Link(LinkInfo { index, name, flags })
             }
             _ => Reply::Other,
         };
-        out.push((seq, reply));
-        buf = &buf[align4(len).min(buf.len())..];
+        out.push((m.seq, reply));
     }
     Ok(out)
 }
@@ -291,7 +189,7 @@ pub(crate) fn parse(mut buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
 /// Shared by the driver's threads: one request and its replies at a time.
 #[derive(Debug)]
 pub(crate) struct Rtnl {
-    fd: OwnedFd,
+    sock: nl::Socket,
     seq: AtomicU32,
     /// Held from a request's send to its last reply: two threads reading
     /// one socket would each take (and drop, as another sequence number)
@@ -310,54 +208,8 @@ impl Rtnl {
     ///
     /// The `socket(2)`/`bind(2)` error.
     pub(crate) fn open() -> io::Result<Rtnl> {
-        // SAFETY: plain socket(2) call; the descriptor is checked and owned
-        // at once.
-        let raw = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `raw` is a descriptor we just opened and nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: an all-zero sockaddr_nl is valid (port 0: the kernel
-        // assigns one; no groups).
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: `sa` is a sockaddr_nl of the length passed.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let tv = libc::timeval {
-            tv_sec: REPLY_TIMEOUT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: SO_RCVTIMEO takes a timeval of the length passed.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Rtnl {
-            fd,
+            sock: nl::Socket::open(libc::NETLINK_ROUTE, REPLY_TIMEOUT)?,
             seq: AtomicU32::new(1),
             exchange: Mutex::new(()),
         })
@@ -368,25 +220,12 @@ impl Rtnl {
     fn request(&self, msg: Msg) -> io::Result<Vec<Reply>> {
         let _one = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let bytes = msg.finish(seq);
-        // SAFETY: sending from a buffer of the length passed.
-        let n = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        self.sock.send(&msg.finish(seq))?;
         let mut buf = vec![0u8; 64 * 1024];
         let mut out = Vec::new();
         loop {
-            // SAFETY: receiving into a buffer of the length passed.
-            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            for (s, reply) in parse(&buf[..n as usize])? {
+            let n = self.sock.recv(&mut buf)?;
+            for (s, reply) in parse(&buf[..n])? {
                 if s != seq {
                     continue; // a late reply to an earlier, failed request
                 }
@@ -438,6 +277,7 @@ impl Rtnl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use softverbs::sys::netlink::{attrs, HDR, NLA_F_NESTED, NLM_F_REQUEST};
 
     fn u16_at(b: &[u8], i: usize) -> u16 {
         u16::from_ne_bytes([b[i], b[i + 1]])

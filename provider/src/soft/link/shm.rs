@@ -178,6 +178,7 @@
 
 mod hello;
 mod receive;
+#[doc(hidden)] // the ring's internals; public for benches' ring_pingpong
 pub mod ring;
 mod send;
 mod sys;
@@ -305,7 +306,7 @@ const RX_MAPS_MAX: usize = 2 * EXPORT_MAX;
 const MAP_MAX: u64 = 1 << 40;
 /// How often unused exports (freed buffers) are forgotten without a new
 /// export.
-pub const PRUNE_NS: Nanos = 100_000_000;
+pub(crate) const PRUNE_NS: Nanos = 100_000_000;
 const _: () = assert!(EXPORT_MAX >= 4 * ring::TRAIN_MAX_PIECES && EXPORT_MAX <= ring::FORGET_MAX);
 
 const PENDING: u8 = 0;
@@ -315,7 +316,7 @@ const DEAD: u8 = 2;
 const CLOSING: u8 = 3;
 
 /// The abstract socket name of the device owning `gid`.
-pub fn rendezvous_name(gid: Gid) -> String {
+pub(crate) fn rendezvous_name(gid: Gid) -> String {
     let hex: String = gid.0.iter().map(|b| format!("{b:02x}")).collect();
     format!("softverbs-shm/{hex}")
 }

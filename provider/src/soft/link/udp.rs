@@ -160,6 +160,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#[doc(hidden)] // address helpers; public for the provider's UDP tests
 pub mod addr;
 mod rx;
 mod sys;
@@ -179,8 +180,10 @@ use crate::soft::proto::{Counters, Datagram, Transmit};
 use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
 
+#[doc(hidden)] // tuning; public for the provider's UDP tests
 pub use rx::QUIET_EVERY;
 pub use sys::RX_BATCH;
+#[doc(hidden)] // tuning; public for the provider's UDP tests
 pub use twin::CONNECT_AFTER;
 
 /// What a UDP device binds to.

@@ -38,10 +38,12 @@ pub const SHARE_MIN: usize = 64 * 1024;
 /// that an application registering thousands of large buffers does not run
 /// out of descriptors for its sockets. Past it, buffers go on the heap (and
 /// large messages from them packet by packet).
+#[doc(hidden)] // the allocator's limit, named by the shm link's docs and tests
 pub const SHARE_MAX_LIVE: usize = 256;
 
 /// Bytes of one slab: room for at least 64 buffers just under
 /// [`SHARE_MIN`]. Only what buffers touch is ever backed by memory.
+#[doc(hidden)] // the allocator's slab size
 pub const SLAB_LEN: usize = 4 << 20;
 
 // Every buffer below SHARE_MIN fits in a slab.
@@ -138,6 +140,8 @@ impl Drop for SharedFile {
 /// A shareable buffer: a file of its own, or a page-aligned range of a
 /// slab (see the module docs). The mapping lives as long as any `Arc` of
 /// it, so a packet referring to it keeps it alive.
+// Hidden: the soft provider's shared-memory trains use it; not for applications.
+#[doc(hidden)]
 #[derive(Debug)]
 pub struct SharedMemory {
     file: Arc<SharedFile>,

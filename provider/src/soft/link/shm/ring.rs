@@ -1085,6 +1085,4 @@ impl Consumer {
 }
 
 #[cfg(test)]
-mod mutant_tests;
-#[cfg(test)]
 mod tests;

@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use super::*;
 
+mod mutants;
+
 /// The region of a test: a memfd mapping, or private memory under Miri.
 fn region() -> Region {
     if cfg!(miri) {

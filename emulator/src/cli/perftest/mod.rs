@@ -16,7 +16,35 @@
 //! - [`report`]: the banner, the tables and the JSON file;
 //! - [`exchange`]: the TCP exchange of QPN/PSN/GID/rkey/address between a
 //!   `--server` and a `--client`, in perftest's key-message format;
-//! - [`run`](mod@run): what `softverbs perf` does with all of it.
+//! - [`run`](mod@run): what `softverbs perf` does with all of it;
+//! - [`scale`]: the many-QP scale test (`softverbs perf scale`).
+//!
+//! The `softverbs perf <test>` subcommand ([`perf`](super::perf)) is a thin
+//! wrapper over [`run`](fn@run), so the tool, the tests and the criterion
+//! benches of `softverbs-benches` share one implementation.
+//!
+//! # Examples
+//!
+//! A tiny RDMA write bandwidth run between the embedded soft devices:
+//!
+//! ```
+//! use clap::Parser;
+//! use softverbs_emulator::cli::perftest::{self, PerfArgs};
+//!
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     perf: PerfArgs,
+//! }
+//!
+//! softverbs::soft::embedded_default()?;
+//! let cli = Cli::parse_from(["perf", "write_bw", "-s", "4096", "-n", "20"]);
+//! let mut out = Vec::new();
+//! perftest::run(&cli.perf, softverbs::verbs::BackendKind::Soft, &mut out)?;
+//! let text = String::from_utf8(out)?;
+//! assert!(text.contains("BW average[MB/sec]"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod args;
 pub mod bw;
@@ -25,6 +53,7 @@ pub mod lat;
 pub mod report;
 pub mod resources;
 pub mod run;
+pub mod scale;
 pub mod stats;
 
 use std::fmt;
@@ -336,7 +365,7 @@ impl Drop for Progress {
 }
 
 #[cfg(test)]
-mod progress_tests {
+mod tests {
     use super::*;
 
     fn progress(style: Style) -> Progress {

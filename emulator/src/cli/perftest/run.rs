@@ -27,7 +27,7 @@ use super::{drive, Agent, Clock, PerfError, Progress, Step, VerbsContext, STALL_
 /// See [`PerfError`].
 pub fn run(args: &PerfArgs, backend: verbs::BackendKind, out: &mut dyn Write) -> Result<Vec<Row>, PerfError> {
     if args.test == PerfTest::Scale {
-        return crate::scale::run(args, backend, out).map(|()| Vec::new());
+        return crate::cli::perftest::scale::run(args, backend, out).map(|()| Vec::new());
     }
     let p = Params::from_args(args, backend)?;
     let net = p.backend == verbs::BackendKind::Soft && matches!(p.link, LinkKind::Udp | LinkKind::Shm);
@@ -740,7 +740,7 @@ mod tests {
     use super::*;
 
     fn params(args: &[&str]) -> Params {
-        crate::perftest::args::testing::params(args).unwrap()
+        crate::cli::perftest::args::testing::params(args).unwrap()
     }
 
     fn devices() -> (Device, Device) {

@@ -328,7 +328,7 @@ pub struct PerfArgs {
     #[arg(long = "digits", value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u8).range(0..=6))]
     pub digits: u8,
-    /// Latency tests: switch softverbs::soft::ab per block of N iterations
+    /// Latency tests: switch softverbs::soft::experiment per block of N iterations
     /// and print the median of either arm's blocks (an experiment inside
     /// one run; needs a build with the `ab` feature)
     #[arg(long = "ab", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -453,7 +453,7 @@ pub struct PerfArgs {
     /// perftest flags that have no effect here (each says why in one line
     /// on standard error).
     #[command(flatten)]
-    pub inert: InertArgs,
+    pub no_effect: NoEffectArgs,
 }
 
 /// `--output`: the one figure perftest prints per size.
@@ -475,7 +475,7 @@ pub enum OutputKind {
 /// reason, and the run goes on without it.
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "perftest options without effect here (accepted, said on stderr)")]
-pub struct InertArgs {
+pub struct NoEffectArgs {
     /// Report times in CPU cycles
     #[arg(short = 'C', long = "report-cycles")]
     pub report_cycles: bool,
@@ -646,7 +646,7 @@ const NO_FEATURE: &str = "a feature of some NICs that the verbs API here does no
 /// Why the QP attributes below are not applied.
 const QP_DEFAULTS: &str = "the QP bring-up uses its defaults (SL 0, hop limit 64, traffic class 0, P_Key index 0)";
 
-impl InertArgs {
+impl NoEffectArgs {
     /// One line per given flag: the flag, its value and why it has no
     /// effect.
     pub fn notes(&self) -> Vec<String> {
@@ -1096,7 +1096,7 @@ impl Params {
                 "--perform_warm_up ignored: server/client runs do not warm up here (loopback runs do)".to_string()
             });
         }
-        notes.extend(a.inert.notes());
+        notes.extend(a.no_effect.notes());
         Ok(Params {
             test: a.test,
             verb,

@@ -23,11 +23,11 @@ use std::time::Instant;
 
 use softverbs::verbs::{BackendKind, SendFlags, SendOp, SendWr, WorkCompletion};
 
-use crate::perftest::args::{Params, PerfArgs, PerfTest};
-use crate::perftest::bw::{check_wc, POLL_BATCH};
-use crate::perftest::resources::{Dest, Side};
-use crate::perftest::run::loopback_devices;
-use crate::perftest::{drive, Agent, Clock, PerfError, Progress, Step, VerbsContext};
+use crate::cli::perftest::args::{Params, PerfArgs, PerfTest};
+use crate::cli::perftest::bw::{check_wc, POLL_BATCH};
+use crate::cli::perftest::resources::{Dest, Side};
+use crate::cli::perftest::run::loopback_devices;
+use crate::cli::perftest::{drive, Agent, Clock, PerfError, Progress, Step, VerbsContext};
 
 /// Resident set size of this process in bytes (`VmRSS`), if known.
 pub fn rss_bytes() -> Option<u64> {
@@ -89,7 +89,7 @@ pub fn run(args: &PerfArgs, backend: BackendKind, out: &mut dyn Write) -> Result
     wa.no_peak = true;
     wa.iters = Some(100);
     let base = Params::from_args(&wa, backend)?;
-    if base.mode != crate::perftest::Mode::Loopback {
+    if base.mode != crate::cli::perftest::Mode::Loopback {
         return Err(PerfError::Usage("the scale test runs in loopback only".into()));
     }
     if args.qp_counts.is_empty() || args.qp_counts.contains(&0) {
@@ -99,7 +99,7 @@ pub fn run(args: &PerfArgs, backend: BackendKind, out: &mut dyn Write) -> Result
     let ctx_a = a.open().ctx("open")?;
     let ctx_b = b.open().ctx("open")?;
     let size = base.sizes[0];
-    writeln!(out, "{}", crate::perftest::report::RESULT_LINE)?;
+    writeln!(out, "{}", crate::cli::perftest::report::RESULT_LINE)?;
     writeln!(out, "                    RDMA_Write QP scale Test")?;
     writeln!(out, " Devices         : {} <-> {} (loopback)", a.name(), b.name())?;
     writeln!(
@@ -108,7 +108,7 @@ pub fn run(args: &PerfArgs, backend: BackendKind, out: &mut dyn Write) -> Result
         base.tx_depth, base.cq_mod
     )?;
     writeln!(out, " Messages/count  : {}", args.messages)?;
-    writeln!(out, "{}", crate::perftest::report::RESULT_LINE)?;
+    writeln!(out, "{}", crate::cli::perftest::report::RESULT_LINE)?;
     writeln!(out, "{SCALE_HEADER}")?;
     out.flush()?;
     for &n in &args.qp_counts {
@@ -116,7 +116,7 @@ pub fn run(args: &PerfArgs, backend: BackendKind, out: &mut dyn Write) -> Result
         out.write_all(scale_row(&r).as_bytes())?;
         out.flush()?;
     }
-    writeln!(out, "{}", crate::perftest::report::RESULT_LINE)?;
+    writeln!(out, "{}", crate::cli::perftest::report::RESULT_LINE)?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@
 //! ```
 //! # fn new_way() {}
 //! # fn old_way() {}
-//! if softverbs::soft::ab::on() {
+//! if softverbs::soft::experiment::on() {
 //!     new_way();
 //! } else {
 //!     old_way();

@@ -395,7 +395,7 @@ impl Agent for LatAgent<'_> {
                 });
             }
             if let Some(b) = self.p.ab {
-                softverbs::soft::ab::set((self.scnt / b).is_multiple_of(2));
+                softverbs::soft::experiment::set((self.scnt / b).is_multiple_of(2));
             }
             let got = self.poll_send()?;
             if got > 0 {
@@ -423,7 +423,7 @@ impl Agent for LatAgent<'_> {
         if let Some(b) = self.p.ab {
             // The arm of the round trip under way: the receive it waits
             // for, the answer's post_recv and post_send (`--ab`).
-            softverbs::soft::ab::set((self.rcnt / b).is_multiple_of(2));
+            softverbs::soft::experiment::set((self.rcnt / b).is_multiple_of(2));
         }
         if self.waiting_recv && self.try_receive()? {
             self.rcnt += 1;

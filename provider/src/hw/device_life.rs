@@ -1,5 +1,7 @@
 //! One hardware device's life: Live → Revoked → Inert, shared by every
-//! context opened on the device and every object made from them.
+//! context opened on the device and every object made from them (the words
+//! of docs/design.md §5; the subsystem's record of the same device goes
+//! Live → Revoked → Dead).
 //!
 //! A kernel device cannot be revoked from user space; what this backend can
 //! do is stop using it and keep the promises of docs/design.md §5 itself:
@@ -10,7 +12,7 @@
 //!   reach the device but go to the QP's shadow rings, to be flushed; CQ
 //!   polls drop real completions already flushed and, once the real ones
 //!   are drained, return what the rings hold as `WR_FLUSH_ERR` — at once on
-//!   a dead device, after a short grace ([`LIVE_FLUSH_GRACE`]) on one that
+//!   a device that is gone, after a short grace ([`LIVE_FLUSH_GRACE`]) on one that
 //!   is still there, so that the hardware's own flushes come first; armed
 //!   CQ notifications fire.
 //! - DEVICE_FATAL ([`HwDeviceLife::raise_fatal`], step 5): every context
@@ -95,7 +97,7 @@ pub(crate) struct HwDeviceLife {
     phase: AtomicU8,
     /// The device itself is gone (DEVICE_FATAL, `EIO`): nothing more will
     /// complete, flush at once.
-    dead: AtomicBool,
+    gone: AtomicBool,
     /// Under the subsystem: a kernel DEVICE_FATAL waits for step 5.
     managed: AtomicBool,
     fatal_released: AtomicBool,
@@ -116,7 +118,7 @@ impl std::fmt::Debug for HwDeviceLife {
         f.debug_struct("HwDeviceLife")
             .field("name", &self.name)
             .field("phase", &self.phase())
-            .field("dead", &self.is_dead())
+            .field("gone", &self.is_gone())
             .finish_non_exhaustive()
     }
 }
@@ -148,7 +150,7 @@ impl HwDeviceLife {
         Arc::new(HwDeviceLife {
             name: name.to_string(),
             phase: AtomicU8::new(LIVE),
-            dead: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
             managed: AtomicBool::new(false),
             fatal_released: AtomicBool::new(false),
             listed: AtomicBool::new(false),
@@ -210,7 +212,7 @@ impl HwDeviceLife {
             REVOKED => PollMode {
                 reach_device: true,
                 revoked: true,
-                flush: self.is_dead() || self.revoked_at.get().is_none_or(|t| t.elapsed() >= LIVE_FLUSH_GRACE),
+                flush: self.is_gone() || self.revoked_at.get().is_none_or(|t| t.elapsed() >= LIVE_FLUSH_GRACE),
             },
             _ => PollMode {
                 reach_device: false,
@@ -223,7 +225,7 @@ impl HwDeviceLife {
     /// The result of a destroy call: after a removal, the `EIO` of a
     /// disassociated device means the kernel object is already gone.
     pub(crate) fn destroy_rc(&self, rc: i32) -> i32 {
-        if rc.abs() == libc::EIO && (!self.is_live() || self.is_dead()) {
+        if rc.abs() == libc::EIO && (!self.is_live() || self.is_gone()) {
             0
         } else {
             rc
@@ -299,13 +301,13 @@ impl HwDeviceLife {
     }
 
     /// The device itself is gone (DEVICE_FATAL, or `EIO` from it).
-    pub(crate) fn mark_dead(&self) {
-        self.dead.store(true, Ordering::Release);
+    pub(crate) fn mark_gone(&self) {
+        self.gone.store(true, Ordering::Release);
     }
 
     /// Whether the device itself is gone.
-    pub(crate) fn is_dead(&self) -> bool {
-        self.dead.load(Ordering::Acquire)
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Acquire)
     }
 
     /// The device is under the subsystem: a kernel DEVICE_FATAL is held
@@ -409,12 +411,12 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_device_flushes_at_once_and_holds_fatal_when_managed() {
+    fn a_gone_device_flushes_at_once_and_holds_fatal_when_managed() {
         let life = HwDeviceLife::unlisted("life_t1");
         assert_eq!(life.destroy_rc(-libc::EIO), -libc::EIO, "EIO of a live device stays");
         life.set_managed(true);
         assert!(life.holds_fatal());
-        life.mark_dead();
+        life.mark_gone();
         assert_eq!(life.destroy_rc(libc::EIO), 0);
         life.revoke();
         assert!(life.poll_mode().flush, "nothing more will complete");
