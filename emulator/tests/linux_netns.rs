@@ -21,6 +21,16 @@ use softverbs::verbs::*;
 use softverbs_emulator::netns::traffic::{connect_rc, first_gid, RcLoop};
 use softverbs_emulator::netns::{LinuxNetns, NetnsDriver, INIT_NETNS};
 
+/// The tests take turns: each moves interfaces between namespaces and then
+/// checks RC traffic with the usual retry budget (7 tries of 67 ms), and
+/// several of them moving interfaces and re-making sockets at once on a
+/// loaded 2-core machine starved one another's traffic past it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Generous bound for anything to happen (never reached unless broken; the
 /// machine may be loaded).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -250,6 +260,7 @@ fn assert_moved(rx: &EventReceiver, name: &str, reason: RemovalReason, to: Names
 
 #[test]
 fn device_follows_link_set_netns_and_carries_traffic() {
+    let _serial = serial();
     let Some(env) = Env::new("m", 211) else { return };
     env.pair_with_devices();
     let (da, db) = (env.dev("a"), env.dev("b"));
@@ -337,6 +348,7 @@ fn device_follows_link_set_netns_and_carries_traffic() {
 
 #[test]
 fn interface_moved_by_ip_is_followed_after_sync() {
+    let _serial = serial();
     let Some(env) = Env::new("x", 212) else { return };
     env.pair_with_devices();
     let da = env.dev("a");
@@ -379,6 +391,7 @@ fn interface_moved_by_ip_is_followed_after_sync() {
 
 #[test]
 fn interface_deleted_is_a_hot_unplug() {
+    let _serial = serial();
     let Some(env) = Env::new("d", 213) else { return };
     env.pair_with_devices();
     let (da, db) = (env.dev("a"), env.dev("b"));
@@ -415,6 +428,7 @@ fn interface_deleted_is_a_hot_unplug() {
 
 #[test]
 fn link_down_and_up_are_port_events() {
+    let _serial = serial();
     let Some(env) = Env::new("p", 214) else { return };
     env.pair_with_devices();
     let da = env.dev("a");
@@ -457,6 +471,7 @@ fn link_down_and_up_are_port_events() {
 
 #[test]
 fn deleting_a_namespace_brings_interfaces_home_or_unplugs() {
+    let _serial = serial();
     let Some(env) = Env::new("n", 215) else { return };
     env.pair_with_devices();
     let (da, db) = (env.dev("a"), env.dev("b"));
@@ -501,6 +516,7 @@ fn deleting_a_namespace_brings_interfaces_home_or_unplugs() {
 
 #[test]
 fn shared_mode_keeps_devices_home_but_remakes_their_sockets() {
+    let _serial = serial();
     let Some(env) = Env::new("s", 216) else { return };
     env.drv.set_mode(softverbs::subsystem::NetnsMode::Shared).unwrap();
     env.pair_with_devices();
