@@ -21,7 +21,8 @@
 //! Prints one line per measurement (`RESULT <what> <mode> round=<r>
 //! conns=<n> secs=<s> rate=<conn/s>`), then the medians.
 //! `benches/run_cm_rate.sh` runs it beside `cmtime` on the
-//! librdmacm-compatible library.
+//! librdmacm-compatible library. (provider/tests/cm_rate.rs is the
+//! sequential variant, as an ignored test of the library's public API.)
 
 use std::collections::HashMap;
 use std::io;
