@@ -18,7 +18,8 @@
 #        table, the hw column on the library's device;
 #      - when mklibdir.sh also made a librdmacm.so.1: the connection
 #        manager's hardware backend (softverbs::cm over librdmacm,
-#        provider/tests/cm_hw.rs, and cm_hw_removal.rs, which unplugs the
+#        provider/tests/cm_hw.rs, cm_hw_addr.rs (ADDR_CHANGE through
+#        librdmacm), and cm_hw_removal.rs, which unplugs the
 #        device under the ids) on the library's device, its address
 #        fixed (SOFTVERBS_ADDR, SOFTVERBS_PORT=4791) so that its GID is the
 #        plain IPv4-mapped one the test connects to; a second process's
@@ -113,7 +114,7 @@ if [ -e "$dir/librdmacm.so.1" ]; then
     run "cm over librdmacm on the library's device (cm_hw)" \
         env SOFTVERBS_ADDR=127.0.39.1 SOFTVERBS_PORT=4791 SOFTVERBS_CM_HW_ADDRS=127.0.39.1 \
         SOFTVERBS_CM_HW_PEER_ADDR=127.0.39.2 \
-        cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal -- --nocapture --test-threads=1
+        cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal --test cm_hw_addr -- --nocapture --test-threads=1
 else
     echo "---- cm over librdmacm (cm_hw): SKIP: mklibdir.sh made no librdmacm.so.1"
 fi

@@ -3,7 +3,9 @@
 //! (`ip netns del`, as an administrator would): every id there (the
 //! wildcard listener, the passive and the active side) gets exactly one
 //! DEVICE_REMOVAL, the deletion completes while the application still
-//! holds them, and destroying them afterwards succeeds.
+//! holds them, and destroying them afterwards succeeds. And `ip addr del`
+//! of the address a connection runs through gives its id one ADDR_CHANGE
+//! at the driver's next `sync`.
 //!
 //! Needs root and `ip` (iproute2); prints one `skipping:` line otherwise.
 
@@ -177,6 +179,86 @@ fn ip_netns_del_removes_every_id_there_once_without_waiting_for_them() {
     s.destroy();
     l.destroy();
     assert!(sub.device(&format!("cmlnx{pid}a")).is_err());
+    drop(cm);
+    drop(drv);
+    drop(cleanup);
+}
+
+#[test]
+fn ip_addr_del_gives_the_ids_bound_through_it_one_addr_change() {
+    if let Err(why) = LinuxNetns::check_privileges() {
+        println!("skipping: the CM on linux interfaces needs root ({why})");
+        return;
+    }
+    if let Err(why) = ip(&["-V"]) {
+        println!("skipping: the CM on linux interfaces needs iproute2 ({why})");
+        return;
+    }
+    let pid = std::process::id() % 100_000;
+    let (a, b) = (format!("svad{pid}a"), format!("svad{pid}b"));
+    let cleanup = Cleanup {
+        netns: format!("svad{pid}"),
+        links: [a.clone(), b.clone()],
+    };
+    let third = (std::process::id() % 250) as u8 + 1;
+    let (addr_a, addr_b) = (IpAddr::from([10, 217, third, 1]), IpAddr::from([10, 217, third, 2]));
+    // A second address on a, in another subnet (deleting a primary
+    // address takes its subnet's secondaries with it).
+    let other = IpAddr::from([10, 218, third, 11]);
+
+    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+    let drv = LinuxNetns::new(sub.clone()).expect("driver");
+    drv.add_veth(&a, addr_a, &b, addr_b).unwrap();
+    ip(&["addr", "add", &format!("{other}/24"), "dev", &a]).unwrap();
+    let dev_a = format!("cmadr{pid}a");
+    drv.add_device(&dev_a, &a).unwrap();
+    drv.add_device(&format!("cmadr{pid}b"), &b).unwrap();
+    let gen_a = sub.device(&dev_a).unwrap().generation();
+    let cm = Cm::new(sub.clone(), CmConfig::default()).unwrap();
+
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id(&sch, PortSpace::Tcp, 1).unwrap();
+    l.bind_addr(SocketAddr::new(addr_b, 6101)).unwrap();
+    l.listen(4).unwrap();
+    let ch = EventChannel::new().unwrap();
+    let c = cm.create_id(&ch, PortSpace::Tcp, 2).unwrap();
+    c.resolve_addr(Some(addr_a), SocketAddr::new(addr_b, 6101)).unwrap();
+    expect(&ch, CmEventKind::AddrResolved);
+    c.resolve_route().unwrap();
+    expect(&ch, CmEventKind::RouteResolved);
+    let c_objs = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    let s_objs = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+    // Bound through a's other address: not concerned.
+    let och = EventChannel::new().unwrap();
+    let o = cm.create_id(&och, PortSpace::Tcp, 3).unwrap();
+    o.bind_addr(SocketAddr::new(other, 0)).unwrap();
+    assert_eq!(drv.sync().unwrap(), 0, "nothing changed yet");
+
+    // Removed from outside: the next sync reports it, once.
+    ip(&["addr", "del", &format!("{addr_a}/24"), "dev", &a]).unwrap();
+    assert!(drv.sync().unwrap() >= 1);
+    let ev = expect(&ch, CmEventKind::AddrChange);
+    assert_eq!(ev.id, c.id());
+    assert_eq!(ev.device.as_deref(), Some(dev_a.as_str()));
+    assert_eq!(ev.generation, Some(gen_a));
+    assert_eq!(drv.sync().unwrap(), 0);
+    for chan in [&ch, &sch, &och] {
+        assert!(chan.get_event(Some(Duration::from_millis(200))).unwrap().is_none());
+    }
+    // Through the driver: the other address goes, and its id hears it.
+    drv.del_addr(&a, other).unwrap();
+    let ev = expect(&och, CmEventKind::AddrChange);
+    assert_eq!(ev.id, o.id());
+    assert!(ch.get_event(Some(Duration::from_millis(200))).unwrap().is_none());
+
+    drop((c_objs, s_objs));
+    drop((c, s, o, l));
     drop(cm);
     drop(drv);
     drop(cleanup);

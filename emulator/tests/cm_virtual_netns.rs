@@ -2,7 +2,9 @@
 //! inside a namespace, listeners in two namespaces served by one handler
 //! that tells them apart by the event's namespace, an id whose device's
 //! interface moves away gets DEVICE_REMOVAL once, and deleting a namespace
-//! removes each id there once without waiting for the application.
+//! removes each id there once without waiting for the application, and
+//! an address removed from (or moved off) an interface gives each id bound
+//! through it one ADDR_CHANGE.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,4 +143,116 @@ fn one_handler_serves_listeners_in_two_namespaces() {
     assert_eq!(ev.namespace, red);
     drop(keep);
     drop((lb, lr));
+}
+
+/// Nothing more on `ch` for a while.
+fn quiet(ch: &EventChannel) {
+    if let Some(ev) = ch.get_event(Some(Duration::from_millis(200))).unwrap() {
+        panic!("unexpected {ev:?}");
+    }
+}
+
+#[test]
+fn removed_or_moved_address_gives_its_ids_one_addr_change() {
+    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
+    let drv = VirtualNetns::new(sub.clone());
+    let ns = drv.add_netns("cm_addr").unwrap();
+    // aeth has two addresses (its device two GIDs), beth one.
+    drv.add_link("aeth", "10.68.0.1".parse().unwrap()).unwrap();
+    drv.add_addr("aeth", "10.68.0.11".parse().unwrap()).unwrap();
+    drv.add_link("beth", "10.68.0.2".parse().unwrap()).unwrap();
+    for (dev, ifname) in [("cm_addr_a", "aeth"), ("cm_addr_b", "beth")] {
+        drv.add_device(dev, ifname).unwrap();
+        drv.link_set_netns(ifname, "cm_addr").unwrap();
+    }
+    let gen_a = sub.device("cm_addr_a").unwrap().generation();
+    let cm = Cm::new(sub.clone(), config()).unwrap();
+
+    let sch = EventChannel::new().unwrap();
+    let l = cm.create_id_in(ns, &sch, PortSpace::Tcp, 0).unwrap();
+    l.bind_addr("10.68.0.2:6000".parse().unwrap()).unwrap();
+    l.listen(4).unwrap();
+    let wch = EventChannel::new().unwrap();
+    let wild = cm.create_id_in(ns, &wch, PortSpace::Tcp, 0).unwrap();
+    wild.bind_addr("0.0.0.0:6001".parse().unwrap()).unwrap();
+    wild.listen(4).unwrap();
+
+    // Connected through 10.68.0.1.
+    let ch = EventChannel::new().unwrap();
+    let (c, _kc) = connect(&cm, ns, &ch, "10.68.0.1", "10.68.0.2:6000");
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    let _ks = qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+    // Bound through the device's other address, and resolved through it.
+    let och = EventChannel::new().unwrap();
+    let bound = cm.create_id_in(ns, &och, PortSpace::Tcp, 0).unwrap();
+    bound.bind_addr("10.68.0.11:0".parse().unwrap()).unwrap();
+    let resolved = cm.create_id_in(ns, &och, PortSpace::Udp, 0).unwrap();
+    resolved
+        .resolve_addr(Some("10.68.0.11".parse().unwrap()), "10.68.0.2:6000".parse().unwrap())
+        .unwrap();
+    expect(&och, CmEventKind::AddrResolved);
+
+    // 10.68.0.1 goes away: the connected id hears it once, with its
+    // namespace, device and generation; the ids on the other address, the
+    // passive side, the listeners: nothing.
+    drv.del_addr("aeth", "10.68.0.1".parse().unwrap()).unwrap();
+    let ev = expect(&ch, CmEventKind::AddrChange);
+    assert_eq!(ev.id, c.id());
+    assert_eq!(ev.namespace, ns);
+    assert_eq!(ev.device.as_deref(), Some("cm_addr_a"));
+    assert_eq!(ev.generation, Some(gen_a));
+    assert_eq!(c.state(), "ESTABLISHED", "the id keeps its state");
+    // Reported again (a driver that polls): nothing new.
+    sub.address_change(
+        "cm_addr_a",
+        "10.68.0.1".parse().unwrap(),
+        softverbs::subsystem::AddressChange::Removed,
+    )
+    .unwrap();
+    assert!(drv.del_addr("aeth", "10.68.0.1".parse().unwrap()).is_err());
+    for chan in [&ch, &sch, &wch, &och] {
+        quiet(chan);
+    }
+    // The CM no longer binds through it.
+    let late = cm.create_id_in(ns, &och, PortSpace::Tcp, 0).unwrap();
+    assert_eq!(
+        late.bind_addr("10.68.0.1:0".parse().unwrap()),
+        Err(Error::NoDevice("10.68.0.1".parse().unwrap()))
+    );
+
+    // 10.68.0.11 moves to beth (a failover): both ids bound through it on
+    // cm_addr_a hear it once; nobody else does.
+    drv.add_addr("beth", "10.68.0.11".parse().unwrap()).unwrap();
+    let mut got = [
+        expect(&och, CmEventKind::AddrChange),
+        expect(&och, CmEventKind::AddrChange),
+    ];
+    got.sort_by_key(|e| e.id);
+    assert_eq!([got[0].id, got[1].id], [bound.id(), resolved.id()]);
+    assert!(got
+        .iter()
+        .all(|e| e.device.as_deref() == Some("cm_addr_a") && e.namespace == ns));
+    for chan in [&ch, &sch, &wch, &och] {
+        quiet(chan);
+    }
+    // An address given to aeth (no id bound through it: no event) is
+    // used from its device's next instance; moving aeth makes one, which
+    // has only that address.
+    drv.add_addr("aeth", "10.68.0.21".parse().unwrap()).unwrap();
+    drv.link_set_netns("aeth", "init").unwrap();
+    expect(&ch, CmEventKind::DeviceRemoval);
+    for _ in 0..2 {
+        expect(&och, CmEventKind::DeviceRemoval);
+    }
+    let init = cm.create_id(&och, PortSpace::Tcp, 0).unwrap();
+    assert!(init.bind_addr("10.68.0.1:0".parse().unwrap()).is_err());
+    assert!(init.bind_addr("10.68.0.11:0".parse().unwrap()).is_err());
+    init.bind_addr("10.68.0.21:0".parse().unwrap()).unwrap();
+    for chan in [&sch, &wch, &och] {
+        quiet(chan);
+    }
 }

@@ -1,18 +1,20 @@
 //! Property test: CM ids under random connects, disconnects, destroys,
-//! device removals, namespace moves and namespace deletions. Whatever the
-//! order, every id bound to a device that goes away gets exactly one
-//! DEVICE_REMOVAL, no other id gets one, destroying any id succeeds, and
-//! in the end only the listeners are left.
+//! device removals, namespace moves, namespace deletions and address
+//! removals. Whatever the order, every id bound to a device that goes away
+//! gets exactly one DEVICE_REMOVAL, and every id bound through an address
+//! removed from its device exactly one ADDR_CHANGE; no other id gets
+//! either, destroying any id succeeds, and in the end only the listeners
+//! are left.
 
 mod cm_common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use cm_common::*;
 use proptest::prelude::*;
 use softverbs::cm::*;
-use softverbs::subsystem::{Generation, NamespaceId};
+use softverbs::subsystem::{AddressChange, Generation, NamespaceId};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -27,6 +29,8 @@ enum Op {
     /// Move device `i` to a fresh namespace and delete that namespace
     /// (the device comes back to the initial one: two removals).
     MoveAndDelete(usize),
+    /// Report device `i`'s address removed from its interface.
+    DropAddr(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..8usize).prop_map(Op::Destroy),
         1 => (0..3usize).prop_map(Op::Replug),
         1 => (0..3usize).prop_map(Op::MoveAndDelete),
+        1 => (0..3usize).prop_map(Op::DropAddr),
     ]
 }
 
@@ -63,6 +68,11 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
     let mut bound: HashMap<u64, (String, Generation)> = HashMap::new();
     let mut expected: HashMap<u64, u32> = HashMap::new();
     let mut seen: HashMap<u64, u32> = HashMap::new();
+    // The same for ADDR_CHANGE, and the device instances whose address
+    // was dropped.
+    let mut addr_expected: HashMap<u64, u32> = HashMap::new();
+    let addr_seen: std::cell::RefCell<HashMap<u64, u32>> = std::cell::RefCell::new(HashMap::new());
+    let mut dropped: HashSet<(String, Generation)> = HashSet::new();
     let mut other: Vec<CmEvent> = Vec::new();
     let drain = |seen: &mut HashMap<u64, u32>, other: &mut Vec<CmEvent>| {
         let all: Vec<EventChannel> = std::iter::once(sch.clone())
@@ -72,6 +82,8 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
             while let Some(ev) = chan.try_get_event() {
                 if ev.kind == CmEventKind::DeviceRemoval {
                     *seen.entry(ev.id).or_default() += 1;
+                } else if ev.kind == CmEventKind::AddrChange {
+                    *addr_seen.borrow_mut().entry(ev.id).or_default() += 1;
                 } else {
                     other.push(ev);
                 }
@@ -113,6 +125,8 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
                     }
                     if ev.kind == CmEventKind::DeviceRemoval {
                         *seen.entry(ev.id).or_default() += 1;
+                    } else if ev.kind == CmEventKind::AddrChange {
+                        *addr_seen.borrow_mut().entry(ev.id).or_default() += 1;
                     } else {
                         other.push(ev);
                     }
@@ -161,6 +175,23 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
                 // Ids never follow a device: the generation changed.
                 w.sub.delete_namespace(ns).map_err(|e| e.to_string())?;
             }
+            Op::DropAddr(i) => {
+                let name = names[*i].clone();
+                let Ok(gen) = w.sub.device(&name).map(|d| d.generation()) else {
+                    continue;
+                };
+                // Once per device instance: a repeated report changes nothing.
+                if dropped.insert((name.clone(), gen)) {
+                    for (id, (n, g)) in &bound {
+                        if *n == name && *g == gen && seen.get(id).copied().unwrap_or(0) == 0 {
+                            *addr_expected.entry(*id).or_default() += 1;
+                        }
+                    }
+                }
+                w.sub
+                    .address_change(&name, ip(131, *i as u8 + 1), AddressChange::Removed)
+                    .map_err(|e| e.to_string())?;
+            }
         }
         drain(&mut seen, &mut other);
     }
@@ -176,6 +207,12 @@ fn run(ops: &[Op]) -> std::result::Result<(), String> {
         if *n > 0 && seen.get(id).copied().unwrap_or(0) != 1 {
             return Err(format!("id {id}: no DEVICE_REMOVAL"));
         }
+    }
+    if *addr_seen.borrow() != addr_expected {
+        return Err(format!(
+            "ADDR_CHANGE per id: {:?}, expected {addr_expected:?}",
+            addr_seen.borrow()
+        ));
     }
     drop(conns);
     drop(nowhere);

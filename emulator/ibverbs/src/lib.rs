@@ -96,6 +96,10 @@
 //! (`mklibdir.sh` links it too). rdma_cm resolves IP addresses to GIDs, so
 //! give each process its own address on port 4791
 //! (`SOFTVERBS_ADDR=127.0.7.1 SOFTVERBS_PORT=4791`).
+//! [`rdmacm::softverbs_remove_addr`] (exported, C ABI, like
+//! [`softverbs_remove_device`]) reports an address removed from the
+//! device's interface: the ids bound through it get
+//! `RDMA_CM_EVENT_ADDR_CHANGE`.
 //!
 //! # What is not supported
 //!

@@ -7,7 +7,8 @@
 //! events carry the ids, the listener and the private data, the ids'
 //! `verbs`/`pd`/`qp`/CQs are the verbs library's objects (a SEND goes
 //! through them), a destroyed id is refused, unsupported calls fail with
-//! the documented errno. One test, in phases: the device is the process's.
+//! the documented errno, an address removal gives ADDR_CHANGE and a hot
+//! unplug DEVICE_REMOVAL. One test, in phases: the device is the process's.
 
 use std::ffi::{c_void, CStr, CString};
 use std::os::raw::{c_char, c_int};
@@ -353,6 +354,27 @@ fn rdma_cm_through_the_dynamic_linker() {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char) -> c_int>(p)
         };
         let name = CStr::from_ptr((*(*(*r).verbs).device).name.as_ptr()).to_owned();
+        // The address goes away first: ADDR_CHANGE for the id, once.
+        let remove_addr: unsafe extern "C" fn(*const c_char, *const c_char) -> c_int = {
+            let n = CString::new("softverbs_remove_addr").unwrap();
+            let p = libc::dlsym(verbs.0, n.as_ptr());
+            assert!(!p.is_null());
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*const c_char, *const c_char) -> c_int>(p)
+        };
+        let text = CString::new(ip.to_string()).unwrap();
+        assert_eq!(remove_addr(name.as_ptr(), text.as_ptr()), 0);
+        let e = next(get, ch, RDMA_CM_EVENT_ADDR_CHANGE);
+        assert_eq!((*e).id, r);
+        assert_eq!(ack(e), 0);
+        assert_eq!(remove_addr(name.as_ptr(), text.as_ptr()), 0, "reported twice");
+        let bad = CString::new("not an address").unwrap();
+        assert_eq!(remove_addr(name.as_ptr(), bad.as_ptr()), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        let other = CString::new("no_such_device").unwrap();
+        assert_eq!(remove_addr(other.as_ptr(), text.as_ptr()), -1);
+        assert_eq!(errno(), libc::ENOENT);
+        // Then the device: DEVICE_REMOVAL is the next event (no second
+        // ADDR_CHANGE came before it).
         assert_eq!(remove(name.as_ptr()), 0);
         let e = next(get, ch, RDMA_CM_EVENT_DEVICE_REMOVAL);
         assert_eq!((*e).id, r);

@@ -136,6 +136,42 @@ pub trait NetnsDriver: Send + Sync {
     /// As [`Subsystem::remove_device`].
     fn del_device(&self, name: &str) -> Result<RemovalReport>;
 
+    /// Removes an address from an interface (`ip addr del ADDR dev IF`):
+    /// the subsystem hears of it
+    /// ([`Subsystem::address_change`]), so the connection manager's ids
+    /// bound through it on the interface's device get ADDR_CHANGE. The
+    /// device keeps its GIDs until it is re-made (a move).
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` for an unknown interface; `EADDRNOTAVAIL` if it lacks the
+    /// address; `EOPNOTSUPP` from a driver that does not manage addresses.
+    fn del_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let _ = (ifname, addr);
+        Err(err(
+            ErrorKind::NotSupported,
+            format!("the {} driver does not manage addresses", self.kind()),
+        ))
+    }
+
+    /// Gives an interface an address (`ip addr add ADDR dev IF`); if
+    /// another interface has it, it moves (as in a bonding failover) and
+    /// the ids bound through it there get ADDR_CHANGE. The interface's
+    /// device uses the address once it has a GID for it (from its next
+    /// instance, after a move).
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` for an unknown interface; `EOPNOTSUPP` from a driver that
+    /// does not manage addresses.
+    fn add_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let _ = (ifname, addr);
+        Err(err(
+            ErrorKind::NotSupported,
+            format!("the {} driver does not manage addresses", self.kind()),
+        ))
+    }
+
     /// Switches the subsystem's namespace mode (`rdma system set netns`).
     ///
     /// # Errors

@@ -9,7 +9,8 @@ use softverbs::soft::link::inproc::InprocFabric;
 use softverbs::soft::link::Link;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
-    soft_plugged, DeviceFactory, DeviceInfo, HotplugDevice, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem,
+    soft_plugged, AddressChange, DeviceFactory, DeviceInfo, HotplugDevice, NamespaceId, NetnsMode, RemovalReport,
+    Result, Subsystem,
 };
 use softverbs::verbs::{self, BackendKind, ErrorKind};
 
@@ -17,7 +18,8 @@ use super::{device_namespace, err, lock, NetnsDriver, INIT_NETNS};
 
 #[derive(Debug)]
 struct VLink {
-    addr: IpAddr,
+    /// Its addresses, first the one it was made with.
+    addrs: Vec<IpAddr>,
     ns: NamespaceId,
     device: Option<String>,
 }
@@ -148,7 +150,7 @@ impl NetnsDriver for VirtualNetns {
 
     fn add_link(&self, ifname: &str, addr: IpAddr) -> Result<()> {
         let mut st = lock(&self.state);
-        if st.links.contains_key(ifname) || st.links.values().any(|l| l.addr == addr) {
+        if st.links.contains_key(ifname) || st.links.values().any(|l| l.addrs.contains(&addr)) {
             return Err(err(
                 ErrorKind::Busy,
                 format!("interface '{ifname}' or address {addr} exists"),
@@ -157,7 +159,7 @@ impl NetnsDriver for VirtualNetns {
         st.links.insert(
             ifname.to_string(),
             VLink {
-                addr,
+                addrs: vec![addr],
                 ns: NamespaceId::INIT,
                 device: None,
             },
@@ -200,7 +202,7 @@ impl NetnsDriver for VirtualNetns {
     }
 
     fn add_device(&self, name: &str, ifname: &str) -> Result<DeviceInfo> {
-        let (addr, ns) = {
+        let (addrs, ns) = {
             let st = lock(&self.state);
             let l = st
                 .links
@@ -209,14 +211,19 @@ impl NetnsDriver for VirtualNetns {
             if let Some(d) = &l.device {
                 return Err(err(ErrorKind::Busy, format!("'{ifname}' already has device '{d}'")));
             }
-            (l.addr, l.ns)
+            (l.addrs.clone(), l.ns)
+        };
+        let Some(&first) = addrs.first() else {
+            return Err(err(ErrorKind::InvalidArgument, format!("'{ifname}' has no address")));
         };
         let ns = device_namespace(&self.sub, ns);
         let factory = Arc::new(VirtualFactory {
             config: SoftDeviceConfig {
                 engine: self.engine,
-                ..SoftDeviceConfig::new(name, addr)
+                addrs,
+                ..SoftDeviceConfig::new(name, first)
             },
+            ifname: ifname.to_string(),
             state: self.state.clone(),
         });
         let info = self.sub.add_device(factory, ns)?;
@@ -235,12 +242,65 @@ impl NetnsDriver for VirtualNetns {
         }
         Ok(report)
     }
+
+    fn del_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let device = {
+            let mut st = lock(&self.state);
+            let l = st
+                .links
+                .get_mut(ifname)
+                .ok_or_else(|| err(ErrorKind::NotFound, format!("no interface '{ifname}'")))?;
+            if !l.addrs.contains(&addr) {
+                return Err(err(
+                    ErrorKind::Other(libc::EADDRNOTAVAIL),
+                    format!("'{ifname}' does not have {addr}"),
+                ));
+            }
+            l.addrs.retain(|a| *a != addr);
+            l.device.clone()
+        };
+        match device {
+            Some(dev) => self.sub.address_change(&dev, addr, AddressChange::Removed),
+            None => Ok(()),
+        }
+    }
+
+    fn add_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let (from, to) = {
+            let mut st = lock(&self.state);
+            if !st.links.contains_key(ifname) {
+                return Err(err(ErrorKind::NotFound, format!("no interface '{ifname}'")));
+            }
+            let mut from = None;
+            for (n, l) in st.links.iter_mut() {
+                if n != ifname && l.addrs.contains(&addr) {
+                    l.addrs.retain(|a| *a != addr);
+                    from = Some(l.device.clone());
+                }
+            }
+            let l = st.links.get_mut(ifname).expect("checked");
+            if l.addrs.contains(&addr) {
+                return Ok(());
+            }
+            l.addrs.push(addr);
+            (from.flatten(), l.device.clone())
+        };
+        if let Some(dev) = from {
+            self.sub.address_change(&dev, addr, AddressChange::Removed)?;
+        }
+        match to {
+            Some(dev) => self.sub.address_change(&dev, addr, AddressChange::Added),
+            None => Ok(()),
+        }
+    }
 }
 
-/// Instantiates a device on the network of the namespace it lands in.
+/// Instantiates a device on the network of the namespace it lands in, with
+/// the addresses its interface has then.
 #[derive(Debug)]
 struct VirtualFactory {
     config: SoftDeviceConfig,
+    ifname: String,
     state: Arc<Mutex<VState>>,
 }
 
@@ -254,9 +314,21 @@ impl DeviceFactory for VirtualFactory {
     }
 
     fn instantiate(&self, ns: NamespaceId) -> verbs::Result<Arc<dyn HotplugDevice>> {
-        let fabric = lock(&self.state).fabric(ns);
+        let (fabric, addrs) = {
+            let mut st = lock(&self.state);
+            let addrs = st.links.get(&self.ifname).map(|l| l.addrs.clone()).unwrap_or_default();
+            (st.fabric(ns), addrs)
+        };
+        // A device needs an address: one whose interface has none keeps
+        // the ones it was made with.
+        let addrs = if addrs.is_empty() {
+            self.config.addrs.clone()
+        } else {
+            addrs
+        };
         let dev = SoftDevice::create(SoftDeviceConfig {
             link: Some(fabric as Arc<dyn Link>),
+            addrs,
             ..self.config.clone()
         })?;
         Ok(soft_plugged(dev))

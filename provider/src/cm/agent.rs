@@ -25,8 +25,8 @@ use crate::soft::engine::DeviceShared;
 use crate::soft::engine::EngineMode;
 use crate::soft::proto::gsi::{GsiMad, GsiSink, MAD_LEN};
 use crate::subsystem::{
-    Client, ClientId, ClientScope, CmHook, CmHookId, DeviceRef, Generation, NamespaceId, NetnsMode, RemovalReason,
-    Subsystem, WeakNamespace,
+    AddressChange, Client, ClientId, ClientScope, CmHook, CmHookId, DeviceRef, Generation, NamespaceId, NetnsMode,
+    RemovalReason, Subsystem, WeakNamespace,
 };
 use crate::verbs::{AccessFlags, AhAttr, Context, Mtu, Qp, QpAttr, QpAttrMask, QpState, QpType};
 
@@ -449,6 +449,12 @@ impl CmHook for Hook {
             inner.device_removal(d.name(), d.generation());
         }
     }
+
+    fn address_change(&self, d: &DeviceRef, addr: IpAddr, change: AddressChange) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.address_change(d, addr, change);
+        }
+    }
 }
 
 impl Shared {
@@ -575,9 +581,15 @@ impl Inner {
             // Another CM owns this device's QP1.
             return;
         }
+        let withdrawn = d.withdrawn_addrs();
         let dev = Dev {
             dref: d.clone(),
-            addrs: shared.addrs().to_vec(),
+            addrs: shared
+                .addrs()
+                .iter()
+                .filter(|a| !withdrawn.contains(a))
+                .copied()
+                .collect(),
             guid: soft.attr().node_guid.0,
             mtu: soft.port_attr().active_mtu,
             drive: matches!(shared.mode(), EngineMode::Inline) && !shared.poll_fds().is_empty(),
@@ -623,6 +635,56 @@ impl Inner {
         }
         drop(st);
         drop(contexts);
+    }
+
+    /// The subsystem's CM hook for addresses: `addr` left device `d` (or
+    /// came to it, leaving any other device of its namespace that had it).
+    /// The CM's address table follows, so later binds and resolutions see
+    /// the change, and every id bound through `addr` on a device that lost
+    /// it gets one ADDR_CHANGE. A report that changes nothing (the address
+    /// was already gone) delivers nothing.
+    pub(crate) fn address_change(&self, d: &DeviceRef, addr: IpAddr, change: AddressChange) {
+        let shared_mode = self.sub.mode() == NetnsMode::Shared;
+        let mut st = self.lock();
+        let mut lost: Vec<(String, Generation)> = Vec::new();
+        for (name, dev) in st.devices.iter_mut() {
+            let this = dev.dref.same_instance(d);
+            let affected = match change {
+                AddressChange::Removed => this,
+                AddressChange::Added => !this && (shared_mode || dev.dref.namespace() == d.namespace()),
+            };
+            if affected && dev.addrs.contains(&addr) {
+                dev.addrs.retain(|a| *a != addr);
+                lost.push((name.clone(), dev.dref.generation()));
+            }
+        }
+        if change == AddressChange::Added {
+            // Usable here only through a GID the device has: a soft
+            // device's GID table is fixed for its life.
+            if let Some(dev) = st.devices.get_mut(d.name()).filter(|x| x.dref.same_instance(d)) {
+                if !dev.addrs.contains(&addr) && dev.sgid_index(addr).is_some() {
+                    dev.addrs.push(addr);
+                }
+            }
+        }
+        if lost.is_empty() {
+            return;
+        }
+        let mut keys: Vec<u64> = st
+            .ids
+            .iter()
+            .filter(|(_, id)| {
+                !id.removed
+                    && !id.destroyed
+                    && id.src.is_some_and(|s| s.ip() == addr)
+                    && id.dev.as_ref().is_some_and(|d| lost.contains(d))
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort_unstable();
+        for k in keys {
+            st.post_kind(k, CmEventKind::AddrChange);
+        }
     }
 
     pub(crate) fn remove_one(st: &mut State, key: u64) {

@@ -36,8 +36,11 @@
 //! [`CmEventKind::DeviceRemoval`] exactly once when the device goes (the
 //! subsystem has then flushed its QP: every posted WR completed once), and
 //! destroying it afterwards succeeds. Ids hold their namespace weakly:
-//! deleting it gives each id there one `DeviceRemoval`. Every event says
-//! its namespace, device, the device's generation and its listener.
+//! deleting it gives each id there one `DeviceRemoval`. An id bound (or
+//! connected) through an address that is removed from its device or moves
+//! to another one gets [`CmEventKind::AddrChange`] once; the CM stops
+//! resolving through the address there. Every event says its namespace,
+//! device, the device's generation and its listener.
 //!
 //! # Examples
 //!
@@ -267,8 +270,10 @@ pub enum CmEventKind {
     /// The id's device went away or its namespace was deleted: exactly once
     /// per id. Destroy the id.
     DeviceRemoval,
-    /// The id's address moved (kept for rdma_cm parity; soft devices do
-    /// not change addresses).
+    /// The address the id is bound through moved to another device or was
+    /// removed from its device (reported to the subsystem by a namespace
+    /// driver, [`Subsystem::address_change`]): once per change and id. The
+    /// id keeps its state; resolve again (a new id) to follow the address.
     AddrChange,
     /// Time-wait ended: the QP may be reused.
     TimewaitExit,

@@ -569,7 +569,15 @@ impl Connection {
                 return Ok(n);
             }
         }
-        // No completion, or an error one: look at the connection's events.
+        self.poll_events(n)
+    }
+
+    /// [`Connection::poll`] after no completion, or an error one (`n`
+    /// completions were polled): the connection's events, and its end.
+    /// Out of line, so that the fast path above stays a small function.
+    #[cold]
+    #[inline(never)]
+    fn poll_events(&self, n: usize) -> std::result::Result<usize, ConnectionError> {
         let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         let events: Vec<CmEventKind> = self
             .session

@@ -236,6 +236,9 @@ pub(crate) struct DeviceRecord {
     pub(crate) gate: Arc<RemovalGate>,
     consumers: Mutex<Vec<ConsumerRec>>,
     reason: Mutex<Option<RemovalReason>>,
+    /// Addresses removed from the device's interface since it was plugged
+    /// ([`Subsystem::address_change`](super::Subsystem::address_change)).
+    pub(crate) withdrawn: Mutex<Vec<std::net::IpAddr>>,
 }
 
 impl fmt::Debug for DeviceRecord {
@@ -256,6 +259,7 @@ impl DeviceRecord {
             gate: Arc::new(RemovalGate::new()),
             consumers: Mutex::new(Vec::new()),
             reason: Mutex::new(None),
+            withdrawn: Mutex::new(Vec::new()),
         })
     }
 
@@ -417,6 +421,13 @@ impl DeviceRef {
             .as_any()
             .downcast_ref::<SoftPlugged>()
             .map(|p| p.dev.clone())
+    }
+
+    /// The addresses removed from this instance's interface since it was
+    /// plugged (and not given back): its GIDs for them stay, but nothing
+    /// should bind through them.
+    pub fn withdrawn_addrs(&self) -> Vec<std::net::IpAddr> {
+        lock(&self.rec.withdrawn).clone()
     }
 
     /// Whether two references name the same device instance.

@@ -31,6 +31,8 @@ pub enum Op {
     SetMode,
     /// A driver in the emulator (namespace or hotplug driver).
     Driver,
+    /// [`Subsystem::address_change`](super::Subsystem::address_change).
+    AddressChange,
 }
 
 /// A failed subsystem operation.

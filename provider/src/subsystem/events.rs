@@ -1,6 +1,7 @@
 //! Device events (every one carries `{namespace, device, generation}`) and
 //! the hook through which the connection manager hears of removals.
 
+use std::net::IpAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -67,9 +68,21 @@ impl EventReceiver {
     }
 }
 
+/// What happened to an IP address of a device's network interface
+/// ([`Subsystem::address_change`](super::Subsystem::address_change)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AddressChange {
+    /// The address was removed from the device's interface (`ip addr del`).
+    Removed,
+    /// The address was given to the device's interface (`ip addr add`); if
+    /// another device of the namespace had it, it moved (bonding failover).
+    Added,
+}
+
 /// The connection manager's hook into device removal (step 3 of the
 /// sequence in [`removal`](super::removal)): every CM id bound to the device
-/// gets DEVICE_REMOVAL. The CM is a later issue; this is where it plugs in.
+/// gets DEVICE_REMOVAL; and into address changes, which give the ids bound
+/// to the address ADDR_CHANGE.
 ///
 /// Called on the removing thread, after the device was revoked and before
 /// the clients' `remove` upcalls; it may call back into the subsystem like
@@ -77,6 +90,13 @@ impl EventReceiver {
 pub trait CmHook: Send + Sync {
     /// `device` is being removed for `reason`.
     fn device_removal(&self, device: &DeviceRef, reason: RemovalReason);
+
+    /// `addr` was removed from or added to `device`'s interface. Called on
+    /// the thread that reported it, with no subsystem lock held. The
+    /// default does nothing.
+    fn address_change(&self, device: &DeviceRef, addr: IpAddr, change: AddressChange) {
+        let _ = (device, addr, change);
+    }
 }
 
 /// A registered [`CmHook`]'s identifier.

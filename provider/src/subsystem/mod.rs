@@ -22,7 +22,9 @@
 //! - [`gate`]: the per-call guard ([`RemovalGate`]) and the guarded
 //!   fast-path handles ([`GuardedQp`], [`GuardedCq`]).
 //! - [`events`]: [`DeviceEvent`]s, each carrying `{namespace, device,
-//!   generation}`.
+//!   generation}`, and the [`CmHook`] through which the connection manager
+//!   hears of removals and of address changes
+//!   ([`Subsystem::address_change`], reported by the drivers).
 //!
 //! Namespace and hotplug *drivers* — what turns `ip netns add`, `ip link
 //! set … netns …` or a virtual equivalent into these calls — live in the
@@ -89,7 +91,7 @@ pub use device::{
     soft_plugged, DeviceFactory, DeviceInfo, DeviceRef, DeviceState, Generation, HotplugDevice, SoftFactory,
 };
 pub use error::{Error, Op, Result};
-pub use events::{CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
+pub use events::{AddressChange, CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
 pub use gate::{GateGuard, Gated, GuardedCq, GuardedQp, RemovalGate};
 #[cfg(feature = "hardware")]
 pub use hw::{HwDeviceEvent, HwEventHub, HwFactory, HwPlugged, NetnsBindings};

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use super::client::{Client, ClientId, ClientScope};
 use super::device::{DeviceFactory, DeviceInfo, DeviceRecord, DeviceRef, DeviceState, Generation};
 use super::error::{serr, Error, Op, Result};
-use super::events::{CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
+use super::events::{AddressChange, CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
 use super::namespace::{NamespaceId, NetnsMode, NsLife, WeakNamespace};
 use super::removal::{RemovalReason, RemovalReport, Straggler};
 
@@ -348,6 +348,35 @@ impl Subsystem {
         let before = st.cm_hooks.len();
         st.cm_hooks.retain(|(h, _)| *h != id);
         st.cm_hooks.len() != before
+    }
+
+    /// Reports that IP address `addr` was removed from (or added to) the
+    /// network interface of device `name` (a namespace driver calls this on
+    /// `ip addr del`/`add`, a bonding failover, ...). Every CM hook hears
+    /// it ([`CmHook::address_change`]); the connection manager gives each
+    /// id bound through `addr` on that device (or, for an address that
+    /// moved here, on the device that had it) one ADDR_CHANGE. The device
+    /// itself is not touched: its GID table is fixed for its life.
+    ///
+    /// # Errors
+    ///
+    /// `ENOENT` for an unknown device; `EBUSY` while it is being removed.
+    pub fn address_change(&self, name: &str, addr: std::net::IpAddr, change: AddressChange) -> Result<()> {
+        let rec = self.live_device(name, Op::AddressChange)?;
+        {
+            let mut w = lock(&rec.withdrawn);
+            match change {
+                AddressChange::Removed if !w.contains(&addr) => w.push(addr),
+                AddressChange::Added => w.retain(|a| *a != addr),
+                AddressChange::Removed => {}
+            }
+        }
+        let hooks: Vec<Arc<dyn CmHook>> = lock(&self.state).cm_hooks.iter().map(|(_, h)| h.clone()).collect();
+        let dref = DeviceRef { rec };
+        for h in &hooks {
+            let _ = catch_unwind(AssertUnwindSafe(|| h.address_change(&dref, addr, change)));
+        }
+        Ok(())
     }
 
     // ----- clients -----

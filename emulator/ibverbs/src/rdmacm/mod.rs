@@ -121,6 +121,43 @@ pub(crate) fn device_removed(name: &str) {
     }
 }
 
+/// Reports that IP address `addr` (text, IPv4 or IPv6) was removed from
+/// the network interface of the library's device `name`, as the kernel
+/// hears of `ip addr del` or a bonding failover: each `rdma_cm_id` bound
+/// or connected through that address on the device gets
+/// `RDMA_CM_EVENT_ADDR_CHANGE` once, and later `rdma_bind_addr` and
+/// `rdma_resolve_addr` calls no longer find the address. The device's GID
+/// table is not changed. Returns 0 (also when the address was already
+/// removed: nothing is delivered twice), or -1 with `errno` `EINVAL`
+/// (NULL or unparsable argument) or `ENOENT` (no such device present).
+///
+/// # Safety
+///
+/// `name` and `addr` must be NULL or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn softverbs_remove_addr(name: *const c_char, addr: *const c_char) -> c_int {
+    if name.is_null() || addr.is_null() {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller passes NUL-terminated strings.
+    let (name, addr) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(addr)) };
+    let (Ok(name), Some(ip)) = (name.to_str(), addr.to_str().ok().and_then(|a| a.parse::<IpAddr>().ok())) else {
+        return fail(libc::EINVAL);
+    };
+    let g = match global() {
+        Ok(g) => g,
+        Err(e) => return fail(e),
+    };
+    match g
+        .cm
+        .subsystem()
+        .address_change(name, ip, softverbs::subsystem::AddressChange::Removed)
+    {
+        Ok(()) => 0,
+        Err(_) => fail(libc::ENOENT),
+    }
+}
+
 fn global() -> Result<&'static Global, c_int> {
     GLOBAL
         .get_or_init(|| {

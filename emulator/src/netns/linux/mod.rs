@@ -16,8 +16,8 @@ use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::udp::UdpConfig;
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
-    soft_plugged, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode, RemovalReport, Result,
-    Subsystem,
+    soft_plugged, AddressChange, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode,
+    RemovalReport, Result, Subsystem,
 };
 use softverbs::verbs::{self, BackendKind, ErrorKind, Verb};
 
@@ -80,6 +80,9 @@ struct LinkRec {
     /// Whether it was up with carrier when last looked at (the state of
     /// its device's port).
     port_active: bool,
+    /// Addresses its device has GIDs for that the interface lacked when
+    /// last looked at (reported to the subsystem as removed).
+    missing: Vec<IpAddr>,
 }
 
 #[derive(Debug, Default)]
@@ -140,7 +143,8 @@ impl LState {
 /// # Following changes made outside (`sync`)
 ///
 /// The driver polls: each [`sync`](NetnsDriver::sync) lists the interfaces
-/// of every namespace it knows (an `RTM_GETLINK` dump on the socket it keeps
+/// of every namespace it knows (an `RTM_GETLINK` dump, and `RTM_GETADDR`
+/// where a managed interface has a device, on the socket it keeps
 /// inside each) and checks that every named namespace is still mounted.
 /// Polling was chosen over subscribing to `RTNLGRP_LINK` because moves show
 /// up as a deletion in one namespace and a creation in another, which a
@@ -158,15 +162,20 @@ impl LState {
 ///   changed: its device's port goes down (PORT_ERR; `query_port` says
 ///   `PORT_DOWN`) or up (PORT_ACTIVE) through
 ///   [`SoftDevice::set_port_active`].
+/// - an address its device has a GID for left the interface (`ip addr
+///   del`, or moved to another interface), or came back: reported to the
+///   subsystem ([`Subsystem::address_change`]), so the connection
+///   manager's ids bound through it get ADDR_CHANGE once. The device's
+///   GIDs stay fixed for its life (move it or re-add it for new ones).
+///   [`del_addr`](NetnsDriver::del_addr) and
+///   [`add_addr`](NetnsDriver::add_addr) do `ip addr del`/`add` and then
+///   a `sync`.
 ///
 /// A namespace whose name disappeared (`ip netns del` outside) is deleted
 /// from the subsystem; the devices of the managed interfaces in it are
 /// hot-unplugged first (so their sockets stop pinning the namespace, and
 /// the kernel can destroy it: a veth inside is destroyed with its peer,
 /// whose device the next `sync` unplugs).
-///
-/// Address changes without a move are not followed (a device's GIDs are
-/// fixed for its life; move it or re-add it).
 ///
 /// # Lifetime and threads
 ///
@@ -374,6 +383,7 @@ impl LinuxNetns {
                 ns,
                 device: None,
                 port_active: up,
+                missing: Vec::new(),
             },
         );
     }
@@ -461,6 +471,70 @@ impl LinuxNetns {
         }
         configured?;
         self.follow(ifname, to)
+    }
+
+    /// A managed interface's namespace and (address, prefix).
+    fn managed(&self, ifname: &str) -> Result<(NamespaceId, (IpAddr, u8))> {
+        lock(&self.state)
+            .links
+            .get(ifname)
+            .map(|l| (l.ns, (l.addr, l.prefix)))
+            .ok_or_else(|| err(ErrorKind::NotFound, format!("no managed interface '{ifname}'")))
+    }
+
+    /// The address part of `sync`: for each managed interface with a
+    /// device, the addresses the device has GIDs for that left the
+    /// interface since the last look (and those that came back) are
+    /// reported to the subsystem, so the connection manager's ids bound
+    /// through them get ADDR_CHANGE. Returns how many changed.
+    fn sync_addrs(&self, seen: &HashMap<String, Vec<(NamespaceId, LinkInfo)>>) -> Result<usize> {
+        let managed: Vec<(String, NamespaceId, String, Vec<IpAddr>)> = lock(&self.state)
+            .links
+            .iter()
+            .filter_map(|(n, l)| Some((n.clone(), l.ns, l.device.clone()?, l.missing.clone())))
+            .collect();
+        let mut by_ns: HashMap<NamespaceId, Vec<(i32, IpAddr)>> = HashMap::new();
+        let mut changes = 0;
+        for (ifname, ns, device, was_missing) in managed {
+            let Some((_, info)) = seen.get(&ifname).and_then(|v| v.iter().find(|(id, _)| *id == ns)) else {
+                continue;
+            };
+            let Some(dev) = self.sub.device(&device).ok().and_then(|d| d.soft_device()) else {
+                continue;
+            };
+            let here = match by_ns.entry(ns) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let addrs = self
+                        .rtnl_of(ns)?
+                        .addrs()
+                        .map_err(|e| io_err(format!("listing the addresses of {ns}"), &e))?;
+                    e.insert(addrs)
+                }
+            };
+            let missing: Vec<IpAddr> = dev
+                .gids()
+                .iter()
+                .map(|g| g.to_ip())
+                .filter(|a| !here.contains(&(info.index, *a)))
+                .collect();
+            if missing == was_missing {
+                continue;
+            }
+            let gone = missing.iter().filter(|a| !was_missing.contains(a));
+            let back = was_missing.iter().filter(|a| !missing.contains(a));
+            for (a, change) in gone
+                .map(|a| (*a, AddressChange::Removed))
+                .chain(back.map(|a| (*a, AddressChange::Added)))
+            {
+                changes += 1;
+                let _ = self.sub.address_change(&device, a, change);
+            }
+            if let Some(l) = lock(&self.state).links.get_mut(&ifname) {
+                l.missing = missing;
+            }
+        }
+        Ok(changes)
     }
 
     /// Every interface of every known namespace, by name.
@@ -819,10 +893,59 @@ impl NetnsDriver for LinuxNetns {
                 dev.set_port_active(up);
             }
         }
+        changes += self.sync_addrs(&seen)?;
         match first_error {
             Some(e) => Err(e),
             None => Ok(changes),
         }
+    }
+
+    fn del_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let (ns, prefix) = self.managed(ifname)?;
+        let rtnl = self.rtnl_of(ns)?;
+        let info = rtnl
+            .link(ifname)
+            .map_err(|e| io_err("listing interfaces", &e))?
+            .ok_or_else(|| err(ErrorKind::NotFound, format!("interface '{ifname}' is gone (run sync)")))?;
+        // The prefix the driver gave its own address; the usual one else.
+        let prefix = if addr == prefix.0 {
+            prefix.1
+        } else {
+            default_prefix(addr)
+        };
+        rtnl.ack(rtnl::del_addr(info.index, addr, prefix))
+            .map_err(|e| io_err(format!("ip addr del {addr}/{prefix} dev {ifname}"), &e))?;
+        self.sync().map(drop)
+    }
+
+    fn add_addr(&self, ifname: &str, addr: IpAddr) -> Result<()> {
+        let (ns, _) = self.managed(ifname)?;
+        // Another managed interface with the address loses it (a move).
+        let others: Vec<String> = {
+            let st = lock(&self.state);
+            st.links
+                .iter()
+                .filter(|(n, _)| n.as_str() != ifname)
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        for other in others {
+            let Ok((ons, _)) = self.managed(&other) else { continue };
+            let Ok(rtnl) = self.rtnl_of(ons) else { continue };
+            let Ok(Some(info)) = rtnl.link(&other) else { continue };
+            let has = rtnl.addrs().is_ok_and(|v| v.contains(&(info.index, addr)));
+            if has {
+                let _ = rtnl.ack(rtnl::del_addr(info.index, addr, default_prefix(addr)));
+            }
+        }
+        let rtnl = self.rtnl_of(ns)?;
+        let info = rtnl
+            .link(ifname)
+            .map_err(|e| io_err("listing interfaces", &e))?
+            .ok_or_else(|| err(ErrorKind::NotFound, format!("interface '{ifname}' is gone (run sync)")))?;
+        rtnl.ack(rtnl::add_addr(info.index, addr, default_prefix(addr)))
+            .map_err(|e| io_err(format!("ip addr add {addr} dev {ifname}"), &e))?;
+        self.sync().map(drop)
     }
 }
 
@@ -885,6 +1008,8 @@ impl DeviceFactory for LinuxFactory {
         };
         if let Some(l) = lock(&self.state).links.get_mut(&self.ifname) {
             l.port_active = up;
+            // The new instance's GIDs are the addresses the interface has.
+            l.missing.clear();
         }
         if !up {
             dev.set_port_active(false);

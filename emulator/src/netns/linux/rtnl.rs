@@ -26,6 +26,8 @@ const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
+const RTM_GETADDR: u16 = 22;
 
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
@@ -125,6 +127,21 @@ pub(crate) fn add_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
     m
 }
 
+/// `RTM_DELADDR` taking `addr/prefix` from interface `index` (`ip addr del`).
+pub(crate) fn del_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
+    let mut m = add_addr(index, addr, prefix);
+    m.buf[4..6].copy_from_slice(&RTM_DELADDR.to_ne_bytes());
+    m.buf[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    m
+}
+
+/// `RTM_GETADDR` dump: every address of every interface.
+pub(crate) fn get_addrs() -> Msg {
+    let mut m = Msg::new(RTM_GETADDR, NLM_F_DUMP);
+    m.raw(&[0u8; IFADDRMSG]);
+    m
+}
+
 /// One interface as `RTM_NEWLINK` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LinkInfo {
@@ -149,6 +166,8 @@ impl LinkInfo {
 pub(crate) enum Reply {
     /// An interface (`RTM_NEWLINK`).
     Link(LinkInfo),
+    /// An address of interface `.0` (`RTM_NEWADDR`).
+    Addr(i32, IpAddr),
     /// The end of a dump.
     Done,
     /// An acknowledgement (0) or an error (a positive errno).
@@ -177,6 +196,28 @@ pub(crate) fn parse(buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
                     .map(|(_, v)| nl::attr_str(v))
                     .unwrap_or_default();
                 Reply::Link(LinkInfo { index, name, flags })
+            }
+            RTM_NEWADDR => {
+                if body.len() < IFADDRMSG {
+                    return Err(bad("short ifaddrmsg"));
+                }
+                let index = u32::from_ne_bytes(body[4..8].try_into().expect("4 bytes")) as i32;
+                let attrs = attrs(&body[IFADDRMSG..])?;
+                // IFA_LOCAL is the interface's own address where it
+                // differs from IFA_ADDRESS (point-to-point).
+                let raw = attrs
+                    .iter()
+                    .find(|(t, _)| *t == IFA_LOCAL)
+                    .or_else(|| attrs.iter().find(|(t, _)| *t == IFA_ADDRESS))
+                    .map(|(_, v)| *v);
+                match raw.and_then(|v| match v.len() {
+                    4 => Some(IpAddr::from(<[u8; 4]>::try_from(v).expect("4 bytes"))),
+                    16 => Some(IpAddr::from(<[u8; 16]>::try_from(v).expect("16 bytes"))),
+                    _ => None,
+                }) {
+                    Some(a) => Reply::Addr(index, a),
+                    None => Reply::Other,
+                }
             }
             _ => Reply::Other,
         };
@@ -250,6 +291,22 @@ impl Rtnl {
             .into_iter()
             .filter_map(|r| match r {
                 Reply::Link(l) => Some(l),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Every address of the namespace: `(interface index, address)`.
+    ///
+    /// # Errors
+    ///
+    /// The socket's error.
+    pub(crate) fn addrs(&self) -> io::Result<Vec<(i32, IpAddr)>> {
+        Ok(self
+            .request(get_addrs())?
+            .into_iter()
+            .filter_map(|r| match r {
+                Reply::Addr(i, a) => Some((i, a)),
                 _ => None,
             })
             .collect())
