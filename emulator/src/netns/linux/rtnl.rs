@@ -112,7 +112,22 @@ pub(crate) fn set_up(index: i32, up: bool) -> Msg {
 /// (`ip addr replace`; IPv6 without duplicate address detection, so the
 /// address is usable at once).
 pub(crate) fn add_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
-    let mut m = Msg::request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK);
+    addr_msg(
+        Msg::request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE | NLM_F_ACK),
+        index,
+        addr,
+        prefix,
+    )
+}
+
+/// `RTM_DELADDR` taking `addr/prefix` from interface `index` (`ip addr del`).
+pub(crate) fn del_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
+    addr_msg(Msg::request(RTM_DELADDR, NLM_F_ACK), index, addr, prefix)
+}
+
+/// `m` with the `ifaddrmsg` and attributes naming `addr/prefix` on
+/// interface `index`.
+fn addr_msg(mut m: Msg, index: i32, addr: IpAddr, prefix: u8) -> Msg {
     let (family, bytes): (u8, Vec<u8>) = match addr {
         IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec()),
         IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec()),
@@ -124,14 +139,6 @@ pub(crate) fn add_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
     hdr[2] = flags;
     hdr[4..8].copy_from_slice(&(index as u32).to_ne_bytes());
     m.raw(&hdr).attr(IFA_LOCAL, &bytes).attr(IFA_ADDRESS, &bytes);
-    m
-}
-
-/// `RTM_DELADDR` taking `addr/prefix` from interface `index` (`ip addr del`).
-pub(crate) fn del_addr(index: i32, addr: IpAddr, prefix: u8) -> Msg {
-    let mut m = add_addr(index, addr, prefix);
-    m.buf[4..6].copy_from_slice(&RTM_DELADDR.to_ne_bytes());
-    m.buf[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
     m
 }
 
@@ -199,10 +206,10 @@ pub(crate) fn parse(buf: &[u8]) -> io::Result<Vec<(u32, Reply)>> {
             }
             RTM_NEWADDR => {
                 if body.len() < IFADDRMSG {
-                    return Err(bad("short ifaddrmsg"));
+                    return Err(nl::bad("short ifaddrmsg").into());
                 }
                 let index = u32::from_ne_bytes(body[4..8].try_into().expect("4 bytes")) as i32;
-                let attrs = attrs(&body[IFADDRMSG..])?;
+                let attrs = nl::attrs(&body[IFADDRMSG..])?;
                 // IFA_LOCAL is the interface's own address where it
                 // differs from IFA_ADDRESS (point-to-point).
                 let raw = attrs
