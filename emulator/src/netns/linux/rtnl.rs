@@ -144,7 +144,7 @@ fn addr_msg(mut m: Msg, index: i32, addr: IpAddr, prefix: u8) -> Msg {
 
 /// `RTM_GETADDR` dump: every address of every interface.
 pub(crate) fn get_addrs() -> Msg {
-    let mut m = Msg::new(RTM_GETADDR, NLM_F_DUMP);
+    let mut m = Msg::request(RTM_GETADDR, NLM_F_DUMP);
     m.raw(&[0u8; IFADDRMSG]);
     m
 }
@@ -345,6 +345,26 @@ mod tests {
 
     fn u16_at(b: &[u8], i: usize) -> u16 {
         u16::from_ne_bytes([b[i], b[i + 1]])
+    }
+
+    #[test]
+    fn address_requests_are_requests() {
+        // The kernel ignores a message without NLM_F_REQUEST: a dump
+        // without it never gets an answer.
+        let b = get_addrs().finish(3);
+        assert_eq!(u16_at(&b, 4), RTM_GETADDR);
+        assert_eq!(u16_at(&b, 6), NLM_F_REQUEST | NLM_F_DUMP);
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let b = del_addr(5, ip, 24).finish(4);
+        assert_eq!(u16_at(&b, 4), RTM_DELADDR);
+        assert_eq!(u16_at(&b, 6), NLM_F_REQUEST | NLM_F_ACK);
+        let add = add_addr(5, ip, 24).finish(4);
+        assert_eq!(
+            u16_at(&add, 6),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        );
+        // The same ifaddrmsg and attributes as the addition.
+        assert_eq!(b[HDR..], add[HDR..]);
     }
 
     #[test]
