@@ -518,7 +518,8 @@ impl Core {
         if let Some(s) = qp.srq.and_then(|s| self.srqs.get_mut(s.0)) {
             s.users = s.users.saturating_sub(1);
         }
-        self.qps.remove(qpn - QPN_BASE);
+        // Taken above: free its number (and its count against max_qp).
+        self.qps.free_taken(qpn - QPN_BASE);
         Ok(())
     }
 

@@ -843,6 +843,51 @@ fn after_revoke_destroy_always_succeeds_and_nothing_follows_device_fatal() {
     n.core.dealloc_pd(PdId(0)).unwrap();
 }
 
+#[test]
+fn destroyed_qps_give_back_their_count_and_numbers_come_back_late() {
+    // A device that allows 4 QPs lives through many more created and
+    // destroyed in turn; a destroyed QP's number is not reused at once.
+    let mut n = node_cfg(QpType::Rc, Mtu::Mtu1024, |c| c.attr.max_qp = 4);
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let create = |core: &mut Core| {
+        core.create_qp(&QpCreate {
+            qp_type: QpType::Rc,
+            pd: PdId(0),
+            send_cq: n.cq,
+            recv_cq: n.cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+            owner: 1,
+        })
+        .map(|(q, _)| q)
+    };
+    let first = create(&mut n.core).unwrap();
+    n.core.destroy_qp(first).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..3 * super::slab::REUSE_AFTER {
+        let q = create(&mut n.core).unwrap_or_else(|e| panic!("create {i}: {e}"));
+        if i < super::slab::REUSE_AFTER {
+            assert_ne!(q, first, "QP number reused after {i} creations");
+        }
+        seen.insert(q);
+        n.core.destroy_qp(q).unwrap();
+    }
+    assert!(seen.contains(&first), "numbers are reused in the end");
+    // Three live beside the node's own: the limit still holds.
+    let live: Vec<u32> = (0..3).map(|_| create(&mut n.core).unwrap()).collect();
+    assert!(create(&mut n.core).is_err());
+    for q in live {
+        n.core.destroy_qp(q).unwrap();
+    }
+}
+
 mod ack_req;
 mod fast;
 mod go_back;
