@@ -81,24 +81,8 @@ use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::{AsyncEvent, PostError, RecvWr};
 
+pub use super::clock::process_now;
 pub use progress::EngineMode;
-
-/// Nanoseconds since the first soft device of the process started: the
-/// engines' common clock. TSC-based (quanta): the engine reads it on every
-/// verb, and `std::time::Instant` (a vDSO call) was 13 % of an in-process
-/// ping-pong profile.
-pub fn process_now() -> Nanos {
-    // The raw counter against the first reading, scaled once: going
-    // through `quanta::Instant` and `Duration` cost ~40 instructions a
-    // call, twice per message.
-    static CLOCK: std::sync::OnceLock<(quanta::Clock, u64)> = std::sync::OnceLock::new();
-    let (clock, epoch) = CLOCK.get_or_init(|| {
-        let clock = quanta::Clock::new();
-        let epoch = clock.raw();
-        (clock, epoch)
-    });
-    clock.delta_as_nanos(*epoch, clock.raw())
-}
 
 /// Batches [`DeviceShared::drive`] reads at most before it returns (the
 /// rest waits for the next call, as under any engine-turn budget).

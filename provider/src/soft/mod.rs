@@ -16,6 +16,7 @@
 
 #[doc(hidden)]
 pub mod ab;
+mod clock;
 pub mod device;
 pub mod engine;
 pub mod link;

@@ -199,7 +199,8 @@ use memmap2::MmapRaw;
 
 use super::udp::UdpLink;
 use super::Link;
-use crate::soft::engine::{process_now, DeviceShared};
+use crate::soft::clock::process_now;
+use crate::soft::engine::DeviceShared;
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;

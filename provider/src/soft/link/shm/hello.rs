@@ -65,7 +65,7 @@ use super::{
     CAP_TRAINS, CAP_TRAINS1, DEAD, FDS_PER_GID, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_FD, NO_META,
     OFF_CAPS, OFF_FDS, OFF_PROBE, UP,
 };
-use crate::soft::engine::process_now;
+use crate::soft::clock::process_now;
 use crate::soft::link::Link;
 use crate::soft::proto::Nanos;
 use crate::verbs::{Gid, MappedPiece};
