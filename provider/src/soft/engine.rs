@@ -76,7 +76,7 @@ use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
-use super::link::Link;
+use super::link::{Endpoint, Link};
 use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::{AsyncEvent, PostError, RecvWr};
@@ -116,7 +116,7 @@ thread_local! {
 }
 
 /// An empty `Vec<Transmit>`, with capacity if this thread has a spare one.
-pub(super) fn take_scratch() -> Vec<Transmit> {
+fn take_scratch() -> Vec<Transmit> {
     SCRATCH
         .try_with(|s| s.borrow_mut().pop())
         .ok()
@@ -125,7 +125,7 @@ pub(super) fn take_scratch() -> Vec<Transmit> {
 }
 
 /// Gives an emptied `Vec<Transmit>` back for reuse.
-pub(super) fn put_scratch(mut v: Vec<Transmit>) {
+fn put_scratch(mut v: Vec<Transmit>) {
     if v.capacity() == 0 {
         return;
     }
@@ -220,8 +220,16 @@ impl DeviceShared {
             held_none: AtomicBool::new(true),
             watch: std::sync::OnceLock::new(),
         });
-        dev.link.attach(&dev);
+        let ep: Arc<dyn Endpoint> = dev.clone();
+        dev.link.attach(&ep);
         dev
+    }
+
+    /// The device behind an endpoint a link handed back (every endpoint
+    /// the engine attaches is a device; `None` for any other).
+    fn of(ep: Arc<dyn Endpoint>) -> Option<Arc<DeviceShared>> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = ep;
+        any.downcast().ok()
     }
 
     /// Lets inline polls hold plain ACKs back for coalescing (a latency
@@ -759,7 +767,7 @@ impl DeviceShared {
         }
         if txs.len() == 1 {
             // The common case: the whole Vec moves on, no allocation.
-            match self.link.route(txs[0].dst) {
+            match self.link.route(txs[0].dst).and_then(Self::of) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => {
                         v.append(&mut txs);
@@ -777,7 +785,7 @@ impl DeviceShared {
             return;
         }
         for t in txs.drain(..) {
-            match self.link.route(t.dst) {
+            match self.link.route(t.dst).and_then(Self::of) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => v.push(t),
                     None => {
@@ -851,5 +859,23 @@ impl DeviceShared {
     /// The link's own counters (`udp_tx_datagrams`, …), for `devinfo -v`.
     pub fn link_stats(&self) -> Vec<(&'static str, u64)> {
         self.link.stats()
+    }
+}
+
+impl Endpoint for DeviceShared {
+    fn addrs(&self) -> &[IpAddr] {
+        &self.addrs
+    }
+
+    fn deliver(&self, tx: Transmit) {
+        DeviceShared::deliver(self, tx);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        DeviceShared::next_deadline(self)
+    }
+
+    fn drive(self: Arc<Self>) -> usize {
+        DeviceShared::drive(&self)
     }
 }

@@ -18,24 +18,46 @@ mod iphash;
 pub mod shm;
 pub mod udp;
 
+use std::any::Any;
+use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use super::engine::DeviceShared;
-use super::proto::{Counters, Datagram, Transmit};
+use super::proto::{Counters, Datagram, Nanos, Transmit};
+
+/// What a link sees of a device attached to it: its addresses, and the
+/// few things an in-process link does to it (the engine's device
+/// implements it). A link never drives a device itself: it hands devices
+/// back to its caller (from [`Link::route`], [`Link::send`],
+/// [`Link::take_due`]), which drives them.
+pub trait Endpoint: Any + Send + Sync + std::fmt::Debug {
+    /// The device's addresses (those datagrams reach it at).
+    fn addrs(&self) -> &[IpAddr];
+
+    /// Queues a received datagram in the device's inbox, for its engine to
+    /// handle the next time it runs.
+    fn deliver(&self, tx: Transmit);
+
+    /// The device's earliest timer deadline (process time), if any.
+    fn next_deadline(&self) -> Option<Nanos>;
+
+    /// Makes progress on the device (reads its inbox, runs due timers,
+    /// sends); returns how many datagrams it read from its link.
+    fn drive(self: Arc<Self>) -> usize;
+}
 
 /// A way to send datagrams.
 pub trait Link: Send + Sync + std::fmt::Debug {
     /// Sends one datagram. An in-process link delivers it into the
     /// destination device's inbox and returns that device, which the caller
     /// must then drive; a network link returns `None`.
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>>;
+    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>>;
 
     /// In-process links: the attached device that owns `dst`, to which the
     /// caller hands datagrams directly (under that device's engine lock,
     /// with no queue in between). `None`: use [`Link::send`] (network
     /// links, or no device owns `dst`).
-    fn route(&self, dst: std::net::IpAddr) -> Option<Arc<DeviceShared>> {
+    fn route(&self, dst: IpAddr) -> Option<Arc<dyn Endpoint>> {
         let _ = dst;
         None
     }
@@ -57,11 +79,11 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// Sends one datagram: [`Link::send_batch`] with a list of one (most
     /// verbs of a ping-pong send one packet), which a link may do without
     /// the list.
+    /// (The engine sends one datagram this way on network links only, which
+    /// override it; this default allocates the list.)
     fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
-        let mut txs = super::engine::take_scratch();
-        txs.push(t);
+        let mut txs = vec![t];
         self.send_batch(&mut txs, spent);
-        super::engine::put_scratch(txs);
     }
 
     /// Sends `t` at once, if this link can without queueing it anywhere
@@ -125,13 +147,13 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// time, [`crate::soft::engine::process_now`]). A link whose devices
     /// share the application's threads (in-process) uses it to run timers
     /// of devices nobody is calling into.
-    fn note_deadline(&self, _deadline: Option<super::proto::Nanos>) {}
+    fn note_deadline(&self, _deadline: Option<Nanos>) {}
 
     /// The attached devices whose timers are due at `now` (process time),
     /// for the caller to drive. Cheap when none is due. The engine asks
     /// only links without [`Link::poll_fds`] (in-process): on a network
     /// link every device runs its timers in its own verbs or thread.
-    fn take_due(&self, _now: super::proto::Nanos) -> Vec<Arc<DeviceShared>> {
+    fn take_due(&self, _now: Nanos) -> Vec<Arc<dyn Endpoint>> {
         Vec::new()
     }
 
@@ -151,7 +173,7 @@ pub trait Link: Send + Sync + std::fmt::Debug {
 
     /// The caller's own poller reported one of [`Link::poll_fds`]
     /// readable without [`Link::prepare_sleep`] (an application's event
-    /// loop calling [`DeviceShared::drive`]): the next [`Link::recv`] must
+    /// loop calling [`DeviceShared::drive`](crate::soft::DeviceShared::drive)): the next [`Link::recv`] must
     /// look at every source. A link that polls some of them only now and
     /// then (shared memory: the UDP socket, the listeners) does so then;
     /// the poller may be edge-triggered and not report them again.
@@ -163,7 +185,7 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     /// with such a train to a receiver able to read that memory and hand
     /// it over as a [`Datagram`] with the train's payload, or drop it (like
     /// a lost packet) if the route changed meanwhile.
-    fn train_caps(&self, _dst: std::net::IpAddr) -> super::proto::train::TrainCaps {
+    fn train_caps(&self, _dst: IpAddr) -> super::proto::train::TrainCaps {
         super::proto::train::TrainCaps::NONE
     }
 
@@ -173,10 +195,10 @@ pub trait Link: Send + Sync + std::fmt::Debug {
     }
 
     /// Registers a device so datagrams to its addresses reach it.
-    fn attach(&self, dev: &Arc<DeviceShared>);
+    fn attach(&self, dev: &Arc<dyn Endpoint>);
 
     /// Unregisters a device.
-    fn detach(&self, dev: &DeviceShared);
+    fn detach(&self, dev: &dyn Endpoint);
 
     /// Short name for `devinfo` (`inproc`, `udp`, `shm`).
     fn name(&self) -> &'static str;

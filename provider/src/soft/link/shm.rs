@@ -198,9 +198,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use memmap2::MmapRaw;
 
 use super::udp::UdpLink;
-use super::Link;
+use super::{Endpoint, Link};
 use crate::soft::clock::process_now;
-use crate::soft::engine::DeviceShared;
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;
@@ -1297,7 +1296,7 @@ impl Channel {
 }
 
 impl Link for ShmLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
+    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>> {
         let mut v = vec![tx];
         self.send_batch(&mut v, &mut drop);
         None
@@ -1416,11 +1415,11 @@ impl Link for ShmLink {
         }
     }
 
-    fn attach(&self, dev: &Arc<DeviceShared>) {
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
         self.udp.attach(dev);
     }
 
-    fn detach(&self, dev: &DeviceShared) {
+    fn detach(&self, dev: &dyn Endpoint) {
         self.detached.store(true, Ordering::Relaxed);
         // Channels stay up until the link is dropped (their sockets close
         // then and the peers see it), so that what the device sends while

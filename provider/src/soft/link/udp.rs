@@ -173,8 +173,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::Link;
-use crate::soft::engine::DeviceShared;
+use super::{Endpoint, Link};
 use crate::soft::proto::{Counters, Datagram, Transmit};
 use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
@@ -988,7 +987,7 @@ impl UdpLink {
 }
 
 impl Link for UdpLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
+    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>> {
         let mut v = vec![tx];
         self.transmit(&mut v, &mut drop);
         None
@@ -1053,9 +1052,9 @@ impl Link for UdpLink {
         UdpLink::stats(self).iter().collect()
     }
 
-    fn attach(&self, _dev: &Arc<DeviceShared>) {}
+    fn attach(&self, _dev: &Arc<dyn Endpoint>) {}
 
-    fn detach(&self, _dev: &DeviceShared) {
+    fn detach(&self, _dev: &dyn Endpoint) {
         self.detached.store(true, Ordering::Relaxed);
     }
 
