@@ -184,6 +184,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod trains;
+mod wire;
 
 use crate::sys::lock;
 use std::collections::{HashMap, VecDeque};
@@ -205,6 +206,7 @@ use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit
 use crate::verbs::Gid;
 use ring::{Consumer, Producer, PushError, Region, Slot, SlotMeta};
 use trains::Exports;
+use wire::{CAP_CMA_READ, EXPORT_LEN};
 
 /// Environment variable: `0` when a link is made turns trains off for it
 /// ([`ShmLink::set_trains`]); for measurements.
@@ -237,15 +239,6 @@ pub const SLOW_NS: Nanos = 100_000;
 const ANSWER_NS: Nanos = 2_000_000_000;
 /// Datagrams a channel holds back (full ring, channel being set up).
 const BACKLOG_MAX: usize = 8192;
-/// Length of the hello and answer messages (`shm/hello.rs`).
-const MSG_LEN: usize = 560;
-const MAX_GIDS: usize = 16;
-/// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
-/// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
-/// per slot, 16-byte slot headers). 5: doorbells are unix datagram
-/// sockets (an eventfd could block the peer that rings it).
-const HELLO: &[u8; 8] = b"SVSHMHI5";
-const ANSWER: &[u8; 8] = b"SVSHMOK5";
 /// How long an accepted rendezvous connection may take to send its hello
 /// (a connector sends it right after connecting) before it is dropped
 /// (`shm_hello_timeouts`).
@@ -257,43 +250,6 @@ pub const ACCEPTS_PER_TURN: usize = 8;
 pub const HELLOS_PER_TURN: usize = 4;
 /// Rings a receive turn takes from the doorbell at most.
 const DRAIN_MAX: usize = 64;
-/// Offset of the capability word (u32, little-endian) in a hello or an
-/// answer, after the GIDs.
-const OFF_CAPS: usize = 284;
-/// Offset of the probe (address u64 LE, value u64 LE) in a hello or an
-/// answer.
-const OFF_PROBE: usize = 288;
-/// Capability: this end sends and receives trains.
-const CAP_TRAINS: u32 = 1;
-/// Capability: this end sends trains of its process memory; the probe is
-/// valid.
-const CAP_CMA: u32 = 2;
-/// Capability: this end read the peer's probe and accepts trains of the
-/// peer's process memory.
-const CAP_CMA_READ: u32 = 4;
-/// Capability: this end takes trains of one packet (earlier versions took
-/// trains of two packets or more and drop one of one as malformed).
-const CAP_TRAINS1: u32 = 8;
-/// Offset of the socket descriptors (`FDS_PER_GID` u32 LE per GID, in
-/// the order of the GIDs; [`NO_FD`] where there are fewer) in a hello or
-/// an answer: the sender's descriptors of the UDP sockets bound to each
-/// GID's endpoint, which the receiver checks ("Trust" in the module docs).
-const OFF_FDS: usize = 304;
-/// Socket descriptors a hello or answer names per GID (a device has two:
-/// its bound socket and its twin, `udp.rs`).
-const FDS_PER_GID: usize = 4;
-/// No descriptor.
-const NO_FD: u32 = u32::MAX;
-const _: () = assert!(
-    25 + 16 * MAX_GIDS <= OFF_CAPS
-        && OFF_CAPS + 4 <= OFF_PROBE
-        && OFF_PROBE + 16 <= OFF_FDS
-        && OFF_FDS + 4 * FDS_PER_GID * MAX_GIDS <= MSG_LEN
-);
-/// An exported buffer: this magic, its token (u64 LE), its length (u64
-/// LE), 8 zero bytes; the memfd rides along (SCM_RIGHTS).
-const EXPORT: &[u8; 8] = b"SVSHMFD1";
-const EXPORT_LEN: usize = 32;
 /// Buffers a channel keeps exported (sender) and mapped (receiver) at
 /// most; the sender makes room by telling the receiver to forget the least
 /// recently used ones.

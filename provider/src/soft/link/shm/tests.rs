@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::ring::{DescPiece, TrainDesc};
 use super::trains::map_export;
+use super::wire::{ANSWER, CAP_TRAINS, CAP_TRAINS1, EXPORT, HELLO, MSG_LEN};
 use super::*;
 use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
