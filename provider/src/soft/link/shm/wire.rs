@@ -7,6 +7,9 @@
 //! - [`Hello`]: the hello a connector sends and the acceptor's answer
 //!   (`hello.rs` has the protocol).
 //! - [`Export`]: an exported buffer's announcement (`trains.rs`).
+//! - [`SlotHeader`]: the header of a ring slot (`ring.rs`, which has the
+//!   region's layout and the rules for reading shared memory: the header
+//!   travels as two atomic words, and this view decodes the private copy).
 //!
 //! Everything read from a peer is untrusted: the accessors only decode,
 //! the callers check.
@@ -143,16 +146,16 @@ impl Hello {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct HelloRepr {
     /// [`HELLO`] or [`ANSWER`].
-    pub magic: [u8; 8],
+    pub(super) magic: [u8; 8],
     /// The GID the message is for.
-    pub target: Gid,
+    pub(super) target: Gid,
     /// The capability word.
-    pub caps: u32,
+    pub(super) caps: u32,
     /// The probe (address, value); zeros when not offered.
-    pub probe: (u64, u64),
+    pub(super) probe: (u64, u64),
     /// The sender's GIDs (at most [`MAX_GIDS`] are emitted), each with its
     /// socket descriptors (at most [`FDS_PER_GID`]).
-    pub gids: Vec<(Gid, Vec<u32>)>,
+    pub(super) gids: Vec<(Gid, Vec<u32>)>,
 }
 
 impl HelloRepr {
@@ -216,9 +219,9 @@ const _: () = assert!(EXPORT_LEN == 32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct ExportRepr {
     /// The buffer's token (what train pieces name it by).
-    pub token: u64,
+    pub(super) token: u64,
     /// The buffer's length.
-    pub len: u64,
+    pub(super) len: u64,
 }
 
 impl ExportRepr {
@@ -242,6 +245,71 @@ impl ExportRepr {
         m
     }
 }
+
+/// The header of a ring slot, its first [`SlotHeader::LEN`] bytes, in
+/// the host's byte order (both ends share one host's memory).
+///
+/// ```text
+///    0  seq       u32 (publication: the slot's count + 1, mod 2^32)
+///    4  len       u16 (datagram bytes)
+///    6  ext       u16 (extension bytes)
+///    8  kind      u16 (KIND_*)
+///   10  flags     u16 (FLAG_*)
+///   12  src_port  u16
+///   14  dst_port  u16
+/// ```
+///
+/// Written and read as three aligned words: `seq` (u32 at 0), `len`/`ext`
+/// (u32 at [`SlotHeader::LENS`]) and `kind`..`dst_port` (u64 at
+/// [`SlotHeader::REST`]); [`SlotHeader::words`] and
+/// [`SlotHeader::from_words`] convert. Any bytes are a header: the reader
+/// checks the fields.
+#[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub(super) struct SlotHeader {
+    pub(super) seq: u32,
+    pub(super) len: u16,
+    pub(super) ext: u16,
+    pub(super) kind: u16,
+    pub(super) flags: u16,
+    pub(super) src_port: u16,
+    pub(super) dst_port: u16,
+}
+
+impl SlotHeader {
+    /// Bytes of a slot header.
+    pub(super) const LEN: usize = std::mem::size_of::<SlotHeader>();
+    /// Offset of the `len`/`ext` word (u32).
+    pub(super) const LENS: usize = std::mem::offset_of!(SlotHeader, len);
+    /// Offset of the `kind`/`flags`/ports word (u64).
+    pub(super) const REST: usize = std::mem::offset_of!(SlotHeader, kind);
+
+    /// The header's words after `seq`: `len`/`ext` (u32 at
+    /// [`Self::LENS`]) and the rest (u64 at [`Self::REST`]).
+    #[inline]
+    pub(super) fn words(&self) -> (u32, u64) {
+        let b = self.as_bytes();
+        let lens = u32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
+        let rest = u64::from_ne_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
+        (lens, rest)
+    }
+
+    /// The header whose words are `seq`, `lens` and `rest` (as read).
+    #[inline]
+    pub(super) fn from_words(seq: u32, lens: u32, rest: u64) -> SlotHeader {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&seq.to_ne_bytes());
+        b[Self::LENS..Self::REST].copy_from_slice(&lens.to_ne_bytes());
+        b[Self::REST..].copy_from_slice(&rest.to_ne_bytes());
+        SlotHeader::read_from_bytes(&b[..]).unwrap_or_else(|_| unreachable!("LEN bytes"))
+    }
+}
+
+const _: () = assert!(SlotHeader::LEN == 16 && SlotHeader::LENS == 4 && SlotHeader::REST == 8);
+const _: () = assert!(std::mem::offset_of!(SlotHeader, ext) == 6);
+const _: () = assert!(std::mem::offset_of!(SlotHeader, flags) == 10);
+const _: () = assert!(std::mem::offset_of!(SlotHeader, src_port) == 12);
+const _: () = assert!(std::mem::offset_of!(SlotHeader, dst_port) == 14);
 
 #[cfg(test)]
 mod tests {
@@ -283,6 +351,24 @@ mod tests {
         assert_eq!(Hello::of(&m).gid_count(), MAX_GIDS);
         // All zero GIDs: unspecified, so no claims.
         assert!(Hello::of(&m).claims().is_empty());
+    }
+
+    #[test]
+    fn slot_headers_travel_as_their_words() {
+        let h = SlotHeader {
+            seq: 0x0102_0304,
+            len: 24,
+            ext: 8,
+            kind: 1,
+            flags: 1,
+            src_port: 0xc000,
+            dst_port: 4791,
+        };
+        let (lens, rest) = h.words();
+        assert_eq!(SlotHeader::from_words(h.seq, lens, rest), h);
+        let b = h.as_bytes();
+        assert_eq!(&b[4..6], &24u16.to_ne_bytes());
+        assert_eq!(&b[14..16], &4791u16.to_ne_bytes());
     }
 
     #[test]
