@@ -96,7 +96,8 @@ impl TrainRoute for LinkRoute {
     fn train_caps(&self, dst: IpAddr) -> super::proto::train::TrainCaps {
         self.0
             .upgrade()
-            .map_or(super::proto::train::TrainCaps::NONE, |l| l.train_caps(dst))
+            .and_then(|l| l.trains().map(|t| t.train_caps(dst)))
+            .unwrap_or(super::proto::train::TrainCaps::NONE)
     }
 }
 
@@ -202,7 +203,7 @@ impl Drop for DeviceShared {
 impl DeviceShared {
     pub(crate) fn new(name: String, addrs: Vec<IpAddr>, mut core: Core, link: Arc<dyn Link>) -> Arc<DeviceShared> {
         let link_fds = link.poll_fds();
-        let sends_now = !link_fds.is_empty() && link.sends_now();
+        let sends_now = !link_fds.is_empty() && link.fast_send().is_some();
         core.set_train_route(Arc::new(LinkRoute(Arc::downgrade(&link))));
         let dev = Arc::new(DeviceShared {
             name,
@@ -333,7 +334,9 @@ impl DeviceShared {
                     f(
                         c,
                         now,
-                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| link.send_now(t, hint)),
+                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| {
+                            link.fast_send().is_some_and(|f| f.send_now(t, hint))
+                        }),
                     )
                 } else {
                     f(c, now, None)
@@ -500,7 +503,9 @@ impl DeviceShared {
             core.give_tx_list(std::mem::take(&mut out));
         }
         if !threaded {
-            self.link.note_deadline(core.poll_timeout());
+            if let Some(p) = self.link.in_process() {
+                p.note_deadline(core.poll_timeout());
+            }
         }
         drop(core);
         self.dispatch_events(events);
@@ -515,7 +520,8 @@ impl DeviceShared {
     /// network link each run their own timers in their own verbs, and its
     /// `take_due` finds none).
     fn drive_due(&self, now: Nanos) {
-        let due = self.link.take_due(now);
+        let Some(p) = self.link.in_process() else { return };
+        let due = p.take_due(now);
         if !due.is_empty() {
             for dev in due {
                 dev.drive();
@@ -537,7 +543,9 @@ impl DeviceShared {
     /// Returns how many datagrams it read (a poller adapting its pace to
     /// the traffic uses it).
     pub fn drive(self: &Arc<Self>) -> usize {
-        self.link.woken();
+        if let Some(w) = self.link.wakeups() {
+            w.woken();
+        }
         if let Some(w) = self.watch.get() {
             // The verbs below re-arm it for the next deadline.
             w.reset();
@@ -572,7 +580,9 @@ impl DeviceShared {
             Some(w) => w,
             None => {
                 let _ = self.watch.set(watch::Watch::new()?);
-                self.link.set_watched(true);
+                if let Some(w) = self.link.wakeups() {
+                    w.set_watched(true);
+                }
                 let w = self.watch.get().expect("just set");
                 // Deadlines armed before the watch existed, and data
                 // already waiting: the first drive looks.
@@ -603,7 +613,7 @@ impl DeviceShared {
         if self.progress.threaded() || self.link_fds.is_empty() {
             return super::notify::poll_readable(&[fd], timeout);
         }
-        if !self.link.prepare_sleep() {
+        if !self.link.wakeups().is_none_or(|w| w.prepare_sleep()) {
             return true;
         }
         let mut fds = Vec::with_capacity(1 + self.link_fds.len());
@@ -715,7 +725,9 @@ impl DeviceShared {
                     core.handle_timeout(now);
                 }
                 Self::drain_locked(&mut core, &mut txs, &mut events);
-                dev.link.note_deadline(core.poll_timeout());
+                if let Some(p) = dev.link.in_process() {
+                    p.note_deadline(core.poll_timeout());
+                }
             }
             dev.dispatch_events(events);
             dev.route_into(txs, &mut work);
@@ -758,6 +770,22 @@ impl DeviceShared {
         core.recycle_buffer(t.data);
     }
 
+    /// The device of this process that owns `dst`, on an in-process link.
+    fn route(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+        self.link.in_process()?.route(dst).and_then(Self::of)
+    }
+
+    /// Sends a datagram no device of this process owns: an in-process
+    /// link counts it, a network link sends it.
+    fn send_unrouted(&self, t: Transmit) {
+        match self.link.in_process() {
+            Some(p) => {
+                let _ = p.send(t);
+            }
+            None => self.link.send_batch(&mut vec![t], &mut drop),
+        }
+    }
+
     /// Sorts datagrams this device sends: those for in-process devices are
     /// added to `work` (per device, in order), the rest go to the link.
     fn route_into(&self, mut txs: Vec<Transmit>, work: &mut Work) {
@@ -767,7 +795,7 @@ impl DeviceShared {
         }
         if txs.len() == 1 {
             // The common case: the whole Vec moves on, no allocation.
-            match self.link.route(txs[0].dst).and_then(Self::of) {
+            match self.route(txs[0].dst) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => {
                         v.append(&mut txs);
@@ -777,7 +805,7 @@ impl DeviceShared {
                 },
                 None => {
                     for t in txs.drain(..) {
-                        let _ = self.link.send(t);
+                        self.send_unrouted(t);
                     }
                     put_scratch(txs);
                 }
@@ -785,7 +813,7 @@ impl DeviceShared {
             return;
         }
         for t in txs.drain(..) {
-            match self.link.route(t.dst).and_then(Self::of) {
+            match self.route(t.dst) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => v.push(t),
                     None => {
@@ -797,7 +825,7 @@ impl DeviceShared {
                 None => {
                     // A network link (or nobody owns the address: the link
                     // counts it).
-                    let _ = self.link.send(t);
+                    self.send_unrouted(t);
                 }
             }
         }
@@ -847,18 +875,20 @@ impl DeviceShared {
     /// before the engine saw it (bad ICRC, truncated, oversized) added in.
     pub fn counters(&self) -> super::proto::Counters {
         let mut c = self.lock().counters().clone();
-        self.link.merge_counters(&mut c);
+        if let Some(d) = self.link.diagnostics() {
+            d.merge_counters(&mut c);
+        }
         c
     }
 
     /// How the link reaches each peer it knows, for `devinfo`.
     pub fn link_peers(&self) -> Vec<String> {
-        self.link.peers()
+        self.link.diagnostics().map_or_else(Vec::new, |d| d.peers())
     }
 
     /// The link's own counters (`udp_tx_datagrams`, …), for `devinfo -v`.
     pub fn link_stats(&self) -> Vec<(&'static str, u64)> {
-        self.link.stats()
+        self.link.diagnostics().map_or_else(Vec::new, |d| d.stats())
     }
 }
 

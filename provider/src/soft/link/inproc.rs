@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 
-use super::{Endpoint, Link};
+use super::{Endpoint, InProcess, Link, Trains};
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Nanos, Transmit};
 
@@ -65,17 +65,45 @@ impl InprocFabric {
 }
 
 impl Link for InprocFabric {
-    /// Every device of the fabric is in this process: trains reach any
-    /// attached one.
-    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
-        let map = self.devices.read().expect("fabric map poisoned");
-        if map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0) {
-            TrainCaps::SHARED
-        } else {
-            TrainCaps::NONE
+    fn send_batch(&self, txs: &mut Vec<Transmit>, _spent: &mut dyn FnMut(Vec<u8>)) {
+        for t in txs.drain(..) {
+            let _ = InProcess::send(self, t);
         }
     }
 
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
+        let mut map = self.devices.write().expect("fabric map poisoned");
+        for ip in dev.addrs() {
+            map.retain(|(a, _)| a != ip);
+            map.push((*ip, Arc::downgrade(dev)));
+        }
+    }
+
+    fn detach(&self, dev: &dyn Endpoint) {
+        let mut map = self.devices.write().expect("fabric map poisoned");
+        map.retain(|(a, _)| !dev.addrs().contains(a));
+    }
+
+    fn name(&self) -> &'static str {
+        "inproc"
+    }
+
+    fn needs_icrc(&self) -> bool {
+        // Packets never leave this process's memory: nothing can flip a bit
+        // or forge a source, so the CRC would only cost time.
+        false
+    }
+
+    fn in_process(&self) -> Option<&dyn InProcess> {
+        Some(self)
+    }
+
+    fn trains(&self) -> Option<&dyn Trains> {
+        Some(self)
+    }
+}
+
+impl InProcess for InprocFabric {
     fn route(&self, dst: IpAddr) -> Option<Arc<dyn Endpoint>> {
         self.lookup(dst)
     }
@@ -130,27 +158,17 @@ impl Link for InprocFabric {
         }
         due
     }
+}
 
-    fn attach(&self, dev: &Arc<dyn Endpoint>) {
-        let mut map = self.devices.write().expect("fabric map poisoned");
-        for ip in dev.addrs() {
-            map.retain(|(a, _)| a != ip);
-            map.push((*ip, Arc::downgrade(dev)));
+impl Trains for InprocFabric {
+    /// Every device of the fabric is in this process: trains reach any
+    /// attached one.
+    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
+        let map = self.devices.read().expect("fabric map poisoned");
+        if map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0) {
+            TrainCaps::SHARED
+        } else {
+            TrainCaps::NONE
         }
-    }
-
-    fn detach(&self, dev: &dyn Endpoint) {
-        let mut map = self.devices.write().expect("fabric map poisoned");
-        map.retain(|(a, _)| !dev.addrs().contains(a));
-    }
-
-    fn name(&self) -> &'static str {
-        "inproc"
-    }
-
-    fn needs_icrc(&self) -> bool {
-        // Packets never leave this process's memory: nothing can flip a bit
-        // or forge a source, so the CRC would only cost time.
-        false
     }
 }

@@ -199,7 +199,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use memmap2::MmapRaw;
 
 use super::udp::UdpLink;
-use super::{Endpoint, Link};
+use super::{Diagnostics, Endpoint, FastSend, Link, Trains, Wakeups};
 use crate::soft::clock::process_now;
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
@@ -1252,26 +1252,12 @@ impl Channel {
 }
 
 impl Link for ShmLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>> {
-        let mut v = vec![tx];
-        self.send_batch(&mut v, &mut drop);
-        None
-    }
-
     fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         self.send_list(txs, spent);
     }
 
     fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
         self.send_single(t, spent);
-    }
-
-    fn send_now(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
-        self.send_at_once(t, hint)
-    }
-
-    fn sends_now(&self) -> bool {
-        true
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
@@ -1283,6 +1269,63 @@ impl Link for ShmLink {
         self.udp.flush() && shm
     }
 
+    fn poll_fds(&self) -> Vec<RawFd> {
+        let mut fds = self.udp.poll_fds();
+        fds.push(self.rendezvous.as_raw_fd());
+        fds.push(self.doorbell.as_raw_fd());
+        fds
+    }
+
+    fn needs_icrc(&self) -> bool {
+        // UDP computes and checks it itself; shared memory needs none.
+        false
+    }
+
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
+        self.udp.attach(dev);
+    }
+
+    fn detach(&self, dev: &dyn Endpoint) {
+        self.detached.store(true, Ordering::Relaxed);
+        // Channels stay up until the link is dropped (their sockets close
+        // then and the peers see it), so that what the device sends while
+        // it goes still arrives.
+        lock(&self.listeners).clear();
+        lock(&self.hellos).clear();
+        self.udp.detach(dev);
+    }
+
+    fn name(&self) -> &'static str {
+        match self.mode {
+            ShmMode::Auto => "shm+udp",
+            ShmMode::Only => "shm",
+        }
+    }
+
+    fn fast_send(&self) -> Option<&dyn FastSend> {
+        Some(self)
+    }
+
+    fn wakeups(&self) -> Option<&dyn Wakeups> {
+        Some(self)
+    }
+
+    fn trains(&self) -> Option<&dyn Trains> {
+        Some(self)
+    }
+
+    fn diagnostics(&self) -> Option<&dyn Diagnostics> {
+        Some(self)
+    }
+}
+
+impl FastSend for ShmLink {
+    fn send_now(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
+        self.send_at_once(t, hint)
+    }
+}
+
+impl Wakeups for ShmLink {
     fn woken(&self) {
         // As after a sleep: the next receive drains the doorbell, runs the
         // slow path (listeners, peers) and reads UDP (every socket).
@@ -1321,38 +1364,9 @@ impl Link for ShmLink {
         }
         ok && self.udp.prepare_sleep()
     }
+}
 
-    fn poll_fds(&self) -> Vec<RawFd> {
-        let mut fds = self.udp.poll_fds();
-        fds.push(self.rendezvous.as_raw_fd());
-        fds.push(self.doorbell.as_raw_fd());
-        fds
-    }
-
-    fn needs_icrc(&self) -> bool {
-        // UDP computes and checks it itself; shared memory needs none.
-        false
-    }
-
-    fn merge_counters(&self, counters: &mut Counters) {
-        self.udp.merge_counters(counters);
-        let bad = self.stats.rx_bad_len.load(Ordering::Relaxed)
-            + self.stats.rx_bad_addr.load(Ordering::Relaxed)
-            + self.stats.rx_bad_train.load(Ordering::Relaxed);
-        counters.rx_malformed += bad;
-        counters.rx_packets += bad;
-    }
-
-    fn stats(&self) -> Vec<(&'static str, u64)> {
-        let mut v = self.shm_stats();
-        v.extend(self.udp.stats().iter());
-        v
-    }
-
-    fn peers(&self) -> Vec<String> {
-        self.peer_lines()
-    }
-
+impl Trains for ShmLink {
     fn train_caps(&self, dst: IpAddr) -> TrainCaps {
         if !self.offer_trains.load(Ordering::Relaxed) || self.detached.load(Ordering::Relaxed) {
             return TrainCaps::NONE;
@@ -1370,25 +1384,25 @@ impl Link for ShmLink {
             _ => TrainCaps::NONE,
         }
     }
+}
 
-    fn attach(&self, dev: &Arc<dyn Endpoint>) {
-        self.udp.attach(dev);
+impl Diagnostics for ShmLink {
+    fn merge_counters(&self, counters: &mut Counters) {
+        self.udp.merge_counters(counters);
+        let bad = self.stats.rx_bad_len.load(Ordering::Relaxed)
+            + self.stats.rx_bad_addr.load(Ordering::Relaxed)
+            + self.stats.rx_bad_train.load(Ordering::Relaxed);
+        counters.rx_malformed += bad;
+        counters.rx_packets += bad;
     }
 
-    fn detach(&self, dev: &dyn Endpoint) {
-        self.detached.store(true, Ordering::Relaxed);
-        // Channels stay up until the link is dropped (their sockets close
-        // then and the peers see it), so that what the device sends while
-        // it goes still arrives.
-        lock(&self.listeners).clear();
-        lock(&self.hellos).clear();
-        self.udp.detach(dev);
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.shm_stats();
+        v.extend(self.udp.stats().iter());
+        v
     }
 
-    fn name(&self) -> &'static str {
-        match self.mode {
-            ShmMode::Auto => "shm+udp",
-            ShmMode::Only => "shm",
-        }
+    fn peers(&self) -> Vec<String> {
+        self.peer_lines()
     }
 }

@@ -59,6 +59,13 @@ fn link_in(mode: ShmMode) -> Arc<ShmLink> {
     }
 }
 
+impl ShmLink {
+    /// Sends one datagram (what the engine's lists of one do).
+    fn send(&self, tx: Transmit) {
+        self.send_batch(&mut vec![tx], &mut drop);
+    }
+}
+
 fn ip(l: &ShmLink) -> IpAddr {
     l.ips[0]
 }
