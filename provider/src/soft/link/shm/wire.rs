@@ -285,23 +285,37 @@ impl SlotHeader {
     pub(super) const REST: usize = std::mem::offset_of!(SlotHeader, kind);
 
     /// The header's words after `seq`: `len`/`ext` (u32 at
-    /// [`Self::LENS`]) and the rest (u64 at [`Self::REST`]).
+    /// [`Self::LENS`]) and the rest (u64 at [`Self::REST`]). Field by
+    /// field, in the layout's order (which the asserts below pin), so
+    /// that it compiles to a few shifts on the per-datagram path.
     #[inline]
     pub(super) fn words(&self) -> (u32, u64) {
-        let b = self.as_bytes();
-        let lens = u32::from_ne_bytes([b[4], b[5], b[6], b[7]]);
-        let rest = u64::from_ne_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
-        (lens, rest)
+        let [l0, l1] = self.len.to_ne_bytes();
+        let [e0, e1] = self.ext.to_ne_bytes();
+        let [k0, k1] = self.kind.to_ne_bytes();
+        let [f0, f1] = self.flags.to_ne_bytes();
+        let [s0, s1] = self.src_port.to_ne_bytes();
+        let [d0, d1] = self.dst_port.to_ne_bytes();
+        (
+            u32::from_ne_bytes([l0, l1, e0, e1]),
+            u64::from_ne_bytes([k0, k1, f0, f1, s0, s1, d0, d1]),
+        )
     }
 
     /// The header whose words are `seq`, `lens` and `rest` (as read).
     #[inline]
     pub(super) fn from_words(seq: u32, lens: u32, rest: u64) -> SlotHeader {
-        let mut b = [0u8; Self::LEN];
-        b[..4].copy_from_slice(&seq.to_ne_bytes());
-        b[Self::LENS..Self::REST].copy_from_slice(&lens.to_ne_bytes());
-        b[Self::REST..].copy_from_slice(&rest.to_ne_bytes());
-        SlotHeader::read_from_bytes(&b[..]).unwrap_or_else(|_| unreachable!("LEN bytes"))
+        let [l0, l1, e0, e1] = lens.to_ne_bytes();
+        let [k0, k1, f0, f1, s0, s1, d0, d1] = rest.to_ne_bytes();
+        SlotHeader {
+            seq,
+            len: u16::from_ne_bytes([l0, l1]),
+            ext: u16::from_ne_bytes([e0, e1]),
+            kind: u16::from_ne_bytes([k0, k1]),
+            flags: u16::from_ne_bytes([f0, f1]),
+            src_port: u16::from_ne_bytes([s0, s1]),
+            dst_port: u16::from_ne_bytes([d0, d1]),
+        }
     }
 }
 
@@ -367,6 +381,9 @@ mod tests {
         let (lens, rest) = h.words();
         assert_eq!(SlotHeader::from_words(h.seq, lens, rest), h);
         let b = h.as_bytes();
+        // The words are the layout's bytes at LENS and REST.
+        assert_eq!(&b[SlotHeader::LENS..SlotHeader::REST], &lens.to_ne_bytes());
+        assert_eq!(&b[SlotHeader::REST..], &rest.to_ne_bytes());
         assert_eq!(&b[4..6], &24u16.to_ne_bytes());
         assert_eq!(&b[14..16], &4791u16.to_ne_bytes());
     }
