@@ -159,7 +159,7 @@ pub struct DeviceShared {
     /// Whether the link has its own receive path (sockets).
     network: bool,
     /// Whether the link takes the send fast path's packets at once
-    /// ([`Link::send_now`]).
+    /// ([`FastSend::send_now`](super::link::FastSend::send_now)).
     sends_now: bool,
     /// The link's descriptors.
     link_fds: Vec<RawFd>,

@@ -28,8 +28,8 @@ use super::proto::{Counters, Datagram, Nanos, Transmit};
 /// What a link sees of a device attached to it: its addresses, and the
 /// few things an in-process link does to it (the engine's device
 /// implements it). A link never drives a device itself: it hands devices
-/// back to its caller (from [`Link::route`], [`Link::send`],
-/// [`Link::take_due`]), which drives them.
+/// back to its caller (from [`InProcess::route`], [`InProcess::send`],
+/// [`InProcess::take_due`]), which drives them.
 pub trait Endpoint: Any + Send + Sync + std::fmt::Debug {
     /// The device's addresses (those datagrams reach it at).
     fn addrs(&self) -> &[IpAddr];

@@ -108,7 +108,7 @@
 //! A reader that spins (busy-polling application, spinning progress
 //! thread) is never signalled: the writer publishes the slot and checks
 //! the reader's sleep flag, which is clear. Before a reader sleeps
-//! ([`Link::prepare_sleep`]) it sets the flag in every ring it reads,
+//! ([`Wakeups::prepare_sleep`]) it sets the flag in every ring it reads,
 //! issues a full fence and looks at the rings once more; the writer
 //! publishes, fences and reads the flag, so one of the two sees the
 //! other (no lost wake-up), and the writer then rings the reader's
@@ -159,7 +159,7 @@
 //! those files and its engine copies the message once. Both ends announce
 //! trains in the capability word of the hello and the answer; a channel
 //! carries them only if both did ([`ShmLink::set_trains`] turns the offer
-//! off), and [`Link::train_caps`] allows them only for a destination routed to
+//! off), and [`Trains::train_caps`] allows them only for a destination routed to
 //! such a channel while it is up; trains of one packet only if the peer
 //! said it takes them (`CAP_TRAINS1`).
 //!
@@ -170,7 +170,7 @@
 //! (`shm/hello.rs`, "Probe"): such a piece is a range of the sender's
 //! address space that the receiver's engine copies with
 //! `process_vm_readv` (cross-memory attach) straight into the
-//! destination; [`Link::train_caps`] says which kinds a destination takes.
+//! destination; [`Trains::train_caps`] says which kinds a destination takes.
 //! Elsewhere such messages go packet by packet.
 //!
 //! How buffers are passed and mapped, what the receiver checks, and what
@@ -560,7 +560,7 @@ struct Peer {
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,
-    /// The peer takes trains of one packet ([`CAP_TRAINS1`]).
+    /// The peer takes trains of one packet ([`CAP_TRAINS1`](wire::CAP_TRAINS1)).
     one_packet: bool,
 }
 
@@ -811,7 +811,7 @@ pub struct ShmLink {
     /// wake the reader for what was already there.
     rendezvous_more: AtomicBool,
     /// An application sleeps on the link's descriptors at times the engine
-    /// does not know ([`Link::set_watched`]): every ring keeps its sleep
+    /// does not know ([`Wakeups::set_watched`]): every ring keeps its sleep
     /// flag set, so peers ring the doorbell for everything they publish.
     watched: AtomicBool,
     /// A sender to our own doorbell, made when watched: rung when a ring
