@@ -13,7 +13,7 @@ use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::ring::{self, Consumer, Popped, Producer, PushError, Region, SlotMeta};
 use softverbs::soft::link::shm::{ShmLink, ShmMode};
 use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort};
-use softverbs::soft::link::Link;
+use softverbs::soft::link::{Diagnostics, Link};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::*;
 use udp_common::*;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use softverbs::soft::engine::EngineMode;
 use softverbs::soft::link::shm::{ShmLink, ShmMode};
 use softverbs::soft::link::udp::{UdpConfig, UdpLink, UdpPort};
-use softverbs::soft::link::Link;
+use softverbs::soft::link::{Diagnostics, Link, Trains};
 use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::verbs::*;
 use udp_common::*;

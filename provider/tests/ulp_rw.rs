@@ -13,9 +13,9 @@ use std::task::{Context as TaskCx, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use softverbs::soft::link::inproc::InprocFabric;
-use softverbs::soft::link::Link;
+use softverbs::soft::link::{Endpoint, InProcess, Link};
 use softverbs::soft::proto::{Nanos, Transmit};
-use softverbs::soft::{DeviceShared, SoftDevice, SoftDeviceConfig};
+use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::ulp::*;
 use softverbs::verbs::*;
 use ulp_common::*;
@@ -307,7 +307,31 @@ struct GateLink {
 }
 
 impl Link for GateLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
+    fn send_batch(&self, txs: &mut Vec<Transmit>, _spent: &mut dyn FnMut(Vec<u8>)) {
+        for t in txs.drain(..) {
+            let _ = InProcess::send(self, t);
+        }
+    }
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
+        self.inner.attach(dev)
+    }
+    fn detach(&self, dev: &dyn Endpoint) {
+        self.inner.detach(dev)
+    }
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+    fn in_process(&self) -> Option<&dyn InProcess> {
+        Some(self)
+    }
+}
+
+impl InProcess for GateLink {
+    fn route(&self, _dst: IpAddr) -> Option<Arc<dyn Endpoint>> {
+        // Every datagram goes through `send`, to be held or delivered.
+        None
+    }
+    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>> {
         if tx.dst == self.slow {
             self.held.lock().unwrap().push_back(tx);
             None
@@ -318,17 +342,8 @@ impl Link for GateLink {
     fn note_deadline(&self, d: Option<Nanos>) {
         self.inner.note_deadline(d)
     }
-    fn take_due(&self, now: Nanos) -> Vec<Arc<DeviceShared>> {
+    fn take_due(&self, now: Nanos) -> Vec<Arc<dyn Endpoint>> {
         self.inner.take_due(now)
-    }
-    fn attach(&self, dev: &Arc<DeviceShared>) {
-        self.inner.attach(dev)
-    }
-    fn detach(&self, dev: &DeviceShared) {
-        self.inner.detach(dev)
-    }
-    fn name(&self) -> &'static str {
-        "gate"
     }
 }
 

@@ -15,7 +15,7 @@
 //!
 //! What makes it adaptive is the sleep's timeout ([`Pacer`]). The shared
 //! memory link rings a reader's doorbell only while the reader has
-//! announced that it sleeps ([`Link::prepare_sleep`]), and any thread that
+//! announced that it sleeps ([`Wakeups::prepare_sleep`](softverbs::soft::link::Wakeups::prepare_sleep)), and any thread that
 //! reads the link withdraws that announcement: an application polling CQs
 //! keeps its peers from making a system call per message. The price is
 //! that after the application's last `ibv_poll_cq` nobody is announced as
@@ -63,7 +63,9 @@ pub(crate) fn rearm() {
     let links = SLEEPERS.lock().unwrap_or_else(|p| p.into_inner());
     REARMS.store(REARMS.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     for l in links.iter() {
-        l.prepare_sleep();
+        if let Some(w) = l.wakeups() {
+            w.prepare_sleep();
+        }
     }
 }
 
@@ -316,6 +318,12 @@ fn polls_elsewhere() -> bool {
 /// on announcing, or woken for), leaves it to an application thread that
 /// is polling CQs and drives the device otherwise; drives on timeouts for
 /// the engine's timers.
+/// `Wakeups::prepare_sleep` on a link that has it; `true` (sleep) on
+/// one that does not.
+fn prepare_sleep(link: &dyn Link) -> bool {
+    link.wakeups().is_none_or(|w| w.prepare_sleep())
+}
+
 pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBool>, linger: Duration) {
     let shared = soft.shared().clone();
     short_slice();
@@ -329,7 +337,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     let mut wakes: u64 = 0;
     let mut idle_mark = others_cpu();
     while !stop.load(Ordering::Acquire) {
-        let mut wake = if !link.prepare_sleep() {
+        let mut wake = if !prepare_sleep(&*link) {
             Wake::Pending
         } else if wait(&link.poll_fds(), sleep_for(&shared, pacer.tick())) {
             Wake::Readable
@@ -344,7 +352,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
             // The application may change its affinity.
             alone = single_cpu();
         }
-        if wake == Wake::Timeout && !link.prepare_sleep() {
+        if wake == Wake::Timeout && !prepare_sleep(&*link) {
             // Data arrived after an application thread withdrew the
             // announcement (it read the link), and nobody read it since.
             wake = Wake::Pending;

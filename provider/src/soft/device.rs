@@ -11,12 +11,11 @@ use super::link::inproc::InprocFabric;
 use super::link::shm::{ShmLink, ShmMode};
 use super::link::udp::{UdpConfig, UdpLink};
 use super::link::Link;
-use super::objects::SoftContext;
+use super::objects::{port_attr_in, SoftContext};
 use super::proto::{Core, CoreConfig, Recovery};
 use crate::verbs::backend::*;
 use crate::verbs::{
-    verr, AsyncElement, AsyncEvent, BackendKind, DeviceAttr, ErrorKind, EventType, Gid, Guid, PortAttr, PortState,
-    Result, Verb,
+    verr, AsyncElement, AsyncEvent, BackendKind, DeviceAttr, ErrorKind, EventType, Gid, Guid, PortAttr, Result, Verb,
 };
 
 /// The counters of a soft device ([`SoftDevice::counters`]) that count a
@@ -516,15 +515,6 @@ impl SoftDevice {
             link_layer: LinkLayer::Ethernet,
         }
     }
-}
-
-/// `attr` with the state of a port that is (or is not) active.
-pub(crate) fn port_attr_in(mut attr: PortAttr, active: bool) -> PortAttr {
-    if !active {
-        attr.state = PortState::Down;
-        attr.phys_state = 3; // Disabled, as rxe reports a port whose netdev is down
-    }
-    attr
 }
 
 fn registry() -> &'static Mutex<Vec<Arc<SoftDevice>>> {

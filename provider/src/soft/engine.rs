@@ -76,29 +76,13 @@ use std::time::Duration;
 
 use crossbeam_queue::SegQueue;
 
-use super::link::Link;
+use super::link::{Endpoint, Link};
 use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::{AsyncEvent, PostError, RecvWr};
 
+pub use super::clock::process_now;
 pub use progress::EngineMode;
-
-/// Nanoseconds since the first soft device of the process started: the
-/// engines' common clock. TSC-based (quanta): the engine reads it on every
-/// verb, and `std::time::Instant` (a vDSO call) was 13 % of an in-process
-/// ping-pong profile.
-pub fn process_now() -> Nanos {
-    // The raw counter against the first reading, scaled once: going
-    // through `quanta::Instant` and `Duration` cost ~40 instructions a
-    // call, twice per message.
-    static CLOCK: std::sync::OnceLock<(quanta::Clock, u64)> = std::sync::OnceLock::new();
-    let (clock, epoch) = CLOCK.get_or_init(|| {
-        let clock = quanta::Clock::new();
-        let epoch = clock.raw();
-        (clock, epoch)
-    });
-    clock.delta_as_nanos(*epoch, clock.raw())
-}
 
 /// Batches [`DeviceShared::drive`] reads at most before it returns (the
 /// rest waits for the next call, as under any engine-turn budget).
@@ -112,7 +96,8 @@ impl TrainRoute for LinkRoute {
     fn train_caps(&self, dst: IpAddr) -> super::proto::train::TrainCaps {
         self.0
             .upgrade()
-            .map_or(super::proto::train::TrainCaps::NONE, |l| l.train_caps(dst))
+            .and_then(|l| l.trains().map(|t| t.train_caps(dst)))
+            .unwrap_or(super::proto::train::TrainCaps::NONE)
     }
 }
 
@@ -132,7 +117,7 @@ thread_local! {
 }
 
 /// An empty `Vec<Transmit>`, with capacity if this thread has a spare one.
-pub(super) fn take_scratch() -> Vec<Transmit> {
+fn take_scratch() -> Vec<Transmit> {
     SCRATCH
         .try_with(|s| s.borrow_mut().pop())
         .ok()
@@ -141,7 +126,7 @@ pub(super) fn take_scratch() -> Vec<Transmit> {
 }
 
 /// Gives an emptied `Vec<Transmit>` back for reuse.
-pub(super) fn put_scratch(mut v: Vec<Transmit>) {
+fn put_scratch(mut v: Vec<Transmit>) {
     if v.capacity() == 0 {
         return;
     }
@@ -174,7 +159,7 @@ pub struct DeviceShared {
     /// Whether the link has its own receive path (sockets).
     network: bool,
     /// Whether the link takes the send fast path's packets at once
-    /// ([`Link::send_now`]).
+    /// ([`FastSend::send_now`](super::link::FastSend::send_now)).
     sends_now: bool,
     /// The link's descriptors.
     link_fds: Vec<RawFd>,
@@ -221,7 +206,7 @@ impl Drop for DeviceShared {
 impl DeviceShared {
     pub(crate) fn new(name: String, addrs: Vec<IpAddr>, mut core: Core, link: Arc<dyn Link>) -> Arc<DeviceShared> {
         let link_fds = link.poll_fds();
-        let sends_now = !link_fds.is_empty() && link.sends_now();
+        let sends_now = !link_fds.is_empty() && link.fast_send().is_some();
         core.set_train_route(Arc::new(LinkRoute(Arc::downgrade(&link))));
         let dev = Arc::new(DeviceShared {
             name,
@@ -240,8 +225,16 @@ impl DeviceShared {
             watch: std::sync::OnceLock::new(),
             driven_externally: AtomicBool::new(false),
         });
-        dev.link.attach(&dev);
+        let ep: Arc<dyn Endpoint> = dev.clone();
+        dev.link.attach(&ep);
         dev
+    }
+
+    /// The device behind an endpoint a link handed back (every endpoint
+    /// the engine attaches is a device; `None` for any other).
+    fn of(ep: Arc<dyn Endpoint>) -> Option<Arc<DeviceShared>> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = ep;
+        any.downcast().ok()
     }
 
     /// Lets inline polls hold plain ACKs back for coalescing (a latency
@@ -345,7 +338,9 @@ impl DeviceShared {
                     f(
                         c,
                         now,
-                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| link.send_now(t, hint)),
+                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| {
+                            link.fast_send().is_some_and(|f| f.send_now(t, hint))
+                        }),
                     )
                 } else {
                     f(c, now, None)
@@ -512,7 +507,9 @@ impl DeviceShared {
             core.give_tx_list(std::mem::take(&mut out));
         }
         if !threaded {
-            self.link.note_deadline(core.poll_timeout());
+            if let Some(p) = self.link.in_process() {
+                p.note_deadline(core.poll_timeout());
+            }
         }
         drop(core);
         self.dispatch_events(events);
@@ -527,7 +524,8 @@ impl DeviceShared {
     /// network link each run their own timers in their own verbs, and its
     /// `take_due` finds none).
     fn drive_due(&self, now: Nanos) {
-        let due = self.link.take_due(now);
+        let Some(p) = self.link.in_process() else { return };
+        let due = p.take_due(now);
         if !due.is_empty() {
             for dev in due {
                 dev.drive();
@@ -549,7 +547,9 @@ impl DeviceShared {
     /// Returns how many datagrams it read (a poller adapting its pace to
     /// the traffic uses it).
     pub fn drive(self: &Arc<Self>) -> usize {
-        self.link.woken();
+        if let Some(w) = self.link.wakeups() {
+            w.woken();
+        }
         if let Some(w) = self.watch.get() {
             // The verbs below re-arm it for the next deadline.
             w.reset();
@@ -584,7 +584,9 @@ impl DeviceShared {
             Some(w) => w,
             None => {
                 let _ = self.watch.set(watch::Watch::new()?);
-                self.link.set_watched(true);
+                if let Some(w) = self.link.wakeups() {
+                    w.set_watched(true);
+                }
                 let w = self.watch.get().expect("just set");
                 // Deadlines armed before the watch existed, and data
                 // already waiting: the first drive looks.
@@ -648,7 +650,7 @@ impl DeviceShared {
         if self.someone_drives() || self.link_fds.is_empty() {
             return super::notify::poll_readable(&[fd], timeout);
         }
-        if !self.link.prepare_sleep() {
+        if !self.link.wakeups().is_none_or(|w| w.prepare_sleep()) {
             return true;
         }
         let mut fds = Vec::with_capacity(1 + self.link_fds.len());
@@ -768,7 +770,9 @@ impl DeviceShared {
                     core.handle_timeout(now);
                 }
                 Self::drain_locked(&mut core, &mut txs, &mut events);
-                dev.link.note_deadline(core.poll_timeout());
+                if let Some(p) = dev.link.in_process() {
+                    p.note_deadline(core.poll_timeout());
+                }
             }
             dev.dispatch_events(events);
             dev.route_into(txs, &mut work);
@@ -811,6 +815,22 @@ impl DeviceShared {
         core.recycle_buffer(t.data);
     }
 
+    /// The device of this process that owns `dst`, on an in-process link.
+    fn route(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+        self.link.in_process()?.route(dst).and_then(Self::of)
+    }
+
+    /// Sends a datagram no device of this process owns: an in-process
+    /// link counts it, a network link sends it.
+    fn send_unrouted(&self, t: Transmit) {
+        match self.link.in_process() {
+            Some(p) => {
+                let _ = p.send(t);
+            }
+            None => self.link.send_batch(&mut vec![t], &mut drop),
+        }
+    }
+
     /// Sorts datagrams this device sends: those for in-process devices are
     /// added to `work` (per device, in order), the rest go to the link.
     fn route_into(&self, mut txs: Vec<Transmit>, work: &mut Work) {
@@ -820,7 +840,7 @@ impl DeviceShared {
         }
         if txs.len() == 1 {
             // The common case: the whole Vec moves on, no allocation.
-            match self.link.route(txs[0].dst) {
+            match self.route(txs[0].dst) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => {
                         v.append(&mut txs);
@@ -830,7 +850,7 @@ impl DeviceShared {
                 },
                 None => {
                     for t in txs.drain(..) {
-                        let _ = self.link.send(t);
+                        self.send_unrouted(t);
                     }
                     put_scratch(txs);
                 }
@@ -838,7 +858,7 @@ impl DeviceShared {
             return;
         }
         for t in txs.drain(..) {
-            match self.link.route(t.dst) {
+            match self.route(t.dst) {
                 Some(d) => match work.iter_mut().find(|(w, _)| Arc::ptr_eq(w, &d)) {
                     Some((_, v)) => v.push(t),
                     None => {
@@ -850,7 +870,7 @@ impl DeviceShared {
                 None => {
                     // A network link (or nobody owns the address: the link
                     // counts it).
-                    let _ = self.link.send(t);
+                    self.send_unrouted(t);
                 }
             }
         }
@@ -900,17 +920,37 @@ impl DeviceShared {
     /// before the engine saw it (bad ICRC, truncated, oversized) added in.
     pub fn counters(&self) -> super::proto::Counters {
         let mut c = self.lock().counters().clone();
-        self.link.merge_counters(&mut c);
+        if let Some(d) = self.link.diagnostics() {
+            d.merge_counters(&mut c);
+        }
         c
     }
 
     /// How the link reaches each peer it knows, for `devinfo`.
     pub fn link_peers(&self) -> Vec<String> {
-        self.link.peers()
+        self.link.diagnostics().map_or_else(Vec::new, |d| d.peers())
     }
 
     /// The link's own counters (`udp_tx_datagrams`, …), for `devinfo -v`.
     pub fn link_stats(&self) -> Vec<(&'static str, u64)> {
-        self.link.stats()
+        self.link.diagnostics().map_or_else(Vec::new, |d| d.stats())
+    }
+}
+
+impl Endpoint for DeviceShared {
+    fn addrs(&self) -> &[IpAddr] {
+        &self.addrs
+    }
+
+    fn deliver(&self, tx: Transmit) {
+        DeviceShared::deliver(self, tx);
+    }
+
+    fn next_deadline(&self) -> Option<Nanos> {
+        DeviceShared::next_deadline(self)
+    }
+
+    fn drive(self: Arc<Self>) -> usize {
+        DeviceShared::drive(&self)
     }
 }

@@ -14,6 +14,7 @@
 //! - [`device`]: soft devices, their attributes, and the provider that lists
 //!   them; the verbs objects over the engine live in a private module.
 
+mod clock;
 pub mod device;
 pub mod engine;
 // Hidden: a switch for latency experiments, set by the perf tool's `--ab`.

@@ -167,6 +167,15 @@ fn wait_driving(
     }
 }
 
+/// `attr` with the state of a port that is (or is not) active.
+pub(crate) fn port_attr_in(mut attr: PortAttr, active: bool) -> PortAttr {
+    if !active {
+        attr.state = crate::verbs::PortState::Down;
+        attr.phys_state = 3; // Disabled, as rxe reports a port whose netdev is down
+    }
+    attr
+}
+
 impl ContextOps for SoftContext {
     fn device_name(&self) -> &str {
         self.dev.name()
@@ -178,7 +187,7 @@ impl ContextOps for SoftContext {
 
     fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.check_port(crate::verbs::Verb::QueryPort, port)?;
-        Ok(super::device::port_attr_in(
+        Ok(port_attr_in(
             self.port.clone(),
             self.port_active.load(Ordering::Acquire),
         ))

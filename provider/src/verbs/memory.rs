@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use super::error::{verr, Result};
 
+mod racy;
 mod shared;
 pub(crate) use shared::SharedFile;
 pub use shared::{SharedMemory, SHARE_MAX_LIVE, SHARE_MIN, SLAB_LEN};
@@ -44,8 +45,8 @@ pub struct MrMemory {
 /// mapped from another one ([`MappedPiece::new`]), or a range of another
 /// process's address space that the kernel copies from
 /// ([`MappedPiece::remote`], cross-memory attach). Only ever read through
-/// raw-pointer or kernel copies, so its contents may change concurrently
-/// (another process writing).
+/// raw-pointer or kernel copies that read the source with atomic loads,
+/// so its contents may change concurrently (another process writing).
 // Hidden: the soft provider's shared-memory trains use it; not for applications.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
@@ -139,10 +140,12 @@ impl<'a> MappedPiece<'a> {
             ));
         }
         match self.at {
-            // SAFETY: the source is readable per MappedPiece::new; `dst` is
-            // a distinct Rust buffer of the same length (a mapping another
-            // process writes is never a Rust buffer).
-            PieceAt::Local(ptr) => unsafe { std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr(), self.len) },
+            // SAFETY: the source is readable per MappedPiece::new, and
+            // read only with atomic loads (another process may write it
+            // meanwhile: see `racy`); `dst` is valid for writes of the
+            // same length, and the only reference to it is the one we
+            // write through.
+            PieceAt::Local(ptr) => unsafe { racy::copy(ptr, dst.as_mut_ptr(), self.len) },
             // SAFETY: `dst` is valid for writes of its length.
             PieceAt::Remote { pid, addr } => unsafe { process_read(pid, addr, dst.as_mut_ptr(), self.len) }
                 .map_err(|e| verr!(MemoryAccess, Io, "cannot read {addr:#x} of process {pid}: {e}"))?,
@@ -497,9 +500,10 @@ impl MemorySource {
         check_range(offset, src.len, self.len())?;
         match src.at {
             // SAFETY: destination in bounds (checked), valid as in read_at;
-            // the source is readable per MappedPiece::new; `copy` allows
-            // overlap.
-            PieceAt::Local(ptr) => unsafe { std::ptr::copy(ptr, self.ptr().add(offset), src.len) },
+            // the source is readable per MappedPiece::new and read only
+            // with atomic loads (its owner may write it meanwhile: see
+            // `racy`); `racy::copy` allows overlap.
+            PieceAt::Local(ptr) => unsafe { racy::copy(ptr, self.ptr().add(offset), src.len) },
             PieceAt::Remote { pid, addr } => {
                 // SAFETY: destination in bounds (checked) and valid for
                 // writes as in write_at; the kernel checks the source.

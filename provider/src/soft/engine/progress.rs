@@ -235,7 +235,7 @@ fn run(dev: Weak<DeviceShared>, mut poll: Poll, spin: Duration, _waker: Arc<Wake
             // A full send buffer: retry soon.
             timeout = Some(timeout.map_or(Duration::from_millis(1), |t| t.min(Duration::from_millis(1))));
         }
-        if !d.link.prepare_sleep() {
+        if !d.link.wakeups().is_none_or(|w| w.prepare_sleep()) {
             timeout = Some(Duration::ZERO);
         }
         drop(d);

@@ -11,7 +11,7 @@
 //! `get_async_event`, which drive the device, and gets the event if one
 //! resulted. A link whose peers only signal readers that announced sleep
 //! (shared memory) is told to keep them signalling
-//! ([`Link::set_watched`](crate::soft::link::Link::set_watched)).
+//! ([`Wakeups::set_watched`](crate::soft::link::Wakeups::set_watched)).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -5,10 +5,9 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock, Weak};
 
-use super::Link;
-use crate::soft::engine::DeviceShared;
+use super::{Endpoint, InProcess, Link, Trains};
 use crate::soft::proto::train::TrainCaps;
-use crate::soft::proto::Transmit;
+use crate::soft::proto::{Nanos, Transmit};
 
 /// A set of devices that reach each other by address, in one process.
 ///
@@ -22,7 +21,7 @@ pub struct InprocFabric {
     /// Address → device. A list, not a hash map: a fabric joins a handful
     /// of devices and this lookup runs for every packet (SipHash of an
     /// `IpAddr` cost more than the scan).
-    devices: RwLock<Vec<(IpAddr, Weak<DeviceShared>)>>,
+    devices: RwLock<Vec<(IpAddr, Weak<dyn Endpoint>)>>,
     /// Datagrams to an address no device owns.
     unroutable: AtomicU64,
     /// Earliest timer deadline of any device (process time; `u64::MAX`:
@@ -59,29 +58,57 @@ impl InprocFabric {
 }
 
 impl InprocFabric {
-    fn lookup(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+    fn lookup(&self, dst: IpAddr) -> Option<Arc<dyn Endpoint>> {
         let map = self.devices.read().expect("fabric map poisoned");
         map.iter().find(|(ip, _)| *ip == dst).and_then(|(_, w)| w.upgrade())
     }
 }
 
 impl Link for InprocFabric {
-    /// Every device of the fabric is in this process: trains reach any
-    /// attached one.
-    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
-        let map = self.devices.read().expect("fabric map poisoned");
-        if map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0) {
-            TrainCaps::SHARED
-        } else {
-            TrainCaps::NONE
+    fn send_batch(&self, txs: &mut Vec<Transmit>, _spent: &mut dyn FnMut(Vec<u8>)) {
+        for t in txs.drain(..) {
+            let _ = InProcess::send(self, t);
         }
     }
 
-    fn route(&self, dst: IpAddr) -> Option<Arc<DeviceShared>> {
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
+        let mut map = self.devices.write().expect("fabric map poisoned");
+        for ip in dev.addrs() {
+            map.retain(|(a, _)| a != ip);
+            map.push((*ip, Arc::downgrade(dev)));
+        }
+    }
+
+    fn detach(&self, dev: &dyn Endpoint) {
+        let mut map = self.devices.write().expect("fabric map poisoned");
+        map.retain(|(a, _)| !dev.addrs().contains(a));
+    }
+
+    fn name(&self) -> &'static str {
+        "inproc"
+    }
+
+    fn needs_icrc(&self) -> bool {
+        // Packets never leave this process's memory: nothing can flip a bit
+        // or forge a source, so the CRC would only cost time.
+        false
+    }
+
+    fn in_process(&self) -> Option<&dyn InProcess> {
+        Some(self)
+    }
+
+    fn trains(&self) -> Option<&dyn Trains> {
+        Some(self)
+    }
+}
+
+impl InProcess for InprocFabric {
+    fn route(&self, dst: IpAddr) -> Option<Arc<dyn Endpoint>> {
         self.lookup(dst)
     }
 
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
+    fn send(&self, tx: Transmit) -> Option<Arc<dyn Endpoint>> {
         match self.lookup(tx.dst) {
             Some(dev) => {
                 dev.deliver(tx);
@@ -94,7 +121,7 @@ impl Link for InprocFabric {
         }
     }
 
-    fn note_deadline(&self, deadline: Option<crate::soft::proto::Nanos>) {
+    fn note_deadline(&self, deadline: Option<Nanos>) {
         // A load first: the deadline rarely moves earlier, and a locked
         // read-modify-write on every verb showed in the profile.
         if let Some(d) = deadline {
@@ -104,7 +131,7 @@ impl Link for InprocFabric {
         }
     }
 
-    fn take_due(&self, now: crate::soft::proto::Nanos) -> Vec<Arc<DeviceShared>> {
+    fn take_due(&self, now: Nanos) -> Vec<Arc<dyn Endpoint>> {
         if self.earliest.load(Ordering::Acquire) > now {
             return Vec::new();
         }
@@ -112,11 +139,11 @@ impl Link for InprocFabric {
         // devices themselves and hand back those that are due. Those are
         // driven next and note their new deadlines then.
         self.earliest.store(u64::MAX, Ordering::Release);
-        let devices: Vec<Arc<DeviceShared>> = {
+        let devices: Vec<Arc<dyn Endpoint>> = {
             let map = self.devices.read().expect("fabric map poisoned");
             map.iter().filter_map(|(_, w)| w.upgrade()).collect()
         };
-        let mut due: Vec<Arc<DeviceShared>> = Vec::new();
+        let mut due: Vec<Arc<dyn Endpoint>> = Vec::new();
         for dev in devices {
             if due.iter().any(|d| Arc::ptr_eq(d, &dev)) {
                 continue; // a device with several addresses
@@ -131,27 +158,17 @@ impl Link for InprocFabric {
         }
         due
     }
+}
 
-    fn attach(&self, dev: &Arc<DeviceShared>) {
-        let mut map = self.devices.write().expect("fabric map poisoned");
-        for ip in dev.addrs() {
-            map.retain(|(a, _)| a != ip);
-            map.push((*ip, Arc::downgrade(dev)));
+impl Trains for InprocFabric {
+    /// Every device of the fabric is in this process: trains reach any
+    /// attached one.
+    fn train_caps(&self, dst: IpAddr) -> TrainCaps {
+        let map = self.devices.read().expect("fabric map poisoned");
+        if map.iter().any(|(ip, w)| *ip == dst && w.strong_count() > 0) {
+            TrainCaps::SHARED
+        } else {
+            TrainCaps::NONE
         }
-    }
-
-    fn detach(&self, dev: &DeviceShared) {
-        let mut map = self.devices.write().expect("fabric map poisoned");
-        map.retain(|(a, _)| !dev.addrs().contains(a));
-    }
-
-    fn name(&self) -> &'static str {
-        "inproc"
-    }
-
-    fn needs_icrc(&self) -> bool {
-        // Packets never leave this process's memory: nothing can flip a bit
-        // or forge a source, so the CRC would only cost time.
-        false
     }
 }

@@ -108,7 +108,7 @@
 //! A reader that spins (busy-polling application, spinning progress
 //! thread) is never signalled: the writer publishes the slot and checks
 //! the reader's sleep flag, which is clear. Before a reader sleeps
-//! ([`Link::prepare_sleep`]) it sets the flag in every ring it reads,
+//! ([`Wakeups::prepare_sleep`]) it sets the flag in every ring it reads,
 //! issues a full fence and looks at the rings once more; the writer
 //! publishes, fences and reads the flag, so one of the two sees the
 //! other (no lost wake-up), and the writer then rings the reader's
@@ -159,7 +159,7 @@
 //! those files and its engine copies the message once. Both ends announce
 //! trains in the capability word of the hello and the answer; a channel
 //! carries them only if both did ([`ShmLink::set_trains`] turns the offer
-//! off), and [`Link::train_caps`] allows them only for a destination routed to
+//! off), and [`Trains::train_caps`] allows them only for a destination routed to
 //! such a channel while it is up; trains of one packet only if the peer
 //! said it takes them (`CAP_TRAINS1`).
 //!
@@ -170,7 +170,7 @@
 //! (`shm/hello.rs`, "Probe"): such a piece is a range of the sender's
 //! address space that the receiver's engine copies with
 //! `process_vm_readv` (cross-memory attach) straight into the
-//! destination; [`Link::train_caps`] says which kinds a destination takes.
+//! destination; [`Trains::train_caps`] says which kinds a destination takes.
 //! Elsewhere such messages go packet by packet.
 //!
 //! How buffers are passed and mapped, what the receiver checks, and what
@@ -185,6 +185,7 @@ mod sys;
 #[cfg(test)]
 mod tests;
 mod trains;
+mod wire;
 
 use crate::sys::lock;
 use std::collections::{HashMap, VecDeque};
@@ -199,13 +200,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use memmap2::MmapRaw;
 
 use super::udp::UdpLink;
-use super::Link;
-use crate::soft::engine::{process_now, DeviceShared};
+use super::{Diagnostics, Endpoint, FastSend, Link, Trains, Wakeups};
+use crate::soft::clock::process_now;
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;
 use ring::{Consumer, Producer, PushError, Region, Slot, SlotMeta};
 use trains::Exports;
+use wire::{CAP_CMA_READ, EXPORT_LEN};
 
 /// Environment variable: `0` when a link is made turns trains off for it
 /// ([`ShmLink::set_trains`]); for measurements.
@@ -238,15 +240,6 @@ pub const SLOW_NS: Nanos = 100_000;
 const ANSWER_NS: Nanos = 2_000_000_000;
 /// Datagrams a channel holds back (full ring, channel being set up).
 const BACKLOG_MAX: usize = 8192;
-/// Length of the hello and answer messages (`shm/hello.rs`).
-const MSG_LEN: usize = 560;
-const MAX_GIDS: usize = 16;
-/// 2: the capability word; ring version 2 (slot kinds). 3: the probe,
-/// caps slots, process-memory pieces. 4: ring version 3 (a sequence word
-/// per slot, 16-byte slot headers). 5: doorbells are unix datagram
-/// sockets (an eventfd could block the peer that rings it).
-const HELLO: &[u8; 8] = b"SVSHMHI5";
-const ANSWER: &[u8; 8] = b"SVSHMOK5";
 /// How long an accepted rendezvous connection may take to send its hello
 /// (a connector sends it right after connecting) before it is dropped
 /// (`shm_hello_timeouts`).
@@ -258,43 +251,6 @@ pub const ACCEPTS_PER_TURN: usize = 8;
 pub const HELLOS_PER_TURN: usize = 4;
 /// Rings a receive turn takes from the doorbell at most.
 const DRAIN_MAX: usize = 64;
-/// Offset of the capability word (u32, little-endian) in a hello or an
-/// answer, after the GIDs.
-const OFF_CAPS: usize = 284;
-/// Offset of the probe (address u64 LE, value u64 LE) in a hello or an
-/// answer.
-const OFF_PROBE: usize = 288;
-/// Capability: this end sends and receives trains.
-const CAP_TRAINS: u32 = 1;
-/// Capability: this end sends trains of its process memory; the probe is
-/// valid.
-const CAP_CMA: u32 = 2;
-/// Capability: this end read the peer's probe and accepts trains of the
-/// peer's process memory.
-const CAP_CMA_READ: u32 = 4;
-/// Capability: this end takes trains of one packet (earlier versions took
-/// trains of two packets or more and drop one of one as malformed).
-const CAP_TRAINS1: u32 = 8;
-/// Offset of the socket descriptors (`FDS_PER_GID` u32 LE per GID, in
-/// the order of the GIDs; [`NO_FD`] where there are fewer) in a hello or
-/// an answer: the sender's descriptors of the UDP sockets bound to each
-/// GID's endpoint, which the receiver checks ("Trust" in the module docs).
-const OFF_FDS: usize = 304;
-/// Socket descriptors a hello or answer names per GID (a device has two:
-/// its bound socket and its twin, `udp.rs`).
-const FDS_PER_GID: usize = 4;
-/// No descriptor.
-const NO_FD: u32 = u32::MAX;
-const _: () = assert!(
-    25 + 16 * MAX_GIDS <= OFF_CAPS
-        && OFF_CAPS + 4 <= OFF_PROBE
-        && OFF_PROBE + 16 <= OFF_FDS
-        && OFF_FDS + 4 * FDS_PER_GID * MAX_GIDS <= MSG_LEN
-);
-/// An exported buffer: this magic, its token (u64 LE), its length (u64
-/// LE), 8 zero bytes; the memfd rides along (SCM_RIGHTS).
-const EXPORT: &[u8; 8] = b"SVSHMFD1";
-const EXPORT_LEN: usize = 32;
 /// Buffers a channel keeps exported (sender) and mapped (receiver) at
 /// most; the sender makes room by telling the receiver to forget the least
 /// recently used ones.
@@ -605,7 +561,7 @@ struct Peer {
     doorbell: OwnedFd,
     /// Both ends offered trains.
     trains: bool,
-    /// The peer takes trains of one packet ([`CAP_TRAINS1`]).
+    /// The peer takes trains of one packet ([`CAP_TRAINS1`](wire::CAP_TRAINS1)).
     one_packet: bool,
 }
 
@@ -856,7 +812,7 @@ pub struct ShmLink {
     /// wake the reader for what was already there.
     rendezvous_more: AtomicBool,
     /// An application sleeps on the link's descriptors at times the engine
-    /// does not know ([`Link::set_watched`]): every ring keeps its sleep
+    /// does not know ([`Wakeups::set_watched`]): every ring keeps its sleep
     /// flag set, so peers ring the doorbell for everything they publish.
     watched: AtomicBool,
     /// A sender to our own doorbell, made when watched: rung when a ring
@@ -1297,26 +1253,12 @@ impl Channel {
 }
 
 impl Link for ShmLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
-        let mut v = vec![tx];
-        self.send_batch(&mut v, &mut drop);
-        None
-    }
-
     fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         self.send_list(txs, spent);
     }
 
     fn send_one(&self, t: Transmit, spent: &mut dyn FnMut(Vec<u8>)) {
         self.send_single(t, spent);
-    }
-
-    fn send_now(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
-        self.send_at_once(t, hint)
-    }
-
-    fn sends_now(&self) -> bool {
-        true
     }
 
     fn recv(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {
@@ -1328,6 +1270,63 @@ impl Link for ShmLink {
         self.udp.flush() && shm
     }
 
+    fn poll_fds(&self) -> Vec<RawFd> {
+        let mut fds = self.udp.poll_fds();
+        fds.push(self.rendezvous.as_raw_fd());
+        fds.push(self.doorbell.as_raw_fd());
+        fds
+    }
+
+    fn needs_icrc(&self) -> bool {
+        // UDP computes and checks it itself; shared memory needs none.
+        false
+    }
+
+    fn attach(&self, dev: &Arc<dyn Endpoint>) {
+        self.udp.attach(dev);
+    }
+
+    fn detach(&self, dev: &dyn Endpoint) {
+        self.detached.store(true, Ordering::Relaxed);
+        // Channels stay up until the link is dropped (their sockets close
+        // then and the peers see it), so that what the device sends while
+        // it goes still arrives.
+        lock(&self.listeners).clear();
+        lock(&self.hellos).clear();
+        self.udp.detach(dev);
+    }
+
+    fn name(&self) -> &'static str {
+        match self.mode {
+            ShmMode::Auto => "shm+udp",
+            ShmMode::Only => "shm",
+        }
+    }
+
+    fn fast_send(&self) -> Option<&dyn FastSend> {
+        Some(self)
+    }
+
+    fn wakeups(&self) -> Option<&dyn Wakeups> {
+        Some(self)
+    }
+
+    fn trains(&self) -> Option<&dyn Trains> {
+        Some(self)
+    }
+
+    fn diagnostics(&self) -> Option<&dyn Diagnostics> {
+        Some(self)
+    }
+}
+
+impl FastSend for ShmLink {
+    fn send_now(&self, t: &Outgoing<'_>, hint: &mut LinkHint) -> bool {
+        self.send_at_once(t, hint)
+    }
+}
+
+impl Wakeups for ShmLink {
     fn woken(&self) {
         // As after a sleep: the next receive drains the doorbell, runs the
         // slow path (listeners, peers) and reads UDP (every socket).
@@ -1366,38 +1365,9 @@ impl Link for ShmLink {
         }
         ok && self.udp.prepare_sleep()
     }
+}
 
-    fn poll_fds(&self) -> Vec<RawFd> {
-        let mut fds = self.udp.poll_fds();
-        fds.push(self.rendezvous.as_raw_fd());
-        fds.push(self.doorbell.as_raw_fd());
-        fds
-    }
-
-    fn needs_icrc(&self) -> bool {
-        // UDP computes and checks it itself; shared memory needs none.
-        false
-    }
-
-    fn merge_counters(&self, counters: &mut Counters) {
-        self.udp.merge_counters(counters);
-        let bad = self.stats.rx_bad_len.load(Ordering::Relaxed)
-            + self.stats.rx_bad_addr.load(Ordering::Relaxed)
-            + self.stats.rx_bad_train.load(Ordering::Relaxed);
-        counters.rx_malformed += bad;
-        counters.rx_packets += bad;
-    }
-
-    fn stats(&self) -> Vec<(&'static str, u64)> {
-        let mut v = self.shm_stats();
-        v.extend(self.udp.stats().iter());
-        v
-    }
-
-    fn peers(&self) -> Vec<String> {
-        self.peer_lines()
-    }
-
+impl Trains for ShmLink {
     fn train_caps(&self, dst: IpAddr) -> TrainCaps {
         if !self.offer_trains.load(Ordering::Relaxed) || self.detached.load(Ordering::Relaxed) {
             return TrainCaps::NONE;
@@ -1415,25 +1385,25 @@ impl Link for ShmLink {
             _ => TrainCaps::NONE,
         }
     }
+}
 
-    fn attach(&self, dev: &Arc<DeviceShared>) {
-        self.udp.attach(dev);
+impl Diagnostics for ShmLink {
+    fn merge_counters(&self, counters: &mut Counters) {
+        self.udp.merge_counters(counters);
+        let bad = self.stats.rx_bad_len.load(Ordering::Relaxed)
+            + self.stats.rx_bad_addr.load(Ordering::Relaxed)
+            + self.stats.rx_bad_train.load(Ordering::Relaxed);
+        counters.rx_malformed += bad;
+        counters.rx_packets += bad;
     }
 
-    fn detach(&self, dev: &DeviceShared) {
-        self.detached.store(true, Ordering::Relaxed);
-        // Channels stay up until the link is dropped (their sockets close
-        // then and the peers see it), so that what the device sends while
-        // it goes still arrives.
-        lock(&self.listeners).clear();
-        lock(&self.hellos).clear();
-        self.udp.detach(dev);
+    fn stats(&self) -> Vec<(&'static str, u64)> {
+        let mut v = self.shm_stats();
+        v.extend(self.udp.stats().iter());
+        v
     }
 
-    fn name(&self) -> &'static str {
-        match self.mode {
-            ShmMode::Auto => "shm+udp",
-            ShmMode::Only => "shm",
-        }
+    fn peers(&self) -> Vec<String> {
+        self.peer_lines()
     }
 }

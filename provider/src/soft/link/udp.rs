@@ -174,8 +174,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::Link;
-use crate::soft::engine::DeviceShared;
+use super::{Diagnostics, Endpoint, Link, Wakeups};
 use crate::soft::proto::{Counters, Datagram, Transmit};
 use crate::soft::wire::{IcrcPrefix, IpPseudoHeader, UdpPorts, ROCEV2_UDP_PORT};
 use crate::verbs::Gid;
@@ -991,12 +990,6 @@ impl UdpLink {
 }
 
 impl Link for UdpLink {
-    fn send(&self, tx: Transmit) -> Option<Arc<DeviceShared>> {
-        let mut v = vec![tx];
-        self.transmit(&mut v, &mut drop);
-        None
-    }
-
     fn send_batch(&self, txs: &mut Vec<Transmit>, spent: &mut dyn FnMut(Vec<u8>)) {
         if self.detached.load(Ordering::Relaxed) {
             txs.clear();
@@ -1026,6 +1019,31 @@ impl Link for UdpLink {
         self.socks.iter().flat_map(Sock::fds).collect()
     }
 
+    fn needs_icrc(&self) -> bool {
+        // The link computes and checks it against the real headers.
+        false
+    }
+
+    fn attach(&self, _dev: &Arc<dyn Endpoint>) {}
+
+    fn detach(&self, _dev: &dyn Endpoint) {
+        self.detached.store(true, Ordering::Relaxed);
+    }
+
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    fn wakeups(&self) -> Option<&dyn Wakeups> {
+        Some(self)
+    }
+
+    fn diagnostics(&self) -> Option<&dyn Diagnostics> {
+        Some(self)
+    }
+}
+
+impl Wakeups for UdpLink {
     fn woken(&self) {
         self.armed.store(true, Ordering::Release);
     }
@@ -1037,12 +1055,9 @@ impl Link for UdpLink {
         self.woken();
         true
     }
+}
 
-    fn needs_icrc(&self) -> bool {
-        // The link computes and checks it against the real headers.
-        false
-    }
-
+impl Diagnostics for UdpLink {
     fn merge_counters(&self, c: &mut Counters) {
         let s = &self.stats;
         let bad_icrc = s.rx_bad_icrc.load(Ordering::Relaxed);
@@ -1054,16 +1069,6 @@ impl Link for UdpLink {
 
     fn stats(&self) -> Vec<(&'static str, u64)> {
         UdpLink::stats(self).iter().collect()
-    }
-
-    fn attach(&self, _dev: &Arc<DeviceShared>) {}
-
-    fn detach(&self, _dev: &DeviceShared) {
-        self.detached.store(true, Ordering::Relaxed);
-    }
-
-    fn name(&self) -> &'static str {
-        "udp"
     }
 }
 

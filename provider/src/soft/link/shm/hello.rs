@@ -4,16 +4,14 @@
 //!
 //! # Hello and answer
 //!
-//! [`MSG_LEN`] bytes: magic (`SVSHMHI5` or `SVSHMOK5`, for ring version 3
-//! with socket doorbells; a peer of another version gets no channel), the
-//! target GID (16 bytes), the GID count (1 byte) and up to 16 GIDs, then
-//! at [`OFF_CAPS`] the capability word (u32 LE), at [`OFF_PROBE`] the probe
-//! (address u64 LE, value u64 LE), and at [`OFF_FDS`] per GID
-//! [`FDS_PER_GID`] descriptor numbers (u32 LE, [`NO_FD`] for none): the
-//! sender's descriptors of the UDP sockets bound to that GID, which the
-//! receiver checks (the parent module's "Trust"). The hello passes the
-//! region's memfd and the doorbell, the answer the doorbell
-//! (SCM_RIGHTS). Capabilities:
+//! The messages' layout is [`wire::Hello`](super::wire::Hello): magic
+//! (`SVSHMHI5` or `SVSHMOK5`, for ring version 3 with socket doorbells; a
+//! peer of another version gets no channel), the target GID, up to 16
+//! GIDs, the capability word, the probe (address, value), and per GID
+//! [`FDS_PER_GID`] descriptor numbers: the sender's descriptors of the UDP
+//! sockets bound to that GID, which the receiver checks (the parent
+//! module's "Trust"). The hello passes the region's memfd and the
+//! doorbell, the answer the doorbell (SCM_RIGHTS). Capabilities:
 //!
 //! - [`CAP_TRAINS`]: this end sends and receives trains.
 //! - [`CAP_CMA`]: this end sends trains of its own process memory, and
@@ -60,12 +58,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::ring::{self, Region};
-use super::{
-    bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER, ANSWER_NS, CAP_CMA, CAP_CMA_READ,
-    CAP_TRAINS, CAP_TRAINS1, DEAD, FDS_PER_GID, HELLO, HELLOS_PER_TURN, HELLO_NS, MAX_GIDS, MSG_LEN, NO_FD, NO_META,
-    OFF_CAPS, OFF_FDS, OFF_PROBE, UP,
+use super::wire::{
+    Hello, HelloRepr, ANSWER, CAP_CMA, CAP_CMA_READ, CAP_TRAINS, CAP_TRAINS1, FDS_PER_GID, HELLO, MSG_LEN,
 };
-use crate::soft::engine::process_now;
+use super::{
+    bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER_NS, DEAD, HELLOS_PER_TURN, HELLO_NS,
+    NO_META, UP,
+};
+use crate::soft::clock::process_now;
 use crate::soft::link::Link;
 use crate::soft::proto::Nanos;
 use crate::verbs::{Gid, MappedPiece};
@@ -120,39 +120,23 @@ pub(super) fn read_probe(pid: u32, addr: u64, value: u64) -> bool {
 
 /// Names `fds` (at most [`FDS_PER_GID`]) as the sockets of GID number `i`
 /// of hello or answer `m`.
+#[cfg(test)]
 pub(super) fn set_fds(m: &mut [u8; MSG_LEN], i: usize, fds: &[u32]) {
-    for k in 0..FDS_PER_GID {
-        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
-        m[o..o + 4].copy_from_slice(&fds.get(k).copied().unwrap_or(NO_FD).to_le_bytes());
-    }
-}
-
-/// The probe of a hello or answer (untrusted).
-fn parse_probe(m: &[u8; MSG_LEN]) -> (u64, u64) {
-    let at = |o: usize| u64::from_le_bytes(m[o..o + 8].try_into().unwrap_or([0; 8]));
-    (at(OFF_PROBE), at(OFF_PROBE + 8))
+    Hello::of_mut(m).set_fds(i, fds);
 }
 
 impl ShmLink {
     /// A hello or answer (`magic`) to `target` with capabilities `caps`
     /// (and the probe if they include [`CAP_CMA`]).
     pub(super) fn hello(&self, magic: &[u8; 8], target: Gid, caps: u32) -> [u8; MSG_LEN] {
-        let mut m = [0u8; MSG_LEN];
-        m[OFF_CAPS..OFF_CAPS + 4].copy_from_slice(&caps.to_le_bytes());
-        if caps & CAP_CMA != 0 {
-            let (addr, value) = probe();
-            m[OFF_PROBE..OFF_PROBE + 8].copy_from_slice(&addr.to_le_bytes());
-            m[OFF_PROBE + 8..OFF_PROBE + 16].copy_from_slice(&value.to_le_bytes());
+        HelloRepr {
+            magic: *magic,
+            target,
+            caps,
+            probe: if caps & CAP_CMA != 0 { probe() } else { (0, 0) },
+            gids: self.gids.iter().map(|g| (*g, self.udp_fds(*g))).collect(),
         }
-        m[..8].copy_from_slice(magic);
-        m[8..24].copy_from_slice(&target.0);
-        let n = self.gids.len().min(MAX_GIDS);
-        m[24] = n as u8;
-        for (i, g) in self.gids.iter().take(n).enumerate() {
-            m[25 + 16 * i..41 + 16 * i].copy_from_slice(&g.0);
-            set_fds(&mut m, i, &self.udp_fds(*g));
-        }
-        m
+        .emit()
     }
 
     /// This process's descriptors of the UDP sockets bound to `gid`'s
@@ -187,7 +171,7 @@ impl ShmLink {
         if !c.offered || caps & CAP_TRAINS == 0 || caps & CAP_CMA == 0 {
             return false;
         }
-        let (addr, value) = parse_probe(m);
+        let (addr, value) = Hello::of(m).probe();
         let ok = c.pidfd.is_some() && read_probe(c.pid, addr, value);
         if !ok {
             bump(&self.stats.cma_probe_failed);
@@ -197,28 +181,13 @@ impl ShmLink {
 
     /// The capabilities of a hello or answer.
     pub(super) fn parse_caps(m: &[u8; MSG_LEN]) -> u32 {
-        u32::from_le_bytes(m[OFF_CAPS..OFF_CAPS + 4].try_into().unwrap_or([0; 4]))
+        Hello::of(m).caps()
     }
 
     /// Parses the GIDs of a hello or answer (untrusted input), each with
     /// the socket descriptors the sender names for it.
     pub(super) fn parse_claims(m: &[u8; MSG_LEN]) -> Vec<(IpAddr, Vec<u32>)> {
-        let n = usize::from(m[24]).min(MAX_GIDS);
-        (0..n)
-            .map(|i| {
-                let mut g = [0u8; 16];
-                g.copy_from_slice(&m[25 + 16 * i..41 + 16 * i]);
-                let fds = (0..FDS_PER_GID)
-                    .map(|k| {
-                        let o = OFF_FDS + 4 * (FDS_PER_GID * i + k);
-                        u32::from_le_bytes(m[o..o + 4].try_into().unwrap_or([0xff; 4]))
-                    })
-                    .filter(|fd| *fd != NO_FD)
-                    .collect();
-                (Gid(g).to_ip(), fds)
-            })
-            .filter(|(ip, _)| !ip.is_unspecified())
-            .collect()
+        Hello::of(m).claims()
     }
 
     /// Connects to the device owning `gid` and makes the channel, pending
@@ -430,12 +399,11 @@ impl ShmLink {
         if n == 0 && fds.is_empty() {
             return Ok(None);
         }
-        if n != MSG_LEN || &m[..8] != HELLO || fds.len() != 2 {
+        if n != MSG_LEN || Hello::of(&m).magic() != HELLO || fds.len() != 2 {
             return Err(bad("malformed hello"));
         }
-        let mut target = [0u8; 16];
-        target.copy_from_slice(&m[8..24]);
-        if !self.gids.contains(&Gid(target)) {
+        let target = Hello::of(&m).target();
+        if !self.gids.contains(&target) {
             return Err(bad("hello for another device"));
         }
         let claims = Self::parse_claims(&m);
@@ -468,7 +436,7 @@ impl ShmLink {
             c.cma_rx.store(true, Ordering::Relaxed);
             caps |= CAP_CMA_READ;
         }
-        let answer = self.hello(ANSWER, Gid(target), caps);
+        let answer = self.hello(ANSWER, target, caps);
         sys::send_fds(
             c.stream.as_raw_fd(),
             &answer,
@@ -510,7 +478,7 @@ impl ShmLink {
     pub(super) fn poll_answer(&self, c: &Arc<Channel>, now: Nanos) {
         let mut m = [0u8; MSG_LEN];
         match sys::recv_fds(c.stream.as_raw_fd(), &mut m, 1) {
-            Ok((MSG_LEN, mut fds)) if &m[..8] == ANSWER && fds.len() == 1 => {
+            Ok((MSG_LEN, mut fds)) if Hello::of(&m).magic() == ANSWER && fds.len() == 1 => {
                 let claims = Self::parse_claims(&m);
                 let gids: Vec<IpAddr> = claims.iter().map(|(ip, _)| *ip).collect();
                 // Anyone of this uid can listen on a free rendezvous name:

@@ -14,11 +14,10 @@
 //! ring:   +128  tail   u64  (next slot the consumer reads; consumer writes)
 //!         +256  sleep  u32  (consumer: 1 = about to sleep, ring the doorbell)
 //!         +4096 SLOTS slots of SLOT_LEN bytes (64-byte aligned)
-//! slot:   +0  seq u32    (publication: the slot's index + 1, mod 2^32)
-//!         +4  len u16    (datagram bytes)
-//!         +6  ext u16    (extension bytes; len + ext <= MAX_PAYLOAD)
-//!         +8  kind u16, +10 flags u16,
-//!         +12 src_port u16, +14 dst_port u16,
+//! slot:   +0  header (`wire::SlotHeader`): seq u32 (publication: the
+//!             slot's index + 1, mod 2^32), len u16 (datagram bytes), ext
+//!             u16 (extension bytes; len + ext <= MAX_PAYLOAD), kind u16,
+//!             flags u16, src_port u16, dst_port u16
 //!         +16 with FLAG_ADDRS: src [16], dst [16] (IPv6 form), then the
 //!             bytes at +48; without: the bytes at +16, and the addresses
 //!             are those of the ring's previous slot
@@ -114,16 +113,18 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::sys;
+use super::wire::SlotHeader;
 pub use crate::soft::proto::train::TRAIN_MAX_PIECES;
+use zerocopy::IntoBytes;
 
 /// Slots per ring (a power of two).
 pub const SLOTS: u64 = 512;
 /// Largest datagram a slot carries: a RoCEv2 packet at MTU 4096 with
 /// every header (the UDP link's limit).
 pub const MAX_PAYLOAD: usize = 4096 + 256;
-/// Bytes of a slot's fixed header; the addresses, when the slot carries
-/// them, follow it.
-const SLOT_HDR: usize = 16;
+/// Bytes of a slot's fixed header (`wire::SlotHeader`); the addresses, when
+/// the slot carries them, follow it.
+const SLOT_HDR: usize = SlotHeader::LEN;
 /// Where a slot's bytes start when it carries its addresses.
 const SLOT_DATA_ADDRS: usize = SLOT_HDR + 32;
 /// Bytes per slot (the longest slot, rounded up to whole cache lines).
@@ -139,12 +140,6 @@ const MAGIC: u64 = u64::from_le_bytes(*b"SVSHMRG1");
 /// 3: publication by a sequence word in each slot, a 16-byte header,
 /// addresses only when they change (2: a head index, a 64-byte header).
 const VERSION: u32 = 3;
-/// Offsets of a slot's header words.
-const OFF_LEN: usize = 4;
-const OFF_EXT: usize = 6;
-const OFF_KIND: usize = 8;
-const OFF_FLAGS: usize = 10;
-const OFF_PORTS: usize = 12;
 
 /// Slot flag: the slot carries its source and destination addresses
 /// (otherwise they are those of the ring's previous slot).
@@ -194,15 +189,18 @@ fn seq_of(i: u64) -> u32 {
 /// included; for tests and tools that play a peer writing the region by
 /// hand). Addresses, if `flags` has [`FLAG_ADDRS`], follow at byte 16.
 pub fn slot_header(i: u64, len: u16, ext: u16, kind: u16, flags: u16, meta: &SlotMeta) -> [u8; SLOT_HDR] {
-    let mut h = [0u8; SLOT_HDR];
-    h[..4].copy_from_slice(&seq_of(i).to_ne_bytes());
-    h[OFF_LEN..OFF_LEN + 2].copy_from_slice(&len.to_ne_bytes());
-    h[OFF_EXT..OFF_EXT + 2].copy_from_slice(&ext.to_ne_bytes());
-    h[OFF_KIND..OFF_KIND + 2].copy_from_slice(&kind.to_ne_bytes());
-    h[OFF_FLAGS..OFF_FLAGS + 2].copy_from_slice(&flags.to_ne_bytes());
-    h[OFF_PORTS..OFF_PORTS + 2].copy_from_slice(&meta.src_port.to_ne_bytes());
-    h[OFF_PORTS + 2..OFF_PORTS + 4].copy_from_slice(&meta.dst_port.to_ne_bytes());
-    h
+    let h = SlotHeader {
+        seq: seq_of(i),
+        len,
+        ext,
+        kind,
+        flags,
+        src_port: meta.src_port,
+        dst_port: meta.dst_port,
+    };
+    let mut b = [0u8; SLOT_HDR];
+    b.copy_from_slice(h.as_bytes());
+    b
 }
 
 const _: () = assert!(SLOTS.is_power_of_two());
@@ -760,9 +758,16 @@ impl Producer {
             (FLAG_ADDRS, SLOT_DATA_ADDRS)
         };
         // Lengths fit u16: checked above against MAX_PAYLOAD.
-        let h = slot_header(self.head, len as u16, ext.len() as u16, kind, flags, meta);
-        let lens = u32::from_ne_bytes(h[4..8].try_into().unwrap_or([0; 4]));
-        let rest = u64::from_ne_bytes(h[8..16].try_into().unwrap_or([0; 8]));
+        let (lens, rest) = SlotHeader {
+            seq: seq_of(self.head),
+            len: len as u16,
+            ext: ext.len() as u16,
+            kind,
+            flags,
+            src_port: meta.src_port,
+            dst_port: meta.dst_port,
+        }
+        .words();
         // SAFETY: `slot` starts a SLOT_LEN-byte slot inside the region
         // (index taken modulo SLOTS), 64-byte aligned; every store below
         // is an aligned atomic one inside it: the header after the `seq`
@@ -773,8 +778,8 @@ impl Producer {
         // words). Atomic, because the peer may access the slot meanwhile
         // (a broken one): that garbles what it reads, and nothing here.
         unsafe {
-            at32(slot.add(OFF_LEN)).store(lens, Ordering::Relaxed);
-            at64(slot.add(OFF_KIND)).store(rest, Ordering::Relaxed);
+            at32(slot.add(SlotHeader::LENS)).store(lens, Ordering::Relaxed);
+            at64(slot.add(SlotHeader::REST)).store(rest, Ordering::Relaxed);
             if !same {
                 let (src, dst) = (ip16(meta.src), ip16(meta.dst));
                 store_words(slot.add(SLOT_HDR), [&src[..], &dst[..]]);
@@ -967,18 +972,16 @@ impl Consumer {
         // acquire load of `seq` in `ready`.
         let (lens, rest) = unsafe {
             (
-                at32(slot.add(OFF_LEN)).load(Ordering::Relaxed).to_ne_bytes(),
-                at64(slot.add(OFF_KIND)).load(Ordering::Relaxed).to_ne_bytes(),
+                at32(slot.add(SlotHeader::LENS)).load(Ordering::Relaxed),
+                at64(slot.add(SlotHeader::REST)).load(Ordering::Relaxed),
             )
         };
-        // From here on only the private copies of the words are used.
-        let u16_at = |b: &[u8], o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
-        let (len, ext) = (
-            usize::from(u16_at(&lens, OFF_LEN - 4)),
-            usize::from(u16_at(&lens, OFF_EXT - 4)),
-        );
-        let (kind, flags) = (u16_at(&rest, OFF_KIND - 8), u16_at(&rest, OFF_FLAGS - 8));
-        let (src_port, dst_port) = (u16_at(&rest, OFF_PORTS - 8), u16_at(&rest, OFF_PORTS + 2 - 8));
+        // From here on only the private copies of the words are used
+        // (`seq` was checked in `ready`).
+        let h = SlotHeader::from_words(0, lens, rest);
+        let (len, ext) = (usize::from(h.len), usize::from(h.ext));
+        let (kind, flags) = (h.kind, h.flags);
+        let (src_port, dst_port) = (h.src_port, h.dst_port);
         self.tail += 1;
         crate::soft::probe::mark(crate::soft::probe::Point::RxLink);
         // Checked on our private copies of the words, once.

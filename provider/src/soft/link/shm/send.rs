@@ -123,7 +123,7 @@ impl ShmLink {
         }
     }
 
-    /// [`Link::send_now`]: `t` into the ring of its destination's channel
+    /// [`FastSend::send_now`]: `t` into the ring of its destination's channel
     /// if that channel is up and takes it now (nothing backlogged, room in
     /// the ring), and the peer's doorbell rung if it sleeps. A datagram
     /// for a peer without a channel, or any datagram after the device

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::ring::{DescPiece, TrainDesc};
 use super::trains::map_export;
+use super::wire::{ANSWER, CAP_TRAINS, CAP_TRAINS1, EXPORT, HELLO, MSG_LEN};
 use super::*;
 use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
@@ -55,6 +56,13 @@ fn link_in(mode: ShmMode) -> Arc<ShmLink> {
         if let Ok(udp) = UdpLink::bind(&cfg) {
             return ShmLink::new(udp, mode).unwrap();
         }
+    }
+}
+
+impl ShmLink {
+    /// Sends one datagram (what the engine's lists of one do).
+    fn send(&self, tx: Transmit) {
+        self.send_batch(&mut vec![tx], &mut drop);
     }
 }
 

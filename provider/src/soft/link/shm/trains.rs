@@ -102,9 +102,9 @@ use std::sync::{Arc, Weak};
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::ring::{self, DescPiece, Producer, SlotMeta, TrainDesc};
+use super::wire::ExportRepr;
 use super::{
-    bump, sys, Channel, RxSide, ShmLink, Stats, TokenMaps, EXPORT, EXPORT_LEN, EXPORT_MAX, MAP_MAX, NO_META,
-    RX_MAPS_MAX,
+    bump, sys, Channel, RxSide, ShmLink, Stats, TokenMaps, EXPORT_LEN, EXPORT_MAX, MAP_MAX, NO_META, RX_MAPS_MAX,
 };
 use crate::soft::proto::train::{TrainIn, TrainOut, TrainPiece};
 use crate::soft::proto::Datagram;
@@ -292,10 +292,11 @@ impl Channel {
 
     /// Sends `file`'s memfd to the peer.
     pub(super) fn export(&self, file: &SharedFile) -> io::Result<()> {
-        let mut m = [0u8; EXPORT_LEN];
-        m[..8].copy_from_slice(EXPORT);
-        m[8..16].copy_from_slice(&file.token().to_le_bytes());
-        m[16..24].copy_from_slice(&(file.len() as u64).to_le_bytes());
+        let m = ExportRepr {
+            token: file.token(),
+            len: file.len() as u64,
+        }
+        .emit();
         sys::send_fds(self.stream.as_raw_fd(), &m, &[file.fd().as_raw_fd()])
     }
 
@@ -336,14 +337,12 @@ impl Channel {
             if n == 0 {
                 return false;
             }
-            if n != EXPORT_LEN || &m[..8] != EXPORT {
+            let Some(ExportRepr { token, len }) = m.get(..n).and_then(ExportRepr::parse) else {
                 // The stream is out of step: nothing more can be trusted.
                 bump(&stats.rx_bad_export);
                 self.kill();
                 return false;
-            }
-            let token = u64::from_le_bytes(m[8..16].try_into().unwrap_or([0; 8]));
-            let len = u64::from_le_bytes(m[16..24].try_into().unwrap_or([0; 8]));
+            };
             // Descriptors beyond the first are closed here.
             let fd = fds.into_iter().next();
             let full = maps.len() >= RX_MAPS_MAX && !maps.contains_key(&token);

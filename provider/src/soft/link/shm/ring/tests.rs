@@ -11,10 +11,34 @@
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::*;
 
 mod mutants;
+
+/// How long a test waits for the other side (a peer thread, or the ring
+/// itself) before it fails: generous, for a loaded machine (and far more
+/// under Miri, whose interpreted clock runs slow).
+fn bound() -> Duration {
+    Duration::from_secs(if cfg!(miri) { 3600 } else { 60 })
+}
+
+/// A deadline of [`bound`] from now: [`Deadline::check`] fails the test
+/// once it passed, instead of letting a loop wait forever for a ring that
+/// never delivers (or never empties).
+struct Deadline(Instant);
+
+impl Deadline {
+    fn new() -> Deadline {
+        Deadline(Instant::now())
+    }
+
+    /// Fails the test, saying `what` did not happen, if the deadline passed.
+    fn check(&self, what: impl FnOnce() -> String) {
+        assert!(self.0.elapsed() < bound(), "after {:?}: {}", bound(), what());
+    }
+}
 
 /// The region of a test: a memfd mapping, or private memory under Miri.
 fn region() -> Region {
@@ -183,7 +207,10 @@ fn room_counts_free_slots() {
     assert_eq!(p.room(&r, 1), Ok(0));
     c.pop_slot(&r, &mut buf).unwrap().unwrap();
     // The consumer frees slots when it has read all it saw.
-    while c.pop_slot(&r, &mut buf).unwrap().is_some() {}
+    let deadline = Deadline::new();
+    while c.pop_slot(&r, &mut buf).unwrap().is_some() {
+        deadline.check(|| "the ring never ran empty".into());
+    }
     assert_eq!(p.room(&r, 1), Ok(SLOTS));
     let mut q = Producer::resume(&r, 1);
     assert_eq!(q.position(), (SLOTS, SLOTS));
@@ -478,10 +505,14 @@ fn the_seq_words_wrap() {
 
 /// Retries a push while the ring is full.
 fn push_all(p: &mut Producer, r: &Region, m: &SlotMeta, data: &[u8]) {
+    let deadline = Deadline::new();
     loop {
         match p.push(r, m, data) {
             Ok(()) => return,
-            Err(PushError::Full) => std::thread::yield_now(),
+            Err(PushError::Full) => {
+                deadline.check(|| format!("the ring stayed full at {:?}", p.position()));
+                std::thread::yield_now();
+            }
             Err(e) => panic!("{e:?}"),
         }
     }
@@ -537,7 +568,9 @@ fn two_threads_stream_through_the_wrap() {
     let mut c = Consumer::new(0);
     let mut buf = Vec::new();
     let mut i = 0;
+    let deadline = Deadline::new();
     while i < n {
+        deadline.check(|| format!("datagram {i} of {n} never arrived"));
         match c.pop_slot(&peer, &mut buf) {
             Ok(Some(slot)) => {
                 assert_eq!(slot, Slot::Datagram(meta_of(i)), "datagram {i}");
@@ -591,7 +624,9 @@ fn a_peer_scribbling_slots_while_we_read_them() {
     let mut c = Consumer::new(0);
     let mut buf = Vec::new();
     let mut read = 0;
+    let deadline = Deadline::new();
     while read < n && !c.is_broken() {
+        deadline.check(|| format!("slot {read} of {n} never arrived"));
         match c.pop_slot(&r, &mut buf) {
             Ok(Some(Slot::Train(_, len))) => assert!(len <= buf.len() && buf.len() <= MAX_PAYLOAD),
             Ok(Some(Slot::Datagram(_) | Slot::Forget | Slot::Caps | Slot::Bad)) => assert!(buf.len() <= MAX_PAYLOAD),
