@@ -30,6 +30,18 @@
 //! datagram rings the doorbell at once. A busy-polling application is
 //! left alone (about one wake-up per millisecond); one that stops calling
 //! verbs after a completion is served within tens of microseconds.
+//!
+//! Leaving a busy application alone takes two more rules, because the
+//! thread often shares the application's only core (`taskset`): it never
+//! waits for the engine's lock (a verb holding it progresses the device
+//! itself; blocking on it would make the application's unlock wake the
+//! thread back), and while an application thread polls CQs or is in a
+//! verb, with no traffic left unattended lately, the thread sleeps on its
+//! timer alone, unannounced, so that its peers do not ring its doorbell
+//! for every message (each ring a context switch each way on that core).
+//! After serving traffic for an application that does not run at all (a
+//! passive target blocked in a TCP read), it keeps reading the link for a
+//! while before it sleeps ([`linger`]).
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -150,6 +162,11 @@ impl Pacer {
             self.rearm_base = Some((rearms, served));
         }
         true
+    }
+
+    /// Whether traffic went unattended within `span` before `now`.
+    pub(crate) fn unattended_within(&self, now: Duration, span: Duration) -> bool {
+        self.last_unattended.is_some_and(|t| now.saturating_sub(t) < span)
     }
 
     /// Records a wake-up at `now` (any monotonic origin) and what it
@@ -336,8 +353,20 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
     let mut alone = single_cpu();
     let mut wakes: u64 = 0;
     let mut idle_mark = others_cpu();
+    // The application reads the link itself (see below): this thread
+    // then sleeps on its timer alone, without announcing itself, so that
+    // peers do not ring its doorbell and it does not take the core from a
+    // busy application thread (on a shared core each wake-up is a context
+    // switch each way).
+    let mut quiet = false;
     while !stop.load(Ordering::Acquire) {
-        let mut wake = if !prepare_sleep(&*link) {
+        let mut wake = if quiet {
+            if wait(&[], sleep_for(&shared, pacer.tick())) {
+                Wake::Readable
+            } else {
+                Wake::Timeout
+            }
+        } else if !prepare_sleep(&*link) {
             Wake::Pending
         } else if wait(&link.poll_fds(), sleep_for(&shared, pacer.tick())) {
             Wake::Readable
@@ -352,7 +381,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
             // The application may change its affinity.
             alone = single_cpu();
         }
-        if wake == Wake::Timeout && !prepare_sleep(&*link) {
+        if wake == Wake::Timeout && !quiet && !prepare_sleep(&*link) {
             // Data arrived after an application thread withdrew the
             // announcement (it read the link), and nobody read it since.
             wake = Wake::Pending;
@@ -377,11 +406,22 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
             Seen::Attended => alone,
             Seen::Unattended | Seen::Unknown => true,
         };
+        let mut in_verb = false;
         if drive {
-            shared.drive();
-            if found && !linger.is_zero() && others_idle(&mut idle_mark) {
-                self::linger(&shared, &stop, linger);
-                idle_mark = others_cpu();
+            // Never wait for the engine's lock: an application thread in a
+            // verb holds it and progresses the device itself, and on a
+            // shared core blocking on it would make its unlock wake this
+            // thread back (a context switch each way, per message).
+            match shared.try_drive() {
+                Some(_) if found && !linger.is_zero() && others_idle(&mut idle_mark) => {
+                    self::linger(&shared, &stop, linger);
+                    idle_mark = others_cpu();
+                }
+                Some(_) => {}
+                None => {
+                    in_verb = true;
+                    seen = Seen::Attended;
+                }
             }
         }
         let now = start.elapsed();
@@ -393,6 +433,9 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
         if REARM.load(Ordering::Relaxed) != want {
             REARM.store(want, Ordering::Relaxed);
         }
+        // An application thread polls CQs, or is in a verb right now, and
+        // no traffic went unattended lately: it reads the link itself.
+        quiet = (in_verb || polled) && seen != Seen::Unattended && !pacer.unattended_within(now, BUSY_FOR);
     }
     let mut links = SLEEPERS.lock().unwrap_or_else(|p| p.into_inner());
     links.retain(|l| !std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(&link)));
@@ -430,10 +473,11 @@ fn linger(shared: &Arc<DeviceShared>, stop: &AtomicBool, span: Duration) {
     let mut quiet_since = Instant::now();
     let mut turns: u32 = 0;
     while quiet_since.elapsed() < span && !stop.load(Ordering::Relaxed) {
-        if shared.poll_link() > 0 {
-            quiet_since = Instant::now();
-        } else {
-            std::hint::spin_loop();
+        match shared.poll_link() {
+            // An application thread is in a verb: it reads the link.
+            None => return,
+            Some(0) => std::hint::spin_loop(),
+            Some(_) => quiet_since = Instant::now(),
         }
         turns = turns.wrapping_add(1);
         if POLLS.load(Ordering::Relaxed) != polls {

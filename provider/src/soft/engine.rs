@@ -65,6 +65,9 @@ mod gsi;
 mod progress;
 mod watch;
 
+#[cfg(test)]
+mod tests;
+
 pub(crate) use watch::epoll_of;
 
 use std::collections::HashMap;
@@ -416,12 +419,25 @@ impl DeviceShared {
         hold_acks: impl FnOnce(&R) -> bool,
         flush_acks: bool,
     ) -> (R, usize) {
-        let mut received = 0;
-        let threaded = self.progress.threaded();
         // One clock read per verb: everything this verb does (including
         // driving the in-process devices its packets reach) happens "now".
         let now = self.now();
-        let mut core = self.lock();
+        let core = self.lock();
+        self.run_verb_locked(core, now, rx, f, hold_acks, flush_acks)
+    }
+
+    /// [`DeviceShared::run_verb`] with the engine already locked at `now`.
+    fn run_verb_locked<R>(
+        self: &Arc<Self>,
+        mut core: MutexGuard<'_, Core>,
+        now: Nanos,
+        rx: bool,
+        f: impl FnOnce(&mut Core, Nanos) -> R,
+        hold_acks: impl FnOnce(&R) -> bool,
+        flush_acks: bool,
+    ) -> (R, usize) {
+        let mut received = 0;
+        let threaded = self.progress.threaded();
         // Inline mode reads the link when polling, and before any due
         // timer runs: an ACK waiting in the socket must not let a
         // retransmission timer expire.
@@ -565,6 +581,38 @@ impl DeviceShared {
         total
     }
 
+    /// As [`DeviceShared::drive`], for a thread that drives the device
+    /// from outside ([`DeviceShared::set_driven_externally`]) and shares a
+    /// core with the application: `None` at once if a verb holds the
+    /// engine. That verb progresses the device itself, and waiting for
+    /// its lock would put this thread to sleep on it, so that the
+    /// application's unlock wakes it back, a context switch each way on a
+    /// shared core, for nothing.
+    pub fn try_drive(self: &Arc<Self>) -> Option<usize> {
+        if let Some(w) = self.link.wakeups() {
+            w.woken();
+        }
+        if let Some(w) = self.watch.get() {
+            w.reset();
+        }
+        let mut total = 0;
+        for _ in 0..DRIVE_TURNS {
+            let core = match self.core.try_lock() {
+                Ok(c) => c,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if total == 0 => return None,
+                Err(std::sync::TryLockError::WouldBlock) => break,
+            };
+            let now = self.now();
+            let ((), received) = self.run_verb_locked(core, now, true, |_, _| (), |_| false, true);
+            total += received;
+            if received == 0 {
+                break;
+            }
+        }
+        Some(total)
+    }
+
     /// What an application's poller must watch, besides an object's own
     /// eventfd, for that object's descriptor to become readable whenever
     /// an event is pending: in inline mode on a network link the link's
@@ -624,12 +672,19 @@ impl DeviceShared {
     /// One turn of [`DeviceShared::drive`] without the link's slow path
     /// (draining doorbells, rendezvous, every socket): reads what the
     /// link's fast path holds, runs due timers and sends; returns how many
-    /// datagrams it read. For a thread that drives the device from
-    /// outside and keeps reading for a while after traffic
+    /// datagrams it read, or `None` at once if a verb holds the engine (as
+    /// [`DeviceShared::try_drive`]). For a thread that drives the device
+    /// from outside and keeps reading for a while after traffic
     /// ([`DeviceShared::set_driven_externally`]); a turn that finds
     /// nothing costs no system call on the shared-memory link.
-    pub fn poll_link(self: &Arc<Self>) -> usize {
-        self.run_verb(true, |_, _| (), |_| false, true).1
+    pub fn poll_link(self: &Arc<Self>) -> Option<usize> {
+        let core = match self.core.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        let now = self.now();
+        Some(self.run_verb_locked(core, now, true, |_, _| (), |_| false, true).1)
     }
 
     /// The engine mode.
@@ -667,9 +722,15 @@ impl DeviceShared {
     /// How long until the engine's next deadline (zero if it passed), if
     /// it has one: a thread driving the device from outside
     /// ([`DeviceShared::set_driven_externally`]) sleeps no longer.
+    /// `None` also when a verb holds the engine (that verb runs its
+    /// timers): this never waits for the engine's lock.
     pub fn until_deadline(&self) -> Option<Duration> {
-        self.next_deadline()
-            .map(|d| Duration::from_nanos(d.saturating_sub(self.now())))
+        let d = match self.core.try_lock() {
+            Ok(c) => c.poll_timeout(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().poll_timeout(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }?;
+        Some(Duration::from_nanos(d.saturating_sub(self.now())))
     }
 
     fn progress_locked(core: &mut Core, inbox: &SegQueue<Transmit>, now: Nanos) {
