@@ -91,8 +91,9 @@ enum Op {
     /// A connected pair through live listener `l` (modulo; a new one if
     /// there is none), with QPs.
     Connect { l: u8 },
-    /// On pair `p`: `sends + recvs` RECVs on the receiver, then `sends`
-    /// SENDs to it (`fwd`: client to server); `wait`: until they complete.
+    /// On pair `p` (a new one if there is none before the removal):
+    /// `sends + recvs` RECVs on the receiver, then `sends` SENDs to it
+    /// (`fwd`: client to server); `wait`: until they complete.
     Traffic {
         p: u8,
         recvs: u8,
@@ -619,6 +620,9 @@ impl World {
                 fwd,
                 wait,
             } => {
+                if self.live_pairs().is_empty() && !self.removed {
+                    self.run(Op::Connect { l: 0 }, step);
+                }
                 let ps = self.live_pairs();
                 if ps.is_empty() {
                     return;
