@@ -109,8 +109,10 @@ enum Op {
     DestroyId { i: u8 },
     /// The device moves to a new subsystem namespace (a removal of the
     /// instance in the initial one), where a listener and a resolved
-    /// client are made; the namespace is then deleted (a removal of the
-    /// instance there, which comes back to the initial namespace).
+    /// client are made, and a client connects to a wildcard listener of
+    /// the initial namespace (it must be rejected); the namespace is then
+    /// deleted (a removal of the instance there, which comes back to the
+    /// initial namespace).
     Move,
     /// `softverbs_remove_device`.
     Remove,
@@ -482,6 +484,16 @@ impl World {
             .collect()
     }
 
+    /// Live wildcard listeners (of the initial namespace).
+    fn wildcards(&self) -> Vec<usize> {
+        (0..self.ids.len())
+            .filter(|&i| {
+                let t = &self.ids[i];
+                t.listener && t.gen.is_none() && t.id.is_some()
+            })
+            .collect()
+    }
+
     fn live_pairs(&self) -> Vec<usize> {
         (0..self.pairs.len()).filter(|i| self.pairs[*i].is_some()).collect()
     }
@@ -799,6 +811,43 @@ impl World {
                 for i in [li, ci] {
                     assert_eq!(self.ids[i].gen, self.gen(), "{what}: bound to the moved instance");
                     assert_eq!(self.ids[i].id.as_ref().unwrap().namespace(), ns);
+                }
+                // librdmacm also listens for a wildcard listener of the
+                // initial namespace (on every device of the process), but
+                // a request through the moved device is not for it: the
+                // client is rejected, the listener sees nothing.
+                if let Some(wi) = self.wildcards().first().copied() {
+                    let (wkey, wport, wch) = {
+                        let t = &self.ids[wi];
+                        let id = t.id.as_ref().unwrap();
+                        (id.id(), id.local_addr().expect("bound").port(), t.ch.clone())
+                    };
+                    let ch = EventChannel::new().expect("channel");
+                    let x = self.cm.create_id_in(ns, &ch, PortSpace::Tcp, 0).expect("create_id_in");
+                    let key = x.id();
+                    x.resolve_addr(Some(self.ip), SocketAddr::new(self.ip, wport))
+                        .unwrap_or_else(|e| panic!("{what}: resolve_addr in the new namespace: {e}"));
+                    self.wait(&ch, key, CmEventKind::AddrResolved, &what);
+                    x.resolve_route()
+                        .unwrap_or_else(|e| panic!("{what}: resolve_route in the new namespace: {e}"));
+                    self.wait(&ch, key, CmEventKind::RouteResolved, &what);
+                    x.connect(&ConnParam {
+                        qp_num: 0x4242,
+                        ..ConnParam::default()
+                    })
+                    .unwrap_or_else(|e| panic!("{what}: connect in the new namespace: {e}"));
+                    self.wait(
+                        &ch,
+                        key,
+                        CmEventKind::Rejected,
+                        &format!("{what}: to the initial namespace's wildcard listener {wkey}"),
+                    );
+                    let leak = wch.try_get_event();
+                    assert!(
+                        leak.is_none(),
+                        "{what}: the initial namespace's wildcard listener got {leak:?} through a device of another namespace"
+                    );
+                    self.track(x, ch, format!("{what} client rejected in the namespace"), false);
                 }
                 // Deleting the namespace: the device comes back (a removal
                 // of the instance there), the namespace's ids end.
