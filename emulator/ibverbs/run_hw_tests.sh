@@ -19,8 +19,10 @@
 #      - when mklibdir.sh also made a librdmacm.so.1: the connection
 #        manager's hardware backend (softverbs::cm over librdmacm,
 #        provider/tests/cm_hw.rs, cm_hw_addr.rs (ADDR_CHANGE through
-#        librdmacm), and cm_hw_removal.rs, which unplugs the
-#        device under the ids) on the library's device, its address
+#        librdmacm), cm_hw_removal.rs, which unplugs the device
+#        under the ids, and cm_hw_prop.rs, the property test of random
+#        id populations under a removal at a random point, each case in
+#        a child process) on the library's device, its address
 #        fixed (SOFTVERBS_ADDR, SOFTVERBS_PORT=4791) so that its GID is the
 #        plain IPv4-mapped one the test connects to; a second process's
 #        device at 127.0.39.2 is the peer of the cross-device test.
@@ -114,7 +116,7 @@ if [ -e "$dir/librdmacm.so.1" ]; then
     run "cm over librdmacm on the library's device (cm_hw)" \
         env SOFTVERBS_ADDR=127.0.39.1 SOFTVERBS_PORT=4791 SOFTVERBS_CM_HW_ADDRS=127.0.39.1 \
         SOFTVERBS_CM_HW_PEER_ADDR=127.0.39.2 \
-        cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal --test cm_hw_addr -- --nocapture --test-threads=1
+        cargo test -p softverbs --features "$feats" --test cm_hw --test cm_hw_removal --test cm_hw_addr --test cm_hw_prop -- --nocapture --test-threads=1
 else
     echo "---- cm over librdmacm (cm_hw): SKIP: mklibdir.sh made no librdmacm.so.1"
 fi

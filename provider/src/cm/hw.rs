@@ -941,6 +941,20 @@ fn new_request(inner: &Arc<Inner>, mut st: std::sync::MutexGuard<'_, State>, raw
     };
     let lkey = raw.key;
     let l = &st.ids[&lkey];
+    // librdmacm listens in the process's network namespace, on every
+    // device: a request that came through a device the listener's
+    // namespace does not see (it was moved to another) is not its.
+    let foreign = raw
+        .info
+        .device
+        .as_ref()
+        .and_then(|n| st.hw_devices.get(n))
+        .is_some_and(|d| inner.sub.mode() != crate::subsystem::NetnsMode::Shared && d.namespace() != l.ns.id());
+    if foreign {
+        st.counters.rx_dropped += 1;
+        drop(st);
+        return drop_raw(RawEvent { new_id: Some(p), ..raw });
+    }
     let mut id = Id::new(l.ns.clone(), l.chan.clone(), l.ps, l.context);
     id.listener = Some(lkey);
     id.state = hwmap::request_state(raw.udp);
