@@ -649,7 +649,7 @@ impl DeviceShared {
 
     /// Declares that a thread outside the provider drives this device in
     /// [`EngineMode::Inline`]: it waits on [`DeviceShared::poll_fds`] (after
-    /// [`Link::prepare_sleep`]) and calls [`DeviceShared::drive`] when they
+    /// [`Wakeups::prepare_sleep`](super::link::Wakeups::prepare_sleep)) and calls [`DeviceShared::drive`] when they
     /// are readable and when the engine's deadline passes, as a library
     /// that embeds the provider runs its own progress thread. Event
     /// descriptors handed to applications (a context's async events, a
