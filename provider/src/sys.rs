@@ -21,6 +21,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// [`lock`] without waiting: `None` if another thread holds `m`.
+#[inline]
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// A libc return value: negative is the calling thread's `errno`.
 #[inline]
 pub(crate) fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {

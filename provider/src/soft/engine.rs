@@ -82,6 +82,7 @@ use crossbeam_queue::SegQueue;
 use super::link::{Endpoint, Link};
 use super::proto::train::{TrainIn, TrainRoute};
 use super::proto::{Core, CoreEvent, CqId, Datagram, Egress, LinkHint, Nanos, Outgoing, Transmit};
+use crate::sys::try_lock;
 use crate::verbs::{AsyncEvent, PostError, RecvWr};
 
 pub use super::clock::process_now;
@@ -308,7 +309,7 @@ impl DeviceShared {
     /// are restored by every method before it can panic, and a panic there
     /// is a bug we would rather report than turn into a second panic.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
-        self.core.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sys::lock(&self.core)
     }
 
     pub(crate) fn register_sink(&self, id: u32, sink: Weak<dyn EventSink>) {
@@ -563,22 +564,7 @@ impl DeviceShared {
     /// Returns how many datagrams it read (a poller adapting its pace to
     /// the traffic uses it).
     pub fn drive(self: &Arc<Self>) -> usize {
-        if let Some(w) = self.link.wakeups() {
-            w.woken();
-        }
-        if let Some(w) = self.watch.get() {
-            // The verbs below re-arm it for the next deadline.
-            w.reset();
-        }
-        let mut total = 0;
-        for _ in 0..DRIVE_TURNS {
-            let ((), received) = self.run_verb(true, |_, _| (), |_| false, true);
-            total += received;
-            if received == 0 {
-                break;
-            }
-        }
-        total
+        self.drive_turns(true).unwrap_or(0)
     }
 
     /// As [`DeviceShared::drive`], for a thread that drives the device
@@ -589,22 +575,26 @@ impl DeviceShared {
     /// application's unlock wakes it back, a context switch each way on a
     /// shared core, for nothing.
     pub fn try_drive(self: &Arc<Self>) -> Option<usize> {
+        self.drive_turns(false)
+    }
+
+    /// The body of [`DeviceShared::drive`] (`wait`: for the engine's lock)
+    /// and [`DeviceShared::try_drive`].
+    fn drive_turns(self: &Arc<Self>, wait: bool) -> Option<usize> {
         if let Some(w) = self.link.wakeups() {
             w.woken();
         }
         if let Some(w) = self.watch.get() {
+            // The verbs below re-arm it for the next deadline.
             w.reset();
         }
         let mut total = 0;
-        for _ in 0..DRIVE_TURNS {
-            let core = match self.core.try_lock() {
-                Ok(c) => c,
-                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) if total == 0 => return None,
-                Err(std::sync::TryLockError::WouldBlock) => break,
+        for turn in 0..DRIVE_TURNS {
+            let Some(core) = (if wait { Some(self.lock()) } else { try_lock(&self.core) }) else {
+                // Another verb holds the engine (and reads the link).
+                return (turn > 0).then_some(total);
             };
-            let now = self.now();
-            let ((), received) = self.run_verb_locked(core, now, true, |_, _| (), |_| false, true);
+            let ((), received) = self.run_verb_locked(core, self.now(), true, |_, _| (), |_| false, true);
             total += received;
             if received == 0 {
                 break;
@@ -678,13 +668,11 @@ impl DeviceShared {
     /// ([`DeviceShared::set_driven_externally`]); a turn that finds
     /// nothing costs no system call on the shared-memory link.
     pub fn poll_link(self: &Arc<Self>) -> Option<usize> {
-        let core = match self.core.try_lock() {
-            Ok(c) => c,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        let now = self.now();
-        Some(self.run_verb_locked(core, now, true, |_, _| (), |_| false, true).1)
+        let core = try_lock(&self.core)?;
+        Some(
+            self.run_verb_locked(core, self.now(), true, |_, _| (), |_| false, true)
+                .1,
+        )
     }
 
     /// The engine mode.
@@ -725,11 +713,7 @@ impl DeviceShared {
     /// `None` also when a verb holds the engine (that verb runs its
     /// timers): this never waits for the engine's lock.
     pub fn until_deadline(&self) -> Option<Duration> {
-        let d = match self.core.try_lock() {
-            Ok(c) => c.poll_timeout(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().poll_timeout(),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }?;
+        let d = try_lock(&self.core)?.poll_timeout()?;
         Some(Duration::from_nanos(d.saturating_sub(self.now())))
     }
 
