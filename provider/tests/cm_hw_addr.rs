@@ -11,12 +11,14 @@
 #![cfg(feature = "hardware")]
 
 use std::ffi::{c_char, c_int, CString};
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use softverbs::cm::*;
-use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
+use softverbs::subsystem::{NamespaceId, SubsystemConfig};
+
+mod cm_hw_common;
+use cm_hw_common::{hw_addr, hw_cm, loaded_symbol};
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(60));
 
@@ -24,7 +26,7 @@ type RemoveAddr = unsafe extern "C" fn(*const c_char, *const c_char) -> c_int;
 
 #[test]
 fn hw_addr_change_reaches_the_bound_id_once() {
-    let Some(addrs) = std::env::var_os("SOFTVERBS_CM_HW_ADDRS") else {
+    let Some(ip) = hw_addr() else {
         println!("SKIP hw_addr_change: set SOFTVERBS_CM_HW_ADDRS to the address of softverbs' libibverbs device");
         return;
     };
@@ -36,30 +38,14 @@ fn hw_addr_change_reaches_the_bound_id_once() {
         }
     };
     // Loaded by now (the device list came from it).
-    let sym = CString::new("softverbs_remove_addr").unwrap();
-    // SAFETY: a lookup in the libraries already loaded.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, sym.as_ptr()) };
-    if p.is_null() {
+    let Some(p) = loaded_symbol(c"softverbs_remove_addr") else {
         println!("SKIP hw_addr_change: the libibverbs loaded is not softverbs' (no softverbs_remove_addr)");
         return;
-    }
+    };
     // SAFETY: softverbs' libibverbs exports it with this signature.
     let remove_addr: RemoveAddr = unsafe { std::mem::transmute::<*mut libc::c_void, RemoveAddr>(p) };
     let name = devs[0].name().to_string();
-    let ip: IpAddr = addrs
-        .to_str()
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("an IP address");
-    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
-    sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
-        .expect("add the device");
-    let gen = sub.device(&name).unwrap().generation();
-    let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
+    let (_sub, gen, cm) = hw_cm(&name, SubsystemConfig::default());
 
     let wch = EventChannel::new().unwrap();
     let w = cm.create_id(&wch, PortSpace::Tcp, 1).unwrap();

@@ -45,8 +45,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
+
+mod cm_hw_common;
+use cm_hw_common::{hw_addr, hw_cm, loaded_symbol};
 use softverbs::cm::*;
-use softverbs::subsystem::{Generation, HwFactory, NamespaceId, Subsystem, SubsystemConfig};
+use softverbs::subsystem::{Generation, NamespaceId, Subsystem, SubsystemConfig};
 use softverbs::verbs::{
     AccessFlags, Context, Cq, ErrorKind, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr,
     WcStatus, WorkCompletion,
@@ -64,20 +67,14 @@ const CASE_LIMIT: Duration = Duration::from_secs(120);
 /// second DEVICE_REMOVAL would come from the other reporter by then.
 const QUIET: Duration = Duration::from_millis(1000);
 
-extern "C" {
-    fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
-}
-
 /// `softverbs_remove_device(const char *name)`.
 type RemoveFn = unsafe extern "C" fn(*const c_char) -> c_int;
 
 /// The library's removal control, if the loaded libibverbs is softverbs'.
 fn remover() -> Option<RemoveFn> {
-    // SAFETY: RTLD_DEFAULT (a null handle on glibc) searches the loaded
-    // objects; the name is NUL-terminated.
-    let sym = unsafe { dlsym(std::ptr::null_mut(), c"softverbs_remove_device".as_ptr()) };
+    let sym = loaded_symbol(c"softverbs_remove_device")?;
     // SAFETY: the library exports it with exactly this C signature.
-    (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, RemoveFn>(sym) })
+    Some(unsafe { std::mem::transmute::<*mut c_void, RemoveFn>(sym) })
 }
 
 /// One step of a case.
@@ -1006,21 +1003,12 @@ fn run_case(ops: &[Op]) {
     let remove = remover().expect("softverbs' libibverbs is loaded");
     let devs = softverbs::hw::provider().devices().expect("ibv_get_device_list");
     let name = devs.first().expect("the library lists its device").name().to_string();
-    let ip: IpAddr = std::env::var("SOFTVERBS_CM_HW_ADDRS")
-        .expect("SOFTVERBS_CM_HW_ADDRS")
-        .split(',')
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("an IP address");
-    let sub = Arc::new(Subsystem::new(SubsystemConfig {
+    let ip = hw_addr().expect("SOFTVERBS_CM_HW_ADDRS");
+    let cfg = SubsystemConfig {
         removal_deadline: Duration::from_millis(200),
         ..SubsystemConfig::default()
-    }));
-    sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
-        .expect("add the library's device");
-    let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
+    };
+    let (sub, _, cm) = hw_cm(&name, cfg);
     let mut w = World {
         sub,
         cm,

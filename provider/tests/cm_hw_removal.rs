@@ -10,12 +10,14 @@
 //! it does when no RDMA device is listed.
 #![cfg(feature = "hardware")]
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use softverbs::cm::*;
-use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
+use softverbs::subsystem::{NamespaceId, SubsystemConfig};
+
+mod cm_hw_common;
+use cm_hw_common::{hw_addr, hw_cm};
 
 /// How long after the library starts it unplugs its device: long enough
 /// for the ids below on a loaded machine.
@@ -41,19 +43,8 @@ fn hw_ids_get_one_removal() {
         }
     };
     let name = devs[0].name().to_string();
-    let ip: IpAddr = std::env::var("SOFTVERBS_CM_HW_ADDRS")
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("an IP address");
-    let sub = Arc::new(Subsystem::new(SubsystemConfig::default()));
-    sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
-        .expect("add the device");
-    let gen = sub.device(&name).unwrap().generation();
-    let cm = Cm::new(sub.clone(), CmConfig::default()).expect("cm");
+    let ip = hw_addr().expect("checked above");
+    let (_sub, gen, cm) = hw_cm(&name, SubsystemConfig::default());
 
     let lch = EventChannel::new().unwrap();
     let l = cm.create_id(&lch, PortSpace::Tcp, 1).unwrap();
