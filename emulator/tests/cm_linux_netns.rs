@@ -56,6 +56,20 @@ fn expect(ch: &EventChannel, kind: CmEventKind) -> CmEvent {
     ev
 }
 
+/// Whether this host lets the test drive linux `what` (root, ip netns,
+/// iproute2); prints the skip line if not.
+fn can_run(what: &str) -> bool {
+    if let Err(why) = LinuxNetns::check_privileges() {
+        println!("skipping: the CM on linux {what} needs root and ip netns ({why})");
+        return false;
+    }
+    if let Err(why) = ip(&["-V"]) {
+        println!("skipping: the CM on linux {what} needs iproute2 ({why})");
+        return false;
+    }
+    true
+}
+
 /// A PD, a CQ and the id's RC QP.
 fn with_qp(id: &CmId) -> (Pd, Cq) {
     let ctx = id.verbs().unwrap();
@@ -84,12 +98,7 @@ fn with_qp(id: &CmId) -> (Pd, Cq) {
 
 #[test]
 fn ip_netns_del_removes_every_id_there_once_without_waiting_for_them() {
-    if let Err(why) = LinuxNetns::check_privileges() {
-        println!("skipping: the CM on linux namespaces needs root and ip netns ({why})");
-        return;
-    }
-    if let Err(why) = ip(&["-V"]) {
-        println!("skipping: the CM on linux namespaces needs iproute2 ({why})");
+    if !can_run("namespaces") {
         return;
     }
     let pid = std::process::id() % 100_000;
@@ -186,12 +195,7 @@ fn ip_netns_del_removes_every_id_there_once_without_waiting_for_them() {
 
 #[test]
 fn ip_addr_del_gives_the_ids_bound_through_it_one_addr_change() {
-    if let Err(why) = LinuxNetns::check_privileges() {
-        println!("skipping: the CM on linux interfaces needs root ({why})");
-        return;
-    }
-    if let Err(why) = ip(&["-V"]) {
-        println!("skipping: the CM on linux interfaces needs iproute2 ({why})");
+    if !can_run("interfaces") {
         return;
     }
     let pid = std::process::id() % 100_000;
