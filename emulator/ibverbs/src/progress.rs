@@ -392,7 +392,8 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
         let found = wake != Wake::Timeout;
         let polls = POLLS.load(Ordering::Relaxed);
         let polled = polls != watch.polls;
-        let mut seen = watch.update(polls, others_cpu(), found);
+        let others = others_cpu();
+        let mut seen = watch.update(polls, others, found);
         if found && seen != Seen::Unattended && !alone && polls_elsewhere() {
             seen = Seen::Attended;
         }
@@ -413,7 +414,7 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
             // shared core blocking on it would make its unlock wake this
             // thread back (a context switch each way, per message).
             match shared.try_drive() {
-                Some(_) if found && !linger.is_zero() && others_idle(&mut idle_mark) => {
+                Some(_) if found && !linger.is_zero() && others_idle(others, &mut idle_mark) => {
                     self::linger(&shared, &stop, linger);
                     idle_mark = others_cpu();
                 }
@@ -446,12 +447,11 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
 /// `SOFTVERBS_SPIN_US` says otherwise.
 pub(crate) const LINGER_US: u64 = 50;
 
-/// Whether the application's threads have had no CPU time since `mark`
-/// (a value of [`others_cpu`]), which moves to now: they are blocked (a
-/// passive RDMA target in a TCP read), so this thread may keep a core
-/// busy without taking it from them.
-fn others_idle(mark: &mut Duration) -> bool {
-    let now = others_cpu();
+/// Whether the application's threads, whose CPU time is `now` (a value of
+/// [`others_cpu`]), have had none since `mark`, which moves to `now`: they
+/// are blocked (a passive RDMA target in a TCP read), so this thread may
+/// keep a core busy without taking it from them.
+fn others_idle(now: Duration, mark: &mut Duration) -> bool {
     let idle = now.saturating_sub(*mark) < IDLE_CPU;
     *mark = now;
     idle
