@@ -25,32 +25,40 @@ fn connect_when_listening(port: u16) -> TcpStream {
 }
 
 /// Waits (bounded) until the server listening on 127.0.0.1:`port` has
-/// taken the connection from local port `from` off its accept queue, so
-/// that the stranger is surely among the connections the server holds
-/// before the client starts. On a loaded machine the last ACK of a
-/// handshake can reach the listener after a later connection's, and the
-/// server would then serve the client without ever seeing the stranger.
-/// Reads `/proc/net/tcp`: the server's end of the connection is past
-/// `SYN_RECV` (or already closed), and the listener's accept queue (its
-/// `rx_queue`) is empty.
-fn wait_until_accepted(port: u16, from: u16) {
+/// taken the stranger's connection `held` off its accept queue, so that
+/// the stranger is surely among the connections the server holds before
+/// the client starts. On a loaded machine the last ACK of a handshake can
+/// reach the listener after a later connection's, and the server would
+/// then serve the client without ever seeing the stranger.
+///
+/// Two observations in order. First, the server's end is past the
+/// handshake: `/proc/net/tcp` shows it past `SYN_RECV` (the kernel queues
+/// a connection for `accept` before it leaves that state), or the server
+/// has already closed or reset it, which `held` sees. Then, in a later
+/// pass, the listener's accept queue (its `rx_queue`) is empty. The file
+/// is no snapshot (listeners come before connections, a bucket at a
+/// time), so one pass cannot show both in the right order.
+fn wait_until_accepted(port: u16, held: &TcpStream) {
+    let from = held.local_addr().unwrap().port();
+    let port_of = |a: &str| a.split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
     let start = Instant::now();
+    let mut past_handshake = false;
     loop {
         let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-        let (mut handshaking, mut queued) = (false, true);
-        for line in table.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let port_of = |a: &str| a.split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
-            let (local, remote, state) = (port_of(f[1]), port_of(f[2]), f[3]);
-            if local == Some(port) && remote == Some(from) && state == "03" {
-                handshaking = true;
+        if !past_handshake {
+            past_handshake = ended_by_the_server(held)
+                || table.lines().skip(1).any(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    port_of(f[1]) == Some(port) && port_of(f[2]) == Some(from) && f[3] != "03"
+                });
+        } else {
+            let drained = table.lines().skip(1).any(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                port_of(f[1]) == Some(port) && f[3] == "0A" && f[4].split(':').nth(1) == Some("00000000")
+            });
+            if drained {
+                return;
             }
-            if local == Some(port) && state == "0A" {
-                queued = f[4].split(':').nth(1).is_some_and(|q| q != "00000000");
-            }
-        }
-        if !handshaking && !queued {
-            return;
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
@@ -58,6 +66,18 @@ fn wait_until_accepted(port: u16, from: u16) {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether the server has closed or reset `s` (it must have accepted it
+/// first: its listener still listens). Peeks with a short read timeout.
+fn ended_by_the_server(s: &TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let ended = match s.peek(&mut [0u8]) {
+        Ok(n) => n == 0,
+        Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+    };
+    s.set_read_timeout(None).unwrap();
+    ended
 }
 
 /// Runs a server, lets `stranger` connect first, then a client; returns
@@ -81,7 +101,7 @@ fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
     }
     let mut guard = KillOnPanic(Some(server));
     let held = stranger(port);
-    wait_until_accepted(port, held.local_addr().unwrap().port());
+    wait_until_accepted(port, &held);
     let server = guard.0.take().expect("the server");
     let mut client_args = vec!["127.0.0.1"];
     client_args.extend_from_slice(&common);
