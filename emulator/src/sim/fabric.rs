@@ -8,6 +8,14 @@
 //! (transmit, then events; the timer is re-read from `poll_timeout` when
 //! the next step is chosen). Every random choice comes from the fabric's
 //! seed, so a run is a pure function of its seed and its inputs.
+//!
+//! A node that coalesces ACKs ([`NodeConfig::coalesce_acks`]) stands for an
+//! inline device, whose application reads the link inside its next verb:
+//! the output of a packet delivered to it waits for the next call on that
+//! node in the same instant ([`Fabric::with`], where polling completions
+//! lets the engine hold that output's ACKs back), and leaves at the latest
+//! when the next step starts. Its held ACKs leave at their bound, when the
+//! engine's timer fires (or earlier, with other output).
 
 use std::collections::{BinaryHeap, HashMap};
 use std::fmt;
@@ -49,6 +57,11 @@ pub struct NodeConfig {
     pub check_icrc: bool,
     /// Engine option: the loss recovery the node offers its peers.
     pub recovery: Recovery,
+    /// Engine option: hold plain ACKs back when the application polls
+    /// completions (`Core::set_ack_coalescing`); the node then drains a
+    /// delivered packet's output after the application's next call (see
+    /// the module docs).
+    pub coalesce_acks: bool,
 }
 
 impl NodeConfig {
@@ -61,6 +74,7 @@ impl NodeConfig {
             max_inflight_packets: 1024,
             check_icrc: true,
             recovery: Recovery::default(),
+            coalesce_acks: false,
         }
     }
 }
@@ -235,6 +249,9 @@ struct Node {
     addr: IpAddr,
     core: Core,
     events: Vec<(Nanos, CoreEvent)>,
+    /// Drains a delivered packet's output after the application's next
+    /// call ([`NodeConfig::coalesce_acks`]).
+    inline: bool,
 }
 
 struct LinkState {
@@ -284,6 +301,8 @@ pub struct Fabric {
     trace: Option<Trace>,
     filter: Option<PacketFilter>,
     stats: FabricStats,
+    /// An inline node whose delivered packet's output was not drained yet.
+    pending: Option<NodeId>,
 }
 
 impl fmt::Debug for Fabric {
@@ -316,6 +335,7 @@ impl Fabric {
             trace: None,
             filter: None,
             stats: FabricStats::default(),
+            pending: None,
         }
     }
 
@@ -355,11 +375,14 @@ impl Fabric {
         core_cfg.check_icrc = cfg.check_icrc;
         core_cfg.recovery = cfg.recovery;
         self.by_addr.insert(cfg.addr, id);
+        let mut core = Core::new(core_cfg);
+        core.set_ack_coalescing(cfg.coalesce_acks);
         self.nodes.push(Node {
             name: cfg.name,
             addr: cfg.addr,
-            core: Core::new(core_cfg),
+            core,
             events: Vec::new(),
+            inline: cfg.coalesce_acks,
         });
         id
     }
@@ -461,6 +484,9 @@ impl Fabric {
     pub fn with<R>(&mut self, node: NodeId, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
         let now = self.now;
         let r = f(&mut self.nodes[node.0].core, now);
+        if self.pending == Some(node) {
+            self.pending = None;
+        }
         self.flush(node);
         r
     }
@@ -495,9 +521,9 @@ impl Fabric {
         }
     }
 
-    /// Whether nothing is in flight and no timer is armed.
+    /// Whether nothing is in flight, no output waits and no timer is armed.
     pub fn is_idle(&self) -> bool {
-        self.next_wakeup().is_none()
+        self.pending.is_none() && self.next_wakeup().is_none()
     }
 
     /// Handles the next event, whenever it is due; `false` if idle.
@@ -508,6 +534,11 @@ impl Fabric {
     /// Handles the next event if it is due by `limit`; otherwise moves the
     /// clock to `limit` (if later than now) and returns `false`.
     pub fn step_until(&mut self, limit: Nanos) -> bool {
+        // The output an inline node's application did not take in the
+        // instant it was produced leaves now.
+        if let Some(node) = self.pending.take() {
+            self.flush(node);
+        }
         let pkt = self.queue.peek().map(|p| p.at);
         let timer = self.next_timer();
         let take_packet = match (pkt, timer) {
@@ -764,7 +795,11 @@ impl Fabric {
             train,
         };
         self.nodes[p.to.0].core.handle_datagram(now, d);
-        self.flush(p.to);
+        if self.nodes[p.to.0].inline {
+            self.pending = Some(p.to);
+        } else {
+            self.flush(p.to);
+        }
     }
 }
 

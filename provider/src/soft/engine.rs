@@ -42,10 +42,11 @@
 //! [`DeviceShared::poll_fds`] to its event loop and call
 //! [`DeviceShared::drive`] when they are readable, or use:
 //!
-//! On a network link an inline device coalesces the ACKs it owes while
+//! On a network link an inline device may coalesce the ACKs it owes while
 //! the application is busy with the completions it just polled (sending the
 //! newest per QP after at most 50 µs, with the next verb), which IBTA allows and
-//! which takes one datagram per message off a send/receive ping-pong.
+//! which takes one datagram per message off a send/receive ping-pong
+//! ([`DeviceShared::set_ack_coalescing`]; the rule is `Core`'s).
 //!
 //! [`EngineMode::ProgressThread`]: one thread per device reads the link,
 //! runs timers and sends, busy-polling for `spin` after the last work and
@@ -60,7 +61,6 @@
 //! runnable thread: set `spin` to zero on a machine with fewer cores than
 //! busy threads.
 
-mod acks;
 mod gsi;
 mod progress;
 mod watch;
@@ -168,16 +168,6 @@ pub struct DeviceShared {
     /// The link's descriptors.
     link_fds: Vec<RawFd>,
     progress: progress::Progress,
-    /// Inline mode on a network link: plain ACKs held back for coalescing
-    /// (see `acks`). Locked only under the engine lock.
-    held: Mutex<acks::HeldAcks>,
-    /// Whether inline polls may hold ACKs back (see [`acks`]); off by
-    /// default: an application that stops calling verbs would strand them
-    /// and its peer's last sends would end in RETRY_EXC_ERR.
-    coalesce_acks: AtomicBool,
-    /// Whether `held` holds nothing (read and written under the engine
-    /// lock, like `held`; lets a verb skip locking it).
-    held_none: AtomicBool,
     /// Inline mode on a network link, once an application took a
     /// descriptor to sleep on: the timer that makes it readable when an
     /// engine deadline passes (see `watch`).
@@ -200,8 +190,13 @@ impl Drop for DeviceShared {
         // A progress thread asleep without a deadline would never notice.
         self.progress.stop();
         // ACKs still held for coalescing leave now.
-        let mut held = self.held.get_mut().unwrap_or_else(|p| p.into_inner()).take_all();
-        if !held.is_empty() {
+        let core = self.core.get_mut().unwrap_or_else(|p| p.into_inner());
+        if core.holds_acks() {
+            core.flush_acks();
+            let mut held = Vec::new();
+            while let Some(t) = core.poll_transmit() {
+                held.push(t);
+            }
             self.link.send_batch(&mut held, &mut drop);
         }
     }
@@ -223,9 +218,6 @@ impl DeviceShared {
             sends_now,
             link_fds,
             progress: progress::Progress::new(),
-            held: Mutex::new(acks::HeldAcks::default()),
-            coalesce_acks: AtomicBool::new(false),
-            held_none: AtomicBool::new(true),
             watch: std::sync::OnceLock::new(),
             driven_externally: AtomicBool::new(false),
         });
@@ -241,11 +233,18 @@ impl DeviceShared {
         any.downcast().ok()
     }
 
-    /// Lets inline polls hold plain ACKs back for coalescing (a latency
-    /// gain on network links for applications that keep calling verbs, such
-    /// as ping-pong loops; see the `acks` module for the hazard).
+    /// Lets inline polls hold plain ACKs back for coalescing
+    /// ([`Core::set_ack_coalescing`]): a latency gain on network links for
+    /// applications that keep calling verbs, such as ping-pong loops. Off
+    /// by default: an application that stops calling verbs strands what
+    /// is held (unless it sleeps on the device's descriptors, whose timer
+    /// wakes it for the held ACKs' bound), and its peer's last sends may
+    /// end in RETRY_EXC_ERR. Only inline devices on a network link hold
+    /// ACKs; for any other this changes nothing. Call it after the device
+    /// started (its engine mode is known).
     pub fn set_ack_coalescing(&self, on: bool) {
-        self.coalesce_acks.store(on, Ordering::Relaxed);
+        let inline_network = self.network && !self.progress.threaded();
+        self.lock().set_ack_coalescing(on && inline_network);
     }
 
     /// The device's addresses.
@@ -322,7 +321,7 @@ impl DeviceShared {
 
     /// Runs `f` on the engine, then drives every device the work reached.
     pub(crate) fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
-        self.run_verb(false, f, |_| false, false).0
+        self.run_verb(false, f).0
     }
 
     /// [`Self::with_core`] for posting sends: in inline mode, on a link
@@ -333,26 +332,21 @@ impl DeviceShared {
     pub(crate) fn with_core_eager<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos, Option<Egress<'_>>) -> R) -> R {
         let eager = self.sends_now && !self.progress.threaded();
         let link = &self.link;
-        self.run_verb(
-            false,
-            |c, now| {
-                // Held ACKs wait in the engine's list, which the packet
-                // would overtake; the general turn sends them in order.
-                if eager && self.held_none.load(Ordering::Relaxed) {
-                    f(
-                        c,
-                        now,
-                        Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| {
-                            link.fast_send().is_some_and(|f| f.send_now(t, hint))
-                        }),
-                    )
-                } else {
-                    f(c, now, None)
-                }
-            },
-            |_| false,
-            false,
-        )
+        self.run_verb(false, |c, now| {
+            // The packet would overtake held ACKs; the general turn
+            // sends them in order.
+            if eager && !c.holds_acks() {
+                f(
+                    c,
+                    now,
+                    Some(&mut |t: &Outgoing<'_>, hint: &mut LinkHint| {
+                        link.fast_send().is_some_and(|f| f.send_now(t, hint))
+                    }),
+                )
+            } else {
+                f(c, now, None)
+            }
+        })
         .0
     }
 
@@ -394,37 +388,34 @@ impl DeviceShared {
     /// coalescing: for verbs after which the application may stop calling
     /// (destroying a QP), so that its peer's last sends still complete.
     pub(crate) fn with_core_flushing<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
-        self.run_verb(false, f, |_| false, true).0
+        self.run_verb(false, |c, now| {
+            let r = f(c, now);
+            c.flush_acks();
+            r
+        })
+        .0
     }
 
     /// Polls a CQ (`f` returns how many completions it took): in inline
     /// mode this first reads the link, and when completions go to the
     /// application the ACKs produced meanwhile may be held back for
-    /// coalescing (see `acks`).
+    /// coalescing (by `Core::poll_cq`, see [`Self::set_ack_coalescing`]).
     pub(crate) fn poll_cq_with(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Core, Nanos) -> crate::verbs::Result<usize>,
     ) -> crate::verbs::Result<usize> {
-        let coalesce = self.coalesce_acks.load(Ordering::Relaxed);
-        self.run_verb(true, f, |r| coalesce && matches!(r, Ok(n) if *n > 0), false)
-            .0
+        self.run_verb(true, f).0
     }
 
     /// Runs verb `f` on the engine (in inline mode reading the link first
     /// if `rx`), sends what it produced and drives the devices it reached;
     /// returns `f`'s result and how many datagrams it read from the link.
-    fn run_verb<R>(
-        self: &Arc<Self>,
-        rx: bool,
-        f: impl FnOnce(&mut Core, Nanos) -> R,
-        hold_acks: impl FnOnce(&R) -> bool,
-        flush_acks: bool,
-    ) -> (R, usize) {
+    fn run_verb<R>(self: &Arc<Self>, rx: bool, f: impl FnOnce(&mut Core, Nanos) -> R) -> (R, usize) {
         // One clock read per verb: everything this verb does (including
         // driving the in-process devices its packets reach) happens "now".
         let now = self.now();
         let core = self.lock();
-        self.run_verb_locked(core, now, rx, f, hold_acks, flush_acks)
+        self.run_verb_locked(core, now, rx, f)
     }
 
     /// [`DeviceShared::run_verb`] with the engine already locked at `now`.
@@ -434,15 +425,13 @@ impl DeviceShared {
         now: Nanos,
         rx: bool,
         f: impl FnOnce(&mut Core, Nanos) -> R,
-        hold_acks: impl FnOnce(&R) -> bool,
-        flush_acks: bool,
     ) -> (R, usize) {
         let mut received = 0;
         let threaded = self.progress.threaded();
         // Inline mode reads the link when polling, and before any due
-        // timer runs: an ACK waiting in the socket must not let a
-        // retransmission timer expire.
-        if self.network && !threaded && (rx || core.poll_timeout().is_some_and(|t| t <= now)) {
+        // transport timer runs: an ACK waiting in the socket must not let a
+        // retransmission timer expire. (A held ACK's bound needs no read.)
+        if self.network && !threaded && (rx || core.transport_timeout().is_some_and(|t| t <= now)) {
             let c = &mut *core;
             received = self
                 .link
@@ -455,44 +444,30 @@ impl DeviceShared {
                 w.note(core.poll_timeout(), now);
             }
         }
-        let hold = hold_acks(&r);
-        if !threaded
-            && self.network
-            && core.at_most_one_transmit()
-            && self.held_none.load(Ordering::Relaxed)
-            && !(hold && core.peek_transmit().is_some_and(acks::is_plain_ack))
-        {
+        if !threaded && self.network && core.at_most_one_transmit() {
             // At most one datagram and no event (nearly every verb of
             // a ping-pong), and no ACK held or to hold: straight to the
-            // link, without the transmit list, the ACK sorting (which
-            // would leave it as it is) and the event dispatch that a
-            // verb producing more needs. (Network links have no timers
-            // of other devices to run: see `drive_due`.)
+            // link, without the transmit list and the event dispatch
+            // that a verb producing more needs. (Network links have no
+            // timers of other devices to run: see `drive_due`.)
             if let Some(t) = core.poll_transmit() {
                 self.link.send_one(t, &mut |b| core.recycle_buffer(b));
             }
             return (r, received);
         }
-        self.finish_verb(core, now, hold, flush_acks, threaded);
+        self.finish_verb(core, now, threaded);
         (r, received)
     }
 
     /// The rest of [`Self::run_verb`] for a verb that produced more than
-    /// one datagram, events, or ACKs to hold or flush: sends what the
-    /// engine produced (holding or flushing ACKs), dispatches the events,
+    /// one datagram, events, or ACKs to hold or let go: sends what the
+    /// engine produced, dispatches the events,
     /// and drives the devices its packets reached. Kept out of line: every
     /// verb inlines `run_verb`, and this part, which a ping-pong's verbs
     /// rarely run, made each of them too large for LLVM to inline the
     /// per-message helpers they call.
     #[inline(never)]
-    fn finish_verb(
-        self: &Arc<Self>,
-        mut core: MutexGuard<'_, Core>,
-        now: Nanos,
-        hold: bool,
-        flush_acks: bool,
-        threaded: bool,
-    ) {
+    fn finish_verb(self: &Arc<Self>, mut core: MutexGuard<'_, Core>, now: Nanos, threaded: bool) {
         // A spare Vec only once there is something to send (most verbs,
         // posting a receive or an empty poll, send nothing).
         let mut out = Vec::new();
@@ -504,11 +479,6 @@ impl DeviceShared {
         // thread's turn (an application that exits after its last
         // completion would lose it, and its peer would wait forever).
         Self::drain_locked(&mut core, &mut out, &mut events);
-        if self.network && !threaded {
-            let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            held.sort(&mut out, now, hold, flush_acks);
-            self.held_none.store(held.is_empty(), Ordering::Relaxed);
-        }
         if threaded {
             let deadline = core.poll_timeout();
             self.progress.set_deadline(deadline);
@@ -594,7 +564,7 @@ impl DeviceShared {
                 // Another verb holds the engine (and reads the link).
                 return (turn > 0).then_some(total);
             };
-            let ((), received) = self.run_verb_locked(core, self.now(), true, |_, _| (), |_| false, true);
+            let ((), received) = self.run_verb_locked(core, self.now(), true, |c, _| c.flush_acks());
             total += received;
             if received == 0 {
                 break;
@@ -669,10 +639,7 @@ impl DeviceShared {
     /// nothing costs no system call on the shared-memory link.
     pub fn poll_link(self: &Arc<Self>) -> Option<usize> {
         let core = try_lock(&self.core)?;
-        Some(
-            self.run_verb_locked(core, self.now(), true, |_, _| (), |_| false, true)
-                .1,
-        )
+        Some(self.run_verb_locked(core, self.now(), true, |c, _| c.flush_acks()).1)
     }
 
     /// The engine mode.
@@ -738,12 +705,8 @@ impl DeviceShared {
                 *out = take_scratch();
             }
         }
-        let before = out.len();
         while let Some(t) = core.poll_transmit() {
             out.push(t);
-        }
-        if out.len() - before > 1 {
-            acks::collapse(out, before);
         }
         while let Some(e) = core.poll_event() {
             events.push(e);

@@ -23,29 +23,40 @@
 //! event is queued (`poll`/`epoll`); with `O_NONBLOCK` set on it,
 //! `rdma_get_cm_event` fails with `EAGAIN` when none is.
 //!
+//! Files: this one holds the ids and the `rdma_*` entry points; `events`
+//! translates the connection manager's events into `rdma_cm_event`s and
+//! keeps the event channels; `global` is the process's connection manager
+//! and what the library tells it of its device; `ep` and `qp` are the
+//! endpoint (`rdma_create_ep`, ...) and QP calls.
+//!
 //! Not supported (-1 with `errno` `EOPNOTSUPP`): multicast, ECE, the IB
 //! port spaces (`RDMA_PS_IB`, `RDMA_PS_IPOIB`) and `AF_IB` addresses,
 //! SRQs made by the CM (`rdma_create_srq`); the
 //! route options of `rdma_set_option` (the id options are accepted and
 //! have no effect on soft devices).
 
+mod events;
 pub mod ffi;
+mod global;
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::os::raw::{c_char, c_int};
 use std::ptr::null_mut;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
-use softverbs::cm::{Cm, CmConfig, CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
-use softverbs::soft::SoftDevice;
-use softverbs::subsystem::{soft_plugged, DeviceFactory, HotplugDevice, NamespaceId, Subsystem};
-use softverbs::verbs::{BackendKind, Gid, Mtu};
+use softverbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+use softverbs::verbs::Gid;
 
 use self::ffi::*;
 use crate::ffi::*;
 use crate::objects::{free_raw, into_raw, set_errno, SvQp};
+
+use self::events::*;
+pub(crate) use self::global::device_removed;
+use self::global::global;
+pub use self::global::softverbs_remove_addr;
 
 // The verbs this module calls: the library's own exported functions.
 extern "C" {
@@ -63,150 +74,6 @@ extern "C" {
     fn __softverbs_ibv_destroy_cq(cq: *mut ibv_cq) -> c_int;
     fn __softverbs_ibv_create_qp(pd: *mut ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
     fn __softverbs_ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
-}
-
-/// Gives the connection manager's subsystem the library's existing soft
-/// device (once: a removed device is not brought back).
-struct Existing {
-    name: String,
-    dev: Mutex<Option<Arc<SoftDevice>>>,
-}
-
-impl DeviceFactory for Existing {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn backend(&self) -> BackendKind {
-        BackendKind::Soft
-    }
-
-    fn instantiate(&self, _ns: NamespaceId) -> softverbs::verbs::Result<Arc<dyn HotplugDevice>> {
-        match self.dev.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(d) => Ok(soft_plugged(d)),
-            None => Err(softverbs::verbs::Error::new(
-                softverbs::verbs::Verb::OpenDevice,
-                softverbs::verbs::ErrorKind::NoDevice,
-                "the library's device cannot be plugged twice",
-            )),
-        }
-    }
-}
-
-/// The process's connection manager and the device context every id
-/// shares.
-struct Global {
-    cm: Cm,
-    /// `*mut ibv_context` of the library's device (never closed: ids and
-    /// the application's objects made on it may outlive any one id).
-    ctx: usize,
-    /// `*mut ibv_pd`: the context's shared PD.
-    pd: usize,
-    /// The device's MTU (`enum ibv_mtu`) for path records.
-    mtu: u8,
-}
-
-/// The connection manager, made at the first `rdma_*` call that needs it.
-static GLOBAL: OnceLock<Result<Global, c_int>> = OnceLock::new();
-
-/// Tells the connection manager that the library's device `name` was
-/// hot-unplugged (`softverbs_remove_device`): each id on it gets
-/// `RDMA_CM_EVENT_DEVICE_REMOVAL` once, and its QP is flushed. Nothing to
-/// do if no `rdma_*` call has made the connection manager.
-pub(crate) fn device_removed(name: &str) {
-    if let Some(Ok(g)) = GLOBAL.get() {
-        let _ =
-            g.cm.subsystem()
-                .remove_device_within(name, std::time::Duration::from_secs(1));
-    }
-}
-
-/// Reports that IP address `addr` (text, IPv4 or IPv6) was removed from
-/// the network interface of the library's device `name`, as the kernel
-/// hears of `ip addr del` or a bonding failover: each `rdma_cm_id` bound
-/// or connected through that address on the device gets
-/// `RDMA_CM_EVENT_ADDR_CHANGE` once, and later `rdma_bind_addr` and
-/// `rdma_resolve_addr` calls no longer find the address. The device's GID
-/// table is not changed. Returns 0 (also when the address was already
-/// removed: nothing is delivered twice), or -1 with `errno` `EINVAL`
-/// (NULL or unparsable argument) or `ENOENT` (no such device present).
-///
-/// # Safety
-///
-/// `name` and `addr` must be NULL or NUL-terminated strings.
-#[no_mangle]
-pub unsafe extern "C" fn softverbs_remove_addr(name: *const c_char, addr: *const c_char) -> c_int {
-    if name.is_null() || addr.is_null() {
-        return fail(libc::EINVAL);
-    }
-    // SAFETY: the caller passes NUL-terminated strings.
-    let (name, addr) = unsafe { (CStr::from_ptr(name), CStr::from_ptr(addr)) };
-    let (Ok(name), Some(ip)) = (name.to_str(), addr.to_str().ok().and_then(|a| a.parse::<IpAddr>().ok())) else {
-        return fail(libc::EINVAL);
-    };
-    let g = match global() {
-        Ok(g) => g,
-        Err(e) => return fail(e),
-    };
-    match g
-        .cm
-        .subsystem()
-        .address_change(name, ip, softverbs::subsystem::AddressChange::Removed)
-    {
-        Ok(()) => 0,
-        Err(_) => fail(libc::ENOENT),
-    }
-}
-
-fn global() -> Result<&'static Global, c_int> {
-    GLOBAL
-        .get_or_init(|| {
-            let d = *crate::state::present_devices().first().ok_or(libc::ENODEV)?;
-            let sub = Arc::new(Subsystem::new(Default::default()));
-            let factory = Arc::new(Existing {
-                name: d.soft.name().to_string(),
-                dev: Mutex::new(Some(d.soft.clone())),
-            });
-            sub.add_device(factory, NamespaceId::INIT).map_err(|e| e.errno())?;
-            let cm = Cm::new(
-                sub,
-                CmConfig {
-                    consumer: "librdmacm".into(),
-                    ..CmConfig::default()
-                },
-            )
-            .map_err(|e| e.errno())?;
-            if let Some(cap) = d.mtu_cap {
-                // The device's interface carries smaller packets than the
-                // soft port reports: paths through it use what fits.
-                let mtu = match cap {
-                    1 => Mtu::Mtu256,
-                    2 => Mtu::Mtu512,
-                    3 => Mtu::Mtu1024,
-                    4 => Mtu::Mtu2048,
-                    _ => Mtu::Mtu4096,
-                };
-                cm.limit_mtu(d.soft.name(), mtu);
-            }
-            // SAFETY: `d.dev` is a device of this library (never freed).
-            let ctx = unsafe { __softverbs_ibv_open_device(&d.dev as *const ibv_device as *mut ibv_device) };
-            if ctx.is_null() {
-                return Err(errno());
-            }
-            // SAFETY: the context just opened.
-            let pd = unsafe { __softverbs_ibv_alloc_pd(ctx) };
-            if pd.is_null() {
-                return Err(errno());
-            }
-            Ok(Global {
-                cm,
-                ctx: ctx as usize,
-                pd: pd as usize,
-                mtu: d.mtu_cap.unwrap_or(5).min(5) as u8,
-            })
-        })
-        .as_ref()
-        .map_err(|&e| e)
 }
 
 fn errno() -> c_int {
@@ -443,245 +310,12 @@ fn new_id(cm: CmId, chan: *mut SvChan, context: *mut c_void, ps: c_int, qp_type:
     p
 }
 
-fn kind_to_c(k: CmEventKind) -> c_int {
-    match k {
-        CmEventKind::AddrResolved => RDMA_CM_EVENT_ADDR_RESOLVED,
-        CmEventKind::RouteResolved => RDMA_CM_EVENT_ROUTE_RESOLVED,
-        CmEventKind::ConnectRequest => RDMA_CM_EVENT_CONNECT_REQUEST,
-        CmEventKind::ConnectResponse => RDMA_CM_EVENT_CONNECT_RESPONSE,
-        CmEventKind::ConnectError => RDMA_CM_EVENT_CONNECT_ERROR,
-        CmEventKind::Unreachable => RDMA_CM_EVENT_UNREACHABLE,
-        CmEventKind::Rejected => RDMA_CM_EVENT_REJECTED,
-        CmEventKind::Established => RDMA_CM_EVENT_ESTABLISHED,
-        CmEventKind::Disconnected => RDMA_CM_EVENT_DISCONNECTED,
-        CmEventKind::DeviceRemoval => RDMA_CM_EVENT_DEVICE_REMOVAL,
-        CmEventKind::AddrChange => RDMA_CM_EVENT_ADDR_CHANGE,
-        CmEventKind::TimewaitExit => RDMA_CM_EVENT_TIMEWAIT_EXIT,
-    }
-}
-
-fn ah_to_c(a: &softverbs::verbs::AhAttr) -> ibv_ah_attr {
-    ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid { raw: a.grh.dgid.0 },
-            flow_label: a.grh.flow_label,
-            sgid_index: a.grh.sgid_index,
-            hop_limit: a.grh.hop_limit,
-            traffic_class: a.grh.traffic_class,
-        },
-        dlid: a.dlid,
-        sl: a.sl,
-        src_path_bits: a.src_path_bits,
-        static_rate: a.static_rate,
-        is_global: u8::from(a.is_global),
-        port_num: a.port_num,
-    }
-}
-
-/// Turns a connection manager event into the application's, or `None`
-/// for an event about an id already destroyed (dropped). A connection
-/// request's new id is made here, on the listener's channel.
-fn translate(mut ev: CmEvent) -> Option<*mut SvEvent> {
-    let (idp, listen) = if ev.kind == CmEventKind::ConnectRequest {
-        let lp = ev.listener.map_or(null_mut(), lookup);
-        if lp.is_null() {
-            return None; // dropping the event rejects the request
-        }
-        let child = ev.take_id()?;
-        // SAFETY: a registered id is alive (ids leave the map before
-        // they are freed, under the application's rule that an id is not
-        // destroyed while another thread uses it).
-        let l = unsafe { &*lp };
-        let c = new_id(child, l.id.channel as *mut SvChan, l.id.context, l.id.ps, l.id.qp_type);
-        (c, lp)
-    } else {
-        let p = lookup(ev.id);
-        if p.is_null() {
-            return None;
-        }
-        (p, null_mut())
-    };
-    // SAFETY: registered, alive (see above).
-    let sv = unsafe { &mut *idp };
-    refresh(sv);
-    let mut out = Box::new(SvEvent {
-        // SAFETY: rdma_cm_event is plain data; all-zero is valid.
-        ev: unsafe { std::mem::zeroed() },
-        data: [0; 256],
-    });
-    let n = ev.private_data.len().min(255);
-    out.data[..n].copy_from_slice(&ev.private_data[..n]);
-    let data = if n == 0 {
-        std::ptr::null()
-    } else {
-        out.data.as_ptr() as *const c_void
-    };
-    out.ev.id = idp as *mut rdma_cm_id;
-    out.ev.listen_id = listen as *mut rdma_cm_id;
-    out.ev.event = kind_to_c(ev.kind);
-    out.ev.status = ev.status;
-    if sv.id.ps == RDMA_PS_UDP {
-        let ud = ev.ud.as_ref();
-        out.ev.param.ud = rdma_ud_param {
-            private_data: data,
-            private_data_len: n as u8,
-            ah_attr: ud.map(|u| ah_to_c(&u.ah_attr)).unwrap_or_default(),
-            qp_num: ud.map_or(0, |u| u.qp_num),
-            qkey: ud.map_or(0, |u| u.qkey),
-        };
-    } else {
-        let c = ev.conn.clone().unwrap_or_default();
-        out.ev.param.conn = rdma_conn_param {
-            private_data: data,
-            private_data_len: n as u8,
-            responder_resources: c.responder_resources,
-            initiator_depth: c.initiator_depth,
-            flow_control: 1,
-            retry_count: c.retry_count,
-            rnr_retry_count: c.rnr_retry_count,
-            srq: u8::from(c.srq),
-            qp_num: c.qp_num,
-        };
-    }
-    Some(Box::into_raw(out))
-}
-
-/// The next event of `ch`: waits unless `nonblock`.
-fn next_event(ch: &SvChan, nonblock: bool) -> Result<*mut SvEvent, c_int> {
-    loop {
-        let ev = if nonblock {
-            ch.ev.try_get_event().ok_or(libc::EAGAIN)?
-        } else {
-            match ch.ev.get_event(None) {
-                Ok(Some(e)) => e,
-                Ok(None) => continue,
-                Err(e) => return Err(e.errno()),
-            }
-        };
-        // The ids an event names stay alive while it is translated: a
-        // thread destroying an id (another thread's rdma_destroy_id while
-        // this one reads its events, as rping does) waits for that.
-        let _alive = TRANSLATING.read().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = translate(ev) {
-            return Ok(p);
-        }
-    }
-}
-
-/// Frees an event made by [`translate`].
-///
-/// # Safety
-///
-/// `ev` from `translate`, not freed yet.
-unsafe fn free_event(ev: *mut rdma_cm_event) {
-    // SAFETY: the caller's promise; SvEvent starts with the C event.
-    drop(unsafe { Box::from_raw(ev as *mut SvEvent) });
-}
-
-/// A synchronous id's wait for the event that completes its call
-/// (`want`): kept in `id->event` (the previous one freed) so the caller
-/// can read its parameters. An error event fails with librdmacm's errno.
-fn sync_wait(sv: &mut SvId, want: c_int) -> c_int {
-    if sv.own_chan.is_null() {
-        return 0;
-    }
-    // SAFETY: the id's own channel lives as long as the id.
-    let ch = unsafe { &*sv.own_chan };
-    let ev = match next_event(ch, false) {
-        Ok(e) => e,
-        Err(e) => return fail(e),
-    };
-    if !sv.id.event.is_null() {
-        // SAFETY: the previous event, ours to free.
-        unsafe { free_event(sv.id.event) };
-    }
-    sv.id.event = ev as *mut rdma_cm_event;
-    // SAFETY: just made.
-    let e = unsafe { &(*ev).ev };
-    if e.event == want {
-        return 0;
-    }
-    let err = match (e.event, e.status) {
-        (RDMA_CM_EVENT_REJECTED, _) => libc::ECONNREFUSED,
-        (_, s) if s < 0 => -s,
-        (_, s) if s > 0 => s,
-        (RDMA_CM_EVENT_DEVICE_REMOVAL, _) => libc::ENODEV,
-        _ => libc::EIO,
-    };
-    fail(err)
-}
-
 /// Maps a connection manager result to the C convention.
 fn ret(r: softverbs::cm::Result<()>) -> c_int {
     match r {
         Ok(()) => 0,
         Err(e) => fail(e.errno()),
     }
-}
-
-fn app_fd(fd: c_int) -> Result<c_int, c_int> {
-    // SAFETY: no memory is passed; a negative return is an error.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(errno());
-    }
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: 0,
-    };
-    // SAFETY: `ev` is a live epoll_event; `ep` and `fd` are open.
-    if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-        let e = errno();
-        // SAFETY: our own descriptor.
-        unsafe { libc::close(ep) };
-        return Err(e);
-    }
-    Ok(ep)
-}
-
-/// The channels alive (addresses), so that a channel the application
-/// already destroyed is refused (`EINVAL`; destroying it again does
-/// nothing) instead of being read or freed twice.
-fn chans() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
-    static CHANS: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
-    CHANS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Whether `ch` is a channel of this library not yet destroyed.
-fn chan_live(ch: *mut rdma_event_channel) -> bool {
-    chans().contains(&(ch as usize))
-}
-
-fn make_chan() -> Result<*mut SvChan, c_int> {
-    global()?;
-    let ev = EventChannel::new().map_err(|e| e.errno())?;
-    let fd = app_fd(std::os::fd::AsRawFd::as_raw_fd(&ev))?;
-    let p = into_raw(SvChan {
-        ch: rdma_event_channel { fd },
-        ev,
-    });
-    chans().insert(p as usize);
-    Ok(p)
-}
-
-/// Frees a channel made by [`make_chan`].
-///
-/// # Safety
-///
-/// `ch` from `make_chan`, no longer used.
-unsafe fn free_chan(ch: *mut SvChan) {
-    if !chans().remove(&(ch as usize)) {
-        return; // destroyed already
-    }
-    // SAFETY: the caller's promise.
-    let fd = unsafe { (*ch).ch.fd };
-    // SAFETY: our epoll descriptor.
-    unsafe { libc::close(fd) };
-    // SAFETY: the caller's promise.
-    unsafe { free_raw(ch) };
 }
 
 macro_rules! id_or {

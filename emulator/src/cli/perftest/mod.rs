@@ -4,7 +4,9 @@
 //! any backend of the verbs API.
 //!
 //! Pieces:
-//! - [`args`]: the command line and the parameters a run resolves from it;
+//! - [`args`]: the command line (the flags, as clap parses them);
+//! - [`params`]: the parameters a run resolves from it (perftest's defaults
+//!   per test, checked combinations);
 //! - [`resources`]: one end of a test (context, PD, CQs, QPs, one MR) and
 //!   the address record the ends exchange ([`resources::Dest`]);
 //! - [`bw`] and [`lat`]: the measuring loops, written as per-end state
@@ -50,6 +52,7 @@ pub mod args;
 pub mod bw;
 pub mod exchange;
 pub mod lat;
+pub mod params;
 pub mod report;
 pub mod resources;
 pub mod run;

@@ -22,6 +22,8 @@
 //!   data of that WR and every earlier one is already in the target memory
 //!   (and a send's receive CQE exists); when a write-with-immediate's
 //!   receive CQE is polled, its data is in place.
+//! - **response order**: without faults and retransmissions, each side's
+//!   responses (ACKs, NAKs, read and atomic responses) leave in PSN order.
 
 mod plan;
 mod random;
@@ -198,7 +200,8 @@ pub struct Scenario {
     /// Seed of the fabric (faults, engine key bytes, memory contents).
     /// With an odd seed both nodes send large messages from shareable
     /// buffers as trains; bits 1 and 2 choose each node's loss recovery
-    /// ([`recoveries`]).
+    /// ([`recoveries`]); with bit 3 set both nodes coalesce ACKs
+    /// (`NodeConfig::coalesce_acks`).
     pub seed: u64,
     /// The program.
     pub program: Program,
@@ -218,6 +221,12 @@ impl Scenario {
     /// Whether a partition never heals (errors are then expected).
     pub fn has_permanent_cut(&self) -> bool {
         self.cuts.iter().any(|c| c.duration.is_none())
+    }
+
+    /// Whether neither link has faults and no partition cuts them.
+    pub fn is_fault_free(&self) -> bool {
+        use super::link::FaultModel;
+        self.link_ab.faults == FaultModel::NONE && self.link_ba.faults == FaultModel::NONE && self.cuts.is_empty()
     }
 }
 

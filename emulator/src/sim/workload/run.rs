@@ -1,6 +1,7 @@
 //! Runs a [`Scenario`] on a fresh fabric and checks it against its plan.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
 
 /// Most steps a run may take without virtual time moving.
 const SAME_INSTANT_STEPS: u64 = 200_000;
@@ -11,6 +12,7 @@ use softverbs::verbs::{QpState, RecvWr, SendFlags, SendOp, SendWr, WcFlags, WcOp
 use super::plan::{Plan, RecvPlan};
 use super::{OpKind, Scenario, Violation, COUNTERS};
 use crate::sim::conn::{connect, Endpoint};
+use crate::sim::fabric::Verdict;
 use crate::sim::fabric::{Fabric, FabricStats, NodeConfig, NodeId};
 use crate::sim::link::Partition;
 use crate::sim::trace::Trace;
@@ -31,6 +33,9 @@ pub struct Report {
     /// Virtual time of each side's failure.
     pub failed_at: [Option<Nanos>; 2],
 }
+
+/// The responses each side sent, as (side, PSN) in send order.
+type ResponseLog = Arc<Mutex<Vec<(usize, u32)>>>;
 
 impl Scenario {
     /// Runs the scenario and checks every invariant (see the module docs).
@@ -85,6 +90,7 @@ struct Runner<'a> {
     /// Steps taken since virtual time last moved, and when that was.
     same_instant: (u64, Nanos),
     error_mode: bool,
+    responses: ResponseLog,
 }
 
 enum Action {
@@ -104,6 +110,10 @@ impl<'a> Runner<'a> {
         na.recovery = ra;
         let mut nb = NodeConfig::new("b", IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)));
         nb.recovery = rb;
+        if sc.seed & 8 != 0 {
+            na.coalesce_acks = true;
+            nb.coalesce_acks = true;
+        }
         let a = fabric.add_node(na);
         let b = fabric.add_node(nb);
         if sc.seed & 1 == 1 {
@@ -113,6 +123,21 @@ impl<'a> Runner<'a> {
         }
         fabric.set_link(a, b, sc.link_ab);
         fabric.set_link(b, a, sc.link_ba);
+        let responses = ResponseLog::default();
+        let log = responses.clone();
+        // The log of responses, for the order check of runs without faults.
+        if sc.is_fault_free() {
+            fabric.set_filter(Box::new(move |p| {
+                let op = p.data.first().map(|&b| softverbs::soft::wire::Opcode::from(b));
+                if let (Some(info), Some(psn)) = (op.and_then(|o| o.info()), p.data.get(9..12)) {
+                    if !info.is_request() {
+                        let psn = u32::from_be_bytes([0, psn[0], psn[1], psn[2]]);
+                        log.lock().unwrap_or_else(|e| e.into_inner()).push((p.from.0, psn));
+                    }
+                }
+                Verdict::Pass
+            }));
+        }
         for c in &sc.cuts {
             fabric.add_partition(Partition {
                 side: vec![a],
@@ -154,6 +179,7 @@ impl<'a> Runner<'a> {
             steps: 0,
             same_instant: (0, 0),
             error_mode: sc.has_permanent_cut(),
+            responses,
         })
     }
 
@@ -204,6 +230,7 @@ impl<'a> Runner<'a> {
             self.after_step()?;
         }
         self.check_idle()?;
+        self.check_response_order()?;
         // Teardown: both QPs to ERR; everything left flushes.
         for side in 0..2 {
             self.ep[side]
@@ -490,6 +517,41 @@ impl<'a> Runner<'a> {
             )));
         }
         self.recv_seen[i] = true;
+        Ok(())
+    }
+
+    /// On a fabric without faults, where no request was sent twice (no
+    /// RNR retry either), so that no response answers a duplicate: each
+    /// side's responses leave in PSN order. An ACK, NAK or read response
+    /// never overtakes an earlier one of the same QP (which ACK coalescing
+    /// could make happen, holding some back).
+    fn check_response_order(&self) -> Result<(), Violation> {
+        let sc = self.sc;
+        if !sc.is_fault_free() {
+            return Ok(());
+        }
+        let resent = |i: usize| {
+            let c = self.fabric.core(NodeId(i)).counters();
+            c.retransmits > 0 || c.rx_duplicates > 0
+        };
+        if resent(0) || resent(1) {
+            return Ok(());
+        }
+        let log = self.responses.lock().unwrap_or_else(|e| e.into_inner());
+        // Side A responds in B's request PSNs, and B in A's.
+        for (side, first) in [(0, sc.qp.psn_b), (1, sc.qp.psn_a)] {
+            let mut last = 0;
+            for (k, &(_, psn)) in log.iter().filter(|(s, _)| *s == side).enumerate() {
+                let rel = psn.wrapping_sub(first) & 0xff_ffff;
+                if rel < last {
+                    return Err(self.violation(format!(
+                        "side {side}'s response {k} (PSN {psn:#x}) left after one for a later PSN \
+                         (offset {last} from the first PSN, this one {rel})"
+                    )));
+                }
+                last = rel;
+            }
+        }
         Ok(())
     }
 

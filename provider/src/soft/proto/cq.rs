@@ -146,7 +146,9 @@ impl Core {
         }
     }
 
-    /// `ibv_poll_cq`.
+    /// `ibv_poll_cq`. Handing completions out lets the plain ACKs of the
+    /// output now waiting be held back, with ACK coalescing on
+    /// ([`Core::set_ack_coalescing`]).
     ///
     /// # Errors
     ///
@@ -163,7 +165,11 @@ impl Core {
                 "the CQ overran and is unusable (CQ_ERR was reported)"
             ));
         }
-        Ok(c.poll(out))
+        let n = c.poll(out);
+        if n > 0 {
+            self.completions_handed_out();
+        }
+        Ok(n)
     }
 
     /// Number of completions waiting in a CQ.

@@ -27,12 +27,14 @@
 //! packets), `responder` (request packets → memory, receive completions,
 //! responses), `completer` (responses → send completions,
 //! retransmission), `recv` (header checks and dispatch), with `fast` the
-//! one-packet fast paths of both directions, `recovery` and `timers`.
+//! one-packet fast paths of both directions, `recovery` and `timers`;
+//! `acks` decides which acknowledgements leave, and when (coalescing).
 //! Messages sent by reference are `by_reference`; what the transport
 //! asks of or hands to a link directly is `seams`.
 
 #![deny(unsafe_code)]
 
+mod acks;
 pub mod by_reference;
 mod completer;
 mod cq;
@@ -66,6 +68,7 @@ use std::net::IpAddr;
 
 use crate::verbs::{AsyncElement, AsyncEvent, DeviceAttr, EventType, Gid, PortAttr, Result};
 
+pub use acks::ACK_HOLD_NS;
 pub use cq::CqId;
 pub use pd::{AhId, PdId};
 pub use qp::QpCreate;
@@ -261,6 +264,8 @@ pub struct Core {
     gsi_sink: Option<std::sync::Arc<dyn gsi::GsiSink>>,
     /// The SACK extension of the datagram being handled (`recovery`).
     rx_sack: Option<crate::soft::wire::Sack>,
+    /// ACK coalescing ([`acks`]).
+    acks: acks::Acks,
 }
 
 impl Core {
@@ -287,6 +292,7 @@ impl Core {
             train_route: None,
             gsi_sink: None,
             rx_sack: None,
+            acks: acks::Acks::default(),
         }
     }
 
@@ -339,6 +345,7 @@ impl Core {
             }
         }
         self.tx.clear();
+        self.acks.clear();
         self.timers.clear();
     }
 
@@ -381,6 +388,7 @@ impl Core {
         self.pds = Slab::default();
         self.mrs = MrTable::default();
         self.tx.clear();
+        self.acks.clear();
         self.timers.clear();
     }
 
@@ -398,8 +406,15 @@ impl Core {
         &self.counters
     }
 
-    /// Next datagram to send.
+    /// Next datagram to send. The output of a turn leaves as the turn
+    /// produced it, except for acknowledgements (see [`acks`]): the first
+    /// call of a drain drops plain ACKs that a later one of the same QP
+    /// supersedes, holds ACKs back or lets held ones go.
+    #[inline]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if self.tx.len() > 1 || self.acks.busy() {
+            return self.poll_transmit_sorted();
+        }
         self.tx.pop_front()
     }
 
@@ -446,19 +461,16 @@ impl Core {
 
     /// Whether datagrams are waiting in [`Core::poll_transmit`].
     pub fn has_transmit(&self) -> bool {
-        !self.tx.is_empty()
+        !self.tx.is_empty() || self.acks.due()
     }
 
-    /// The next datagram to send, left in place.
-    pub(crate) fn peek_transmit(&self) -> Option<&Transmit> {
-        self.tx.front()
-    }
-
-    /// Whether at most one datagram and no event wait: what nearly every
-    /// verb of a ping-pong leaves, which the driver may hand to its link as
-    /// it is.
+    /// Whether at most one datagram and no event wait, and no
+    /// acknowledgement is held or to hold: what nearly every verb of a
+    /// ping-pong leaves, which the driver may hand to its link as it is
+    /// (by one [`Core::poll_transmit`]).
+    #[inline]
     pub(crate) fn at_most_one_transmit(&self) -> bool {
-        self.tx.len() <= 1 && self.events.is_empty()
+        self.tx.len() <= 1 && self.events.is_empty() && !self.acks.needs_sorting(&self.tx)
     }
 
     /// Next event for the driver.
@@ -468,13 +480,36 @@ impl Core {
 
     /// The earliest deadline at which [`Core::handle_timeout`] must run.
     /// It may be early (a timer whose deadline moved out or went away
-    /// still wakes once, and finds nothing to do), never late.
+    /// still wakes once, and finds nothing to do), never late. It
+    /// includes the bound of a held ACK ([`ACK_HOLD_NS`]).
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Nanos> {
+        let t = self.timers.first_deadline();
+        if !self.acks.holding() {
+            return t;
+        }
+        match (t, self.acks.deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest deadline of the transport's timers (retransmission,
+    /// RNR retry), without held ACKs: a driver that reads its link before
+    /// a due timer, so that an ACK waiting there stops a retransmission,
+    /// need not read it for a held ACK's bound.
+    #[inline]
+    pub fn transport_timeout(&self) -> Option<Nanos> {
         self.timers.first_deadline()
     }
 
-    /// Runs every timer due at `now` (retransmission, RNR retry).
+    /// Runs every timer due at `now` (retransmission, RNR retry), and
+    /// releases the held ACKs whose bound passed: they leave with the next
+    /// drain, after what this turn produces.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        if self.acks.deadline().is_some_and(|d| d <= now) {
+            self.acks.release(now);
+        }
         while let Some((t, qpn)) = self.timers.first() {
             if t > now {
                 break;

@@ -61,6 +61,7 @@ pub struct Counters {
     pub sacks_repeated: u64,
     pub sr_resent_packets: u64,
     pub probes: u64,
+    pub tx_acks_held: u64,
 }
 
 impl Counters {
@@ -112,6 +113,7 @@ impl Counters {
             ("sacks_repeated", self.sacks_repeated),
             ("sr_resent_packets", self.sr_resent_packets),
             ("probes", self.probes),
+            ("tx_acks_held", self.tx_acks_held),
         ]
         .into_iter()
     }
@@ -133,6 +135,7 @@ impl Counters {
 impl Core {
     /// Handles one received UDP payload.
     pub fn handle_datagram(&mut self, now: Nanos, d: Datagram<'_>) {
+        self.acks.note_time(now);
         if self.cfg.fast_paths && self.fast_request(&d) {
             return;
         }
