@@ -273,6 +273,21 @@ impl Done {
         }
     }
 
+    /// Releases what the request keeps (after [`Done::call_back`]): the
+    /// common request's parts are dropped in line, its rare part only if
+    /// it has one.
+    #[inline]
+    pub(crate) fn free(self) {
+        let Req { cb, mr, rare, .. } = self.req;
+        if cb.is_some() {
+            drop(cb);
+        }
+        drop(mr);
+        if let Some(rare) = rare {
+            drop(rare);
+        }
+    }
+
     /// Calls the callback (if it is to be called), then releases the
     /// request's resources. Returns whether a callback ran.
     pub(crate) fn run(self) -> bool {
@@ -286,6 +301,37 @@ impl Done {
             _ => false,
         };
         drop((mr, rare));
+        ran
+    }
+}
+
+/// A request [`QpShared::retire_alone`] finished, to finish outside every
+/// lock.
+pub(crate) struct Alone {
+    cb: Option<Cb>,
+    /// Whether the callback is to be called (a signaled request's; an
+    /// unsignaled request's success drops it uncalled).
+    call: bool,
+    mr: Option<Arc<Mr>>,
+}
+
+impl Alone {
+    /// Calls the callback with `wc` if it is to be called, then releases
+    /// what the request kept. Returns whether a callback ran.
+    #[inline]
+    pub(crate) fn run(self, wc: &WorkCompletion) -> bool {
+        let Alone { cb, call, mr } = self;
+        let ran = match cb {
+            Some(cb) if call => {
+                cb.call(wc);
+                true
+            }
+            cb => {
+                drop(cb);
+                false
+            }
+        };
+        drop(mr);
         ran
     }
 }
@@ -599,6 +645,7 @@ impl Track {
 
     /// Retires the WRs of one queue up to the one `wc` completes. Returns
     /// false if `wc` names no outstanding WR of this queue.
+    #[inline(always)]
     fn retire(&mut self, rq: bool, wc: &WorkCompletion, qpn: u32, out: &mut Vec<Done>) -> bool {
         let seq = wc.wr_id & SEQ_MASK;
         let q = self.ring(rq);
@@ -607,6 +654,15 @@ impl Track {
             self.retire_oldest(rq, wc, out);
             return true;
         }
+        self.retire_walk(rq, wc, qpn, out)
+    }
+
+    /// [`Track::retire`] of anything but the oldest WR's success: a
+    /// completion after unsignaled WRs, an error, a stray.
+    #[inline(never)]
+    fn retire_walk(&mut self, rq: bool, wc: &WorkCompletion, qpn: u32, out: &mut Vec<Done>) -> bool {
+        let seq = wc.wr_id & SEQ_MASK;
+        let q = self.ring(rq);
         if !q.holds(seq) {
             return false;
         }
@@ -764,6 +820,7 @@ impl Track {
     /// callback: their MRs go back to the pool when they retire). On a
     /// failed or closing QP the MRs, which may still be valid, are
     /// discarded instead.
+    #[inline(never)]
     fn post_followups(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
         for f in std::mem::take(&mut self.followups) {
             let Followup { key, mut req } = f;
@@ -784,6 +841,7 @@ impl Track {
 
     /// Posts queued requests while READ/atomic credits allow; on a failed
     /// queue (or a closing QP) completes them with a flush instead.
+    #[inline(never)]
     fn pump(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
         while let Some(q) = self.backlog.front() {
             let dead = self.sq.err || self.closing;
@@ -843,6 +901,48 @@ impl QpShared {
     #[inline]
     fn track(&self) -> MutexGuard<'_, Track> {
         lock(&self.track)
+    }
+
+    /// Retires `wc`, a poll's only completion, if it is the common case:
+    /// the success of its queue's oldest WR, which holds a request without
+    /// a rare part, with nothing queued behind READ credits and no
+    /// invalidation to post. Returns the request's callback, whether it is
+    /// to be called, and its MR, to be released outside every lock; `None`
+    /// (and nothing changed) for anything else, which
+    /// [`QpShared::retire_run`] handles.
+    #[inline]
+    pub(crate) fn retire_alone(&self, wc: &WorkCompletion) -> Option<Alone> {
+        if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || wc.status != WcStatus::Success {
+            return None;
+        }
+        let mut t = self.track();
+        if !t.backlog.is_empty() || !t.followups.is_empty() {
+            return None;
+        }
+        let rq = wc.wr_id & RQ_BIT != 0;
+        let q = t.ring(rq);
+        let seq = wc.wr_id & SEQ_MASK;
+        if seq != q.head || q.is_empty() || q.slot(seq).req.as_ref().is_none_or(|r| r.rare.is_some()) {
+            return None;
+        }
+        let Slot { req, rd, .. } = q.pop();
+        let Req { cb, mr, signaled, .. } = req?;
+        if rq {
+            t.rq_used -= 1;
+        } else {
+            t.sq_used -= 1;
+        }
+        if rd {
+            t.rd_out -= 1;
+        }
+        if cb.is_some() {
+            if signaled {
+                t.stats.callbacks += 1;
+            } else {
+                t.stats.silent += 1;
+            }
+        }
+        Some(Alone { cb, call: signaled, mr })
     }
 
     /// Retires what the leading completions of `wcs` (read by the CQ under
