@@ -211,10 +211,10 @@ impl CqShared {
     }
 
     fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
+        let mut wc = WorkCompletion::default();
         while *total < budget {
             let want = (budget - *total).min(BATCH);
             let mut alone = None;
-            let mut wc = WorkCompletion::default();
             let n = self.poll_once(want, out, &mut alone, &mut wc);
             if let Some(alone) = alone {
                 if alone.run(&wc) {

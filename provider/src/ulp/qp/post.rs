@@ -21,17 +21,12 @@ impl Track {
         reserved: u32,
     ) -> Result<()> {
         if self.closing {
-            return Err(verr!(PostSend, InvalidArgument, "the QP is closing"));
+            return Err(closing());
         }
         let need = 1 - reserved.min(1);
         let free = self.sq_cap - self.sq_used;
         if need > free {
-            let cap = self.sq_cap;
-            return Err(verr!(
-                PostSend,
-                NoMemory,
-                "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
-            ));
+            return Err(no_room_for_one(need, free, self.sq_cap));
         }
         let sge = [b.sge()];
         let wr = w.send_wr(sh.epoch | self.sq.next, &sge, signaled);
@@ -229,10 +224,7 @@ impl UlpQp {
                     drop(t);
                     // Nothing was posted; the chain (and its MR) drops
                     // here, outside the lock.
-                    return Err(UlpPostError {
-                        error,
-                        callback: cb.map(Cb::into_boxed),
-                    });
+                    return Err(refused(error, cb));
                 }
                 let req = Req {
                     cb,
@@ -396,5 +388,34 @@ impl UlpQp {
         t.rq_used += 1;
         t.rq.push(Some(req), 0, false);
         Ok(())
+    }
+}
+
+/// The error of a post to a closing QP (out of line: the posting paths
+/// stay short).
+#[cold]
+#[inline(never)]
+fn closing() -> Error {
+    verr!(PostSend, InvalidArgument, "the QP is closing")
+}
+
+/// The error of one WR that finds no free send slot.
+#[cold]
+#[inline(never)]
+fn no_room_for_one(need: u32, free: u32, cap: u32) -> Error {
+    verr!(
+        PostSend,
+        NoMemory,
+        "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
+    )
+}
+
+/// A refused post: the error and the callback, uncalled, handed back.
+#[cold]
+#[inline(never)]
+fn refused(error: Error, cb: Option<Cb>) -> UlpPostError {
+    UlpPostError {
+        error,
+        callback: cb.map(Cb::into_boxed),
     }
 }
