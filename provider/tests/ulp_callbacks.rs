@@ -472,6 +472,40 @@ fn after_a_panicking_callback_the_rest_of_its_poll_runs_at_the_next_one() {
     );
 }
 
+/// Completions read one at a time (each the success of its queue's oldest
+/// request, which the layer retires without its list of finished
+/// requests) give their queue slots back and count their callbacks: more
+/// round trips than either queue holds go through.
+#[test]
+fn lone_completions_give_their_slots_back_and_count_their_callbacks() {
+    let init = UlpQpInit {
+        send_wr: 2,
+        recv_wr: 2,
+        ..UlpQpInit::default()
+    };
+    let (_da, _db, a, b) = pair("alone_slots", &init, 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = b.mr(4096);
+    let dst = a.mr(4096);
+    for i in 0..6 {
+        a.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(100 + i, &log))
+            .unwrap();
+        b.qp()
+            .post(
+                vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 16).unwrap()])],
+                cb(i, &log),
+            )
+            .unwrap();
+        poll_until(&[&b.cq, &a.cq], "a round trip", || count_resolved(&log) == 2 * (i + 1));
+    }
+    for (end, what) in [(&a, "receiver"), (&b, "sender")] {
+        let st = end.qp().stats();
+        assert_eq!((st.callbacks, st.sq_used), (6, 0), "{what}");
+        assert_eq!(end.cq.stats().callbacks, 6, "{what}");
+    }
+}
+
 /// A poll that reads a single completion of the common case (the success
 /// of its queue's oldest request, which the layer retires without its list
 /// of finished requests) still runs first what a panicking callback left
