@@ -471,3 +471,84 @@ fn after_a_panicking_callback_the_rest_of_its_poll_runs_at_the_next_one() {
         (1, Some(WcStatus::WrFlushErr), 1, true)
     );
 }
+
+/// Completions read one at a time (each the success of its queue's oldest
+/// request, which the layer retires without its list of finished
+/// requests) give their queue slots back and count their callbacks: more
+/// round trips than either queue holds go through.
+#[test]
+fn lone_completions_give_their_slots_back_and_count_their_callbacks() {
+    let init = UlpQpInit {
+        send_wr: 2,
+        recv_wr: 2,
+        ..UlpQpInit::default()
+    };
+    let (_da, _db, a, b) = pair("alone_slots", &init, 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = b.mr(4096);
+    let dst = a.mr(4096);
+    for i in 0..6 {
+        a.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(100 + i, &log))
+            .unwrap();
+        b.qp()
+            .post(
+                vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 16).unwrap()])],
+                cb(i, &log),
+            )
+            .unwrap();
+        poll_until(&[&b.cq, &a.cq], "a round trip", || count_resolved(&log) == 2 * (i + 1));
+    }
+    for (end, what) in [(&a, "receiver"), (&b, "sender")] {
+        let st = end.qp().stats();
+        assert_eq!((st.callbacks, st.sq_used), (6, 0), "{what}");
+        assert_eq!(end.cq.stats().callbacks, 6, "{what}");
+    }
+}
+
+/// A poll that reads a single completion of the common case (the success
+/// of its queue's oldest request, which the layer retires without its list
+/// of finished requests) still runs first what a panicking callback left
+/// in the thread's list, in order.
+#[test]
+fn a_lone_completion_after_a_panicking_callback_runs_after_the_requests_left_before_it() {
+    let (_da, _db, a, b) = pair("panic_alone", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let recv = || vec![LocalBuf::new(&dst, 0, 64).unwrap()];
+    let send = || vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 16).unwrap()])];
+    for id in [10, 11] {
+        b.qp().post_recv(recv(), cb(id, &log)).unwrap();
+    }
+    a.qp().post(send(), |_| panic!("the first callback panics")).unwrap();
+    a.qp().post(send(), cb(1, &log)).unwrap();
+    // Both received (b drives its device; a's does not run until a
+    // polls): a's next poll reads both completions together.
+    poll_until(&[&b.cq], "the two receives", || count_resolved(&log) == 2);
+    let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.cq.poll(16)));
+    assert!(first.is_err(), "the panic unwinds out of the poll");
+    assert_eq!(
+        a.cq.stats().polled,
+        2,
+        "both completions read by the poll that panicked"
+    );
+    assert_eq!(outcome(&log.lock().unwrap(), 1).0, 0, "left in the list");
+    // A send from b to a receive of a: a's next poll takes it in and
+    // reads its completion alone.
+    let back = b.mr(4096);
+    a.qp()
+        .post_recv(vec![LocalBuf::new(&src, 0, 64).unwrap()], cb(2, &log))
+        .unwrap();
+    b.qp()
+        .post(vec![UlpWr::send(vec![LocalBuf::new(&back, 0, 16).unwrap()])], |_| {})
+        .unwrap();
+    a.cq.poll(16).unwrap();
+    assert_eq!(a.cq.stats().polled, 3, "the receive read alone");
+    let log = log.lock().unwrap().clone();
+    for id in [1, 2] {
+        assert_eq!(outcome(&log, id), (1, Some(WcStatus::Success), 1, true), "request {id}");
+    }
+    let at = |id| log.iter().position(|e| *e == Ev::Called(id, WcStatus::Success));
+    assert!(at(1) < at(2), "the one left runs first: {log:?}");
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::qp::{Done, QpShared};
+use super::qp::{Alone, Done, QpShared};
 use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkCompletion};
 
 /// Completions read from the device per `poll_cq` call.
@@ -126,7 +126,17 @@ impl CqShared {
 
     /// Reads up to `want` completions and retires what they complete;
     /// the finished requests go to `out`. Returns how many were read.
-    fn poll_once(&self, want: usize, out: &mut Vec<Done>) -> Result<usize> {
+    /// The one completion read, if it was the common case and `out` was
+    /// empty, is retired alone into `alone` and `wc`, to be run by the
+    /// caller, outside the lock.
+    #[inline]
+    fn poll_once(
+        &self,
+        want: usize,
+        out: &mut Vec<Done>,
+        alone: &mut Option<Alone>,
+        wc: &mut WorkCompletion,
+    ) -> Result<usize> {
         let mut st = lock(&self.poll);
         let PollState { wcs, qps, last } = &mut *st;
         let want = want.min(BATCH);
@@ -135,6 +145,30 @@ impl CqShared {
             return Ok(0);
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
+        if n == 1 && out.is_empty() {
+            // One completion of the QP of the last one, the common case
+            // of a shallow queue: no list of finished requests.
+            if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
+                *alone = qp.retire_alone(&wcs[0]);
+                if alone.is_some() {
+                    *wc = wcs[0];
+                    return Ok(1);
+                }
+            }
+        }
+        Ok(self.retire_read(n, wcs, qps, last, out))
+    }
+
+    /// Retires what the `n` completions read complete into `out`.
+    #[inline(never)]
+    fn retire_read(
+        &self,
+        n: usize,
+        wcs: &[WorkCompletion],
+        qps: &QpMap,
+        last: &mut Option<Arc<QpShared>>,
+        out: &mut Vec<Done>,
+    ) -> usize {
         // A run of completions of one QP is retired under one lock of it.
         let mut i = 0;
         while i < n {
@@ -149,7 +183,7 @@ impl CqShared {
             }
             i += k;
         }
-        Ok(n)
+        n
     }
 
     /// Counts a completion that names no request of the layer, and hands
@@ -177,17 +211,29 @@ impl CqShared {
     }
 
     fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
+        let mut wc = WorkCompletion::default();
         while *total < budget {
             let want = (budget - *total).min(BATCH);
-            let n = self.poll_once(want, out);
-            // The callbacks run in place (a request's resources go with
-            // the list's `clear`); should one panic, the rest stay in this
-            // thread's list and run at its next poll.
+            let mut alone = None;
+            let n = self.poll_once(want, out, &mut alone, &mut wc);
+            if let Some(alone) = alone {
+                if alone.run(&wc) {
+                    self.callbacks.fetch_add(1, Ordering::Relaxed);
+                }
+                *total += 1;
+                if want > 1 {
+                    break;
+                }
+                continue;
+            }
+            // The callbacks run in place (a request's resources go after
+            // all ran); should one panic, the rest stay in this thread's
+            // list and run at its next poll.
             let mut calls = 0;
             for d in out.iter_mut() {
                 calls += usize::from(d.call_back());
             }
-            out.clear();
+            out.drain(..).for_each(Done::free);
             if calls > 0 {
                 self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
             }

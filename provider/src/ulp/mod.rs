@@ -54,6 +54,11 @@
 //!   pooled MRs and the first error of a multi-WR request go to a part of
 //!   the request that is allocated only for them. A request is a few
 //!   dozen bytes (it moves into its slot and out to the poller).
+//! - **A lone completion skips the list**: a poll that reads one
+//!   completion, the success of its queue's oldest request (of the QP of
+//!   the CQ's last completion, with nothing waiting for READ credits), takes
+//!   the request's callback and MR out of its slot and runs it after the
+//!   locks, without the list of finished requests.
 //! - **Callbacks run outside every lock**, after the poll has retired all
 //!   it read: a callback may post, poll or close.
 //!

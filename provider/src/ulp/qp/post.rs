@@ -1,0 +1,421 @@
+//! Posting: one plain WR over one buffer by the short path, anything
+//! else (chains, READs and atomics, registrations, reservations) by the
+//! general one, and receives.
+
+use super::*;
+
+impl Track {
+    /// Posts one plain WR over one buffer ([`Chain::plain_one`]) for
+    /// [`UlpQp::submit`]: the verbs WR is built straight from it, and no
+    /// READ credit or backlog applies (it neither is a READ nor fenced).
+    /// On success the slot is taken and the request counted; the caller
+    /// puts the request in the ring's next slot (the WR's). On an error
+    /// nothing was posted.
+    #[inline]
+    pub(super) fn post_plain(
+        &mut self,
+        sh: &QpShared,
+        w: &UlpWr,
+        b: &LocalBuf,
+        signaled: bool,
+        reserved: u32,
+    ) -> Result<()> {
+        if self.closing {
+            return Err(closing());
+        }
+        let need = 1 - reserved.min(1);
+        let free = self.sq_cap - self.sq_used;
+        if need > free {
+            return Err(no_room_for_one(need, free, self.sq_cap));
+        }
+        let sge = [b.sge()];
+        let wr = w.send_wr(sh.epoch | self.sq.next, &sge, signaled);
+        sh.qp.post_send(std::slice::from_ref(&wr)).map_err(|e| e.error)?;
+        self.sq_used += need;
+        self.stats.requests += 1;
+        Ok(())
+    }
+
+    /// The request of the WR posted last (after a chain was posted only
+    /// in part, its prefix holds the request).
+    pub(super) fn last_posted(&mut self) -> Option<&mut Req> {
+        let last = self.sq.next.wrapping_sub(1);
+        self.sq.slot(last).req.as_mut()
+    }
+
+    /// Posts `chain` of `req` now; the request goes in the slot of its
+    /// last posted WR. On a rejected WR, the prefix before it stays
+    /// tracked (the request with it); returns the error, and the request
+    /// back if nothing was posted.
+    pub(super) fn post_now(
+        &mut self,
+        sh: &QpShared,
+        mut req: Req,
+        chain: Chain,
+    ) -> std::result::Result<(), (Error, Option<Req>)> {
+        let n = chain.len();
+        let base = self.sq.next;
+        let res = {
+            let ws = chain.as_slice();
+            let signaled = req.signaled;
+            if n == 1 {
+                // One WR (the common case): no list of lists, and a single
+                // local entry stays on the stack.
+                let w = &ws[0];
+                let one;
+                let many;
+                let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
+                    one = [w.sgl[0].sge()];
+                    &one
+                } else {
+                    many = w.sges();
+                    &many
+                };
+                let wr = w.send_wr(sh.epoch | base, sges, signaled);
+                sh.qp.post_send(std::slice::from_ref(&wr))
+            } else {
+                let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
+                let wrs: Vec<SendWr<'_>> = ws
+                    .iter()
+                    .zip(&sges)
+                    .enumerate()
+                    .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
+                    .collect();
+                sh.qp.post_send(&wrs)
+            }
+        };
+        let posted = match &res {
+            Ok(()) => n,
+            Err(e) => e.index.min(n),
+        };
+        for (k, w) in chain.iter().enumerate().take(posted) {
+            let rd = w.is_rd_atomic();
+            self.sq.push(None, (posted - 1 - k) as u32, rd);
+            if rd {
+                self.rd_out += 1;
+            }
+        }
+        self.rd_peak = self.rd_peak.max(self.rd_out);
+        req.keep(chain);
+        if posted > 0 {
+            self.sq.slot(base + posted as u64 - 1).req = Some(req);
+            match res {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    self.sq_used -= (n - posted) as u32;
+                    Err((e.error, None))
+                }
+            }
+        } else {
+            self.sq_used -= n as u32;
+            let error = match res {
+                Err(e) => e.error,
+                Ok(()) => verr!(PostSend, InvalidArgument, "an empty chain"),
+            };
+            Err((error, Some(req)))
+        }
+    }
+}
+
+impl UlpQp {
+    /// Posts a signaled request: the WRs of `chain` in one `post_send`,
+    /// only the last one signaled; `cb` is called once with the last WR's
+    /// completion, or with the first error or flush of any of them.
+    ///
+    /// READs and atomics beyond the QP's `max_rd_atomic` are queued in the
+    /// layer and posted as earlier ones complete (a fenced request waits
+    /// behind them too).
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM` if the send queue has no room for the chain (see
+    /// [`UlpQp::reserve`]), the post's own errors; the callback comes back
+    /// in the error, uncalled.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(qp: &softverbs::ulp::UlpQp, buf: softverbs::ulp::LocalBuf) -> Result<(), softverbs::ulp::UlpPostError> {
+    /// use softverbs::ulp::UlpWr;
+    /// qp.post(vec![UlpWr::send(vec![buf])], |wc| println!("send done: {:?}", wc.status))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn post(
+        &self,
+        chain: impl Into<Chain>,
+        cb: impl FnOnce(&WorkCompletion) + Send + 'static,
+    ) -> std::result::Result<(), UlpPostError> {
+        self.submit(chain.into(), Some(Cb::new(cb)), true, 0, None, None)
+    }
+
+    /// Posts an unsignaled request: `cb` is called only if a WR of the
+    /// chain fails or is flushed (once); on success it is dropped
+    /// uncalled once a later completion of the queue proves the chain
+    /// done.
+    ///
+    /// # Errors
+    ///
+    /// As [`UlpQp::post`].
+    pub fn post_unsignaled(
+        &self,
+        chain: impl Into<Chain>,
+        cb: impl FnOnce(&WorkCompletion) + Send + 'static,
+    ) -> std::result::Result<(), UlpPostError> {
+        self.submit(chain.into(), Some(Cb::new(cb)), false, 0, None, None)
+    }
+
+    /// [`UlpQp::post`] (or, with `signaled` false,
+    /// [`UlpQp::post_unsignaled`]) into slots reserved before: posting
+    /// cannot fail for want of room if the chain fits the reservation.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the chain is longer than the reservation; the post's
+    /// own errors.
+    pub fn post_reserved(
+        &self,
+        mut res: SqReservation<'_>,
+        chain: impl Into<Chain>,
+        signaled: bool,
+        cb: impl FnOnce(&WorkCompletion) + Send + 'static,
+    ) -> std::result::Result<(), UlpPostError> {
+        let chain = chain.into();
+        let cb = Cb::new(cb);
+        if !std::ptr::eq(res.qp, self) || chain.len() as u32 > res.slots {
+            return Err(UlpPostError {
+                error: verr!(
+                    PostSend,
+                    InvalidArgument,
+                    "a chain of {} WRs does not fit a reservation of {} slots of this QP",
+                    chain.len(),
+                    res.slots
+                ),
+                callback: Some(cb.into_boxed()),
+            });
+        }
+        let slots = std::mem::take(&mut res.slots);
+        // Slots the chain does not use go back now.
+        let unused = slots - chain.len() as u32;
+        if unused > 0 {
+            self.sh.track().sq_used -= unused;
+        }
+        let n = chain.len() as u32;
+        self.submit(chain, Some(cb), signaled, n, None, None)
+    }
+
+    #[inline]
+    pub(crate) fn submit(
+        &self,
+        chain: Chain,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+        pooled: Option<PooledMr>,
+        lazy_inv: Option<u32>,
+    ) -> std::result::Result<(), UlpPostError> {
+        if pooled.is_none() && lazy_inv.is_none() {
+            if let Some((w, b)) = chain.plain_one() {
+                let sh = &*self.sh;
+                // The short path: post and track under one lock, the
+                // request straight into its WR's slot of the ring.
+                let mut t = sh.track();
+                if let Err(error) = t.post_plain(sh, w, b, signaled, reserved) {
+                    t.sq_used -= reserved;
+                    drop(t);
+                    // Nothing was posted; the chain (and its MR) drops
+                    // here, outside the lock.
+                    return Err(refused(error, cb));
+                }
+                let req = Req {
+                    cb,
+                    mr: chain.into_plain_mr(),
+                    rare: None,
+                    signaled,
+                };
+                t.sq.push(Some(req), 0, false);
+                return Ok(());
+            }
+        }
+        self.submit_general(chain, cb, signaled, reserved, pooled, lazy_inv)
+    }
+
+    /// [`UlpQp::submit`] of anything but one plain WR over one buffer:
+    /// READ credits, the backlog, chains, registrations.
+    #[inline(never)]
+    pub(super) fn submit_general(
+        &self,
+        chain: Chain,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+        pooled: Option<PooledMr>,
+        lazy_inv: Option<u32>,
+    ) -> std::result::Result<(), UlpPostError> {
+        let sh = &*self.sh;
+        let ws = chain.as_slice();
+        let n = ws.len() as u32;
+        let (rd, fenced) = ws.iter().fold((0u32, false), |(rd, f), w| {
+            (rd + u32::from(w.is_rd_atomic()), f || w.is_fenced())
+        });
+        let mut t = sh.track();
+        let fail = |t: &mut Track, error: Error, cb: Option<Cb>| {
+            t.sq_used -= reserved;
+            Err(UlpPostError {
+                error,
+                callback: cb.map(Cb::into_boxed),
+            })
+        };
+        if n == 0 {
+            return fail(&mut t, verr!(PostSend, InvalidArgument, "an empty chain"), cb);
+        }
+        if t.closing {
+            return fail(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"), cb);
+        }
+        // A lazily invalidated request also holds the slot of the
+        // LOCAL_INV posted when it finishes.
+        let extra = u32::from(lazy_inv.is_some());
+        let need = n + extra - reserved.min(n + extra);
+        let free = t.sq_cap - t.sq_used;
+        if need > free {
+            let cap = t.sq_cap;
+            return fail(
+                &mut t,
+                verr!(
+                    PostSend,
+                    NoMemory,
+                    "a chain of {n} WRs (+{extra} for its invalidation) needs {need} send slots; {free} of {cap} free"
+                ),
+                cb,
+            );
+        }
+        t.sq_used += need;
+        if rd > 0 && t.rd_depth == 0 {
+            // The depth was not given through `modify`: ask the QP once.
+            t.rd_depth = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
+        }
+        let mut req = Req::new(cb, signaled);
+        if pooled.is_some() || lazy_inv.is_some() {
+            let r = req.rare();
+            r.pooled = pooled;
+            r.lazy_inv = lazy_inv;
+        }
+        t.stats.requests += 1;
+        let must_wait =
+            (!t.backlog.is_empty() && (rd > 0 || fenced)) || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth);
+        if must_wait {
+            t.stats.queued_rd += 1;
+            t.backlog.push_back(Queued { req, chain, rd });
+            return Ok(());
+        }
+        match t.post_now(sh, req, chain) {
+            Ok(()) => Ok(()),
+            Err((error, unposted)) => {
+                // Fast-registration MRs of a half-posted chain may be left
+                // valid: never reuse them.
+                let cb = match unposted {
+                    Some(mut req) => {
+                        // Nothing was posted: what the request kept is
+                        // released outside the lock.
+                        t.stats.requests -= 1;
+                        t.sq_used -= extra;
+                        drop(t);
+                        req.poison();
+                        req.cb.take()
+                    }
+                    // The posted prefix retires inside the layer, without
+                    // the callback.
+                    None => t.last_posted().and_then(|req| {
+                        req.poison();
+                        req.cb.take()
+                    }),
+                };
+                Err(UlpPostError {
+                    error,
+                    callback: cb.map(Cb::into_boxed),
+                })
+            }
+        }
+    }
+
+    /// Posts a receive of `sgl`; `cb` is called once with its completion
+    /// (receives are always signaled), flush included.
+    ///
+    /// # Errors
+    ///
+    /// `ENOMEM` if the application's receive slots are all posted; the
+    /// post's own errors. The callback comes back uncalled.
+    pub fn post_recv(
+        &self,
+        sgl: impl Into<Sgl>,
+        cb: impl FnOnce(&WorkCompletion) + Send + 'static,
+    ) -> std::result::Result<(), UlpPostError> {
+        let sgl = sgl.into();
+        let cb = Cb::new(cb);
+        let sh = &*self.sh;
+        let mut t = sh.track();
+        if t.closing {
+            return Err(UlpPostError {
+                error: verr!(PostRecv, InvalidArgument, "the QP is closing"),
+                callback: Some(cb.into_boxed()),
+            });
+        }
+        if t.rq_used >= t.rq_cap {
+            return Err(UlpPostError {
+                error: verr!(PostRecv, NoMemory, "all {} receive slots are posted", t.rq_cap),
+                callback: Some(cb.into_boxed()),
+            });
+        }
+        let seq = t.rq.next;
+        // One buffer (the common case) stays on the stack.
+        let one;
+        let many: Vec<Sge<'_>>;
+        let sges: &[Sge<'_>] = if sgl.len() == 1 {
+            one = [sgl[0].sge()];
+            &one
+        } else {
+            many = sgl.iter().map(LocalBuf::sge).collect();
+            &many
+        };
+        if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
+            return Err(UlpPostError {
+                error: e.error,
+                callback: Some(cb.into_boxed()),
+            });
+        }
+        let mut req = Req::new(Some(cb), true);
+        req.keep(UlpWr::send(sgl).into());
+        t.stats.requests += 1;
+        t.rq_used += 1;
+        t.rq.push(Some(req), 0, false);
+        Ok(())
+    }
+}
+
+/// The error of a post to a closing QP (out of line: the posting paths
+/// stay short).
+#[cold]
+#[inline(never)]
+fn closing() -> Error {
+    verr!(PostSend, InvalidArgument, "the QP is closing")
+}
+
+/// The error of one WR that finds no free send slot.
+#[cold]
+#[inline(never)]
+fn no_room_for_one(need: u32, free: u32, cap: u32) -> Error {
+    verr!(
+        PostSend,
+        NoMemory,
+        "a chain of 1 WRs (+0 for its invalidation) needs {need} send slots; {free} of {cap} free"
+    )
+}
+
+/// A refused post: the error and the callback, uncalled, handed back.
+#[cold]
+#[inline(never)]
+fn refused(error: Error, cb: Option<Cb>) -> UlpPostError {
+    UlpPostError {
+        error,
+        callback: cb.map(Cb::into_boxed),
+    }
+}
