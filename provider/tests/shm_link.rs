@@ -80,6 +80,18 @@ fn traffic(engine_a: EngineMode, engine_b: EngineMode, mode: ShmMode) -> (Arc<Sh
         send_one(&a, &b, i as u64, len);
         send_one(&b, &a, 50 + i as u64, len);
     }
+    if mode == ShmMode::Auto {
+        // `Auto` sends by UDP while the link's setup thread opens the
+        // channel; the inline SENDs below are to take it.
+        let up = |l: &ShmLink| l.peer_lines().iter().any(|p| p.contains(" shm up "));
+        let start = std::time::Instant::now();
+        let mut i = 0;
+        while !(up(&la) && up(&lb)) && start.elapsed() < Duration::from_secs(60) {
+            send_one(&a, &b, 1000 + i, 8);
+            i += 1;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     for i in 0..3 {
         send_inline(&a, &b, 20 + i);
         send_inline(&b, &a, 70 + i);

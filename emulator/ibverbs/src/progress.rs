@@ -39,6 +39,13 @@
 //! verb, with no traffic left unattended lately, the thread sleeps on its
 //! timer alone, unannounced, so that its peers do not ring its doorbell
 //! for every message (each ring a context switch each way on that core).
+//! Data that a drive on such a timeout reads counts as traffic the
+//! application left, as if it had woken the thread ([`Judge::drove`]): an
+//! application that polled when the thread went quiet and then spins on
+//! memory ends the quiet at the first datagram it leaves. And after a
+//! drive that found a verb holding the engine, the thread sleeps on its
+//! timer too ([`Judge::held`]): the verb reads the link, and a UDP socket
+//! stays readable until it does.
 //! After serving traffic for an application that does not run at all (a
 //! passive target blocked in a TCP read), it keeps reading the link for a
 //! while before it sleeps ([`linger`]).
@@ -269,6 +276,10 @@ pub(crate) struct Watch {
     others: Duration,
     /// The other threads' CPU time when the poll count last moved.
     at_poll: Duration,
+    /// How far the poll count moved between the last two wake-ups.
+    moves: u64,
+    /// The CPU time the other threads had between the last two wake-ups.
+    ran: Duration,
 }
 
 impl Watch {
@@ -280,21 +291,30 @@ impl Watch {
     /// does if it polled since; else (the other threads did not run)
     /// there is no sign either way.
     pub(crate) fn update(&mut self, polls: u64, others: Duration, found: bool) -> Seen {
-        let moves = polls.wrapping_sub(self.polls);
-        let ran = others.saturating_sub(self.others);
-        if moves != 0 {
+        self.moves = polls.wrapping_sub(self.polls);
+        self.ran = others.saturating_sub(self.others);
+        if self.moves != 0 {
             self.at_poll = others;
         }
         self.polls = polls;
         self.others = others;
-        if !found {
-            return Seen::Nothing;
+        if found {
+            self.found()
+        } else {
+            Seen::Nothing
         }
-        let since_poll = others.saturating_sub(self.at_poll);
-        let sparse = ran >= RAN && (POLL_SPAN.as_nanos() as u64).saturating_mul(moves) < ran.as_nanos() as u64;
+    }
+
+    /// Judges data found at the last wake-up ([`Watch::update`]), as
+    /// [`Watch::update`] does; for data that a wake-up judged as a
+    /// timeout found after all, when it drove the device.
+    pub(crate) fn found(&self) -> Seen {
+        let since_poll = self.others.saturating_sub(self.at_poll);
+        let sparse =
+            self.ran >= RAN && (POLL_SPAN.as_nanos() as u64).saturating_mul(self.moves) < self.ran.as_nanos() as u64;
         if since_poll >= RAN || sparse {
             Seen::Unattended
-        } else if moves != 0 {
+        } else if self.moves != 0 {
             Seen::Attended
         } else {
             Seen::Unknown
@@ -330,45 +350,176 @@ fn polls_elsewhere() -> bool {
     false
 }
 
-/// The thread's body: sleeps on the link's descriptors with the
-/// [`Pacer`]'s timeout, announced as sleeping; when data is waiting (found
-/// on announcing, or woken for), leaves it to an application thread that
-/// is polling CQs and drives the device otherwise; drives on timeouts for
-/// the engine's timers.
 /// `Wakeups::prepare_sleep` on a link that has it; `true` (sleep) on
 /// one that does not.
 fn prepare_sleep(link: &dyn Link) -> bool {
     link.wakeups().is_none_or(|w| w.prepare_sleep())
 }
 
+/// The decisions of the thread's wake-ups, apart from their system
+/// calls: the [`Pacer`], the [`Watch`] and whether the thread sleeps
+/// quietly. A pure state machine (the time, the poll count, the other
+/// threads' CPU time and what a drive read are arguments), so that its
+/// behaviour over a run of wake-ups is tested without timing.
+#[derive(Debug, Clone)]
+pub(crate) struct Judge {
+    pacer: Pacer,
+    watch: Watch,
+    /// Wake-ups that found data (for [`Pacer::rearm_wanted`]).
+    served: u64,
+    /// An application thread reads the link itself (it polls CQs, or is
+    /// in a verb) and no traffic went unattended lately: the thread then
+    /// sleeps on its timer alone, without announcing itself, so that
+    /// peers do not ring its doorbell and it does not take the core from
+    /// a busy application thread (on a shared core each wake-up is a
+    /// context switch each way).
+    quiet: bool,
+    /// A verb held the engine when the thread last tried to drive: the
+    /// application thread in it reads the link ([`Judge::held`]).
+    held: bool,
+}
+
+/// One wake-up being judged ([`Judge::wake`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Turn {
+    /// What the wake-up found, and who reads it.
+    pub(crate) seen: Seen,
+    /// Whether data was waiting (the wake-up's own sign, or what the
+    /// drive read: [`Judge::drove`]).
+    pub(crate) found: bool,
+    /// An application thread polled a CQ since the previous wake-up.
+    polled: bool,
+    /// A verb held the engine when the thread tried to drive.
+    in_verb: bool,
+}
+
+impl Judge {
+    /// The judge of an idle device.
+    pub(crate) fn new() -> Self {
+        Judge {
+            pacer: Pacer::new(),
+            watch: Watch::default(),
+            served: 0,
+            quiet: false,
+            held: false,
+        }
+    }
+
+    /// Whether the next sleep is on the timer alone, unannounced.
+    pub(crate) fn quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// The timeout of the next sleep.
+    pub(crate) fn tick(&self) -> Duration {
+        self.pacer.tick()
+    }
+
+    /// Whether the next sleep is on the timer alone, as when quiet: a
+    /// verb held the engine at the last drive, and the application
+    /// thread in it reads the link. The UDP socket stays readable until
+    /// then, so a sleep on it would return at once, again and again: on
+    /// the application's core this thread would spin until its time
+    /// slice ends, keeping the very thread that reads from running. (The
+    /// timeout stays the pacer's, which grows while verbs keep holding
+    /// the engine: an application posting a long list of WRITEs is not
+    /// to be looked at every [`MIN_TICK`].)
+    pub(crate) fn held(&self) -> bool {
+        self.held
+    }
+
+    /// Starts judging a wake-up: `found` if data was waiting, the poll
+    /// count and the other threads' CPU time now.
+    pub(crate) fn wake(&mut self, found: bool, polls: u64, others: Duration) -> Turn {
+        self.held = false;
+        let polled = polls != self.watch.polls;
+        Turn {
+            seen: self.watch.update(polls, others, found),
+            found,
+            polled,
+            in_verb: false,
+        }
+    }
+
+    /// Whether the thread drives the device, alone on its core or not.
+    /// It drives on timeouts too, for the engine's timers, unless an
+    /// application thread polled CQs since the last wake-up (its polls
+    /// run them; driving would only contend for the engine's lock with a
+    /// busy-polling thread). Data is left only to an application thread
+    /// polling on another core.
+    pub(crate) fn drive(turn: &Turn, alone: bool) -> bool {
+        match turn.seen {
+            Seen::Nothing => !turn.polled,
+            Seen::Attended => alone,
+            Seen::Unattended | Seen::Unknown => true,
+        }
+    }
+
+    /// Records what driving read: `None` if a verb held the engine, else
+    /// how many datagrams. A drive on a timeout that reads datagrams
+    /// found data that nobody read since it came, and is judged as a
+    /// wake-up for them would be: judged as a plain timeout, data that an
+    /// application spinning on memory left would never count as
+    /// unattended, so a thread that went quiet while the application
+    /// still polled would stay quiet, placing each datagram only at a
+    /// timeout without a poll before it (about 1.5 ms per message).
+    pub(crate) fn drove(&mut self, turn: &mut Turn, read: Option<usize>) {
+        self.held = read.is_none();
+        match read {
+            None => {
+                turn.in_verb = true;
+                turn.seen = Seen::Attended;
+            }
+            Some(n) if n > 0 && !turn.found => {
+                turn.found = true;
+                turn.seen = self.watch.found();
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Ends the wake-up at `now` (any monotonic origin), `rearms` being
+    /// the running count of re-announcements ([`rearm`]); returns whether
+    /// application threads should re-announce the thread ([`REARM`]).
+    pub(crate) fn finish(&mut self, now: Duration, turn: &Turn, rearms: u64) -> bool {
+        self.pacer.on_wake(now, turn.seen);
+        if turn.seen != Seen::Nothing {
+            self.served = self.served.wrapping_add(1);
+        }
+        let want = self.pacer.rearm_wanted(now, rearms, self.served);
+        self.quiet = (turn.in_verb || turn.polled)
+            && turn.seen != Seen::Unattended
+            && !self.pacer.unattended_within(now, BUSY_FOR);
+        want
+    }
+}
+
+/// The thread's body: sleeps on the link's descriptors with the
+/// [`Pacer`]'s timeout, announced as sleeping; when data is waiting (found
+/// on announcing, or woken for), leaves it to an application thread that
+/// is polling CQs and drives the device otherwise; drives on timeouts for
+/// the engine's timers.
 pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBool>, linger: Duration) {
     let shared = soft.shared().clone();
     short_slice();
     fine_timer_slack();
     let start = Instant::now();
     SLEEPERS.lock().unwrap_or_else(|p| p.into_inner()).push(link.clone());
-    let mut pacer = Pacer::new();
-    let mut watch = Watch::default();
-    let mut served: u64 = 0;
+    let mut judge = Judge::new();
     let mut alone = single_cpu();
     let mut wakes: u64 = 0;
     let mut idle_mark = others_cpu();
-    // The application reads the link itself (see below): this thread
-    // then sleeps on its timer alone, without announcing itself, so that
-    // peers do not ring its doorbell and it does not take the core from a
-    // busy application thread (on a shared core each wake-up is a context
-    // switch each way).
-    let mut quiet = false;
     while !stop.load(Ordering::Acquire) {
-        let mut wake = if quiet {
-            if wait(&[], sleep_for(&shared, pacer.tick())) {
+        let quiet = judge.quiet();
+        let mut wake = if quiet || judge.held() {
+            if wait(&[], sleep_for(&shared, judge.tick())) {
                 Wake::Readable
             } else {
                 Wake::Timeout
             }
         } else if !prepare_sleep(&*link) {
             Wake::Pending
-        } else if wait(&link.poll_fds(), sleep_for(&shared, pacer.tick())) {
+        } else if wait(&link.poll_fds(), sleep_for(&shared, judge.tick())) {
             Wake::Readable
         } else {
             Wake::Timeout
@@ -389,54 +540,27 @@ pub(crate) fn run(soft: Arc<SoftDevice>, link: Arc<dyn Link>, stop: Arc<AtomicBo
         // On this thread's only core the application cannot run (and
         // take the data) until this thread sleeps again; on another core it
         // may be polling right now.
-        let found = wake != Wake::Timeout;
-        let polls = POLLS.load(Ordering::Relaxed);
-        let polled = polls != watch.polls;
         let others = others_cpu();
-        let mut seen = watch.update(polls, others, found);
-        if found && seen != Seen::Unattended && !alone && polls_elsewhere() {
-            seen = Seen::Attended;
+        let mut turn = judge.wake(wake != Wake::Timeout, POLLS.load(Ordering::Relaxed), others);
+        if turn.found && turn.seen != Seen::Unattended && !alone && polls_elsewhere() {
+            turn.seen = Seen::Attended;
         }
-        // Driven on timeouts too, for the engine's timers, unless an
-        // application thread polled CQs since the last wake-up (its polls
-        // run them; driving would only contend for the engine's lock with
-        // a busy-polling thread). Data is left only to an application
-        // thread polling on another core.
-        let drive = match seen {
-            Seen::Nothing => !polled,
-            Seen::Attended => alone,
-            Seen::Unattended | Seen::Unknown => true,
-        };
-        let mut in_verb = false;
-        if drive {
+        if Judge::drive(&turn, alone) {
             // Never wait for the engine's lock: an application thread in a
             // verb holds it and progresses the device itself, and on a
             // shared core blocking on it would make its unlock wake this
             // thread back (a context switch each way, per message).
-            match shared.try_drive() {
-                Some(_) if found && !linger.is_zero() && others_idle(others, &mut idle_mark) => {
-                    self::linger(&shared, &stop, linger);
-                    idle_mark = others_cpu();
-                }
-                Some(_) => {}
-                None => {
-                    in_verb = true;
-                    seen = Seen::Attended;
-                }
+            let read = shared.try_drive();
+            judge.drove(&mut turn, read);
+            if read.is_some() && turn.found && !linger.is_zero() && others_idle(others, &mut idle_mark) {
+                self::linger(&shared, &stop, linger);
+                idle_mark = others_cpu();
             }
         }
-        let now = start.elapsed();
-        pacer.on_wake(now, seen);
-        if seen != Seen::Nothing {
-            served = served.wrapping_add(1);
-        }
-        let want = pacer.rearm_wanted(now, REARMS.load(Ordering::Relaxed), served);
+        let want = judge.finish(start.elapsed(), &turn, REARMS.load(Ordering::Relaxed));
         if REARM.load(Ordering::Relaxed) != want {
             REARM.store(want, Ordering::Relaxed);
         }
-        // An application thread polls CQs, or is in a verb right now, and
-        // no traffic went unattended lately: it reads the link itself.
-        quiet = (in_verb || polled) && seen != Seen::Unattended && !pacer.unattended_within(now, BUSY_FOR);
     }
     let mut links = SLEEPERS.lock().unwrap_or_else(|p| p.into_inner());
     links.retain(|l| !std::ptr::addr_eq(Arc::as_ptr(l), Arc::as_ptr(&link)));
@@ -695,6 +819,87 @@ mod tests {
             cpu += us(300);
             assert_eq!(w.update(polls, cpu, true), Seen::Attended);
         }
+    }
+
+    #[test]
+    fn data_a_quiet_timeout_drives_out_ends_the_quiet() {
+        // perftest's ib_write_lat: the application polls its send CQ once
+        // per iteration, then spins on memory for the peer's WRITE. The
+        // thread went quiet while the application polled (before any
+        // datagram went unattended), so only its timer wakes it.
+        let us = Duration::from_micros;
+        let mut j = Judge::new();
+        let t = j.wake(false, 5, us(100));
+        assert!(!Judge::drive(&t, true));
+        j.finish(us(100), &t, 0);
+        assert!(j.quiet());
+        // A timeout after the application polled: left to it.
+        let t = j.wake(false, 6, us(1100));
+        assert!(!Judge::drive(&t, true));
+        j.finish(us(1100), &t, 0);
+        assert!(j.quiet());
+        // A timeout after it spun a millisecond without polling: the
+        // thread drives and reads the peer's WRITE that waited. That is
+        // traffic the application left, as if it had woken the thread.
+        let mut t = j.wake(false, 6, us(2100));
+        assert!(Judge::drive(&t, true));
+        j.drove(&mut t, Some(1));
+        assert_eq!((t.found, t.seen), (true, Seen::Unattended));
+        j.finish(us(2100), &t, 0);
+        assert_eq!(j.tick(), MIN_TICK);
+        assert!(!j.quiet());
+        // The application's next poll (its send CQ) does not make the
+        // thread quiet again: it sleeps announced, woken by the next WRITE.
+        let t = j.wake(false, 7, us(2120));
+        j.finish(us(2120), &t, 0);
+        assert!(!j.quiet());
+    }
+
+    #[test]
+    fn a_drive_that_finds_the_engine_held_sleeps_on_the_timer() {
+        // Data woke the thread while the application thread polled on its
+        // core and held the engine: the thread does not sleep on the link
+        // again (a UDP socket that stays readable until the application
+        // reads it would end every sleep at once), but on its timer.
+        let us = Duration::from_micros;
+        let mut j = Judge::new();
+        let t = j.wake(false, 0, us(0));
+        j.finish(us(0), &t, 0);
+        let mut t = j.wake(true, 1, us(5));
+        assert!(Judge::drive(&t, true));
+        j.drove(&mut t, None);
+        j.finish(us(5), &t, 0);
+        assert!(j.held());
+        // The next wake-up that drives and gets the engine ends it.
+        let mut t = j.wake(true, 1, us(30));
+        assert!(!j.held());
+        j.drove(&mut t, Some(1));
+        j.finish(us(30), &t, 0);
+        assert!(!j.held());
+    }
+
+    #[test]
+    fn a_quiet_thread_leaves_a_busy_poller_alone() {
+        // An application polling CQs all the time (ib_send_lat): the
+        // quiet thread never drives, whatever waits on the link, and its
+        // timeout grows to the busy tick.
+        let us = Duration::from_micros;
+        let mut j = Judge::new();
+        let (mut now, mut polls) = (us(0), 0);
+        for _ in 0..50 {
+            now += j.tick();
+            polls += 1000;
+            let mut t = j.wake(false, polls, now);
+            assert!(!Judge::drive(&t, true));
+            if j.quiet() {
+                // A verb holding the engine reads nothing for the thread.
+                j.drove(&mut t, Some(0));
+                assert_eq!(t.seen, Seen::Nothing);
+            }
+            j.finish(now, &t, 0);
+            assert!(j.quiet());
+        }
+        assert_eq!(j.tick(), IDLE_TICK);
     }
 
     #[test]

@@ -22,8 +22,13 @@
 //! On the first datagram to a destination GID (not its own), a device
 //! tries to connect to that name, without waiting (a listener whose
 //! backlog is full counts as none), if the GID's UDP endpoint is an
-//! address of this host. A refusal means "no shared memory there": the
-//! destination is remembered as UDP for [`RETRY_NS`]. On success it checks
+//! address of this host. In [`ShmMode::Auto`] the link's setup thread
+//! does that and what follows, while that datagram and the next go by
+//! UDP: creating the region takes milliseconds, which the first datagram
+//! to a new peer (a connection manager's REQ or REP) would otherwise wait
+//! for; the thread runs while destinations wait and then exits. A
+//! refusal means "no shared memory there": the destination is
+//! remembered as UDP for [`RETRY_NS`]. On success it checks
 //! that the listener runs under its own uid, creates the channel region
 //! (a sealed memfd, [`ring`]) and passes it with its doorbell (SCM_RIGHTS)
 //! in a hello that names the target GID and its own GIDs. The acceptor
@@ -195,7 +200,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use memmap2::MmapRaw;
 
@@ -238,6 +243,14 @@ pub const RETRY_NS: Nanos = 1_000_000_000;
 pub const SLOW_NS: Nanos = 100_000;
 /// How long a connector waits for the acceptor's answer.
 const ANSWER_NS: Nanos = 2_000_000_000;
+/// A destination waits this long at most for the setup thread to open
+/// its channel ([`Route::Setup`]); then the next datagram to it asks
+/// again.
+const SETUP_NS: Nanos = 2_000_000_000;
+/// How long the setup thread of the device with the greater address
+/// waits for the peer's hello before it opens a channel itself (see
+/// [`ShmLink::set_up_later`]).
+const YIELD_NS: Nanos = 200_000_000;
 /// Datagrams a channel holds back (full ring, channel being set up).
 const BACKLOG_MAX: usize = 8192;
 /// How long an accepted rendezvous connection may take to send its hello
@@ -762,6 +775,9 @@ impl Channel {
 #[derive(Debug)]
 enum Route {
     Chan(Arc<Channel>),
+    /// [`ShmMode::Auto`]: the setup thread opens a channel to this
+    /// destination (since then); datagrams go by UDP meanwhile.
+    Setup(Nanos),
     /// No shared memory to this destination until then; `true`: a
     /// connect found no device to make a channel with (it is a UDP peer
     /// now), `false`: its channel ended.
@@ -821,6 +837,19 @@ pub struct ShmLink {
     self_bell: std::sync::OnceLock<OwnedFd>,
     budget: Arc<Budget>,
     stats: Stats,
+    /// This link, for the setup thread ([`ShmLink::set_up_later`]).
+    me: Weak<ShmLink>,
+    /// Destinations the setup thread is to open channels to.
+    setup: Mutex<Setup>,
+}
+
+/// The work of a link's setup thread ([`ShmLink::set_up_later`]).
+#[derive(Debug, Default)]
+struct Setup {
+    /// Each destination, and when the thread may open its channel.
+    queue: VecDeque<(IpAddr, Nanos)>,
+    /// A setup thread runs (it exits once the queue is empty).
+    running: bool,
 }
 
 impl ShmLink {
@@ -859,14 +888,17 @@ impl ShmLink {
             logged: AtomicU64::new(0),
             label: gids.first().map_or_else(String::new, |g| g.to_string()),
         });
-        Ok(Arc::new(ShmLink {
+        let doorbell = sys::bell()?;
+        Ok(Arc::new_cyclic(|me| ShmLink {
+            me: me.clone(),
+            setup: Mutex::new(Setup::default()),
             ips: gids.iter().map(|g| g.to_ip()).collect(),
             gids,
             udp,
             mode,
             listeners: Mutex::new(listeners),
             rendezvous,
-            doorbell: sys::bell()?,
+            doorbell,
             routes: RwLock::new(HashMap::default()),
             link_id: send::next_link_id(),
             route_version: AtomicU64::new(0),
@@ -975,6 +1007,7 @@ impl ShmLink {
                     }
                     line
                 }
+                Route::Setup(_) => format!("{} shm setup", Gid::from_ip(*ip)),
                 Route::Udp(..) => format!("{} udp", Gid::from_ip(*ip)),
             })
             .collect();
@@ -1017,6 +1050,12 @@ impl ShmLink {
                         return None;
                     }
                 }
+                Some(Route::Setup(since)) => {
+                    now = process_now();
+                    if now.saturating_sub(*since) < SETUP_NS {
+                        return None;
+                    }
+                }
                 None => now = process_now(),
             }
         }
@@ -1032,7 +1071,12 @@ impl ShmLink {
                 }
             }
             Some(Route::Udp(until, _)) if now < *until => return None,
+            Some(Route::Setup(since)) if now.saturating_sub(*since) < SETUP_NS => return None,
             _ => {}
+        }
+        if self.mode == ShmMode::Auto && self.set_up_later(dst, now) {
+            routes.insert(dst, Route::Setup(now));
+            return None;
         }
         let connecting = match self.connect_to(Gid::from_ip(dst)) {
             Ok(c) => c,
@@ -1057,6 +1101,125 @@ impl ShmLink {
         }
         bump(&self.stats.opened);
         pick(&c).flatten()
+    }
+
+    /// Has the setup thread open the channel to `dst` ([`ShmMode::Auto`],
+    /// which sends by UDP meanwhile), starting the thread if none runs;
+    /// `false` if it cannot start (the caller opens the channel itself).
+    ///
+    /// Opening a channel creates its region: a 4.5 MB memfd mapped and
+    /// populated, ~2 ms, which on the sending thread delayed a first
+    /// datagram to a new peer by as much (a connection manager's first
+    /// REQ or REP). Populated in advance, the rings cost the data path no
+    /// page fault. The thread exits once no destination waits.
+    ///
+    /// The first datagram now arrives before the hello, and the peer's
+    /// answer to it would open a second channel between the two (each end
+    /// then reads two rings for good). So of two devices the one with the
+    /// greater address waits up to [`YIELD_NS`] for the other's hello,
+    /// which its answer brings, before it opens a channel itself.
+    fn set_up_later(&self, dst: IpAddr, now: Nanos) -> bool {
+        let mut setup = lock(&self.setup);
+        if !setup.running {
+            let me = self.me.clone();
+            let started = std::thread::Builder::new()
+                .name("softverbs-shm-setup".into())
+                .spawn(move || Self::setup_thread(&me));
+            if started.is_err() {
+                return false;
+            }
+            setup.running = true;
+        }
+        let yields = self.ips.first().is_some_and(|me| *me > dst);
+        setup
+            .queue
+            .push_back((dst, if yields { now.saturating_add(YIELD_NS) } else { now }));
+        true
+    }
+
+    /// The setup thread: opens the channels [`Self::set_up_later`] asked
+    /// for, while the link lives.
+    fn setup_thread(me: &Weak<ShmLink>) {
+        loop {
+            let Some(link) = me.upgrade() else { return };
+            let next = {
+                let mut setup = lock(&link.setup);
+                let next = setup.queue.pop_front();
+                if next.is_none() {
+                    setup.running = false;
+                }
+                next
+            };
+            let Some((dst, due)) = next else { return };
+            if process_now() < due && link.setting_up(dst) {
+                // Waiting for the peer's hello: the others first.
+                lock(&link.setup).queue.push_back((dst, due));
+                drop(link);
+                std::thread::sleep(std::time::Duration::from_micros(500));
+                continue;
+            }
+            link.set_up(dst);
+        }
+    }
+
+    /// Opens a channel to `dst` for the setup thread, unless its route
+    /// changed meanwhile (a channel the peer opened to us, accepted by a
+    /// receive turn, serves it now); routes `dst` by UDP for [`RETRY_NS`]
+    /// if no channel can be made.
+    fn set_up(&self, dst: IpAddr) {
+        let still =
+            |routes: &HashMap<IpAddr, Route, super::iphash::IpHash>| matches!(routes.get(&dst), Some(Route::Setup(_)));
+        if self.detached.load(Ordering::Relaxed) || !self.setting_up(dst) {
+            return;
+        }
+        // Without the route table's lock: senders to other peers go on.
+        let connecting = self.connect_to(Gid::from_ip(dst));
+        let now = process_now();
+        let mut routes = self.routes_w();
+        let connecting = match connecting {
+            Ok(c) => c,
+            Err(_) => {
+                bump(&self.stats.connect_failed);
+                if still(&routes) {
+                    routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
+                }
+                return;
+            }
+        };
+        let c = connecting.chan.clone();
+        if still(&routes) {
+            routes.insert(dst, Route::Chan(c.clone()));
+        }
+        drop(routes);
+        if self.send_hello(connecting).is_err() {
+            bump(&self.stats.connect_failed);
+            let mut routes = self.routes_w();
+            if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
+                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
+            }
+            return;
+        }
+        bump(&self.stats.opened);
+    }
+
+    /// Whether `dst` still waits for the setup thread (no channel the
+    /// peer opened serves it meanwhile).
+    fn setting_up(&self, dst: IpAddr) -> bool {
+        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+        matches!(routes.get(&dst), Some(Route::Setup(_)))
+    }
+
+    /// Waits (boundedly) until the setup thread has nothing left to do.
+    #[cfg(test)]
+    fn setup_settled(&self) -> bool {
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(20) {
+            if !lock(&self.setup).running {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        false
     }
 
     /// Accepts channels, completes pending ones, checks that peers are

@@ -248,7 +248,7 @@ impl ShmLink {
             &[chan.region.file().as_raw_fd(), bell.as_raw_fd()],
         );
         #[cfg(test)]
-        super::tests::after_hello();
+        super::tests::after_hello(self);
         if let Err(e) = sent {
             chan.kill();
             self.chans
@@ -357,7 +357,7 @@ impl ShmLink {
             !claims.iter().any(|(ip, _)| match routes.get(ip) {
                 Some(Route::Chan(o)) => o.state() != DEAD && o.pid != pid,
                 Some(Route::Udp(until, udp_peer)) => *udp_peer && now < *until,
-                None => false,
+                Some(Route::Setup(_)) | None => false,
             })
         };
         if !ok {

@@ -20,23 +20,31 @@ mod sleep;
 
 const LO4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-thread_local! {
-    /// What [`after_hello`] runs once (set by a test on its own thread).
-    static AFTER_HELLO: std::cell::RefCell<Option<Box<dyn FnOnce()>>> = const { std::cell::RefCell::new(None) };
-}
+/// What [`after_hello`] runs once, per link (set by a test).
+type AfterHello = Vec<(u64, Box<dyn FnOnce() + Send>)>;
+static AFTER_HELLO: std::sync::Mutex<AfterHello> = std::sync::Mutex::new(Vec::new());
 
-/// Called by a connector right after it sent a hello: runs what the test
-/// on this thread set with [`set_after_hello`], to play what other threads
+/// Called by a connector right after it sent a hello (on the sending
+/// thread, or the setup thread in [`ShmMode::Auto`]): runs what the test
+/// set with [`set_after_hello`] for that link, to play what other threads
 /// and processes may do at that moment.
-pub(super) fn after_hello() {
-    if let Some(f) = AFTER_HELLO.with(|h| h.borrow_mut().take()) {
+pub(super) fn after_hello(l: &ShmLink) {
+    let f = {
+        let mut hooks = AFTER_HELLO.lock().unwrap_or_else(|p| p.into_inner());
+        hooks
+            .iter()
+            .position(|(id, _)| *id == l.link_id)
+            .map(|i| hooks.swap_remove(i).1)
+    };
+    if let Some(f) = f {
         f();
     }
 }
 
-/// Sets what the next [`after_hello`] on this thread runs.
-fn set_after_hello(f: impl FnOnce() + 'static) {
-    AFTER_HELLO.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+/// Sets what the next [`after_hello`] of `l` runs.
+fn set_after_hello(l: &ShmLink, f: impl FnOnce() + Send + 'static) {
+    let mut hooks = AFTER_HELLO.lock().unwrap_or_else(|p| p.into_inner());
+    hooks.push((l.link_id, Box::new(f)));
 }
 
 fn link() -> Arc<ShmLink> {

@@ -38,13 +38,15 @@ fn an_answer_that_rings_during_the_connect_is_read() {
         // `a`'s reader is asleep when the first datagram is sent.
         assert!(a.prepare_sleep());
         let (a2, b2) = (a.clone(), b.clone());
-        set_after_hello(move || {
+        set_after_hello(&a, move || {
             drive_until_stat(&b2, "shm_channels_accepted", 1);
             assert!(wakes(&a2, Duration::ZERO), "{mode:?}: the answer did not ring");
             // The turn that ring wakes `a` for, which runs the slow path.
             a2.recv(64, &mut |_| {});
         });
         a.send_one(dgram(&a, &b, b"first", None), &mut drop);
+        // `Auto` connects on its setup thread.
+        assert!(a.setup_settled(), "{mode:?}");
         assert_eq!(stat(&a, "shm_channels_opened"), 1, "{mode:?}");
         // `a` goes back to sleep, and `b` answers through its channel.
         let sleeps = a.prepare_sleep();
