@@ -848,8 +848,10 @@ pub struct ShmLink {
 struct Setup {
     /// Each destination, and when the thread may open its channel.
     queue: VecDeque<(IpAddr, Nanos)>,
-    /// A setup thread runs (it exits once the queue is empty).
-    running: bool,
+    /// The process in which a setup thread runs (it exits once the queue
+    /// is empty). A child forked meanwhile inherits the link but not the
+    /// thread: it sees another process here and starts its own.
+    running: Option<u32>,
 }
 
 impl ShmLink {
@@ -1120,7 +1122,7 @@ impl ShmLink {
     /// which its answer brings, before it opens a channel itself.
     fn set_up_later(&self, dst: IpAddr, now: Nanos) -> bool {
         let mut setup = lock(&self.setup);
-        if !setup.running {
+        if setup.running != Some(std::process::id()) {
             let me = self.me.clone();
             let started = std::thread::Builder::new()
                 .name("softverbs-shm-setup".into())
@@ -1128,7 +1130,7 @@ impl ShmLink {
             if started.is_err() {
                 return false;
             }
-            setup.running = true;
+            setup.running = Some(std::process::id());
         }
         let yields = self.ips.first().is_some_and(|me| *me > dst);
         setup
@@ -1146,7 +1148,7 @@ impl ShmLink {
                 let mut setup = lock(&link.setup);
                 let next = setup.queue.pop_front();
                 if next.is_none() {
-                    setup.running = false;
+                    setup.running = None;
                 }
                 next
             };
@@ -1214,7 +1216,7 @@ impl ShmLink {
     fn setup_settled(&self) -> bool {
         let start = std::time::Instant::now();
         while start.elapsed() < std::time::Duration::from_secs(20) {
-            if !lock(&self.setup).running {
+            if lock(&self.setup).running.is_none() {
                 return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));

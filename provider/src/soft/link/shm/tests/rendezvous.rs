@@ -733,3 +733,21 @@ fn two_devices_that_answer_by_udp_open_one_channel() {
         b.peer_lines()
     );
 }
+
+/// [`ShmMode::Auto`] in a child forked while the parent's setup thread
+/// ran: the link says a setup thread runs, but in the parent; the child,
+/// which has no such thread, starts its own instead of leaving its
+/// destinations on UDP for good. Played here by marking the thread as
+/// another process's.
+#[test]
+fn a_forked_child_starts_its_own_setup_thread() {
+    let (a, b) = (link_in(ShmMode::Auto), link_in(ShmMode::Auto));
+    lock(&a.setup).running = Some(std::process::id().wrapping_add(1));
+    a.send(dgram(&a, &b, b"first", None));
+    let start = Instant::now();
+    while !a.is_shm_peer(b.gids[0]) && start.elapsed() < BOUND {
+        pump_for(&a, &b, 1, Duration::from_millis(1));
+    }
+    assert!(a.is_shm_peer(b.gids[0]), "no channel: {:?}", a.peer_lines());
+    assert_eq!(stat(&a, "shm_channels_opened"), 1);
+}
