@@ -9,15 +9,15 @@ use super::*;
 /// Train payload a receive turn copies at most, across channels (it stops
 /// after the train that reaches it). The engine sends a turn's ACKs when
 /// the turn ends, and a sender whose window or send queue waits for them
-/// stops feeding the ring meanwhile. Without this bound a turn took up to
-/// 32 trains: at 64 KiB, 58 µs of copying before any ACK left, and
-/// perftest's `write_bw` (send queue 128, a completion every 100th) let
-/// the ring run dry after each batch. Measured cross-process (`perf
-/// write_bw --link shm -s 65536`, MiB/s, means of 3 alternated runs
-/// against 36,070 without the bound): 39,350 at 256 KiB, 39,840 at 512
-/// KiB, 40,410 at 1 MiB (fewer turns and ACKs per train). 512 KiB is about
-/// 13 µs of copying here.
-pub(super) const TURN_TRAIN_BYTES: u64 = 512 * 1024;
+/// stops feeding the ring meanwhile: without a bound a turn took up to 32
+/// trains (at 64 KiB, ~45 µs of copying before any ACK left) and the ring
+/// ran dry after each. Each turn's end costs the reader about as much as
+/// a tenth of a 64 KiB train (the ACK, the return to the poller), so the
+/// bound is as large as keeps the sender fed: 1 MiB is 16 trains of 64
+/// KiB (256 packets), half of a requester's window on a network link
+/// (512 packets), so the sender still has the other half to publish
+/// while the reader copies these.
+pub(super) const TURN_TRAIN_BYTES: u64 = 1024 * 1024;
 
 impl ShmLink {
     pub(super) fn receive(&self, budget: usize, f: &mut dyn FnMut(Datagram<'_>)) -> usize {

@@ -360,6 +360,34 @@ fn a_receive_turn_copies_a_bounded_amount() {
     assert_eq!(turns[0], per_turn, "trains per turn: {turns:?}");
 }
 
+/// One receive turn takes 16 trains of 64 KiB (`perf write_bw`'s
+/// messages): half of a requester's window of 512 packets, so that a
+/// turn's end (its ACK) comes once per 16 trains while the sender still
+/// has the other half of its window to publish.
+#[test]
+fn a_receive_turn_takes_half_a_window_of_64k_trains() {
+    let (a, b) = pair(true, true);
+    let len = 64u32 << 10;
+    let (_m, s) = buffer(len as usize, 13);
+    let total = 20;
+    let mut txs: Vec<Transmit> = (0..total)
+        .map(|_| dgram(&a, &b, b"T", Some(train(16, &[(&s, 0, len)]))))
+        .collect();
+    a.send_batch(&mut txs, &mut drop);
+    let mut turns = Vec::new();
+    let start = Instant::now();
+    while turns.iter().sum::<usize>() < total && start.elapsed() < Duration::from_secs(10) {
+        let mut got = Vec::new();
+        pump(&b, &mut got);
+        if !got.is_empty() {
+            turns.push(got.len());
+        }
+        a.flush();
+    }
+    assert_eq!(turns.iter().sum::<usize>(), total, "{:?}", b.shm_stats());
+    assert_eq!(turns[0], 16, "trains per turn: {turns:?}");
+}
+
 /// A peer that published more trains than one turn takes, then went away:
 /// every train is still read, over several turns, before the channel ends
 /// (a turn stopped by the byte bound has not drained the ring).
