@@ -180,6 +180,26 @@
 //!
 //! How buffers are passed and mapped, what the receiver checks, and what
 //! happens to a train that cannot go are described in `shm/trains.rs`.
+//!
+//! # Files
+//!
+//! This file holds [`ShmLink`] itself: making it, its settings, the slow
+//! path of a receive turn (accepting channels, peer liveness, retiring
+//! dead channels, backlogs) and the [`Link`] traits. Beside it, by
+//! concern:
+//!
+//! - `shm/channel.rs`: a channel (its region and rings, each end's side,
+//!   its state, the peer) and the push of datagrams into its ring;
+//! - `shm/setup.rs`: the route table, the channel a destination's
+//!   datagrams go on (`channel_for`), and the setup thread;
+//! - `shm/hello.rs`: the rendezvous (hello, answer, the checks of both);
+//! - `shm/limits.rs`: [`ShmLimits`] and the budget channels charge;
+//! - `shm/send.rs`, `shm/receive.rs`: the data path each way;
+//! - `shm/trains.rs`: trains (exports, mappings, delivery);
+//! - `shm/stats.rs`: the counters, [`ShmLink::peer_lines`] and the
+//!   [`Diagnostics`] the link offers;
+//! - `shm/ring.rs`, `shm/wire.rs`, `shm/sys.rs`: the rings in the region,
+//!   the rendezvous stream's byte formats, the system calls.
 
 mod channel;
 mod hello;
