@@ -180,12 +180,36 @@
 //!
 //! How buffers are passed and mapped, what the receiver checks, and what
 //! happens to a train that cannot go are described in `shm/trains.rs`.
+//!
+//! # Files
+//!
+//! This file holds [`ShmLink`] itself: making it, its settings, the slow
+//! path of a receive turn (accepting channels, peer liveness, retiring
+//! dead channels, backlogs) and the [`Link`] traits. Beside it, by
+//! concern:
+//!
+//! - `shm/channel.rs`: a channel (its region and rings, each end's side,
+//!   its state, the peer) and the push of datagrams into its ring;
+//! - `shm/setup.rs`: the route table, the channel a destination's
+//!   datagrams go on (`channel_for`), and the setup thread;
+//! - `shm/hello.rs`: the rendezvous (hello, answer, the checks of both);
+//! - `shm/limits.rs`: [`ShmLimits`] and the budget channels charge;
+//! - `shm/send.rs`, `shm/receive.rs`: the data path each way;
+//! - `shm/trains.rs`: trains (exports, mappings, delivery);
+//! - `shm/stats.rs`: the counters, [`ShmLink::peer_lines`] and the
+//!   [`Diagnostics`] the link offers;
+//! - `shm/ring.rs`, `shm/wire.rs`, `shm/sys.rs`: the rings in the region,
+//!   the rendezvous stream's byte formats, the system calls.
 
+mod channel;
 mod hello;
+mod limits;
 mod receive;
 #[doc(hidden)] // the ring's internals; public for benches' ring_pingpong
 pub mod ring;
 mod send;
+mod setup;
+mod stats;
 mod sys;
 #[cfg(test)]
 mod tests;
@@ -195,23 +219,25 @@ mod wire;
 use crate::sys::lock;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-
-use memmap2::MmapRaw;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use super::udp::UdpLink;
 use super::{Diagnostics, Endpoint, FastSend, Link, Trains, Wakeups};
 use crate::soft::clock::process_now;
 use crate::soft::proto::train::TrainCaps;
-use crate::soft::proto::{Counters, Datagram, LinkHint, Nanos, Outgoing, Transmit};
+use crate::soft::proto::{Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;
-use ring::{Consumer, Producer, PushError, Region, Slot, SlotMeta};
-use trains::Exports;
+use channel::{Channel, CLOSING, DEAD, PENDING, UP};
+use limits::Budget;
+pub use limits::{ShmLimits, LIMITS_ENV};
+use ring::{Producer, Slot, SlotMeta};
+use setup::{Route, Setup};
+use stats::{bump, Stats};
 use wire::{CAP_CMA_READ, EXPORT_LEN};
 
 /// Environment variable: `0` when a link is made turns trains off for it
@@ -243,16 +269,6 @@ pub const RETRY_NS: Nanos = 1_000_000_000;
 pub const SLOW_NS: Nanos = 100_000;
 /// How long a connector waits for the acceptor's answer.
 const ANSWER_NS: Nanos = 2_000_000_000;
-/// A destination waits this long at most for the setup thread to open
-/// its channel ([`Route::Setup`]); then the next datagram to it asks
-/// again.
-const SETUP_NS: Nanos = 2_000_000_000;
-/// How long the setup thread of the device with the greater address
-/// waits for the peer's hello before it opens a channel itself (see
-/// [`ShmLink::set_up_later`]).
-const YIELD_NS: Nanos = 200_000_000;
-/// Datagrams a channel holds back (full ring, channel being set up).
-const BACKLOG_MAX: usize = 8192;
 /// How long an accepted rendezvous connection may take to send its hello
 /// (a connector sends it right after connecting) before it is dropped
 /// (`shm_hello_timeouts`).
@@ -278,510 +294,10 @@ const MAP_MAX: u64 = 1 << 40;
 pub(crate) const PRUNE_NS: Nanos = 100_000_000;
 const _: () = assert!(EXPORT_MAX >= 4 * ring::TRAIN_MAX_PIECES && EXPORT_MAX <= ring::FORGET_MAX);
 
-const PENDING: u8 = 0;
-const UP: u8 = 1;
-const DEAD: u8 = 2;
-/// The peer closed: read what it published before, then [`DEAD`].
-const CLOSING: u8 = 3;
-
 /// The abstract socket name of the device owning `gid`.
 pub(crate) fn rendezvous_name(gid: Gid) -> String {
     let hex: String = gid.0.iter().map(|b| format!("{b:02x}")).collect();
     format!("softverbs-shm/{hex}")
-}
-
-#[derive(Debug, Default)]
-struct Stats {
-    tx_datagrams: AtomicU64,
-    rx_datagrams: AtomicU64,
-    tx_backlogged: AtomicU64,
-    tx_drops: AtomicU64,
-    tx_no_channel: AtomicU64,
-    doorbells: AtomicU64,
-    rx_bad_len: AtomicU64,
-    rx_bad_index: AtomicU64,
-    rx_bad_addr: AtomicU64,
-    opened: AtomicU64,
-    accepted: AtomicU64,
-    refused: AtomicU64,
-    connect_failed: AtomicU64,
-    peers_lost: AtomicU64,
-    tx_trains: AtomicU64,
-    rx_trains: AtomicU64,
-    tx_train_dropped: AtomicU64,
-    rx_bad_train: AtomicU64,
-    tx_exports: AtomicU64,
-    tx_forgets: AtomicU64,
-    rx_maps: AtomicU64,
-    rx_bad_export: AtomicU64,
-    tx_trains_cma: AtomicU64,
-    rx_trains_cma: AtomicU64,
-    cma_probe_failed: AtomicU64,
-    /// Accepted connections dropped for sending no hello in [`HELLO_NS`].
-    hello_timeouts: AtomicU64,
-    /// Accepted connections dropped unheard because
-    /// [`ShmLimits::max_pending_hellos`] newer ones waited.
-    hellos_dropped: AtomicU64,
-    /// Hellos and answers refused for a GID the peer could not prove.
-    refused_gid: AtomicU64,
-    /// Hellos and answers refused for a doorbell that is not a unix
-    /// datagram socket.
-    refused_doorbell: AtomicU64,
-    /// Doorbell rings that found the peer's doorbell full.
-    doorbells_full: AtomicU64,
-}
-
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-/// What [`Channel::send`] did.
-struct Sent {
-    /// Something was published in the ring.
-    published: bool,
-    /// Datagrams wait in the backlog.
-    backlogged: bool,
-}
-
-#[derive(Debug)]
-struct TxSide {
-    prod: Producer,
-    backlog: VecDeque<Transmit>,
-    exports: Exports,
-}
-
-#[derive(Debug)]
-struct RxSide {
-    cons: Consumer,
-    buf: Vec<u8>,
-    /// The peer's buffers mapped here, by the peer's token (a fast hash:
-    /// looked up for every train, and never more than [`RX_MAPS_MAX`]
-    /// entries, so a peer choosing colliding tokens gains nothing).
-    maps: TokenMaps,
-    /// The descriptor of the train being delivered (kept for its vector).
-    desc: ring::TrainDesc,
-    /// Whether the consumer's current slot addresses passed the check of
-    /// [`ShmLink::addrs_ok`].
-    addrs_ok: bool,
-}
-
-/// The receiver's table of the peer's mapped buffers.
-type TokenMaps = HashMap<u64, Mapped, super::iphash::IpHash>;
-
-/// A buffer of the peer mapped here, and its share of the device's
-/// [`ShmLimits`] (given back when it is unmapped).
-#[derive(Debug)]
-struct Mapped {
-    map: MmapRaw,
-    _charge: Charge,
-}
-
-impl std::ops::Deref for Mapped {
-    type Target = MmapRaw;
-    fn deref(&self) -> &MmapRaw {
-        &self.map
-    }
-}
-
-/// Limits of one device's shared-memory link: what peers on this host can
-/// make it hold. A peer beyond them is refused (counted in
-/// `shm_refused_limit`, and a line on standard error at most once a
-/// second): a hello beyond [`max_channels`](Self::max_channels) gets no
-/// channel, a buffer export beyond [`max_mapped_bytes`](Self::max_mapped_bytes)
-/// or [`max_mapped_exports`](Self::max_mapped_exports) ends the channel
-/// that sent it (its destinations go back to UDP, or wait for a channel
-/// in [`ShmMode::Only`]).
-///
-/// Set with [`ShmLink::set_limits`], or when a link is made from
-/// [`LIMITS_ENV`]. What they bound: each channel holds four descriptors
-/// and maps its region ([`ring::REGION_LEN`], about 4.5 MiB, prefaulted:
-/// the ring's first lap would otherwise take a page fault per slot on
-/// both sides); a mapped buffer holds address space only (mapped lazily,
-/// never prefaulted: the engine touches only the pages it copies) and no
-/// descriptor. A device talking to `n` peers on this host holds `n`
-/// channels, up to `2n` while pairs connect to each other at once: raise
-/// `max_channels` for more than about 32 peers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShmLimits {
-    /// Channels (being set up, up, or closing) at most.
-    pub max_channels: usize,
-    /// Bytes of address space mapped at most: channel regions and the
-    /// buffers peers exported for trains.
-    pub max_mapped_bytes: u64,
-    /// Buffers exported by peers mapped at most, over all channels (a
-    /// channel maps at most twice [`EXPORT_MAX`] anyway).
-    pub max_mapped_exports: usize,
-    /// Accepted connections that have not sent their hello yet, at most;
-    /// a new one takes the place of the oldest that stayed silent
-    /// (`shm_hellos_dropped`), or waits in the listener's backlog.
-    pub max_pending_hellos: usize,
-}
-
-impl Default for ShmLimits {
-    /// 64 channels, 1 TiB mapped, 4096 mapped buffers, 32 pending hellos:
-    /// room for many busy peers, far from what a process can hold (about
-    /// 300 MiB of regions, 300 descriptors).
-    fn default() -> ShmLimits {
-        ShmLimits {
-            max_channels: 64,
-            max_mapped_bytes: 1 << 40,
-            max_mapped_exports: 4096,
-            max_pending_hellos: 32,
-        }
-    }
-}
-
-impl ShmLimits {
-    /// Parses `channels=N,mapped=BYTES,exports=N,hellos=N` (any subset,
-    /// in any order; `BYTES` may end in `K`, `M`, `G` or `T`, powers of
-    /// 1024) over these limits.
-    ///
-    /// # Errors
-    ///
-    /// A message naming the item that is not `key=number` with a known
-    /// key.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use softverbs::soft::link::shm::ShmLimits;
-    ///
-    /// let l = ShmLimits::default().parse("channels=8,mapped=16G")?;
-    /// assert_eq!((l.max_channels, l.max_mapped_bytes), (8, 16 << 30));
-    /// # Ok::<(), String>(())
-    /// ```
-    pub fn parse(mut self, spec: &str) -> Result<ShmLimits, String> {
-        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let bad = || format!("shared-memory limit '{item}': expected channels|mapped|exports|hellos=NUMBER");
-            let (key, value) = item.split_once('=').ok_or_else(bad)?;
-            let value = value.trim();
-            let (digits, shift) = match value.char_indices().last() {
-                Some((i, 'K' | 'k')) => (&value[..i], 10),
-                Some((i, 'M' | 'm')) => (&value[..i], 20),
-                Some((i, 'G' | 'g')) => (&value[..i], 30),
-                Some((i, 'T' | 't')) => (&value[..i], 40),
-                _ => (value, 0),
-            };
-            let n = digits
-                .parse::<u64>()
-                .ok()
-                .and_then(|n| n.checked_mul(1u64 << shift))
-                .ok_or_else(bad)?;
-            let count = || usize::try_from(n).map_err(|_| bad());
-            match key.trim() {
-                "channels" => self.max_channels = count()?,
-                "mapped" => self.max_mapped_bytes = n,
-                "exports" => self.max_mapped_exports = count()?,
-                "hellos" => self.max_pending_hellos = count()?,
-                _ => return Err(bad()),
-            }
-        }
-        Ok(self)
-    }
-}
-
-/// Environment variable: limits a link made from then on takes
-/// ([`ShmLimits::parse`] over the defaults), e.g.
-/// `SOFTVERBS_SHM_LIMITS=channels=16,mapped=64G`. Malformed: the
-/// defaults, and a line on standard error.
-pub const LIMITS_ENV: &str = "SOFTVERBS_SHM_LIMITS";
-
-/// What a device's channels hold against its [`ShmLimits`], shared by the
-/// link and its channels (which charge it for what they map).
-#[derive(Debug)]
-struct Budget {
-    limits: Mutex<ShmLimits>,
-    mapped_bytes: AtomicU64,
-    mapped_exports: AtomicU64,
-    /// Peers refused for a limit.
-    refused: AtomicU64,
-    /// When the last refusal was logged ([`process_now`]; 0: never).
-    logged: AtomicU64,
-    /// The device, for the log line (its first GID).
-    label: String,
-}
-
-/// How often a [`Budget`] logs a refusal at most.
-const LOG_EVERY_NS: Nanos = 1_000_000_000;
-
-/// Whether a refusal at `now` is logged, the last one having been logged
-/// at `last` (0: none yet).
-fn log_due(last: Nanos, now: Nanos) -> bool {
-    last == 0 || now.saturating_sub(last) >= LOG_EVERY_NS
-}
-
-/// A share of a [`Budget`], given back when dropped.
-#[derive(Debug)]
-struct Charge {
-    budget: Arc<Budget>,
-    bytes: u64,
-    exports: u64,
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        self.budget.mapped_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
-        self.budget.mapped_exports.fetch_sub(self.exports, Ordering::Relaxed);
-    }
-}
-
-impl Budget {
-    fn limits(&self) -> ShmLimits {
-        *lock(&self.limits)
-    }
-
-    /// Takes `bytes` of mapped memory and `exports` mapped buffers if the
-    /// limits allow both (`None`: they do not; nothing taken).
-    fn charge(self: &Arc<Self>, bytes: u64, exports: u64) -> Option<Charge> {
-        let l = self.limits();
-        let b = self.mapped_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let e = self.mapped_exports.fetch_add(exports, Ordering::Relaxed);
-        let charge = Charge {
-            budget: self.clone(),
-            bytes,
-            exports,
-        };
-        let fits = b.checked_add(bytes).is_some_and(|t| t <= l.max_mapped_bytes)
-            && e.saturating_add(exports) <= l.max_mapped_exports as u64;
-        // Dropping the charge gives it back.
-        fits.then_some(charge)
-    }
-
-    /// Counts a peer refused for a limit and says `what` on standard
-    /// error, in one line at most once a second.
-    fn refuse(&self, what: String) {
-        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = process_now().max(1);
-        let last = self.logged.load(Ordering::Relaxed);
-        if log_due(last, now)
-            && self
-                .logged
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            eprintln!(
-                "softverbs: shared-memory link of {}: {what} (shm_refused_limit {n}; raise with {LIMITS_ENV} or ShmLink::set_limits)",
-                self.label
-            );
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Peer {
-    gids: Vec<IpAddr>,
-    /// The socket the peer passed to ring it with (`sys::check_bell`).
-    doorbell: OwnedFd,
-    /// Both ends offered trains.
-    trains: bool,
-    /// The peer takes trains of one packet ([`CAP_TRAINS1`](wire::CAP_TRAINS1)).
-    one_packet: bool,
-}
-
-/// Metadata of forget slots (the consumer does not look at it).
-const NO_META: SlotMeta = SlotMeta {
-    src: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    dst: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    src_port: 0,
-    dst_port: 0,
-};
-
-/// One channel: a region with a ring each way, to one peer device.
-#[derive(Debug)]
-struct Channel {
-    stream: UnixStream,
-    region: Region,
-    connector: bool,
-    pid: u32,
-    since: Nanos,
-    state: AtomicU8,
-    tx: Mutex<TxSide>,
-    rx: Mutex<RxSide>,
-    peer: OnceLock<Peer>,
-    /// This end offered trains in its hello or answer.
-    offered: bool,
-    /// The peer process, for a liveness check before reading its memory
-    /// (`None`: no pidfds here, no process-memory pieces).
-    pidfd: Option<OwnedFd>,
-    /// This end verified it can read the peer's memory: it accepts
-    /// process-memory pieces (`shm/hello.rs`, "Probe").
-    cma_rx: AtomicBool,
-    /// The peer verified it can read this process's memory: trains may
-    /// carry process-memory pieces.
-    cma_tx: AtomicBool,
-    /// The device's budget, charged for the peer's buffers mapped here.
-    budget: Arc<Budget>,
-    /// The region's share of it.
-    _region_charge: Charge,
-    /// The GID a connector opened the channel to (the answer must name
-    /// it, and prove it like every GID it names).
-    target: Option<IpAddr>,
-}
-
-impl Channel {
-    fn new(stream: UnixStream, region: Region, connector: bool, pid: u32, offered: bool, charge: Charge) -> Channel {
-        let (tx_ring, rx_ring) = Channel::rings(connector);
-        Channel {
-            budget: charge.budget.clone(),
-            _region_charge: charge,
-            target: None,
-            stream,
-            region,
-            connector,
-            pid,
-            since: process_now(),
-            state: AtomicU8::new(PENDING),
-            tx: Mutex::new(TxSide {
-                prod: Producer::new(tx_ring),
-                backlog: VecDeque::new(),
-                exports: Exports::default(),
-            }),
-            rx: Mutex::new(RxSide {
-                cons: Consumer::new(rx_ring),
-                buf: Vec::with_capacity(ring::MAX_PAYLOAD),
-                maps: HashMap::default(),
-                desc: ring::TrainDesc {
-                    npkts: 0,
-                    pieces: Vec::with_capacity(ring::TRAIN_MAX_PIECES),
-                },
-                addrs_ok: false,
-            }),
-            peer: OnceLock::new(),
-            offered,
-            pidfd: sys::pidfd_open(pid).ok(),
-            cma_rx: AtomicBool::new(false),
-            cma_tx: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether trains go both ways on this channel (once up).
-    fn trains(&self) -> bool {
-        self.peer.get().is_some_and(|p| p.trains)
-    }
-
-    fn state(&self) -> u8 {
-        self.state.load(Ordering::Acquire)
-    }
-
-    fn kill(&self) {
-        if self.state.swap(DEAD, Ordering::AcqRel) != DEAD {
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    /// Pushes what it can of the backlog, then `t` (if any); the rest
-    /// waits. Says whether something was published and whether datagrams
-    /// still wait (read under the same lock: one lock per datagram).
-    fn send(&self, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> Sent {
-        let mut tx = lock(&self.tx);
-        let tx = &mut *tx;
-        let published = self.send_locked(tx, t, stats, spent);
-        Sent {
-            published,
-            backlogged: !tx.backlog.is_empty(),
-        }
-    }
-
-    fn send_locked(&self, tx: &mut TxSide, t: Option<Transmit>, stats: &Stats, spent: &mut dyn FnMut(Vec<u8>)) -> bool {
-        if self.state() != UP {
-            if let Some(t) = t {
-                Self::hold(tx, t, stats);
-            }
-            return false;
-        }
-        let mut published = false;
-        while let Some(b) = tx.backlog.pop_front() {
-            match self.push(&mut tx.prod, &mut tx.exports, &b, stats) {
-                Ok(()) => published = true,
-                Err(()) => {
-                    tx.backlog.push_front(b);
-                    break;
-                }
-            }
-        }
-        if let Some(t) = t {
-            if !tx.backlog.is_empty() {
-                Self::hold(tx, t, stats);
-            } else if self.push(&mut tx.prod, &mut tx.exports, &t, stats).is_ok() {
-                published = true;
-                // Copied into the ring: the buffer is free again.
-                spent(t.data);
-            } else if self.state() == UP {
-                Self::hold(tx, t, stats);
-            }
-        }
-        published
-    }
-
-    /// The rings an end writes and reads: the connector writes ring 0.
-    const fn rings(connector: bool) -> (usize, usize) {
-        if connector {
-            (0, 1)
-        } else {
-            (1, 0)
-        }
-    }
-
-    fn hold(tx: &mut TxSide, t: Transmit, stats: &Stats) {
-        if tx.backlog.len() >= BACKLOG_MAX {
-            bump(if t.train.is_some() {
-                &stats.tx_train_dropped
-            } else {
-                &stats.tx_drops
-            });
-        } else {
-            bump(&stats.tx_backlogged);
-            tx.backlog.push_back(t);
-        }
-    }
-
-    /// `Err`: keep the datagram (full ring); a datagram that can never go
-    /// is dropped and counted with `Ok`.
-    fn push(&self, prod: &mut Producer, exports: &mut Exports, t: &Transmit, stats: &Stats) -> Result<(), ()> {
-        let meta = SlotMeta {
-            src: t.src,
-            dst: t.dst,
-            src_port: t.src_port,
-            dst_port: t.dst_port,
-        };
-        if let Some(train) = &t.train {
-            return self.push_train(prod, exports, &meta, &t.data, train, stats);
-        }
-        self.pushed(prod.push(&self.region, &meta, &t.data), stats)
-    }
-
-    /// Counts what a push of a datagram did; `Err`: keep it (full ring, or
-    /// the channel just died of a corrupt index).
-    fn pushed(&self, r: Result<(), PushError>, stats: &Stats) -> Result<(), ()> {
-        match r {
-            Ok(()) => {
-                bump(&stats.tx_datagrams);
-                Ok(())
-            }
-            Err(PushError::Full) => Err(()),
-            Err(PushError::TooLong) => {
-                bump(&stats.tx_drops);
-                Ok(())
-            }
-            Err(PushError::Corrupt) => {
-                bump(&stats.rx_bad_index);
-                self.kill();
-                Err(())
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-enum Route {
-    Chan(Arc<Channel>),
-    /// [`ShmMode::Auto`]: the setup thread opens a channel to this
-    /// destination (since then); datagrams go by UDP meanwhile.
-    Setup(Nanos),
-    /// No shared memory to this destination until then; `true`: a
-    /// connect found no device to make a channel with (it is a UDP peer
-    /// now), `false`: its channel ended.
-    Udp(Nanos, bool),
 }
 
 /// A UDP link with shared-memory channels to devices on this host. See
@@ -841,17 +357,6 @@ pub struct ShmLink {
     me: Weak<ShmLink>,
     /// Destinations the setup thread is to open channels to.
     setup: Mutex<Setup>,
-}
-
-/// The work of a link's setup thread ([`ShmLink::set_up_later`]).
-#[derive(Debug, Default)]
-struct Setup {
-    /// Each destination, and when the thread may open its channel.
-    queue: VecDeque<(IpAddr, Nanos)>,
-    /// The process in which a setup thread runs (it exits once the queue
-    /// is empty). A child forked meanwhile inherits the link but not the
-    /// thread: it sees another process here and starts its own.
-    running: Option<u32>,
 }
 
 impl ShmLink {
@@ -968,260 +473,8 @@ impl ShmLink {
         matches!(routes.get(&gid.to_ip()), Some(Route::Chan(c)) if c.state() == UP)
     }
 
-    /// One line per known peer: `GID shm up pid N`, `GID shm pending`,
-    /// `GID udp` (no shared memory there).
-    pub fn peer_lines(&self) -> Vec<String> {
-        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-        let mut lines: Vec<String> = routes
-            .iter()
-            .map(|(ip, r)| match r {
-                Route::Chan(c) => {
-                    let st = match c.state() {
-                        PENDING => "pending",
-                        UP => "up",
-                        CLOSING => "closing",
-                        _ => "dead",
-                    };
-                    let (tx, backlog) =
-                        c.tx.try_lock()
-                            .map_or(((0, 0), 0), |t| (t.prod.position(), t.backlog.len()));
-                    let rx = c.rx.try_lock().map_or((0, 0), |r| r.cons.position());
-                    let mut line = format!(
-                        "{} shm {st} pid {} tx {}/{} backlog {backlog} rx {}/{}",
-                        Gid::from_ip(*ip),
-                        c.pid,
-                        tx.0,
-                        tx.1,
-                        rx.0,
-                        rx.1
-                    );
-                    if c.trains() {
-                        let exported = c.tx.try_lock().map_or(0, |t| t.exports.map.len());
-                        let mapped = c.rx.try_lock().map_or(0, |r| r.maps.len());
-                        line += &format!(" trains exported {exported} mapped {mapped}");
-                        let (rx, tx) = (c.cma_rx.load(Ordering::Relaxed), c.cma_tx.load(Ordering::Relaxed));
-                        line += match (rx, tx) {
-                            (true, true) => " cma rx tx",
-                            (true, false) => " cma rx",
-                            (false, true) => " cma tx",
-                            (false, false) => "",
-                        };
-                    }
-                    line
-                }
-                Route::Setup(_) => format!("{} shm setup", Gid::from_ip(*ip)),
-                Route::Udp(..) => format!("{} udp", Gid::from_ip(*ip)),
-            })
-            .collect();
-        lines.sort();
-        lines
-    }
-
-    fn routes_w(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<IpAddr, Route, super::iphash::IpHash>> {
-        let routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
-        // Every QP's route hint is stale from now on (`send.rs`).
-        self.route_version.fetch_add(1, Ordering::AcqRel);
-        routes
-    }
-
     fn chans_r(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Channel>>> {
         self.chans.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The channel datagrams to `dst` go on (`None`: UDP, or nothing in
-    /// [`ShmMode::Only`]).
-    fn channel_for(&self, dst: IpAddr) -> Option<Arc<Channel>> {
-        let pick = |c: &Arc<Channel>| match c.state() {
-            UP => Some(Some(c.clone())),
-            PENDING => Some((self.mode == ShmMode::Only).then(|| c.clone())),
-            _ => None,
-        };
-        let now;
-        {
-            let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-            match routes.get(&dst) {
-                Some(Route::Chan(c)) => {
-                    if let Some(r) = pick(c) {
-                        return r;
-                    }
-                    now = process_now();
-                }
-                Some(Route::Udp(until, _)) => {
-                    now = process_now();
-                    if now < *until {
-                        return None;
-                    }
-                }
-                Some(Route::Setup(since)) => {
-                    now = process_now();
-                    if now.saturating_sub(*since) < SETUP_NS {
-                        return None;
-                    }
-                }
-                None => now = process_now(),
-            }
-        }
-        if self.ips.contains(&dst) {
-            self.routes_w().insert(dst, Route::Udp(Nanos::MAX, false));
-            return None;
-        }
-        let mut routes = self.routes_w();
-        match routes.get(&dst) {
-            Some(Route::Chan(c)) => {
-                if let Some(r) = pick(c) {
-                    return r;
-                }
-            }
-            Some(Route::Udp(until, _)) if now < *until => return None,
-            Some(Route::Setup(since)) if now.saturating_sub(*since) < SETUP_NS => return None,
-            _ => {}
-        }
-        if self.mode == ShmMode::Auto && self.set_up_later(dst, now) {
-            routes.insert(dst, Route::Setup(now));
-            return None;
-        }
-        let connecting = match self.connect_to(Gid::from_ip(dst)) {
-            Ok(c) => c,
-            Err(_) => {
-                bump(&self.stats.connect_failed);
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-                return None;
-            }
-        };
-        let c = connecting.chan.clone();
-        routes.insert(dst, Route::Chan(c.clone()));
-        // The hello leaves without the table's lock: the receive turn
-        // that reads the answer needs it.
-        drop(routes);
-        if self.send_hello(connecting).is_err() {
-            bump(&self.stats.connect_failed);
-            let mut routes = self.routes_w();
-            if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-            }
-            return None;
-        }
-        bump(&self.stats.opened);
-        pick(&c).flatten()
-    }
-
-    /// Has the setup thread open the channel to `dst` ([`ShmMode::Auto`],
-    /// which sends by UDP meanwhile), starting the thread if none runs;
-    /// `false` if it cannot start (the caller opens the channel itself).
-    ///
-    /// Opening a channel creates its region: a 4.5 MB memfd mapped and
-    /// populated, ~2 ms, which on the sending thread delayed a first
-    /// datagram to a new peer by as much (a connection manager's first
-    /// REQ or REP). Populated in advance, the rings cost the data path no
-    /// page fault. The thread exits once no destination waits.
-    ///
-    /// The first datagram now arrives before the hello, and the peer's
-    /// answer to it would open a second channel between the two (each end
-    /// then reads two rings for good). So of two devices the one with the
-    /// greater address waits up to [`YIELD_NS`] for the other's hello,
-    /// which its answer brings, before it opens a channel itself.
-    fn set_up_later(&self, dst: IpAddr, now: Nanos) -> bool {
-        let mut setup = lock(&self.setup);
-        if setup.running != Some(std::process::id()) {
-            let me = self.me.clone();
-            let started = std::thread::Builder::new()
-                .name("softverbs-shm-setup".into())
-                .spawn(move || Self::setup_thread(&me));
-            if started.is_err() {
-                return false;
-            }
-            setup.running = Some(std::process::id());
-        }
-        let yields = self.ips.first().is_some_and(|me| *me > dst);
-        setup
-            .queue
-            .push_back((dst, if yields { now.saturating_add(YIELD_NS) } else { now }));
-        true
-    }
-
-    /// The setup thread: opens the channels [`Self::set_up_later`] asked
-    /// for, while the link lives.
-    fn setup_thread(me: &Weak<ShmLink>) {
-        loop {
-            let Some(link) = me.upgrade() else { return };
-            let next = {
-                let mut setup = lock(&link.setup);
-                let next = setup.queue.pop_front();
-                if next.is_none() {
-                    setup.running = None;
-                }
-                next
-            };
-            let Some((dst, due)) = next else { return };
-            if process_now() < due && link.setting_up(dst) {
-                // Waiting for the peer's hello: the others first.
-                lock(&link.setup).queue.push_back((dst, due));
-                drop(link);
-                std::thread::sleep(std::time::Duration::from_micros(500));
-                continue;
-            }
-            link.set_up(dst);
-        }
-    }
-
-    /// Opens a channel to `dst` for the setup thread, unless its route
-    /// changed meanwhile (a channel the peer opened to us, accepted by a
-    /// receive turn, serves it now); routes `dst` by UDP for [`RETRY_NS`]
-    /// if no channel can be made.
-    fn set_up(&self, dst: IpAddr) {
-        let still =
-            |routes: &HashMap<IpAddr, Route, super::iphash::IpHash>| matches!(routes.get(&dst), Some(Route::Setup(_)));
-        if self.detached.load(Ordering::Relaxed) || !self.setting_up(dst) {
-            return;
-        }
-        // Without the route table's lock: senders to other peers go on.
-        let connecting = self.connect_to(Gid::from_ip(dst));
-        let now = process_now();
-        let mut routes = self.routes_w();
-        let connecting = match connecting {
-            Ok(c) => c,
-            Err(_) => {
-                bump(&self.stats.connect_failed);
-                if still(&routes) {
-                    routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-                }
-                return;
-            }
-        };
-        let c = connecting.chan.clone();
-        if still(&routes) {
-            routes.insert(dst, Route::Chan(c.clone()));
-        }
-        drop(routes);
-        if self.send_hello(connecting).is_err() {
-            bump(&self.stats.connect_failed);
-            let mut routes = self.routes_w();
-            if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-            }
-            return;
-        }
-        bump(&self.stats.opened);
-    }
-
-    /// Whether `dst` still waits for the setup thread (no channel the
-    /// peer opened serves it meanwhile).
-    fn setting_up(&self, dst: IpAddr) -> bool {
-        let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
-        matches!(routes.get(&dst), Some(Route::Setup(_)))
-    }
-
-    /// Waits (boundedly) until the setup thread has nothing left to do.
-    #[cfg(test)]
-    fn setup_settled(&self) -> bool {
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_secs(20) {
-            if lock(&self.setup).running.is_none() {
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        false
     }
 
     /// Accepts channels, completes pending ones, checks that peers are
@@ -1357,64 +610,6 @@ impl ShmLink {
         }
         !left
     }
-
-    /// Duplicates of the memfds of the open channels, with whether this
-    /// side connected (then it writes ring 0 and reads ring 1; else the
-    /// reverse). For tests that play a broken peer, and for tools that
-    /// inspect the rings.
-    pub fn channel_files(&self) -> Vec<(std::fs::File, bool)> {
-        self.chans_r()
-            .iter()
-            .filter_map(|c| Some((c.region.file().try_clone().ok()?, c.connector)))
-            .collect()
-    }
-
-    /// The link's counters.
-    pub fn shm_stats(&self) -> Vec<(&'static str, u64)> {
-        let s = &self.stats;
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            ("shm_tx_datagrams", g(&s.tx_datagrams)),
-            ("shm_rx_datagrams", g(&s.rx_datagrams)),
-            ("shm_tx_backlogged", g(&s.tx_backlogged)),
-            ("shm_tx_drops", g(&s.tx_drops)),
-            ("shm_tx_no_channel", g(&s.tx_no_channel)),
-            ("shm_doorbells", g(&s.doorbells)),
-            ("shm_rx_bad_len", g(&s.rx_bad_len)),
-            ("shm_rx_bad_index", g(&s.rx_bad_index)),
-            ("shm_rx_bad_addr", g(&s.rx_bad_addr)),
-            ("shm_channels_opened", g(&s.opened)),
-            ("shm_channels_accepted", g(&s.accepted)),
-            ("shm_channels_refused", g(&s.refused)),
-            ("shm_connect_failed", g(&s.connect_failed)),
-            ("shm_peers_lost", g(&s.peers_lost)),
-            ("shm_tx_trains", g(&s.tx_trains)),
-            ("shm_rx_trains", g(&s.rx_trains)),
-            ("shm_tx_train_dropped", g(&s.tx_train_dropped)),
-            ("shm_rx_bad_train", g(&s.rx_bad_train)),
-            ("shm_tx_exports", g(&s.tx_exports)),
-            ("shm_tx_forgets", g(&s.tx_forgets)),
-            ("shm_rx_maps", g(&s.rx_maps)),
-            ("shm_rx_bad_export", g(&s.rx_bad_export)),
-            ("shm_tx_trains_cma", g(&s.tx_trains_cma)),
-            ("shm_rx_trains_cma", g(&s.rx_trains_cma)),
-            ("shm_cma_probe_failed", g(&s.cma_probe_failed)),
-            ("shm_hello_timeouts", g(&s.hello_timeouts)),
-            ("shm_hellos_dropped", g(&s.hellos_dropped)),
-            ("shm_refused_gid", g(&s.refused_gid)),
-            ("shm_refused_doorbell", g(&s.refused_doorbell)),
-            ("shm_refused_limit", g(&self.budget.refused)),
-            ("shm_doorbells_full", g(&s.doorbells_full)),
-            ("shm_mapped_bytes", g(&self.budget.mapped_bytes)),
-            ("shm_mapped_exports", g(&self.budget.mapped_exports)),
-        ]
-    }
-}
-
-impl Channel {
-    fn region_wake(&self, rx: &mut RxSide) {
-        rx.cons.wake(&self.region);
-    }
 }
 
 impl Link for ShmLink {
@@ -1549,26 +744,5 @@ impl Trains for ShmLink {
             }
             _ => TrainCaps::NONE,
         }
-    }
-}
-
-impl Diagnostics for ShmLink {
-    fn merge_counters(&self, counters: &mut Counters) {
-        self.udp.merge_counters(counters);
-        let bad = self.stats.rx_bad_len.load(Ordering::Relaxed)
-            + self.stats.rx_bad_addr.load(Ordering::Relaxed)
-            + self.stats.rx_bad_train.load(Ordering::Relaxed);
-        counters.rx_malformed += bad;
-        counters.rx_packets += bad;
-    }
-
-    fn stats(&self) -> Vec<(&'static str, u64)> {
-        let mut v = self.shm_stats();
-        v.extend(self.udp.stats().iter());
-        v
-    }
-
-    fn peers(&self) -> Vec<String> {
-        self.peer_lines()
     }
 }

@@ -57,13 +57,14 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::channel::{Peer, NO_META};
+use super::limits::Charge;
 use super::ring::{self, Region};
 use super::wire::{
     Hello, HelloRepr, ANSWER, CAP_CMA, CAP_CMA_READ, CAP_TRAINS, CAP_TRAINS1, FDS_PER_GID, HELLO, MSG_LEN,
 };
 use super::{
-    bump, lock, rendezvous_name, sys, Channel, Peer, Route, ShmLink, ANSWER_NS, DEAD, HELLOS_PER_TURN, HELLO_NS,
-    NO_META, UP,
+    bump, lock, rendezvous_name, sys, Channel, Route, ShmLink, ANSWER_NS, DEAD, HELLOS_PER_TURN, HELLO_NS, UP,
 };
 use crate::soft::clock::process_now;
 use crate::soft::link::Link;
@@ -262,7 +263,7 @@ impl ShmLink {
 
     /// A channel region's share of the budget, or the refusal (counted
     /// and logged) of the channel to `peer`.
-    fn charge_region(&self, peer: std::fmt::Arguments<'_>) -> io::Result<super::Charge> {
+    fn charge_region(&self, peer: std::fmt::Arguments<'_>) -> io::Result<Charge> {
         self.budget.charge(ring::REGION_LEN as u64, 0).ok_or_else(|| {
             let limit = self.budget.limits().max_mapped_bytes;
             self.budget.refuse(format!(

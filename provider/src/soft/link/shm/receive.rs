@@ -4,6 +4,7 @@
 //! handing each slot to the engine (datagrams directly, trains through
 //! [`super::trains`]).
 
+use super::channel::{Peer, RxSide};
 use super::*;
 
 /// Train payload a receive turn copies at most, across channels (it stops

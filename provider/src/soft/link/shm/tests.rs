@@ -4,14 +4,17 @@
 use std::io::Read;
 use std::net::Ipv4Addr;
 use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use super::ring::{DescPiece, TrainDesc};
+use super::channel::NO_META;
+use super::ring::{DescPiece, Region, TrainDesc};
 use super::trains::map_export;
 use super::wire::{ANSWER, CAP_TRAINS, CAP_TRAINS1, EXPORT, HELLO, MSG_LEN};
 use super::*;
 use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
+use crate::soft::proto::Counters;
 use crate::verbs::{MemorySource, MrMemory, SharedMemory};
 
 mod rendezvous;

@@ -101,11 +101,10 @@ use std::sync::{Arc, Weak};
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use super::channel::{Mapped, RxSide, TokenMaps, NO_META};
 use super::ring::{self, DescPiece, Producer, SlotMeta, TrainDesc};
 use super::wire::ExportRepr;
-use super::{
-    bump, sys, Channel, RxSide, ShmLink, Stats, TokenMaps, EXPORT_LEN, EXPORT_MAX, MAP_MAX, NO_META, RX_MAPS_MAX,
-};
+use super::{bump, sys, Channel, ShmLink, Stats, EXPORT_LEN, EXPORT_MAX, MAP_MAX, RX_MAPS_MAX};
 use crate::soft::proto::train::{TrainIn, TrainOut, TrainPiece};
 use crate::soft::proto::Datagram;
 use crate::verbs::memory::SharedFile;
@@ -364,7 +363,7 @@ impl Channel {
             {
                 Some((Ok(map), _charge)) => {
                     bump(&stats.rx_maps);
-                    maps.insert(token, super::Mapped { map, _charge });
+                    maps.insert(token, Mapped { map, _charge });
                     if token == want {
                         return true;
                     }

@@ -9,6 +9,7 @@ use std::os::fd::FromRawFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
+use super::super::limits::{log_due, LOG_EVERY_NS};
 use super::*;
 
 /// How long a test waits for what must happen (far longer than it takes
