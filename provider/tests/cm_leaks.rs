@@ -1,4 +1,4 @@
-//! Resource leaks of the connection manager: 1,500 connect/accept/
+//! Resource leaks of the connection manager: 2,200 connect/accept/
 //! disconnect cycles leave no descriptor, thread, id or heap memory
 //! behind (a counting allocator), and dropping the CM stops its thread
 //! and frees the devices' QP1. One test in its own binary, so that no
@@ -96,9 +96,11 @@ fn cycles_leak_no_fd_or_thread() {
         }
         assert_eq!(w.cm.id_count(), 1, "only the listener is left");
     };
-    // The first 500 cycles warm every cache and pool up (maps at their
-    // working size, per-thread scratch lists); the next 1,000 must not
-    // grow anything. Settling every 50 cycles caps how many destroyed
+    // The first 1,200 cycles warm every cache and pool up (maps at their
+    // working size, per-thread scratch lists, and each device's QP table:
+    // a destroyed QP's number is reused only once 1,024 others wait, so
+    // the table grows for the first 1,025 QPs of a device, one per cycle
+    // here); the next 1,000 must not grow anything. Settling every 50 cycles caps how many destroyed
     // ids linger in time-wait at once, so the CM's id map stops at the
     // same size whatever the machine's speed.
     let run = |w: &World, n: usize| {
@@ -110,16 +112,17 @@ fn cycles_leak_no_fd_or_thread() {
         }
         settle(w);
     };
-    run(&w, 500);
+    run(&w, 1200);
     let (fds, threads, live) = (fd_count(), thread_count(), LIVE.load(Ordering::Relaxed));
     run(&w, 1000);
     assert_eq!(fd_count(), fds);
     assert_eq!(thread_count(), threads);
     // A leak of one object per cycle (an id, an event, a QP, a context:
     // each a few hundred bytes at least) would be 1,000 times its size:
-    // well over this slack for the allocations of the moment.
+    // well over this slack for the allocations of the moment (the growth
+    // measured is 0 bytes).
     let grown = LIVE.load(Ordering::Relaxed) - live;
-    assert!(grown < 256 << 10, "{grown} bytes more live after 1,000 more cycles");
+    assert!(grown < 64 << 10, "{grown} bytes more live after 1,000 more cycles");
     drop(l);
 }
 
