@@ -7,7 +7,9 @@
 //!   ACK of the same QP supersedes is dropped ([`collapse`]): a responder
 //!   that handled a ring of trains or a socket of messages before its
 //!   output was drained sends one ACK per QP instead of one per message.
-//!   Always on.
+//!   Always on. The responder already takes the superseded ACK out when
+//!   it queues the newer one ([`Core::drop_superseded_ack`]), reusing its
+//!   buffer; `collapse` is what makes the rule hold for every output.
 //! - **Across drains**, with [`Core::set_ack_coalescing`] on, the plain
 //!   ACKs of an output in which [`Core::poll_cq`] handed completions to
 //!   the application (which is then likely to answer) are held back, the
@@ -277,6 +279,35 @@ impl Core {
     pub(crate) fn completions_handed_out(&mut self) {
         if self.acks.on {
             self.acks.hold_turn = true;
+        }
+    }
+
+    /// Takes out of the output waiting the plain ACK that the one just
+    /// queued (the last datagram, if a plain ACK) supersedes, as
+    /// [`collapse`] would at the drain, and keeps its buffer for the next
+    /// packet: a responder handling a ring of trains that ask for ACKs
+    /// then neither allocates nor frees one per ACK request. Once a drain
+    /// has begun (the output was sorted), nothing is taken: `collapse` ran
+    /// for that drain and does not look again at what is left of it.
+    pub(crate) fn drop_superseded_ack(&mut self) {
+        if self.acks.sorted || self.tx.len() < 2 {
+            return;
+        }
+        let Some(last) = self.tx.back().filter(|t| is_plain_ack(t)) else {
+            return;
+        };
+        let key = (last.dst, dest_qpn(last));
+        let n = self.tx.len() - 1;
+        let Some(i) = self
+            .tx
+            .iter()
+            .take(n)
+            .rposition(|t| is_plain_ack(t) && (t.dst, dest_qpn(t)) == key)
+        else {
+            return;
+        };
+        if let Some(t) = self.tx.remove(i) {
+            self.recycle_buffer(t.data);
         }
     }
 

@@ -817,6 +817,9 @@ impl Core {
         let sgid = qp.attr.ah_attr.grh.sgid_index;
         self.counters.tx_responses += 1;
         self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, 0, data);
+        if matches!(syndrome, Syndrome::Ack { .. }) {
+            self.drop_superseded_ack();
+        }
     }
 
     fn transmit_reply(&mut self, qp: &Qp, h: &PacketRepr, payload: &[u8]) {

@@ -185,3 +185,68 @@ fn a_batch_of_retired_wqes_refills_the_pools_whole() {
     assert!(vecs >= 30, "{vecs} SGE vectors kept");
     assert_eq!(inline, 30, "inline buffers kept");
 }
+
+/// A plain ACK that a newer one of its QP supersedes in the same output
+/// is taken out when the newer one is queued (its buffer kept for the
+/// next packet), not built, queued and dropped at the drain; what leaves
+/// is what coalescing at the drain sent: a NAK between stays ahead of the
+/// newest ACK, and once a drain has begun, an ACK queued meanwhile leaves
+/// after the one already sorted.
+#[test]
+fn a_superseded_ack_is_taken_out_when_the_newer_one_is_queued() {
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    for i in 0..8 {
+        n.post_recv(i, 0, 64);
+    }
+    let asking = |n: &Node, psn: u32| {
+        let mut h = req(Opcode::RcSendOnly, n.qpn, psn);
+        h.bth.ack_req = true;
+        h
+    };
+    let spare = n.core.spare_bufs.len();
+    for k in 0..3 {
+        n.inject(0, &asking(&n, RQ_PSN + k), b"x");
+        assert_eq!(n.core.tx.len(), 1, "one ACK waits");
+    }
+    assert_eq!(
+        n.core.spare_bufs.len(),
+        spare + 1,
+        "the superseded ACK's buffer is kept"
+    );
+    let acks = n.sent();
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].0.bth.psn.value(), RQ_PSN + 2);
+
+    // ACK, NAK (a gap), ACK: the NAK stays ahead of the newest ACK, the
+    // only plain one to leave.
+    n.inject(0, &asking(&n, RQ_PSN + 3), b"x");
+    n.inject(0, &asking(&n, RQ_PSN + 9), b"x");
+    n.inject(0, &asking(&n, RQ_PSN + 4), b"x");
+    let out = responses(&mut n);
+    assert_eq!(out[0], (Syndrome::Nak(NakCode::PsnSequenceError), RQ_PSN + 4));
+    assert_eq!(plain_acks(&out), [RQ_PSN + 4]);
+
+    // A drain begun: an ACK queued before it ends is not folded into it.
+    let mut n = node(QpType::Rc, Mtu::Mtu1024);
+    for i in 0..4 {
+        n.post_recv(i, 0, 64);
+    }
+    n.inject(0, &asking(&n, RQ_PSN + 5), b"x");
+    n.inject(0, &asking(&n, RQ_PSN), b"x");
+    let nak = n.core.poll_transmit().expect("the NAK");
+    assert!(!super::super::acks::is_plain_ack(&nak));
+    n.inject(0, &asking(&n, RQ_PSN + 1), b"x");
+    assert_eq!(plain_acks(&responses(&mut n)), [RQ_PSN, RQ_PSN + 1]);
+}
+
+/// What [`Node::sent`] sent: syndromes and PSNs.
+fn responses(n: &mut Node) -> Vec<(Syndrome, u32)> {
+    n.sent().iter().map(|(h, _)| (aeth_of(h), h.bth.psn.value())).collect()
+}
+
+fn plain_acks(out: &[(Syndrome, u32)]) -> Vec<u32> {
+    out.iter()
+        .filter(|(s, _)| matches!(s, Syndrome::Ack { .. }))
+        .map(|&(_, psn)| psn)
+        .collect()
+}
