@@ -185,8 +185,14 @@
 //!
 //! This file holds [`ShmLink`] itself: making it, its settings, the slow
 //! path of a receive turn (accepting channels, peer liveness, retiring
-//! dead channels, backlogs) and the [`Link`] traits. Beside it, by
-//! concern:
+//! dead channels, backlogs) and the [`Link`] traits. The link's state is
+//! split by who writes it: what only the send side writes is a
+//! `SendState` (`shm/send.rs`, the link's `tx`), what only the receive
+//! side writes (its turns, its sleep flags, the rendezvous its slow path
+//! runs) a `ReceiveState` (`shm/receive.rs`, `rx`), and what both write
+//! (the route table, the channel list, the backlog flag) or only read
+//! (settings, addresses, counters) stays in [`ShmLink`], each field
+//! saying why. Beside it, by concern:
 //!
 //! - `shm/channel.rs`: a channel (its region and rings, each end's side,
 //!   its state, the peer) and the push of datagrams into its ring;
@@ -194,7 +200,8 @@
 //!   datagrams go on (`channel_for`), and the setup thread;
 //! - `shm/hello.rs`: the rendezvous (hello, answer, the checks of both);
 //! - `shm/limits.rs`: [`ShmLimits`] and the budget channels charge;
-//! - `shm/send.rs`, `shm/receive.rs`: the data path each way;
+//! - `shm/send.rs`, `shm/receive.rs`: the data path each way, and the
+//!   state each side owns (`SendState`, `ReceiveState`);
 //! - `shm/trains.rs`: trains (exports, mappings, delivery);
 //! - `shm/stats.rs`: the counters, [`ShmLink::peer_lines`] and the
 //!   [`Diagnostics`] the link offers;
@@ -217,28 +224,28 @@ mod trains;
 mod wire;
 
 use crate::sys::lock;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::udp::UdpLink;
 use super::{Diagnostics, Endpoint, FastSend, Link, Trains, Wakeups};
-use crate::soft::clock::process_now;
 use crate::soft::proto::train::TrainCaps;
 use crate::soft::proto::{Datagram, LinkHint, Nanos, Outgoing, Transmit};
 use crate::verbs::Gid;
 use channel::{Channel, CLOSING, DEAD, PENDING, UP};
 use limits::Budget;
 pub use limits::{ShmLimits, LIMITS_ENV};
-use ring::{Producer, Slot, SlotMeta};
-use setup::{Route, Setup};
+use receive::ReceiveState;
+use send::SendState;
+use setup::Route;
 use stats::{bump, Stats};
-use wire::{CAP_CMA_READ, EXPORT_LEN};
+use wire::EXPORT_LEN;
 
 /// Environment variable: `0` when a link is made turns trains off for it
 /// ([`ShmLink::set_trains`]); for measurements.
@@ -304,59 +311,49 @@ pub(crate) fn rendezvous_name(gid: Gid) -> String {
 /// the module docs.
 #[derive(Debug)]
 pub struct ShmLink {
+    // Fixed when the link is made, read by both sides.
     udp: Arc<UdpLink>,
     mode: ShmMode,
     gids: Vec<Gid>,
     ips: Vec<IpAddr>,
-    listeners: Mutex<Vec<UnixListener>>,
-    /// An epoll descriptor holding the listeners and the connections
-    /// waiting for their hello, in the poll set: a hello that arrives
-    /// after its connection was accepted wakes a sleeping reader.
-    rendezvous: OwnedFd,
+    /// Read by the receive path (drained after a sleep, in the poll set)
+    /// and passed to peers by whichever side makes a channel (a sender
+    /// to it in every hello and answer).
     doorbell: OwnedFd,
+    /// Written by both sides: the send side routes a destination to the
+    /// channel it opens (`shm/setup.rs`), the receive side's slow path to
+    /// a channel it accepts and back to UDP when a channel ends. Written
+    /// only through [`ShmLink::routes_w`], which bumps `route_version`.
     routes: RwLock<HashMap<IpAddr, Route, super::iphash::IpHash>>,
-    /// This link among all, and the version of `routes` (bumped by every
-    /// change): what a QP's route hint is checked against (`send.rs`).
-    link_id: u64,
+    /// The version of `routes` (bumped by every change): what a QP's
+    /// route hint is checked against (`send.rs`). Beside `routes`, which
+    /// both sides write.
     route_version: AtomicU64,
+    /// Written by both sides: a connector (sending thread or setup
+    /// thread) adds the channel it opens, the slow path those it accepts
+    /// and retires the dead.
     chans: RwLock<Vec<Arc<Channel>>>,
-    /// Channels up (cheap check on the receive path).
-    up: AtomicU64,
-    calls: AtomicU64,
-    last_slow: AtomicU64,
-    /// Slept since the last receive: run the slow path, clear the flags.
-    armed: AtomicBool,
+    /// A channel's backlog holds datagrams: set by the send side, cleared
+    /// by the retries of the receive side ([`ShmLink::flush_backlogs`]).
     backlogged: AtomicBool,
-    /// The last UDP read found datagrams (more may wait; the next
-    /// receive turn reads UDP too).
-    udp_more: AtomicBool,
+    /// Settings and the device's state, read by both sides, written by
+    /// the application ([`Link::detach`], [`ShmLink::set_trains`],
+    /// [`ShmLink::set_force_cma`]).
     detached: AtomicBool,
     /// Offer trains to new channels, and send them (see [`ShmLink::set_trains`]).
     offer_trains: AtomicBool,
     /// Trains carry process memory even from shareable buffers where the
     /// channel allows it (see [`ShmLink::set_force_cma`]).
     force_cma: AtomicBool,
-    last_prune: AtomicU64,
-    /// Accepted connections waiting for their hello (`shm/hello.rs`).
-    hellos: Mutex<VecDeque<hello::Pending>>,
-    /// The last slow path left rendezvous work for the next (its bounds
-    /// were reached): do not sleep. The epoll in the poll set would not
-    /// wake the reader for what was already there.
-    rendezvous_more: AtomicBool,
-    /// An application sleeps on the link's descriptors at times the engine
-    /// does not know ([`Wakeups::set_watched`]): every ring keeps its sleep
-    /// flag set, so peers ring the doorbell for everything they publish.
-    watched: AtomicBool,
-    /// A sender to our own doorbell, made when watched: rung when a ring
-    /// still holds data as a receive ends, so the sleeping application
-    /// wakes for it.
-    self_bell: std::sync::OnceLock<OwnedFd>,
+    /// Charged by whichever side makes a channel (a connector, or the
+    /// slow path accepting one) and by the receive side's mappings.
     budget: Arc<Budget>,
+    /// Counters bumped by both sides.
     stats: Stats,
-    /// This link, for the setup thread ([`ShmLink::set_up_later`]).
-    me: Weak<ShmLink>,
-    /// Destinations the setup thread is to open channels to.
-    setup: Mutex<Setup>,
+    /// What only the send side writes (`shm/send.rs`).
+    tx: SendState,
+    /// What only the receive side writes (`shm/receive.rs`).
+    rx: ReceiveState,
 }
 
 impl ShmLink {
@@ -397,35 +394,22 @@ impl ShmLink {
         });
         let doorbell = sys::bell()?;
         Ok(Arc::new_cyclic(|me| ShmLink {
-            me: me.clone(),
-            setup: Mutex::new(Setup::default()),
             ips: gids.iter().map(|g| g.to_ip()).collect(),
             gids,
             udp,
             mode,
-            listeners: Mutex::new(listeners),
-            rendezvous,
             doorbell,
             routes: RwLock::new(HashMap::default()),
-            link_id: send::next_link_id(),
             route_version: AtomicU64::new(0),
             chans: RwLock::new(Vec::new()),
-            up: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-            last_slow: AtomicU64::new(0),
-            armed: AtomicBool::new(false),
             backlogged: AtomicBool::new(false),
-            udp_more: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             offer_trains: AtomicBool::new(std::env::var_os(TRAINS_ENV).is_none_or(|v| v != "0")),
             force_cma: AtomicBool::new(std::env::var_os(FORCE_CMA_ENV).is_some_and(|v| !v.is_empty() && v != "0")),
-            last_prune: AtomicU64::new(0),
-            hellos: Mutex::new(VecDeque::new()),
-            rendezvous_more: AtomicBool::new(false),
-            watched: AtomicBool::new(false),
-            self_bell: std::sync::OnceLock::new(),
             budget,
             stats: Stats::default(),
+            tx: SendState::new(me.clone()),
+            rx: ReceiveState::new(listeners, rendezvous),
         }))
     }
 
@@ -480,7 +464,7 @@ impl ShmLink {
     /// Accepts channels, completes pending ones, checks that peers are
     /// alive, retires dead channels, retries backlogs.
     fn slow_path(&self, now: Nanos) {
-        self.last_slow.store(now, Ordering::Relaxed);
+        self.rx.last_slow.store(now, Ordering::Relaxed);
         let chans: Vec<Arc<Channel>> = self.chans_r().clone();
         let streams: Vec<RawFd> = chans.iter().map(|c| c.stream.as_raw_fd()).collect();
         let accepted;
@@ -493,8 +477,8 @@ impl ShmLink {
             // the work is bounded ([`ACCEPTS_PER_TURN`],
             // [`HELLOS_PER_TURN`]): the receive turn that runs it is the
             // data path.
-            let listeners = lock(&self.listeners);
-            let mut hellos = lock(&self.hellos);
+            let listeners = lock(&self.rx.listeners);
+            let mut hellos = lock(&self.rx.hellos);
             let fds: Vec<RawFd> = listeners.iter().map(|l| l.as_raw_fd()).collect();
             ready = sys::readiness(&fds, &streams, &[]);
             let mut accepts = ACCEPTS_PER_TURN;
@@ -521,19 +505,19 @@ impl ShmLink {
                 more |= heard.iter().filter(|h| **h).count() > HELLOS_PER_TURN;
                 self.hello_turn(&mut hellos, &heard, now)
             };
-            if self.rendezvous_more.load(Ordering::Relaxed) != more {
-                self.rendezvous_more.store(more, Ordering::Relaxed);
+            if self.rx.rendezvous_more.load(Ordering::Relaxed) != more {
+                self.rx.rendezvous_more.store(more, Ordering::Relaxed);
             }
         }
         for c in accepted {
             bump(&self.stats.accepted);
-            self.up.fetch_add(1, Ordering::Relaxed);
+            self.rx.up.fetch_add(1, Ordering::Relaxed);
             self.chans.write().unwrap_or_else(|p| p.into_inner()).push(c.clone());
             self.route_peer(&c);
         }
-        let prune = now.saturating_sub(self.last_prune.load(Ordering::Relaxed)) >= PRUNE_NS;
+        let prune = now.saturating_sub(self.rx.last_prune.load(Ordering::Relaxed)) >= PRUNE_NS;
         if prune {
-            self.last_prune.store(now, Ordering::Relaxed);
+            self.rx.last_prune.store(now, Ordering::Relaxed);
         }
         let mut dead = false;
         for (c, closed) in chans.iter().zip(&ready.closed) {
@@ -560,7 +544,7 @@ impl ShmLink {
             list.retain(|c| {
                 if c.state() == DEAD {
                     if c.peer.get().is_some() {
-                        self.up.fetch_sub(1, Ordering::Relaxed);
+                        self.rx.up.fetch_sub(1, Ordering::Relaxed);
                     }
                     retired.push(c.clone());
                     false
@@ -632,7 +616,7 @@ impl Link for ShmLink {
 
     fn poll_fds(&self) -> Vec<RawFd> {
         let mut fds = self.udp.poll_fds();
-        fds.push(self.rendezvous.as_raw_fd());
+        fds.push(self.rx.rendezvous.as_raw_fd());
         fds.push(self.doorbell.as_raw_fd());
         fds
     }
@@ -651,8 +635,8 @@ impl Link for ShmLink {
         // Channels stay up until the link is dropped (their sockets close
         // then and the peers see it), so that what the device sends while
         // it goes still arrives.
-        lock(&self.listeners).clear();
-        lock(&self.hellos).clear();
+        lock(&self.rx.listeners).clear();
+        lock(&self.rx.hellos).clear();
         self.udp.detach(dev);
     }
 
@@ -690,15 +674,15 @@ impl Wakeups for ShmLink {
     fn woken(&self) {
         // As after a sleep: the next receive drains the doorbell, runs the
         // slow path (listeners, peers) and reads UDP (every socket).
-        self.armed.store(true, Ordering::Release);
+        self.rx.armed.store(true, Ordering::Release);
         self.udp.woken();
     }
 
     fn set_watched(&self, watched: bool) {
-        if watched && self.self_bell.get().is_none() {
+        if watched && self.rx.self_bell.get().is_none() {
             match sys::bell_sender(&self.doorbell) {
                 Ok(b) => {
-                    let _ = self.self_bell.set(b);
+                    let _ = self.rx.self_bell.set(b);
                 }
                 // Without it a ring with data left over waits for the
                 // next datagram or timer to wake the application.
@@ -706,15 +690,15 @@ impl Wakeups for ShmLink {
             }
         }
         // The next receive sets every ring's sleep flag.
-        self.armed.store(true, Ordering::Release);
-        self.watched.store(watched, Ordering::Release);
+        self.rx.armed.store(true, Ordering::Release);
+        self.rx.watched.store(watched, Ordering::Release);
         self.udp.set_watched(watched);
     }
 
     fn prepare_sleep(&self) -> bool {
         // The wake-up that ends the sleep is a `woken`.
         self.woken();
-        let mut ok = !self.rendezvous_more.load(Ordering::Relaxed);
+        let mut ok = !self.rx.rendezvous_more.load(Ordering::Relaxed);
         for c in self.chans_r().iter() {
             if c.state() == UP && c.peer.get().is_some() {
                 let mut rx = lock(&c.rx);

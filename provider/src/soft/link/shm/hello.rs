@@ -303,7 +303,7 @@ impl ShmLink {
             Ok((pid, uid))
                 if uid == sys::euid()
                     && stream.set_nonblocking(true).is_ok()
-                    && sys::epoll_add(self.rendezvous.as_raw_fd(), stream.as_raw_fd()).is_ok() =>
+                    && sys::epoll_add(self.rx.rendezvous.as_raw_fd(), stream.as_raw_fd()).is_ok() =>
             {
                 hellos.push_back(Pending {
                     stream,
@@ -330,7 +330,7 @@ impl ShmLink {
             if budget > 0 && heard {
                 budget -= 1;
                 // A channel keeps the stream: it must not wake us any more.
-                sys::epoll_del(self.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
+                sys::epoll_del(self.rx.rendezvous.as_raw_fd(), p.stream.as_raw_fd());
                 match self.accept_one(p, now, accepted.len()) {
                     Ok(Some(c)) => accepted.push(c),
                     // Closed without a word: nothing was asked.
@@ -525,7 +525,7 @@ impl ShmLink {
                     one_packet,
                 });
                 c.state.store(UP, Ordering::Release);
-                self.up.fetch_add(1, Ordering::Relaxed);
+                self.rx.up.fetch_add(1, Ordering::Relaxed);
                 self.route_peer(c);
                 // Datagrams held while pending (and the caps slot).
                 let sent = c.send(None, &self.stats, &mut drop);

@@ -4,8 +4,88 @@
 //! handing each slot to the engine (datagrams directly, trains through
 //! [`super::trains`]).
 
-use super::channel::{Peer, RxSide};
-use super::*;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use super::channel::{Channel, Peer, RxSide, CLOSING, UP};
+use super::hello;
+use super::ring::{self, Slot, SlotMeta};
+use super::stats::bump;
+use super::wire::CAP_CMA_READ;
+use super::{sys, ShmLink, ShmMode, DRAIN_MAX, SLOW_NS};
+use crate::soft::clock::process_now;
+use crate::soft::link::Link;
+use crate::soft::proto::Datagram;
+use crate::sys::lock;
+
+/// What only the receive side of a [`ShmLink`] writes: its turns, the
+/// sleep and wake-up flags ([`super::Wakeups`]), and the rendezvous that
+/// its slow path runs.
+///
+/// Aligned to a cache line: a busy-polling reader writes `calls` on every
+/// receive, and a sender on another thread reads the link's shared
+/// fields (`detached`, `route_version`) on every datagram; with this
+/// alignment the two never share a line, whatever order the compiler
+/// gives the fields.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(super) struct ReceiveState {
+    /// Receive calls (counted loosely, see [`ShmLink::receive`]).
+    pub(super) calls: AtomicU64,
+    /// When the slow path last ran.
+    pub(super) last_slow: AtomicU64,
+    /// Channels up (cheap check on the receive path).
+    pub(super) up: AtomicU64,
+    /// Slept since the last receive: run the slow path, clear the flags.
+    pub(super) armed: AtomicBool,
+    /// The last UDP read found datagrams (more may wait; the next
+    /// receive turn reads UDP too).
+    pub(super) udp_more: AtomicBool,
+    /// The last slow path left rendezvous work for the next (its bounds
+    /// were reached): do not sleep. The epoll in the poll set would not
+    /// wake the reader for what was already there.
+    pub(super) rendezvous_more: AtomicBool,
+    /// An application sleeps on the link's descriptors at times the engine
+    /// does not know ([`super::Wakeups::set_watched`]): every ring keeps its sleep
+    /// flag set, so peers ring the doorbell for everything they publish.
+    pub(super) watched: AtomicBool,
+    /// When the slow path last forgot unused exports.
+    pub(super) last_prune: AtomicU64,
+    /// A sender to our own doorbell, made when watched: rung when a ring
+    /// still holds data as a receive ends, so the sleeping application
+    /// wakes for it.
+    pub(super) self_bell: OnceLock<OwnedFd>,
+    /// The rendezvous sockets, one per GID.
+    pub(super) listeners: Mutex<Vec<UnixListener>>,
+    /// Accepted connections waiting for their hello (`shm/hello.rs`).
+    pub(super) hellos: Mutex<VecDeque<hello::Pending>>,
+    /// An epoll descriptor holding the listeners and the connections
+    /// waiting for their hello, in the poll set: a hello that arrives
+    /// after its connection was accepted wakes a sleeping reader.
+    pub(super) rendezvous: OwnedFd,
+}
+
+impl ReceiveState {
+    pub(super) fn new(listeners: Vec<UnixListener>, rendezvous: OwnedFd) -> ReceiveState {
+        ReceiveState {
+            calls: AtomicU64::new(0),
+            last_slow: AtomicU64::new(0),
+            up: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            udp_more: AtomicBool::new(false),
+            rendezvous_more: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            last_prune: AtomicU64::new(0),
+            self_bell: OnceLock::new(),
+            listeners: Mutex::new(listeners),
+            hellos: Mutex::new(VecDeque::new()),
+            rendezvous,
+        }
+    }
+}
 
 /// Train payload a receive turn copies at most, across channels (it stops
 /// after the train that reaches it). The engine sends a turn's ACKs when
@@ -28,12 +108,12 @@ impl ShmLink {
         // Plain load and store: a lost count between two threads only
         // shifts the periodic work below (a locked add costs ~20 cycles
         // on every poll of a busy-polling reader).
-        let calls = self.calls.load(Ordering::Relaxed);
-        self.calls.store(calls.wrapping_add(1), Ordering::Relaxed);
+        let calls = self.rx.calls.load(Ordering::Relaxed);
+        self.rx.calls.store(calls.wrapping_add(1), Ordering::Relaxed);
         // Read before swapping: the flag is set only when the reader goes
         // to sleep, and a locked exchange on every poll costs as much.
-        let woke = self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel);
-        let watched = self.watched.load(Ordering::Relaxed);
+        let woke = self.rx.armed.load(Ordering::Relaxed) && self.rx.armed.swap(false, Ordering::AcqRel);
+        let watched = self.rx.watched.load(Ordering::Relaxed);
         if woke {
             sys::drain(self.doorbell.as_raw_fd(), DRAIN_MAX);
             if !watched {
@@ -48,7 +128,7 @@ impl ShmLink {
         let mut slow = false;
         if woke || calls.is_multiple_of(16) {
             let now = process_now();
-            if woke || now.saturating_sub(self.last_slow.load(Ordering::Relaxed)) >= SLOW_NS {
+            if woke || now.saturating_sub(self.rx.last_slow.load(Ordering::Relaxed)) >= SLOW_NS {
                 self.slow_path(now);
                 slow = true;
             }
@@ -58,7 +138,7 @@ impl ShmLink {
         }
         let mut n = 0;
         let mut train_bytes = 0;
-        let up = self.up.load(Ordering::Relaxed);
+        let up = self.rx.up.load(Ordering::Relaxed);
         if up > 0 {
             for c in self.chans_r().iter() {
                 let st = c.state();
@@ -90,8 +170,8 @@ impl ShmLink {
                 // set (no doorbell for it): ring our own doorbell, so the
                 // application's poller reports it, and look again at the
                 // next receive.
-                self.armed.store(true, Ordering::Release);
-                if let Some(b) = self.self_bell.get() {
+                self.rx.armed.store(true, Ordering::Release);
+                if let Some(b) = self.rx.self_bell.get() {
                     sys::ring(b.as_raw_fd());
                 }
             }
@@ -111,15 +191,15 @@ impl ShmLink {
         // over 100,000); now 0.04.
         let udp_due = up == 0
             || slow
-            || self.udp_more.load(Ordering::Relaxed)
+            || self.rx.udp_more.load(Ordering::Relaxed)
             || (self.mode == ShmMode::Auto && calls.is_multiple_of(8));
         if udp_due {
             let ask = budget.saturating_sub(n).max(1);
             let got = self.udp.recv(ask, f);
             n += got;
             let more = got > 0;
-            if self.udp_more.load(Ordering::Relaxed) != more {
-                self.udp_more.store(more, Ordering::Relaxed);
+            if self.rx.udp_more.load(Ordering::Relaxed) != more {
+                self.rx.udp_more.store(more, Ordering::Relaxed);
             }
         }
         // No PAUSE when nothing was found: the caller's next poll is the

@@ -2,7 +2,41 @@
 //! of its destination (or to UDP when no channel serves it), then one
 //! doorbell check per channel written.
 
-use super::*;
+use std::net::IpAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::channel::{Channel, UP};
+use super::ring::{self, Producer, SlotMeta};
+use super::setup::{Route, Setup};
+use super::stats::{bump, Stats};
+use super::{sys, Link, ShmLink, ShmMode};
+use crate::soft::proto::{LinkHint, Outgoing, Transmit};
+use crate::sys::lock;
+
+/// What only the send side of a [`ShmLink`] writes (the route table,
+/// which the receive side writes too, stays in the link).
+#[derive(Debug)]
+pub(super) struct SendState {
+    /// This link among all: what a QP's route hint names ([`RouteHint`]).
+    pub(super) link_id: u64,
+    /// Destinations the setup thread is to open channels to
+    /// (`shm/setup.rs`).
+    pub(super) setup: Mutex<Setup>,
+    /// This link, for the setup thread ([`ShmLink::set_up_later`]).
+    pub(super) me: Weak<ShmLink>,
+}
+
+impl SendState {
+    pub(super) fn new(me: Weak<ShmLink>) -> SendState {
+        SendState {
+            link_id: next_link_id(),
+            setup: Mutex::new(Setup::default()),
+            me,
+        }
+    }
+}
 
 /// A QP's route on a shared-memory link, kept in its [`LinkHint`]: the
 /// channel to `dst` (`None`: none, the datagram goes the usual way) as the
@@ -18,7 +52,7 @@ pub(super) struct RouteHint {
 }
 
 /// A number no other shared-memory link of this process has.
-pub(super) fn next_link_id() -> u64 {
+fn next_link_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
@@ -138,7 +172,7 @@ impl ShmLink {
         if self.detached.load(Ordering::Relaxed) {
             return false;
         }
-        let (link, version) = (self.link_id, &self.route_version);
+        let (link, version) = (self.tx.link_id, &self.route_version);
         let chan = match hint.get::<RouteHint>() {
             Some(h) if h.link == link && h.dst == t.dst && h.version == version.load(Ordering::Acquire) => &h.chan,
             _ => {

@@ -150,9 +150,9 @@ impl ShmLink {
     /// greater address waits up to [`YIELD_NS`] for the other's hello,
     /// which its answer brings, before it opens a channel itself.
     fn set_up_later(&self, dst: IpAddr, now: Nanos) -> bool {
-        let mut setup = lock(&self.setup);
+        let mut setup = lock(&self.tx.setup);
         if setup.running != Some(std::process::id()) {
-            let me = self.me.clone();
+            let me = self.tx.me.clone();
             let started = std::thread::Builder::new()
                 .name("softverbs-shm-setup".into())
                 .spawn(move || Self::setup_thread(&me));
@@ -174,7 +174,7 @@ impl ShmLink {
         loop {
             let Some(link) = me.upgrade() else { return };
             let next = {
-                let mut setup = lock(&link.setup);
+                let mut setup = lock(&link.tx.setup);
                 let next = setup.queue.pop_front();
                 if next.is_none() {
                     setup.running = None;
@@ -184,7 +184,7 @@ impl ShmLink {
             let Some((dst, due)) = next else { return };
             if process_now() < due && link.setting_up(dst) {
                 // Waiting for the peer's hello: the others first.
-                lock(&link.setup).queue.push_back((dst, due));
+                lock(&link.tx.setup).queue.push_back((dst, due));
                 drop(link);
                 std::thread::sleep(std::time::Duration::from_micros(500));
                 continue;
@@ -244,7 +244,7 @@ impl ShmLink {
     pub(super) fn setup_settled(&self) -> bool {
         let start = std::time::Instant::now();
         while start.elapsed() < std::time::Duration::from_secs(20) {
-            if lock(&self.setup).running.is_none() {
+            if lock(&self.tx.setup).running.is_none() {
                 return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));

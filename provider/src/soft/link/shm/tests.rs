@@ -8,10 +8,11 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use super::channel::NO_META;
-use super::ring::{DescPiece, Region, TrainDesc};
+use super::ring::{DescPiece, Producer, Region, SlotMeta, TrainDesc};
 use super::trains::map_export;
 use super::wire::{ANSWER, CAP_TRAINS, CAP_TRAINS1, EXPORT, HELLO, MSG_LEN};
 use super::*;
+use crate::soft::clock::process_now;
 use crate::soft::link::udp::{UdpConfig, UdpPort};
 use crate::soft::proto::train::{TrainCaps, TrainOut, TrainPiece};
 use crate::soft::proto::Counters;
@@ -36,7 +37,7 @@ pub(super) fn after_hello(l: &ShmLink) {
         let mut hooks = AFTER_HELLO.lock().unwrap_or_else(|p| p.into_inner());
         hooks
             .iter()
-            .position(|(id, _)| *id == l.link_id)
+            .position(|(id, _)| *id == l.tx.link_id)
             .map(|i| hooks.swap_remove(i).1)
     };
     if let Some(f) = f {
@@ -47,7 +48,7 @@ pub(super) fn after_hello(l: &ShmLink) {
 /// Sets what the next [`after_hello`] of `l` runs.
 fn set_after_hello(l: &ShmLink, f: impl FnOnce() + Send + 'static) {
     let mut hooks = AFTER_HELLO.lock().unwrap_or_else(|p| p.into_inner());
-    hooks.push((l.link_id, Box::new(f)));
+    hooks.push((l.tx.link_id, Box::new(f)));
 }
 
 fn link() -> Arc<ShmLink> {
@@ -1015,7 +1016,7 @@ fn only_mode_reads_udp_on_slow_turns() {
     // A receive turn on which the slow path is not due: it last ran "in
     // the future" (so no preemption of this thread can make it due).
     let fast_turn = |got: &mut Vec<Got>| {
-        b.last_slow.store(u64::MAX, Ordering::Relaxed);
+        b.rx.last_slow.store(u64::MAX, Ordering::Relaxed);
         pump(&b, got);
     };
     let before = udp_reads(&b);
@@ -1028,7 +1029,7 @@ fn only_mode_reads_udp_on_slow_turns() {
     // The slow path is due (it runs on every 16th call): its turn probes
     // the idle socket and takes one.
     while udp_read(&b) == 0 && start.elapsed() < Duration::from_secs(10) {
-        b.last_slow.store(0, Ordering::Relaxed);
+        b.rx.last_slow.store(0, Ordering::Relaxed);
         pump(&b, &mut got);
     }
     assert_eq!(udp_read(&b), 1, "{:?}", b.udp.stats());
@@ -1060,7 +1061,7 @@ fn a_woken_reader_reads_udp() {
         sock.send_to(&[0u8; 4], b.udp.local_addrs()[0]).unwrap();
         assert!(b.prepare_sleep());
         // Not a call on which `Auto` reads UDP anyway (every 8th).
-        b.calls.store(1, Ordering::Relaxed);
+        b.rx.calls.store(1, Ordering::Relaxed);
         b.recv(64, &mut |_| {});
         assert_eq!(b.udp.stats().rx_truncated, 1, "{mode:?}: {:?}", b.udp.stats());
         drop(a);

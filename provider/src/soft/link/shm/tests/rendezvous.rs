@@ -203,7 +203,7 @@ fn silent_connections_do_not_stall_the_receive_turn() {
                 sent += 1;
             }
             // As after a sleep: this turn runs the slow path.
-            b.armed.store(true, Ordering::Release);
+            b.rx.armed.store(true, Ordering::Release);
             b.recv(64, &mut |d| got += usize::from(d.data == b"through"));
             a.recv(64, &mut |_| {});
             a.flush();
@@ -215,7 +215,7 @@ fn silent_connections_do_not_stall_the_receive_turn() {
     assert_eq!(got, N, "{:?}", b.shm_stats());
     let dropped = stat(&b, "shm_hellos_dropped") + stat(&b, "shm_hello_timeouts");
     assert!(dropped > 0, "{:?}", b.shm_stats());
-    assert!(lock(&b.hellos).len() <= b.limits().max_pending_hellos);
+    assert!(lock(&b.rx.hellos).len() <= b.limits().max_pending_hellos);
     assert_eq!(stat(&b, "shm_channels_accepted"), 1);
 }
 
@@ -227,8 +227,8 @@ fn a_late_hello_wakes_the_acceptor() {
     let (l, m) = (link(), link());
     let addr = UnixAddr::from_abstract_name(rendezvous_name(l.gids[0]).as_bytes()).unwrap();
     let s = UnixStream::connect_addr(&addr).unwrap();
-    drive_until(&l, |l| !lock(&l.hellos).is_empty());
-    assert_eq!(lock(&l.hellos).len(), 1);
+    drive_until(&l, |l| !lock(&l.rx.hellos).is_empty());
+    assert_eq!(lock(&l.rx.hellos).len(), 1);
     assert!(l.prepare_sleep());
     let fds: Vec<libc::pollfd> = l
         .poll_fds()
@@ -743,7 +743,7 @@ fn two_devices_that_answer_by_udp_open_one_channel() {
 #[test]
 fn a_forked_child_starts_its_own_setup_thread() {
     let (a, b) = (link_in(ShmMode::Auto), link_in(ShmMode::Auto));
-    lock(&a.setup).running = Some(std::process::id().wrapping_add(1));
+    lock(&a.tx.setup).running = Some(std::process::id().wrapping_add(1));
     a.send(dgram(&a, &b, b"first", None));
     let start = Instant::now();
     while !a.is_shm_peer(b.gids[0]) && start.elapsed() < BOUND {
