@@ -21,6 +21,8 @@ mod state;
 
 use devices::{CmClient, Hook};
 pub(crate) use protocol::rtu;
+#[cfg(feature = "hardware")]
+pub(crate) use qp::ud_init_to_rts;
 pub(crate) use qp::{connect_qp, init_attr, init_qp, qp_to_err, rtr_attr, rts_attr, st_sgid};
 pub(crate) use state::{forget_id, Id, IdState, Out, State};
 

@@ -491,21 +491,7 @@ pub(crate) fn listen(inner: &Arc<Inner>, key: u64, backlog: u32) -> Result<()> {
 pub(crate) fn init_qp(h: &HwId, qp: &Qp) -> Result<()> {
     h.move_qp(qp, QpState::Init)?;
     if qp.qp_type() == QpType::Ud {
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        )?;
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                sq_psn: 0,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        )?;
+        super::agent::ud_init_to_rts(qp)?;
     }
     Ok(())
 }

@@ -106,23 +106,29 @@ pub(crate) fn init_qp(qp: &Qp) -> crate::verbs::Result<()> {
     let (init, mask) = init_attr(qp.qp_type());
     qp.modify(&init, mask)?;
     if qp.qp_type() == QpType::Ud {
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rtr,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        )?;
-        qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                sq_psn: 0,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        )?;
+        ud_init_to_rts(qp)?;
     }
     Ok(())
+}
+
+/// Moves a UD QP in INIT on to RTR and RTS (send PSN 0), as rdma_cm does
+/// at `rdma_create_qp` on either backend.
+pub(crate) fn ud_init_to_rts(qp: &Qp) -> crate::verbs::Result<()> {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE,
+    )?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    )
 }
 
 /// Moves the id's QP to ERR (flushing its work), as rdma_cm does on
