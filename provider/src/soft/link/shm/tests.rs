@@ -334,18 +334,14 @@ fn trains_carry_the_senders_memory_in_order() {
     );
 }
 
-/// A receive turn stops after the train that reaches
-/// `TURN_TRAIN_BYTES` of payload, however large its datagram budget, so
-/// that the ACKs of what it copied leave before it copies more.
-#[test]
-fn a_receive_turn_copies_a_bounded_amount() {
+/// Sends `total` trains of `npkts` packets and `len` bytes from a linked
+/// pair and returns how many trains each of the receiver's turns took
+/// (each train checked against what was sent).
+fn train_turns(len: u32, npkts: u32, total: usize, seed: u8) -> Vec<usize> {
     let (a, b) = pair(true, true);
-    let len = 128u32 << 10;
-    let (_m, s) = buffer(len as usize, 9);
-    let per_turn = super::receive::TURN_TRAIN_BYTES.div_ceil(u64::from(len)) as usize;
-    let total = 2 * per_turn + 1;
+    let (_m, s) = buffer(len as usize, seed);
     let mut txs: Vec<Transmit> = (0..total)
-        .map(|_| dgram(&a, &b, b"T", Some(train(32, &[(&s, 0, len)]))))
+        .map(|_| dgram(&a, &b, b"T", Some(train(npkts, &[(&s, 0, len)]))))
         .collect();
     a.send_batch(&mut txs, &mut drop);
     let mut turns = Vec::new();
@@ -354,12 +350,23 @@ fn a_receive_turn_copies_a_bounded_amount() {
         let mut got = Vec::new();
         pump(&b, &mut got);
         if !got.is_empty() {
-            assert!(got.iter().all(|g| g.train == Some((32, content(&s, 0, len)))));
+            assert!(got.iter().all(|g| g.train == Some((npkts, content(&s, 0, len)))));
             turns.push(got.len());
         }
         a.flush();
     }
     assert_eq!(turns.iter().sum::<usize>(), total, "{:?}", b.shm_stats());
+    turns
+}
+
+/// A receive turn stops after the train that reaches
+/// `TURN_TRAIN_BYTES` of payload, however large its datagram budget, so
+/// that the ACKs of what it copied leave before it copies more.
+#[test]
+fn a_receive_turn_copies_a_bounded_amount() {
+    let len = 128u32 << 10;
+    let per_turn = super::receive::TURN_TRAIN_BYTES.div_ceil(u64::from(len)) as usize;
+    let turns = train_turns(len, 32, 2 * per_turn + 1, 9);
     assert!(turns.iter().all(|&n| n <= per_turn), "trains per turn: {turns:?}");
     assert_eq!(turns[0], per_turn, "trains per turn: {turns:?}");
 }
@@ -370,25 +377,7 @@ fn a_receive_turn_copies_a_bounded_amount() {
 /// has the other half of its window to publish.
 #[test]
 fn a_receive_turn_takes_half_a_window_of_64k_trains() {
-    let (a, b) = pair(true, true);
-    let len = 64u32 << 10;
-    let (_m, s) = buffer(len as usize, 13);
-    let total = 20;
-    let mut txs: Vec<Transmit> = (0..total)
-        .map(|_| dgram(&a, &b, b"T", Some(train(16, &[(&s, 0, len)]))))
-        .collect();
-    a.send_batch(&mut txs, &mut drop);
-    let mut turns = Vec::new();
-    let start = Instant::now();
-    while turns.iter().sum::<usize>() < total && start.elapsed() < Duration::from_secs(10) {
-        let mut got = Vec::new();
-        pump(&b, &mut got);
-        if !got.is_empty() {
-            turns.push(got.len());
-        }
-        a.flush();
-    }
-    assert_eq!(turns.iter().sum::<usize>(), total, "{:?}", b.shm_stats());
+    let turns = train_turns(64 << 10, 16, 20, 13);
     assert_eq!(turns[0], 16, "trains per turn: {turns:?}");
 }
 
