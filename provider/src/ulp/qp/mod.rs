@@ -874,6 +874,16 @@ fn close_shared(sh: &Arc<QpShared>) {
 mod tests {
     use super::*;
 
+    /// The completion of the WR with sequence number `seq` on QP 7.
+    fn wc(seq: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: seq,
+            status,
+            qp_num: 7,
+            ..WorkCompletion::default()
+        }
+    }
+
     /// A device that gives no completion to unsignaled WRs, not even
     /// flushed ones (the other model the verbs contract allows in
     /// practice): the layer completes them itself, once, as flushed if
@@ -895,12 +905,6 @@ mod tests {
             t.sq.push(Some(req), 0, false);
             t.sq_used += 1;
         }
-        let wc = |seq: u64, status| WorkCompletion {
-            wr_id: seq,
-            status,
-            qp_num: 7,
-            ..WorkCompletion::default()
-        };
         let mut out = Vec::new();
         assert!(t.retire(false, &wc(1, WcStatus::Success), 7, &mut out));
         assert!(t.retire(false, &wc(2, WcStatus::RemAccessErr), 7, &mut out));
@@ -939,12 +943,6 @@ mod tests {
         t.sq.push(None, 1, false);
         t.sq.push(Some(req), 0, false);
         t.sq_used += 3;
-        let wc = |seq: u64, status| WorkCompletion {
-            wr_id: seq,
-            status,
-            qp_num: 7,
-            ..WorkCompletion::default()
-        };
         let mut out = Vec::new();
         assert!(t.retire(false, &wc(1, WcStatus::RemAccessErr), 7, &mut out));
         assert!(out.is_empty(), "the request has a WR left");
