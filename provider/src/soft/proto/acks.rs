@@ -3,13 +3,15 @@
 //! Two rules, both allowed by IBTA (an ACK for PSN n acknowledges every
 //! earlier request, 9.7.5.1.3):
 //!
-//! - **Within one drain of the output**, a plain ACK that a later plain
-//!   ACK of the same QP supersedes is dropped ([`collapse`]): a responder
-//!   that handled a ring of trains or a socket of messages before its
-//!   output was drained sends one ACK per QP instead of one per message.
-//!   Always on. The responder already takes the superseded ACK out when
-//!   it queues the newer one ([`Core::drop_superseded_ack`]), reusing its
-//!   buffer; `collapse` is what makes the rule hold for every output.
+//! - **In the output**, a plain ACK that a later plain ACK of the same QP
+//!   supersedes never leaves: the responder takes it out when it queues
+//!   the newer one ([`Core::drop_superseded_ack`], through
+//!   [`take_superseded`]), and keeps its buffer for the next packet. The
+//!   rule is applied once, at that one place, whether or not a drain of
+//!   the output has begun, so the output never holds two plain ACKs of a
+//!   QP: a responder that handled a ring of trains or a socket of
+//!   messages before its output was drained sends one ACK per QP instead
+//!   of one per message. Always on.
 //! - **Across drains**, with [`Core::set_ack_coalescing`] on, the plain
 //!   ACKs of an output in which [`Core::poll_cq`] handed completions to
 //!   the application (which is then likely to answer) are held back, the
@@ -110,37 +112,25 @@ fn dest_qpn(t: &Transmit) -> [u8; 3] {
     [t.data[5], t.data[6], t.data[7]]
 }
 
-/// Drops from `txs` (one drain's output) every plain ACK that a later
-/// plain ACK of the same QP supersedes; everything else keeps its order.
-pub(crate) fn collapse(txs: &mut VecDeque<Transmit>) {
-    let acks = txs.iter().filter(|t| is_plain_ack(t)).count();
-    if acks < 2 {
-        return;
-    }
-    // Newest first: the first plain ACK met per (destination, QP) stays.
-    let mut seen: Vec<(IpAddr, [u8; 3])> = Vec::new();
-    let mut keep = vec![true; txs.len()];
-    for (i, t) in txs.iter().enumerate().rev() {
-        if is_plain_ack(t) {
-            let key = (t.dst, dest_qpn(t));
-            if seen.contains(&key) {
-                keep[i] = false;
-            } else {
-                seen.push(key);
-            }
-        }
-    }
-    let mut i = 0;
-    txs.retain(|_| {
-        let k = keep[i];
-        i += 1;
-        k
-    });
+/// Takes out of `txs` (the output waiting, whose last datagram was just
+/// queued) the plain ACK that the last one supersedes: the newest earlier
+/// plain ACK to the same destination and QP. Everything else keeps its
+/// order. As every plain ACK passes here when queued, `txs` holds at most
+/// one per QP, so one is the most there is to take.
+pub(crate) fn take_superseded(txs: &mut VecDeque<Transmit>) -> Option<Transmit> {
+    let n = txs.len().checked_sub(1).filter(|&n| n > 0)?;
+    let last = txs.back().filter(|t| is_plain_ack(t))?;
+    let key = (last.dst, dest_qpn(last));
+    let i = txs
+        .iter()
+        .take(n)
+        .rposition(|t| is_plain_ack(t) && (t.dst, dest_qpn(t)) == key)?;
+    txs.remove(i)
 }
 
 impl Acks {
-    /// Whether the output needs sorting before it leaves (beyond
-    /// [`collapse`]): something is held, or this output holds its ACKs.
+    /// Whether the output needs sorting before it leaves: something is
+    /// held, or this output holds its ACKs.
     #[inline]
     pub(crate) fn busy(&self) -> bool {
         self.hold_turn || self.sorted || !self.held.is_empty()
@@ -283,42 +273,24 @@ impl Core {
     }
 
     /// Takes out of the output waiting the plain ACK that the one just
-    /// queued (the last datagram, if a plain ACK) supersedes, as
-    /// [`collapse`] would at the drain, and keeps its buffer for the next
-    /// packet: a responder handling a ring of trains that ask for ACKs
-    /// then neither allocates nor frees one per ACK request. Once a drain
-    /// has begun (the output was sorted), nothing is taken: `collapse` ran
-    /// for that drain and does not look again at what is left of it.
+    /// queued (the last datagram, if a plain ACK) supersedes
+    /// ([`take_superseded`]), and keeps its buffer for the next packet: a
+    /// responder handling a ring of trains that ask for ACKs then neither
+    /// allocates nor frees one per ACK request, and no drain has to look
+    /// for superseded ACKs. Also once a drain has begun: what is left of
+    /// the output is still waiting, and the newer ACK leaves after it.
+    #[inline]
     pub(crate) fn drop_superseded_ack(&mut self) {
-        if self.acks.sorted || self.tx.len() < 2 {
-            return;
-        }
-        let Some(last) = self.tx.back().filter(|t| is_plain_ack(t)) else {
-            return;
-        };
-        let key = (last.dst, dest_qpn(last));
-        let n = self.tx.len() - 1;
-        let Some(i) = self
-            .tx
-            .iter()
-            .take(n)
-            .rposition(|t| is_plain_ack(t) && (t.dst, dest_qpn(t)) == key)
-        else {
-            return;
-        };
-        if let Some(t) = self.tx.remove(i) {
+        if let Some(t) = take_superseded(&mut self.tx) {
             self.recycle_buffer(t.data);
         }
     }
 
-    /// [`Core::poll_transmit`] when the output needs more than popping:
-    /// sorted once per drain ([`collapse`], then held ACKs).
+    /// [`Core::poll_transmit`] when ACKs are held or to hold: the output
+    /// is sorted once per drain.
     #[inline(never)]
     pub(crate) fn poll_transmit_sorted(&mut self) -> Option<Transmit> {
         if !self.acks.sorted {
-            if self.tx.len() > 1 {
-                collapse(&mut self.tx);
-            }
             self.counters.tx_acks_held += self.acks.sort(&mut self.tx);
             self.acks.sorted = true;
         }
@@ -476,10 +448,13 @@ mod tests {
     }
 
     #[test]
-    fn a_drain_sends_only_the_newest_plain_ack_per_qp() {
+    fn a_queued_plain_ack_takes_out_the_one_it_supersedes() {
         // Tags: what each datagram is. 0x11 with syndrome 0 is a plain ACK,
-        // 0x11 with 0x60 a NAK, 0x04 a request.
-        let mut out = VecDeque::from(vec![
+        // 0x11 with 0x60 a NAK, 0x04 a request. Queued one by one, as the
+        // responder queues them.
+        let mut out = VecDeque::new();
+        let mut taken = Vec::new();
+        for t in [
             pkt(0x04, 9, 0, 0),
             pkt(0x11, 1, 0, 1),
             pkt(0x11, 2, 0, 2),
@@ -488,13 +463,25 @@ mod tests {
             pkt(0x11, 1, 0, 5),
             pkt(0x11, 2, 0, 6),
             pkt(0x11, 3, 0, 7),
-        ]);
-        collapse(&mut out);
+            pkt(0x11, 1, 0, 8),
+        ] {
+            out.push_back(t);
+            taken.extend(take_superseded(&mut out).map(|t| t.data[19]));
+        }
         let tags: Vec<_> = out.iter().map(|t| (t.data[7], t.data[19])).collect();
-        assert_eq!(tags, [(9, 0), (1, 3), (1, 4), (1, 5), (2, 6), (3, 7)]);
-        // A single ACK, or ACKs of different QPs, stay.
+        assert_eq!(tags, [(9, 0), (1, 3), (1, 4), (2, 6), (3, 7), (1, 8)]);
+        assert_eq!(taken, [1, 2, 5]);
+        // A single ACK, or ACKs of different QPs, or of one QP to two
+        // destinations, stay.
         let mut out = VecDeque::from(vec![pkt(0x11, 1, 0, 1), pkt(0x11, 2, 0, 2)]);
-        collapse(&mut out);
-        assert_eq!(out.len(), 2);
+        assert!(take_superseded(&mut out).is_none());
+        let mut other = pkt(0x11, 1, 0, 3);
+        other.dst = "127.0.0.3".parse().unwrap();
+        out.push_back(other);
+        assert!(take_superseded(&mut out).is_none());
+        assert_eq!(out.len(), 3);
+        // A NAK last takes nothing out.
+        out.push_back(pkt(0x11, 1, 0x60, 4));
+        assert!(take_superseded(&mut out).is_none());
     }
 }

@@ -407,12 +407,13 @@ impl Core {
     }
 
     /// Next datagram to send. The output of a turn leaves as the turn
-    /// produced it, except for acknowledgements (see [`acks`]): the first
-    /// call of a drain drops plain ACKs that a later one of the same QP
-    /// supersedes, holds ACKs back or lets held ones go.
+    /// produced it, except for acknowledgements (see [`acks`]): a plain
+    /// ACK that a later one of the same QP superseded was taken out when
+    /// that one was queued, and the first call of a drain holds ACKs back
+    /// or lets held ones go.
     #[inline]
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        if self.tx.len() > 1 || self.acks.busy() {
+        if self.acks.busy() {
             return self.poll_transmit_sorted();
         }
         self.tx.pop_front()
