@@ -795,6 +795,13 @@ impl Core {
             syndrome,
             msn: qp.resp.msn,
         };
+        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+        let sgid = qp.attr.ah_attr.grh.sgid_index;
+        if matches!(syndrome, Syndrome::Ack { .. }) && self.rewrite_last_ack(qp, &bth, &aeth, dst, sgid) {
+            self.counters.tx_responses += 1;
+            self.counters.tx_packets += 1;
+            return;
+        }
         let mut data = self.take_buffer(LEN + crate::soft::wire::ICRC_LEN);
         data.resize(LEN, 0);
         let (b, a) = data.split_at_mut(BthRepr::LEN);
@@ -813,13 +820,55 @@ impl Core {
         if self.sr_responder(qp) {
             crate::soft::wire::set_soft_cap(&mut data);
         }
-        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
-        let sgid = qp.attr.ah_attr.grh.sgid_index;
         self.counters.tx_responses += 1;
         self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, 0, data);
         if matches!(syndrome, Syndrome::Ack { .. }) {
             self.drop_superseded_ack();
         }
+    }
+
+    /// A plain ACK of `qp` (headers `bth`, `aeth`) written over the last
+    /// datagram of the output when that one is the plain ACK it
+    /// supersedes, of the same QP, source and destination: what building
+    /// a new one, queueing it and taking the old one out
+    /// ([`Core::drop_superseded_ack`]) would leave, in its place, for a
+    /// few stores (and the ICRC computed again, if packets carry one). A
+    /// responder handling a turn of trains or messages that ask for ACKs
+    /// rewrites one ACK instead of building one per request. `false`
+    /// (nothing changed) when the output ends otherwise.
+    fn rewrite_last_ack(&mut self, qp: &Qp, bth: &BthRepr, aeth: &AethRepr, dst: IpAddr, sgid: u8) -> bool {
+        const LEN: usize = BthRepr::LEN + AethRepr::LEN;
+        let Some((src, ports)) = self.packet_addr(qp.qpn, qp.attr.dest_qp_num, sgid) else {
+            return false;
+        };
+        let sr = self.sr_responder(qp);
+        let Some(last) = self.tx.back_mut() else {
+            return false;
+        };
+        if !super::acks::is_plain_ack(last)
+            || last.train.is_some()
+            || last.data.len() != LEN + crate::soft::wire::ICRC_LEN
+            || (last.dst, last.src, last.src_port, last.dst_port) != (dst, src, ports.src, ports.dst)
+            || last.data[5..8] != qp.attr.dest_qp_num.to_be_bytes()[1..]
+        {
+            return false;
+        }
+        let mut headers = [0u8; LEN];
+        let (b, a) = headers.split_at_mut(BthRepr::LEN);
+        if bth.emit(b).is_err() || aeth.emit(a).is_err() {
+            return false;
+        }
+        if sr {
+            crate::soft::wire::set_soft_cap(&mut headers);
+        }
+        last.data[..LEN].copy_from_slice(&headers);
+        if self.cfg.emit_icrc {
+            last.data[LEN..].fill(0);
+            if let Some(ip) = crate::soft::wire::IpPseudoHeader::between(src, dst) {
+                let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut last.data);
+            }
+        }
+        true
     }
 
     fn transmit_reply(&mut self, qp: &Qp, h: &PacketRepr, payload: &[u8]) {

@@ -187,10 +187,12 @@ fn a_batch_of_retired_wqes_refills_the_pools_whole() {
 }
 
 /// A plain ACK that a newer one of its QP supersedes in the same output
-/// is taken out when the newer one is queued (its buffer kept for the
-/// next packet), not built, queued and dropped at the drain: a NAK
-/// between stays ahead of the newest ACK, and once a drain has begun, an
-/// ACK queued meanwhile still takes out the one waiting.
+/// never leaves: while it is the output's last datagram, the newer one is
+/// written over it (no buffer taken, the same bytes as one built anew),
+/// and else it is taken out when the newer one is queued (its buffer kept
+/// for the next packet), not built, queued and dropped at the drain: a
+/// NAK between stays ahead of the newest ACK, and once a drain has begun,
+/// an ACK queued meanwhile still takes out the one waiting.
 #[test]
 fn a_superseded_ack_is_taken_out_when_the_newer_one_is_queued() {
     let mut n = node(QpType::Rc, Mtu::Mtu1024);
@@ -202,19 +204,30 @@ fn a_superseded_ack_is_taken_out_when_the_newer_one_is_queued() {
         h.bth.ack_req = true;
         h
     };
+    n.inject(0, &asking(&n, RQ_PSN), b"x");
     let spare = n.core.spare_bufs.len();
-    for k in 0..3 {
+    for k in 1..3 {
         n.inject(0, &asking(&n, RQ_PSN + k), b"x");
         assert_eq!(n.core.tx.len(), 1, "one ACK waits");
     }
-    assert_eq!(
-        n.core.spare_bufs.len(),
-        spare + 1,
-        "the superseded ACK's buffer is kept"
-    );
+    assert_eq!(n.core.spare_bufs.len(), spare, "the ACK is rewritten, no buffer taken");
+    let rewritten = n.core.tx.back().unwrap().data.clone();
     let acks = n.sent();
     assert_eq!(acks.len(), 1);
     assert_eq!(acks[0].0.bth.psn.value(), RQ_PSN + 2);
+    // The same three with the output drained after each: the last ACK,
+    // built anew, is the rewritten one byte for byte (ICRC included).
+    let mut fresh = node(QpType::Rc, Mtu::Mtu1024);
+    for i in 0..8 {
+        fresh.post_recv(i, 0, 64);
+    }
+    let mut built = Vec::new();
+    for k in 0..3 {
+        fresh.inject(0, &asking(&fresh, RQ_PSN + k), b"x");
+        built = fresh.core.tx.back().unwrap().data.clone();
+        assert_eq!(fresh.sent().len(), 1);
+    }
+    assert_eq!(rewritten, built);
 
     // ACK, NAK (a gap), ACK: the NAK stays ahead of the newest ACK, the
     // only plain one to leave.
