@@ -127,16 +127,10 @@ impl CqShared {
     /// Reads up to `want` completions and retires what they complete;
     /// the finished requests go to `out`. Returns how many were read.
     /// The one completion read, if it was the common case and `out` was
-    /// empty, is retired alone into `alone` and `wc`, to be run by the
-    /// caller, outside the lock.
+    /// empty, is retired alone into `alone` (with its completion), to be
+    /// run by the caller, outside the lock.
     #[inline]
-    fn poll_once(
-        &self,
-        want: usize,
-        out: &mut Vec<Done>,
-        alone: &mut Option<Alone>,
-        wc: &mut WorkCompletion,
-    ) -> Result<usize> {
+    fn poll_once(&self, want: usize, out: &mut Vec<Done>, alone: &mut Option<Alone>) -> Result<usize> {
         let mut st = lock(&self.poll);
         let PollState { wcs, qps, last } = &mut *st;
         let want = want.min(BATCH);
@@ -149,9 +143,8 @@ impl CqShared {
             // One completion of the QP of the last one, the common case
             // of a shallow queue: no list of finished requests.
             if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
-                *alone = qp.retire_alone(&wcs[0]);
+                qp.retire_alone(&wcs[0], alone);
                 if alone.is_some() {
-                    *wc = wcs[0];
                     return Ok(1);
                 }
             }
@@ -211,13 +204,13 @@ impl CqShared {
     }
 
     fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
-        let mut wc = WorkCompletion::default();
         while *total < budget {
             let want = (budget - *total).min(BATCH);
             let mut alone = None;
-            let n = self.poll_once(want, out, &mut alone, &mut wc);
-            if let Some(alone) = alone {
-                if alone.run(&wc) {
+            let n = self.poll_once(want, out, &mut alone);
+            if let Some(alone) = &mut alone {
+                // Called where it lies; its MR goes when `alone` does.
+                if alone.run() {
                     self.callbacks.fetch_add(1, Ordering::Relaxed);
                 }
                 *total += 1;

@@ -65,23 +65,29 @@ impl Done {
 }
 
 impl Alone {
-    /// Calls the callback with `wc` if it is to be called, then releases
-    /// what the request kept. Returns whether a callback ran.
+    /// Calls the callback with the completion if it is to be called (in
+    /// place, without moving it out), or drops it uncalled. What the
+    /// request kept (its MR) goes when the `Alone` is dropped, after.
+    /// Returns whether a callback ran. Runs once: `run` is only called on
+    /// the `Alone` [`QpShared::retire_alone`] just wrote.
     #[inline]
-    pub(crate) fn run(self, wc: &WorkCompletion) -> bool {
-        let Alone { cb, call, mr } = self;
-        let ran = match cb {
+    pub(crate) fn run(&mut self) -> bool {
+        let call = self.call;
+        match &mut *self.cb {
             Some(cb) if call => {
-                cb.call(wc);
+                // SAFETY: the callback is consumed here, also by a panic,
+                // and never touched again: the field is a `ManuallyDrop`
+                // that nothing else reads or drops (`run` runs once).
+                unsafe { cb.call_in_place(&self.wc) };
                 true
             }
-            cb => {
-                drop(cb);
+            Some(_) => {
+                // SAFETY: dropped once, here, and never touched again.
+                unsafe { std::mem::ManuallyDrop::drop(&mut self.cb) };
                 false
             }
-        };
-        drop(mr);
-        ran
+            None => false,
+        }
     }
 }
 
@@ -232,27 +238,35 @@ impl QpShared {
     /// Retires `wc`, a poll's only completion, if it is the common case:
     /// the success of its queue's oldest WR, which holds a request without
     /// a rare part, with nothing queued behind READ credits and no
-    /// invalidation to post. Returns the request's callback, whether it is
-    /// to be called, and its MR, to be released outside every lock; `None`
-    /// (and nothing changed) for anything else, which
-    /// [`QpShared::retire_run`] handles.
+    /// invalidation to post. The request's callback, whether it is to be
+    /// called, its MR and the completion go to `alone` (empty before), to
+    /// be run outside every lock; for anything else `alone` stays empty
+    /// and nothing changed: [`QpShared::retire_run`] handles it.
     #[inline]
-    pub(crate) fn retire_alone(&self, wc: &WorkCompletion) -> Option<Alone> {
+    pub(crate) fn retire_alone(&self, wc: &WorkCompletion, alone: &mut Option<Alone>) {
         if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || wc.status != WcStatus::Success {
-            return None;
+            return;
         }
         let mut t = self.track();
         if !t.backlog.is_empty() || !t.followups.is_empty() {
-            return None;
+            return;
         }
         let rq = wc.wr_id & RQ_BIT != 0;
         let q = t.ring(rq);
         let seq = wc.wr_id & SEQ_MASK;
-        if seq != q.head || q.is_empty() || q.slot(seq).req.as_ref().is_none_or(|r| r.rare.is_some()) {
-            return None;
+        if seq != q.head || q.is_empty() {
+            return;
         }
-        let Slot { req, rd, .. } = q.pop();
-        let Req { cb, mr, signaled, .. } = req?;
+        let s = q.slot(seq);
+        let Some(req) = s.req.as_ref() else { return };
+        if req.rare.is_some() {
+            return;
+        }
+        let rd = s.rd;
+        let Some(Req { cb, mr, signaled, .. }) = s.req.take() else {
+            return;
+        };
+        q.head = seq + 1;
         if rq {
             t.rq_used -= 1;
         } else {
@@ -268,7 +282,12 @@ impl QpShared {
                 t.stats.silent += 1;
             }
         }
-        Some(Alone { cb, call: signaled, mr })
+        *alone = Some(Alone {
+            cb: std::mem::ManuallyDrop::new(cb),
+            call: signaled,
+            _mr: mr,
+            wc: *wc,
+        });
     }
 
     /// Retires what the leading completions of `wcs` (read by the CQ under
