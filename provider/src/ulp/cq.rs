@@ -193,19 +193,32 @@ impl CqShared {
     }
 
     /// Polls up to `budget` completions and runs their callbacks.
+    #[inline]
     pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
-        let mut total = 0;
-        let res = DONE.with(|d| match d.try_borrow_mut() {
-            Ok(mut out) => self.poll_into(budget, &mut total, &mut out),
+        DONE.with(|d| match d.try_borrow_mut() {
+            Ok(mut out) => self.poll_into(budget, &mut out),
             // A callback polling again: a list of its own.
-            Err(_) => self.poll_into(budget, &mut total, &mut Vec::new()),
-        });
-        res.map(|()| total)
+            Err(_) => self.poll_nested(budget),
+        })
     }
 
-    fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
-        while *total < budget {
-            let want = (budget - *total).min(BATCH);
+    /// [`CqShared::poll`] from a callback that polls (this thread's list is
+    /// borrowed by the poll running it).
+    #[cold]
+    #[inline(never)]
+    fn poll_nested(&self, budget: usize) -> Result<usize> {
+        self.poll_into(budget, &mut Vec::new())
+    }
+
+    /// The poll loop, in line in [`CqShared::poll`] (and so in the
+    /// caller's frame): a lone completion is retired and its callback run
+    /// here; anything else goes through the list ([`CqShared::run_list`],
+    /// out of line).
+    #[inline(always)]
+    fn poll_into(&self, budget: usize, out: &mut Vec<Done>) -> Result<usize> {
+        let mut total = 0;
+        while total < budget {
+            let want = (budget - total).min(BATCH);
             let mut alone = None;
             let n = self.poll_once(want, out, &mut alone);
             if let Some(alone) = &mut alone {
@@ -213,30 +226,36 @@ impl CqShared {
                 if alone.run() {
                     self.callbacks.fetch_add(1, Ordering::Relaxed);
                 }
-                *total += 1;
+                total += 1;
                 if want > 1 {
                     break;
                 }
                 continue;
             }
-            // The callbacks run in place (a request's resources go after
-            // all ran); should one panic, the rest stay in this thread's
-            // list and run at its next poll.
-            let mut calls = 0;
-            for d in out.iter_mut() {
-                calls += usize::from(d.call_back());
-            }
-            out.drain(..).for_each(Done::free);
-            if calls > 0 {
-                self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
-            }
+            self.run_list(out);
             let n = n?;
-            *total += n;
+            total += n;
             if n < want {
                 break;
             }
         }
-        Ok(())
+        Ok(total)
+    }
+
+    /// Runs the callbacks of the finished requests in `out`, in place (a
+    /// request's resources go after all ran), and empties it; should one
+    /// panic, the rest stay in this thread's list and run at its next
+    /// poll.
+    #[inline(never)]
+    fn run_list(&self, out: &mut Vec<Done>) {
+        let mut calls = 0;
+        for d in out.iter_mut() {
+            calls += usize::from(d.call_back());
+        }
+        out.drain(..).for_each(Done::free);
+        if calls > 0 {
+            self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
+        }
     }
 
     /// Polls; if nothing came, arms the CQ, polls again (a completion may
@@ -324,6 +343,7 @@ impl UlpCq {
     /// # Errors
     ///
     /// `EIO` if the CQ failed (overrun, device failure).
+    #[inline]
     pub fn poll(&self, budget: usize) -> Result<usize> {
         self.inner.poll(budget)
     }
