@@ -606,3 +606,60 @@ fn a_panicking_lone_callback_drops_its_captures_once_and_releases_its_mr() {
     assert_eq!(log.iter().filter(|e| **e == Ev::Dropped(0)).count(), 1, "{log:?}");
     assert_eq!(Arc::strong_count(&src), 1);
 }
+
+/// A callback that polls its own CQ while the poll that called it is
+/// still running its list: the inner poll reads what is left with a list
+/// of its own and runs those callbacks at once; every callback runs
+/// once, the outer poll's rest after the inner poll.
+#[test]
+fn a_callback_that_polls_its_cq_runs_the_rest_once() {
+    let (_da, _db, a, b) = pair("nested", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
+    // A first WRITE: the CQ knows the QP of its last completion.
+    a.qp().post(wr(), cb(9, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the first WRITE", || count_resolved(&log) == 1);
+    // Three WRITEs flushed at once by a QP in ERR: three completions
+    // wait in the CQ.
+    a.qp()
+        .modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    let inner = Arc::new(Mutex::new(None));
+    let (cq, l, got) = (a.cq.clone(), log.clone(), inner.clone());
+    let first = cb(0, &log);
+    a.qp()
+        .post(wr(), move |wc| {
+            first(wc);
+            // The outer poll holds this thread's list.
+            *got.lock().unwrap() = Some(cq.poll(16).unwrap());
+            drop(l);
+        })
+        .unwrap();
+    a.qp().post(wr(), cb(1, &log)).unwrap();
+    a.qp().post(wr(), cb(2, &log)).unwrap();
+    assert_eq!(a.cq.poll(2).unwrap(), 2, "the outer poll reads two");
+    assert_eq!(*inner.lock().unwrap(), Some(1), "the inner poll reads the third");
+    let log = log.lock().unwrap().clone();
+    for id in [0, 1, 2] {
+        assert_eq!(
+            outcome(&log, id),
+            (1, Some(WcStatus::WrFlushErr), 1, true),
+            "WRITE {id}"
+        );
+    }
+    let at = |id| log.iter().position(|e| *e == Ev::Called(id, WcStatus::WrFlushErr));
+    assert!(
+        at(0) < at(2) && at(2) < at(1),
+        "the inner poll's callback in between: {log:?}"
+    );
+    assert_eq!(a.cq.poll(16).unwrap(), 0);
+    assert_eq!(a.qp().stats().sq_used, 0);
+}
