@@ -149,7 +149,7 @@ impl CqShared {
             // One completion of the QP of the last one, the common case
             // of a shallow queue: no list of finished requests.
             if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
-                qp.retire_alone(&wcs[0], alone);
+                *alone = qp.retire_alone(&wcs[0]);
                 if alone.is_some() {
                     return Ok(1);
                 }
@@ -220,13 +220,11 @@ impl CqShared {
                 break;
             }
             self.polled.fetch_add(n as u64, Ordering::Relaxed);
-            let mut alone = None;
-            if n == 1 {
-                if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
-                    qp.retire_alone(&wcs[0], &mut alone);
-                }
-            }
-            let Some(alone) = &mut alone else {
+            let alone = match last.as_ref() {
+                Some(qp) if n == 1 && qp.qpn == wcs[0].qp_num => qp.retire_alone(&wcs[0]),
+                _ => None,
+            };
+            let Some(mut alone) = alone else {
                 return self.poll_read(st, n, want, total, budget);
             };
             drop(st);

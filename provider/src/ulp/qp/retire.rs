@@ -69,7 +69,7 @@ impl Alone {
     /// place, without moving it out), or drops it uncalled. What the
     /// request kept (its MR) goes when the `Alone` is dropped, after.
     /// Returns whether a callback ran. Runs once: `run` is only called on
-    /// the `Alone` [`QpShared::retire_alone`] just wrote.
+    /// the `Alone` [`QpShared::retire_alone`] just returned.
     #[inline]
     pub(crate) fn run(&mut self) -> bool {
         let call = self.call;
@@ -238,34 +238,33 @@ impl QpShared {
     /// Retires `wc`, a poll's only completion, if it is the common case:
     /// the success of its queue's oldest WR, which holds a request without
     /// a rare part, with nothing queued behind READ credits and no
-    /// invalidation to post. The request's callback, whether it is to be
-    /// called, its MR and the completion go to `alone` (empty before), to
-    /// be run outside every lock; for anything else `alone` stays empty
-    /// and nothing changed: [`QpShared::retire_run`] handles it.
+    /// invalidation to post. Returns the request's callback, whether it is
+    /// to be called, its MR and the completion, to be run outside every
+    /// lock (returned by value: the poller's frame holds it, no earlier
+    /// value to drop); `None`, and nothing changed, for anything else,
+    /// which [`QpShared::retire_run`] handles.
     #[inline]
-    pub(crate) fn retire_alone(&self, wc: &WorkCompletion, alone: &mut Option<Alone>) {
+    pub(crate) fn retire_alone(&self, wc: &WorkCompletion) -> Option<Alone> {
         if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || wc.status != WcStatus::Success {
-            return;
+            return None;
         }
         let mut t = self.track();
         if !t.backlog.is_empty() || !t.followups.is_empty() {
-            return;
+            return None;
         }
         let rq = wc.wr_id & RQ_BIT != 0;
         let q = t.ring(rq);
         let seq = wc.wr_id & SEQ_MASK;
         if seq != q.head || q.is_empty() {
-            return;
+            return None;
         }
         let s = q.slot(seq);
-        let Some(req) = s.req.as_ref() else { return };
+        let req = s.req.as_ref()?;
         if req.rare.is_some() {
-            return;
+            return None;
         }
         let rd = s.rd;
-        let Some(Req { cb, mr, signaled, .. }) = s.req.take() else {
-            return;
-        };
+        let Req { cb, mr, signaled, .. } = s.req.take()?;
         q.head = seq + 1;
         if rq {
             t.rq_used -= 1;
@@ -282,12 +281,12 @@ impl QpShared {
                 t.stats.silent += 1;
             }
         }
-        *alone = Some(Alone {
+        Some(Alone {
             cb: std::mem::ManuallyDrop::new(cb),
             call: signaled,
             _mr: mr,
             wc: *wc,
-        });
+        })
     }
 
     /// Retires what the leading completions of `wcs` (read by the CQ under
