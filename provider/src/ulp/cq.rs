@@ -205,7 +205,7 @@ impl CqShared {
     /// in line, without this thread's list of finished requests, as long
     /// as that list is empty ([`LISTED`] false); anything else goes
     /// through the list, out of line.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
         if LISTED.get() {
             return self.poll_listed(budget);
