@@ -68,26 +68,31 @@ impl Alone {
     /// Calls the callback with the completion if it is to be called (in
     /// place, without moving it out), or drops it uncalled. What the
     /// request kept (its MR) goes when the `Alone` is dropped, after.
-    /// Returns whether a callback ran. Runs once: `run` is only called on
-    /// the `Alone` [`QpShared::retire_alone`] just returned.
+    /// Returns whether a callback ran. The field is emptied after, so a
+    /// second `run` does nothing.
     #[inline]
     pub(crate) fn run(&mut self) -> bool {
         let call = self.call;
-        match &mut *self.cb {
+        let ran = match &mut *self.cb {
             Some(cb) if call => {
-                // SAFETY: the callback is consumed here, also by a panic,
-                // and never touched again: the field is a `ManuallyDrop`
-                // that nothing else reads or drops (`run` runs once).
+                // SAFETY: the callback is consumed here, also by a panic:
+                // on return the field is emptied below, and on unwinding
+                // the `Alone` is dropped without its `ManuallyDrop` field,
+                // so it is never called or dropped again.
                 unsafe { cb.call_in_place(&self.wc) };
                 true
             }
             Some(_) => {
-                // SAFETY: dropped once, here, and never touched again.
+                // SAFETY: dropped once, here; the field is emptied below.
                 unsafe { std::mem::ManuallyDrop::drop(&mut self.cb) };
                 false
             }
             None => false,
-        }
+        };
+        // Overwrites without dropping (a `ManuallyDrop`): what was there
+        // was consumed above.
+        self.cb = std::mem::ManuallyDrop::new(None);
+        ran
     }
 }
 
