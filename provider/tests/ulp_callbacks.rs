@@ -552,3 +552,114 @@ fn a_lone_completion_after_a_panicking_callback_runs_after_the_requests_left_bef
     let at = |id| log.iter().position(|e| *e == Ev::Called(id, WcStatus::Success));
     assert!(at(1) < at(2), "the one left runs first: {log:?}");
 }
+
+/// The callback of a completion read alone is called where it lies, in
+/// the poller's frame, not moved out first. If it panics, its captures
+/// are dropped once (by the unwinding, never again by the layer), the
+/// request's MR is released, the counters say one callback, and the QP
+/// goes on: the next lone completion calls its callback once.
+#[test]
+fn a_panicking_lone_callback_drops_its_captures_once_and_releases_its_mr() {
+    let (_da, _db, a, b) = pair("panic_lone", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
+    // A first WRITE: the CQ then knows the QP of its last completion,
+    // which a completion read alone must be of.
+    a.qp().post(wr(), cb(1, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the first WRITE", || count_resolved(&log) == 1);
+    let probe = Probe {
+        id: 0,
+        log: log.clone(),
+    };
+    a.qp()
+        .post(wr(), move |_| {
+            let _keep = &probe;
+            panic!("the lone callback panics");
+        })
+        .unwrap();
+    assert_eq!(Arc::strong_count(&src), 2, "the request keeps its buffer's MR");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // Only a's CQ holds a completion of this WRITE; b's has none.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| a.cq.poll(1)));
+        match r {
+            Err(_) => break,
+            Ok(n) => assert_eq!(n.unwrap(), 0, "the only completion panics"),
+        }
+        b.cq.poll(16).unwrap();
+        assert!(std::time::Instant::now() < until, "timed out waiting for the WRITE");
+        std::thread::yield_now();
+    }
+    assert_eq!(a.cq.stats().polled, 2, "read alone");
+    assert_eq!(log.lock().unwrap()[2..], [Ev::Dropped(0)], "captures dropped once");
+    assert_eq!(Arc::strong_count(&src), 1, "the MR was released");
+    let st = a.qp().stats();
+    assert_eq!((st.callbacks, st.sq_used), (2, 0));
+    a.qp().post(wr(), cb(2, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the third WRITE", || count_resolved(&log) == 3);
+    let log = log.lock().unwrap().clone();
+    for id in [1, 2] {
+        assert_eq!(outcome(&log, id), (1, Some(WcStatus::Success), 1, true), "WRITE {id}");
+    }
+    assert_eq!(log.iter().filter(|e| **e == Ev::Dropped(0)).count(), 1, "{log:?}");
+    assert_eq!(Arc::strong_count(&src), 1);
+}
+
+/// A callback that polls its own CQ while the poll that called it is
+/// still running its list: the inner poll reads what is left with a list
+/// of its own and runs those callbacks at once; every callback runs
+/// once, the outer poll's rest after the inner poll.
+#[test]
+fn a_callback_that_polls_its_cq_runs_the_rest_once() {
+    let (_da, _db, a, b) = pair("nested", &UlpQpInit::default(), 4);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
+    // A first WRITE: the CQ knows the QP of its last completion.
+    a.qp().post(wr(), cb(9, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the first WRITE", || count_resolved(&log) == 1);
+    // Three WRITEs flushed at once by a QP in ERR: three completions
+    // wait in the CQ.
+    a.qp()
+        .modify(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            },
+            QpAttrMask::STATE,
+        )
+        .unwrap();
+    let inner = Arc::new(Mutex::new(None));
+    let (cq, l, got) = (a.cq.clone(), log.clone(), inner.clone());
+    let first = cb(0, &log);
+    a.qp()
+        .post(wr(), move |wc| {
+            first(wc);
+            // The outer poll holds this thread's list.
+            *got.lock().unwrap() = Some(cq.poll(16).unwrap());
+            drop(l);
+        })
+        .unwrap();
+    a.qp().post(wr(), cb(1, &log)).unwrap();
+    a.qp().post(wr(), cb(2, &log)).unwrap();
+    assert_eq!(a.cq.poll(2).unwrap(), 2, "the outer poll reads two");
+    assert_eq!(*inner.lock().unwrap(), Some(1), "the inner poll reads the third");
+    let log = log.lock().unwrap().clone();
+    for id in [0, 1, 2] {
+        assert_eq!(
+            outcome(&log, id),
+            (1, Some(WcStatus::WrFlushErr), 1, true),
+            "WRITE {id}"
+        );
+    }
+    let at = |id| log.iter().position(|e| *e == Ev::Called(id, WcStatus::WrFlushErr));
+    assert!(
+        at(0) < at(2) && at(2) < at(1),
+        "the inner poll's callback in between: {log:?}"
+    );
+    assert_eq!(a.cq.poll(16).unwrap(), 0);
+    assert_eq!(a.qp().stats().sq_used, 0);
+}

@@ -88,6 +88,22 @@ impl Cb {
         unsafe { (this.op)(&mut this.data, Some(wc)) }
     }
 
+    /// Calls the closure with `wc` where it lies, without moving it
+    /// first (the lone completion's path: one copy less per callback).
+    ///
+    /// # Safety
+    ///
+    /// The closure is consumed, also if it panics: the caller must never
+    /// call, drop or otherwise use this `Cb` again (keep it in a
+    /// [`ManuallyDrop`] and forget it).
+    #[inline]
+    pub(crate) unsafe fn call_in_place(&mut self, wc: &WorkCompletion) {
+        // SAFETY: `op` matches what `new` stored and the closure is still
+        // there (the caller's contract: never consumed before); the
+        // caller never uses it again.
+        unsafe { (self.op)(&mut self.data, Some(wc)) }
+    }
+
     /// The closure as a boxed [`Callback`] (what a failed post hands
     /// back to the caller).
     pub(crate) fn into_boxed(self) -> Callback {

@@ -5,7 +5,7 @@ use crate::sys::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use super::qp::{Alone, Done, QpShared};
@@ -39,6 +39,12 @@ thread_local! {
     /// This thread's list of finished requests, kept for its capacity (a
     /// callback that polls again finds it borrowed and uses a new one).
     static DONE: std::cell::RefCell<Vec<Done>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Whether this thread's list may hold requests whose callbacks have
+    /// not run: a poll further up the stack is running it, or a callback
+    /// panicked and left the rest there. While it is false the list is
+    /// empty and not borrowed, and a poll retires lone completions
+    /// without touching it.
+    static LISTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A handler for completions that belong to no request of the layer.
@@ -127,16 +133,10 @@ impl CqShared {
     /// Reads up to `want` completions and retires what they complete;
     /// the finished requests go to `out`. Returns how many were read.
     /// The one completion read, if it was the common case and `out` was
-    /// empty, is retired alone into `alone` and `wc`, to be run by the
-    /// caller, outside the lock.
+    /// empty, is retired alone into `alone` (with its completion), to be
+    /// run by the caller, outside the lock.
     #[inline]
-    fn poll_once(
-        &self,
-        want: usize,
-        out: &mut Vec<Done>,
-        alone: &mut Option<Alone>,
-        wc: &mut WorkCompletion,
-    ) -> Result<usize> {
+    fn poll_once(&self, want: usize, out: &mut Vec<Done>, alone: &mut Option<Alone>) -> Result<usize> {
         let mut st = lock(&self.poll);
         let PollState { wcs, qps, last } = &mut *st;
         let want = want.min(BATCH);
@@ -151,7 +151,6 @@ impl CqShared {
             if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
                 *alone = qp.retire_alone(&wcs[0]);
                 if alone.is_some() {
-                    *wc = wcs[0];
                     return Ok(1);
                 }
             }
@@ -200,50 +199,150 @@ impl CqShared {
     }
 
     /// Polls up to `budget` completions and runs their callbacks.
+    ///
+    /// A completion read alone that is the common case (see
+    /// [`QpShared::retire_alone`]) is retired and its callback run here,
+    /// in line, without this thread's list of finished requests, as long
+    /// as that list is empty ([`LISTED`] false); anything else goes
+    /// through the list, out of line.
+    #[inline(always)]
     pub(crate) fn poll(&self, budget: usize) -> Result<usize> {
+        if LISTED.get() {
+            return self.poll_listed(budget);
+        }
         let mut total = 0;
-        let res = DONE.with(|d| match d.try_borrow_mut() {
-            Ok(mut out) => self.poll_into(budget, &mut total, &mut out),
-            // A callback polling again: a list of its own.
-            Err(_) => self.poll_into(budget, &mut total, &mut Vec::new()),
-        });
-        res.map(|()| total)
+        while total < budget {
+            let want = (budget - total).min(BATCH);
+            let mut st = lock(&self.poll);
+            let PollState { wcs, last, .. } = &mut *st;
+            let n = self.cq.poll(&mut wcs[..want])?;
+            if n == 0 {
+                break;
+            }
+            self.polled.fetch_add(n as u64, Ordering::Relaxed);
+            let alone = match last.as_ref() {
+                Some(qp) if n == 1 && qp.qpn == wcs[0].qp_num => qp.retire_alone(&wcs[0]),
+                _ => None,
+            };
+            let Some(mut alone) = alone else {
+                return self.poll_read(st, n, want, total, budget);
+            };
+            drop(st);
+            // Called where it lies; its MR goes when `alone` does.
+            if alone.run() {
+                self.callbacks.fetch_add(1, Ordering::Relaxed);
+            }
+            total += 1;
+            if want > 1 {
+                break;
+            }
+        }
+        Ok(total)
     }
 
-    fn poll_into(&self, budget: usize, total: &mut usize, out: &mut Vec<Done>) -> Result<()> {
-        let mut wc = WorkCompletion::default();
-        while *total < budget {
-            let want = (budget - *total).min(BATCH);
+    /// [`CqShared::poll`] of `n` completions read under `st` (the poll
+    /// lock) that are not one lone completion: they are retired into this
+    /// thread's list (a new one if a poll up the stack holds it), their
+    /// callbacks run after the lock, and the poll goes on through the
+    /// list.
+    #[inline(never)]
+    fn poll_read(
+        &self,
+        mut st: MutexGuard<'_, PollState>,
+        n: usize,
+        want: usize,
+        total: usize,
+        budget: usize,
+    ) -> Result<usize> {
+        DONE.with(|d| {
+            let mut own = Vec::new();
+            let mut list = d.try_borrow_mut();
+            let thread = list.is_ok();
+            let out = match &mut list {
+                Ok(out) => &mut **out,
+                Err(_) => &mut own,
+            };
+            if thread {
+                LISTED.set(true);
+            }
+            let PollState { wcs, qps, last } = &mut *st;
+            self.retire_read(n, wcs, qps, last, out);
+            drop(st);
+            self.run_list(out);
+            let res = if n < want {
+                Ok(total + n)
+            } else {
+                self.poll_into(budget, total + n, out)
+            };
+            if thread {
+                // Everything in the list ran (a panicking callback does
+                // not get here: the flag stays with what it left).
+                LISTED.set(false);
+            }
+            res
+        })
+    }
+
+    /// [`CqShared::poll`] while this thread's list may hold requests not
+    /// run: a panicking callback's leftovers run first, in order; a poll
+    /// from a callback (the list borrowed up the stack) uses a list of
+    /// its own.
+    #[cold]
+    #[inline(never)]
+    fn poll_listed(&self, budget: usize) -> Result<usize> {
+        DONE.with(|d| match d.try_borrow_mut() {
+            Ok(mut out) => {
+                self.run_list(&mut out);
+                let res = self.poll_into(budget, 0, &mut out);
+                LISTED.set(false);
+                res
+            }
+            Err(_) => self.poll_into(budget, 0, &mut Vec::new()),
+        })
+    }
+
+    /// The poll loop over a list of finished requests (`out`): a lone
+    /// completion is still retired without it while it is empty.
+    fn poll_into(&self, budget: usize, mut total: usize, out: &mut Vec<Done>) -> Result<usize> {
+        while total < budget {
+            let want = (budget - total).min(BATCH);
             let mut alone = None;
-            let n = self.poll_once(want, out, &mut alone, &mut wc);
-            if let Some(alone) = alone {
-                if alone.run(&wc) {
+            let n = self.poll_once(want, out, &mut alone);
+            if let Some(alone) = &mut alone {
+                // Called where it lies; its MR goes when `alone` does.
+                if alone.run() {
                     self.callbacks.fetch_add(1, Ordering::Relaxed);
                 }
-                *total += 1;
+                total += 1;
                 if want > 1 {
                     break;
                 }
                 continue;
             }
-            // The callbacks run in place (a request's resources go after
-            // all ran); should one panic, the rest stay in this thread's
-            // list and run at its next poll.
-            let mut calls = 0;
-            for d in out.iter_mut() {
-                calls += usize::from(d.call_back());
-            }
-            out.drain(..).for_each(Done::free);
-            if calls > 0 {
-                self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
-            }
+            self.run_list(out);
             let n = n?;
-            *total += n;
+            total += n;
             if n < want {
                 break;
             }
         }
-        Ok(())
+        Ok(total)
+    }
+
+    /// Runs the callbacks of the finished requests in `out`, in place (a
+    /// request's resources go after all ran), and empties it; should one
+    /// panic, the rest stay in this thread's list and run at its next
+    /// poll.
+    #[inline(never)]
+    fn run_list(&self, out: &mut Vec<Done>) {
+        let mut calls = 0;
+        for d in out.iter_mut() {
+            calls += usize::from(d.call_back());
+        }
+        out.drain(..).for_each(Done::free);
+        if calls > 0 {
+            self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
+        }
     }
 
     /// Polls; if nothing came, arms the CQ, polls again (a completion may
@@ -331,6 +430,7 @@ impl UlpCq {
     /// # Errors
     ///
     /// `EIO` if the CQ failed (overrun, device failure).
+    #[inline]
     pub fn poll(&self, budget: usize) -> Result<usize> {
         self.inner.poll(budget)
     }

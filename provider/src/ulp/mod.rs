@@ -57,8 +57,13 @@
 //! - **A lone completion skips the list**: a poll that reads one
 //!   completion, the success of its queue's oldest request (of the QP of
 //!   the CQ's last completion, with nothing waiting for READ credits), takes
-//!   the request's callback and MR out of its slot and runs it after the
-//!   locks, without the list of finished requests.
+//!   the request's callback and MR out of its slot and calls it where it
+//!   lies after the locks, in line in the poll, without touching the
+//!   polling thread's list of finished requests (a thread-local flag says
+//!   the list is empty: nothing left by a panicking callback, no poll up
+//!   the stack running it). The one-buffer post is in line in its caller
+//!   too, and a plain WR's MR is moved out of it without the drop glue of
+//!   the rest.
 //! - **Callbacks run outside every lock**, after the poll has retired all
 //!   it read: a callback may post, poll or close.
 //!

@@ -488,13 +488,25 @@ impl Chain {
 
     /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a
     /// request keeps alive).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn into_plain_mr(self) -> Option<Arc<Mr>> {
         match self.0 {
-            ChainRepr::One(UlpWr {
-                sgl: Sgl(SglRepr::One(b)),
-                ..
-            }) => Some(b.mr),
+            ChainRepr::One(w) => {
+                // A plain WR owns nothing but its buffer's MR (no
+                // registration, fast-registration MR or inline data:
+                // `plain_one`): the MR is moved out and the rest is not
+                // dropped field by field. Should the WR own more after
+                // all, that is leaked, never freed twice.
+                debug_assert!(w.frmr.is_none() && w.inline.is_none() && matches!(w.kind, WrKind::Op(_)));
+                let w = std::mem::ManuallyDrop::new(w);
+                if let SglRepr::One(b) = &w.sgl.0 {
+                    // SAFETY: `w` is never dropped (`ManuallyDrop`), so the
+                    // MR read out of it has exactly one owner, the result.
+                    return Some(unsafe { std::ptr::read(&b.mr) });
+                }
+                drop(std::mem::ManuallyDrop::into_inner(w));
+                None
+            }
             ChainRepr::Many(mut v) => match v.pop() {
                 Some(UlpWr {
                     sgl: Sgl(SglRepr::One(b)),
@@ -502,7 +514,6 @@ impl Chain {
                 }) => Some(b.mr),
                 _ => None,
             },
-            ChainRepr::One(_) => None,
         }
     }
 

@@ -255,14 +255,20 @@ pub(crate) struct Done {
     call: bool,
 }
 
-/// A request [`QpShared::retire_alone`] finished, to finish outside every
-/// lock.
+/// A request [`QpShared::retire_alone`] finished, with its completion, to
+/// finish outside every lock ([`Alone::run`], where it lies: the poller
+/// keeps it in its frame and the callback is called in place).
 pub(crate) struct Alone {
-    cb: Option<Cb>,
+    /// Consumed by [`Alone::run`] (called or dropped); an `Alone` dropped
+    /// without running leaks its callback's captures, nothing worse.
+    cb: std::mem::ManuallyDrop<Option<Cb>>,
     /// Whether the callback is to be called (a signaled request's; an
     /// unsignaled request's success drops it uncalled).
     call: bool,
-    mr: Option<Arc<Mr>>,
+    /// The request's MR, released when the `Alone` is dropped (after the
+    /// callback ran).
+    _mr: Option<Arc<Mr>>,
+    wc: WorkCompletion,
 }
 
 /// A request: its callback and what it keeps alive until every WR of it

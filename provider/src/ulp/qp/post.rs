@@ -203,7 +203,10 @@ impl UlpQp {
         self.submit(chain, Some(cb), signaled, n, None, None)
     }
 
-    #[inline]
+    /// Posts `chain` as a request of `cb`: one plain WR over one buffer
+    /// by the short path (in line in every caller: `post`'s constants fold
+    /// into it), anything else by [`UlpQp::submit_general`].
+    #[inline(always)]
     pub(crate) fn submit(
         &self,
         chain: Chain,

@@ -65,22 +65,33 @@ impl Done {
 }
 
 impl Alone {
-    /// Calls the callback with `wc` if it is to be called, then releases
-    /// what the request kept. Returns whether a callback ran.
+    /// Calls the callback with the completion if it is to be called (in
+    /// place, without moving it out), or drops it uncalled. What the
+    /// request kept (its MR) goes when the `Alone` is dropped, after.
+    /// Returns whether a callback ran. The field is emptied after, so a
+    /// second `run` does nothing.
     #[inline]
-    pub(crate) fn run(self, wc: &WorkCompletion) -> bool {
-        let Alone { cb, call, mr } = self;
-        let ran = match cb {
+    pub(crate) fn run(&mut self) -> bool {
+        let call = self.call;
+        let ran = match &mut *self.cb {
             Some(cb) if call => {
-                cb.call(wc);
+                // SAFETY: the callback is consumed here, also by a panic:
+                // on return the field is emptied below, and on unwinding
+                // the `Alone` is dropped without its `ManuallyDrop` field,
+                // so it is never called or dropped again.
+                unsafe { cb.call_in_place(&self.wc) };
                 true
             }
-            cb => {
-                drop(cb);
+            Some(_) => {
+                // SAFETY: dropped once, here; the field is emptied below.
+                unsafe { std::mem::ManuallyDrop::drop(&mut self.cb) };
                 false
             }
+            None => false,
         };
-        drop(mr);
+        // Overwrites without dropping (a `ManuallyDrop`): what was there
+        // was consumed above.
+        self.cb = std::mem::ManuallyDrop::new(None);
         ran
     }
 }
@@ -233,9 +244,10 @@ impl QpShared {
     /// the success of its queue's oldest WR, which holds a request without
     /// a rare part, with nothing queued behind READ credits and no
     /// invalidation to post. Returns the request's callback, whether it is
-    /// to be called, and its MR, to be released outside every lock; `None`
-    /// (and nothing changed) for anything else, which
-    /// [`QpShared::retire_run`] handles.
+    /// to be called, its MR and the completion, to be run outside every
+    /// lock (returned by value: the poller's frame holds it, no earlier
+    /// value to drop); `None`, and nothing changed, for anything else,
+    /// which [`QpShared::retire_run`] handles.
     #[inline]
     pub(crate) fn retire_alone(&self, wc: &WorkCompletion) -> Option<Alone> {
         if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || wc.status != WcStatus::Success {
@@ -248,11 +260,17 @@ impl QpShared {
         let rq = wc.wr_id & RQ_BIT != 0;
         let q = t.ring(rq);
         let seq = wc.wr_id & SEQ_MASK;
-        if seq != q.head || q.is_empty() || q.slot(seq).req.as_ref().is_none_or(|r| r.rare.is_some()) {
+        if seq != q.head || q.is_empty() {
             return None;
         }
-        let Slot { req, rd, .. } = q.pop();
-        let Req { cb, mr, signaled, .. } = req?;
+        let s = q.slot(seq);
+        let req = s.req.as_ref()?;
+        if req.rare.is_some() {
+            return None;
+        }
+        let rd = s.rd;
+        let Req { cb, mr, signaled, .. } = s.req.take()?;
+        q.head = seq + 1;
         if rq {
             t.rq_used -= 1;
         } else {
@@ -268,7 +286,12 @@ impl QpShared {
                 t.stats.silent += 1;
             }
         }
-        Some(Alone { cb, call: signaled, mr })
+        Some(Alone {
+            cb: std::mem::ManuallyDrop::new(cb),
+            call: signaled,
+            _mr: mr,
+            wc: *wc,
+        })
     }
 
     /// Retires what the leading completions of `wcs` (read by the CQ under
