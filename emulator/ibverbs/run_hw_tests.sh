@@ -97,6 +97,8 @@ run "conformance expectation (hw-softverbs.txt)" \
     cargo test -p softverbs-conformance --features "hardware,$sv_feats" --test suite --quiet -- hardware_device --nocapture
 run "hotplug and namespace properties on the library's device" \
     cargo test -p softverbs-conformance --features "hardware,$sv_feats" --test hw_library -- --nocapture --test-threads=1
+run "the ULP layer on the library's device (ulp_hw)" \
+    cargo test -p softverbs --features "$feats" --test ulp_hw -- --nocapture --test-threads=1
 
 # Item: soft vs hw in one command; here the hw column is the library's
 # device through the hardware backend. A short run: it checks that both
