@@ -16,17 +16,41 @@
 //!
 //! Both ends are QPs of the one device the library gives a process,
 //! connected to each other. Where libibverbs lists no device (rdma-core's
-//! without a NIC), every test prints a `SKIP:` line.
+//! without a NIC), every test prints a `SKIP:` line. The device removal
+//! runs in a child process (this test binary, re-run with that test
+//! selected): the library removes its device for good, through its
+//! exported `softverbs_remove_device`, as when the kernel disassociates a
+//! device.
 #![cfg(feature = "hardware")]
 
 mod ulp_common;
 
+use std::ffi::{c_char, c_int, CString};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
 use softverbs::ulp::*;
 use softverbs::verbs::*;
 use ulp_common::*;
+
+/// Set in the child process that runs the device removal.
+const CHILD_ENV: &str = "SOFTVERBS_ULP_HW_CHILD";
+
+/// `softverbs_remove_device(const char *name)`.
+type RemoveFn = unsafe extern "C" fn(*const c_char) -> c_int;
+
+/// The library's removal control, if the libibverbs this process loaded
+/// is softverbs'.
+fn remover() -> Option<RemoveFn> {
+    // SAFETY: RTLD_DEFAULT searches the objects already loaded; the name
+    // is NUL-terminated.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"softverbs_remove_device".as_ptr()) };
+    // SAFETY: the library exports it with exactly this C signature.
+    (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, RemoveFn>(sym) })
+}
 
 /// Two ends on the first hardware device, connected (`rd` READ credits
 /// each way); `None` (after a `SKIP:` line) without one.
@@ -339,4 +363,72 @@ fn read_write_contexts_fall_back_to_plain_sges() {
         );
     }
     assert_eq!((a.cq.stats().stray, b.cq.stats().stray), (0, 0));
+}
+
+/// The device goes away (removed through the library) while receives wait
+/// and unsignaled SENDs are RNR-retried (the peer has no receive): under
+/// the subsystem, whose removal sequence flushes what the device no longer
+/// will, every request's callback runs exactly once, with an error, before
+/// its captures drop.
+#[test]
+fn device_removal_completes_every_request_once() {
+    const TEST: &str = "device_removal_completes_every_request_once";
+    if std::env::var_os(CHILD_ENV).is_none() {
+        if remover().is_none() {
+            println!("SKIP: {TEST}: the loaded libibverbs is not softverbs' (no softverbs_remove_device)");
+            return;
+        }
+        let exe = std::env::current_exe().expect("the test binary");
+        let out = Command::new(exe)
+            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, "1")
+            .output()
+            .expect("run the removal in a child process");
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "the child failed ({}):\n{so}\n{se}", out.status);
+        assert!(so.contains("1 passed"), "the child ran no test:\n{so}\n{se}");
+        return;
+    }
+    let remove = remover().expect("softverbs' libibverbs is loaded");
+    let devs = softverbs::hw::provider().devices().expect("the library's device list");
+    let name = devs.first().expect("the library lists its device").name().to_string();
+    let sub = Arc::new(Subsystem::new(SubsystemConfig {
+        removal_deadline: Duration::from_millis(200),
+        ..SubsystemConfig::default()
+    }));
+    sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
+        .expect("add the library's device");
+    let init = UlpQpInit::default();
+    let a = End::from_ctx(sub.open(&name, "ulp_hw a").unwrap(), &init, 256);
+    let mut b = End::from_ctx(sub.open(&name, "ulp_hw b").unwrap(), &init, 256);
+    connect_one(&a, &b, 4, 7);
+    connect_one(&b, &a, 4, 7);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let dst = b.mr(4096);
+    let src = b.mr(4096);
+    for i in 0..8 {
+        b.qp()
+            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
+            .unwrap();
+    }
+    for i in 8..12 {
+        b.qp()
+            .post_unsignaled(UlpWr::send(LocalBuf::new(&src, 0, 8).unwrap()), cb(i, &log))
+            .unwrap();
+    }
+    let c = CString::new(name.as_str()).unwrap();
+    // SAFETY: c is a NUL-terminated string that outlives the call.
+    assert_eq!(unsafe { remove(c.as_ptr()) }, 0, "softverbs_remove_device({name})");
+    poll_until(&[&b.cq], "the flushes of the removed device", || resolved(&log) == 12);
+    drop(b.qp.take());
+    let log = log.lock().unwrap().clone();
+    for i in 0..12 {
+        let (calls, status, drops, ordered) = outcome(&log, i);
+        assert_eq!((calls, drops, ordered), (1, 1, true), "request {i}: {log:?}");
+        assert_ne!(status, Some(WcStatus::Success), "request {i}");
+    }
+    drop(a);
 }
