@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use proptest::prelude::*;
 use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
 use softverbs::ulp::*;
 use softverbs::verbs::*;
@@ -67,8 +68,12 @@ fn hw_pair(test: &str, init: &UlpQpInit, rd: u8) -> Option<(End, End)> {
         }
     };
     println!("{test}: on {}", dev.name());
-    let a = End::from_ctx(Context::from_ops(dev.open().expect("open the device")), init, 256);
-    let b = End::from_ctx(Context::from_ops(dev.open().expect("open the device again")), init, 256);
+    let a = End::from_ctx(Context::from_ops(dev.open().expect("open the device")), init, 1024);
+    let b = End::from_ctx(
+        Context::from_ops(dev.open().expect("open the device again")),
+        init,
+        1024,
+    );
     connect_one(&a, &b, rd, 7);
     connect_one(&b, &a, rd, 7);
     Some((a, b))
@@ -431,4 +436,120 @@ fn device_removal_completes_every_request_once() {
         assert_ne!(status, Some(WcStatus::Success), "request {i}");
     }
     drop(a);
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A WRITE, signaled or not, with a good or a bad rkey.
+    Write { signaled: bool, bad: bool },
+    /// A receive on the peer.
+    Recv,
+    /// A SEND to the peer (consumes a receive; RNR-waits without one).
+    Send { signaled: bool },
+    /// Poll both CQs a little.
+    Poll,
+}
+
+/// How a case ends (the device's removal is the child-process test
+/// above: the library removes its device for good).
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    CloseRequester,
+    CloseResponder,
+    Nothing,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (any::<bool>(), prop::bool::weighted(0.1)).prop_map(|(signaled, bad)| Step::Write { signaled, bad }),
+        2 => Just(Step::Recv),
+        2 => any::<bool>().prop_map(|signaled| Step::Send { signaled }),
+        1 => Just(Step::Poll),
+    ]
+}
+
+fn ending() -> impl Strategy<Value = Ending> {
+    prop_oneof![
+        Just(Ending::CloseRequester),
+        Just(Ending::CloseResponder),
+        Just(Ending::Nothing),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, .. ProptestConfig::default() })]
+
+    /// Random traffic with random errors on the hardware backend, then a
+    /// random ending (a QP closed, or nothing), then everything dropped:
+    /// every request is resolved exactly once (called at most once, its
+    /// captures dropped once, after the call); only unsignaled requests
+    /// may resolve without a call, and only if nothing failed before them
+    /// on their queue; a call with success only for signaled requests.
+    #[test]
+    fn every_request_resolves_exactly_once(steps in prop::collection::vec(step(), 1..60), end in ending()) {
+        let init = UlpQpInit { send_wr: 128, recv_wr: 128, ..UlpQpInit::default() };
+        let Some((mut a, mut b)) = hw_pair("every_request_resolves_exactly_once", &init, 4) else {
+            return Ok(());
+        };
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let src = a.mr(4096);
+        let dst = b.mr(4096);
+        let good = dst.remote(0);
+        // id -> (signaled, on a's send queue)
+        let mut meta: Vec<(bool, bool)> = Vec::new();
+        for s in &steps {
+            let id = meta.len();
+            match *s {
+                Step::Write { signaled, bad } => {
+                    let remote = if bad { RemoteAddr { addr: good.addr, rkey: good.rkey ^ 0x3300 } } else { good };
+                    let wr = UlpWr::write(LocalBuf::new(&src, 0, 64).unwrap(), remote);
+                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
+                    r.map_err(|e| e.error).unwrap();
+                    meta.push((signaled, true));
+                }
+                Step::Send { signaled } => {
+                    let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])];
+                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
+                    r.map_err(|e| e.error).unwrap();
+                    meta.push((signaled, true));
+                }
+                Step::Recv => {
+                    b.qp().post_recv(vec![LocalBuf::new(&dst, 1024, 64).unwrap()], cb(id, &log)).map_err(|e| e.error).unwrap();
+                    meta.push((true, false));
+                }
+                Step::Poll => {
+                    a.cq.poll(8).unwrap();
+                    b.cq.poll(8).unwrap();
+                }
+            }
+        }
+        match end {
+            Ending::CloseRequester => drop(a.qp.take()),
+            Ending::CloseResponder => drop(b.qp.take()),
+            Ending::Nothing => {}
+        }
+        for _ in 0..50 {
+            let _ = a.cq.poll(64);
+            let _ = b.cq.poll(64);
+        }
+        drop(a.qp.take());
+        drop(b.qp.take());
+        let log = log.lock().unwrap().clone();
+        let mut failed_before = false;
+        for (id, (signaled, on_a)) in meta.iter().enumerate() {
+            let (calls, status, drops, ordered) = outcome(&log, id);
+            prop_assert_eq!(drops, 1, "request {} resolved {} times: {:?}", id, drops, log);
+            prop_assert!(calls <= 1 && ordered, "request {}: {:?}", id, log);
+            if calls == 0 {
+                prop_assert!(!signaled, "signaled request {} never called", id);
+                prop_assert!(!failed_before, "unsignaled request {} after a failure was not called", id);
+            }
+            if status == Some(WcStatus::Success) {
+                prop_assert!(*signaled);
+            }
+            if *on_a && status.is_some_and(|s| s != WcStatus::Success) {
+                failed_before = true;
+            }
+        }
+    }
 }
