@@ -369,8 +369,13 @@ fn remove(d: &'static SvDevice) -> bool {
             None => return false,
         }
     }
-    d.stop.store(true, Ordering::Release);
+    // The unplug queues IBV_EVENT_DEVICE_FATAL on every open context
+    // before the flag says the device is gone: `ibv_get_async_event`
+    // answers EIO once it sees the flag and no event left, so with the
+    // flag first a reader waking between the two lost the event (seen as
+    // an `ibv_asyncwatch` that exited without printing it).
     d.soft.unplug();
+    d.stop.store(true, Ordering::Release);
     crate::rdmacm::device_removed(d.soft.name());
     true
 }
