@@ -15,7 +15,10 @@ use super::mr::KeyError;
 use super::qp::{Qp, RdAtomicRes, RecvProgress, RecvWqe, WriteProgress};
 use super::requester::transport_of;
 use super::train::{TrainIn, TrainOut, TRAIN_MAX_PIECES};
-use super::Core;
+use super::{Core, Transmit};
+
+/// The length of an ACK/NAK's headers (BTH and AETH).
+const ACK_LEN: usize = BthRepr::LEN + AethRepr::LEN;
 
 /// How the responder answers a request.
 enum Outcome {
@@ -785,85 +788,92 @@ impl Core {
 
     /// Sends an ACK/NAK for `psn`.
     pub(crate) fn send_ack(&mut self, qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
-        // The most frequent packet: BTH and AETH go straight into a recycled
-        // buffer; the generic path (check the header set against the opcode
-        // table, then a cursor over every optional header) cost three times
-        // as much. Debug builds check that the bytes are the same.
-        const LEN: usize = BthRepr::LEN + AethRepr::LEN;
+        let Some(headers) = self.ack_headers(qp, psn, syndrome) else {
+            self.counters.tx_emit_errors += 1;
+            return;
+        };
+        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
+        let sgid = qp.attr.ah_attr.grh.sgid_index;
+        self.counters.tx_responses += 1;
+        let plain = matches!(syndrome, Syndrome::Ack { .. });
+        if plain && self.rewrite_last_ack(qp, &headers, dst, sgid) {
+            self.counters.tx_packets += 1;
+            return;
+        }
+        let mut data = self.take_buffer(ACK_LEN + crate::soft::wire::ICRC_LEN);
+        data.extend_from_slice(&headers);
+        self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, 0, data);
+        if plain {
+            self.drop_superseded_ack();
+        }
+    }
+
+    /// The BTH and AETH of an ACK/NAK of `qp` for `psn` (the soft
+    /// capability bit set where selective repeat was negotiated); `None`
+    /// if they cannot be emitted.
+    ///
+    /// The most frequent packet: its headers are written straight; the
+    /// generic path (check the header set against the opcode table, then
+    /// a cursor over every optional header) cost three times as much.
+    /// Debug builds check that the bytes are the same.
+    fn ack_headers(&self, qp: &Qp, psn: Psn, syndrome: Syndrome) -> Option<[u8; ACK_LEN]> {
         let bth = BthRepr::new(Opcode::RcAcknowledge, Qpn::new(qp.attr.dest_qp_num), psn);
         let aeth = AethRepr {
             syndrome,
             msn: qp.resp.msn,
         };
-        let dst = qp.attr.ah_attr.grh.dgid.to_ip();
-        let sgid = qp.attr.ah_attr.grh.sgid_index;
-        if matches!(syndrome, Syndrome::Ack { .. }) && self.rewrite_last_ack(qp, &bth, &aeth, dst, sgid) {
-            self.counters.tx_responses += 1;
-            self.counters.tx_packets += 1;
-            return;
-        }
-        let mut data = self.take_buffer(LEN + crate::soft::wire::ICRC_LEN);
-        data.resize(LEN, 0);
-        let (b, a) = data.split_at_mut(BthRepr::LEN);
-        if bth.emit(b).is_err() || aeth.emit(a).is_err() {
-            self.counters.tx_emit_errors += 1;
-            return;
-        }
+        let mut headers = [0u8; ACK_LEN];
+        let (b, a) = headers.split_at_mut(BthRepr::LEN);
+        bth.emit(b).ok()?;
+        aeth.emit(a).ok()?;
         #[cfg(debug_assertions)]
         {
             let mut h = PacketRepr::new(bth);
             h.aeth = Some(aeth);
-            let mut generic = [0u8; LEN];
-            debug_assert_eq!(h.emit_headers(0, &mut generic), Ok(LEN));
-            debug_assert_eq!(&generic[..], &data[..]);
+            let mut generic = [0u8; ACK_LEN];
+            debug_assert_eq!(h.emit_headers(0, &mut generic), Ok(ACK_LEN));
+            debug_assert_eq!(generic, headers);
         }
         if self.sr_responder(qp) {
-            crate::soft::wire::set_soft_cap(&mut data);
+            crate::soft::wire::set_soft_cap(&mut headers);
         }
-        self.counters.tx_responses += 1;
-        self.queue_packet(qp.qpn, qp.attr.dest_qp_num, sgid, dst, 0, data);
-        if matches!(syndrome, Syndrome::Ack { .. }) {
-            self.drop_superseded_ack();
-        }
+        Some(headers)
     }
 
-    /// A plain ACK of `qp` (headers `bth`, `aeth`) written over the last
-    /// datagram of the output when that one is the plain ACK it
-    /// supersedes, of the same QP, source and destination: what building
-    /// a new one, queueing it and taking the old one out
-    /// ([`Core::drop_superseded_ack`]) would leave, in its place, for a
-    /// few stores (and the ICRC computed again, if packets carry one). A
-    /// responder handling a turn of trains or messages that ask for ACKs
-    /// rewrites one ACK instead of building one per request. `false`
-    /// (nothing changed) when the output ends otherwise.
-    fn rewrite_last_ack(&mut self, qp: &Qp, bth: &BthRepr, aeth: &AethRepr, dst: IpAddr, sgid: u8) -> bool {
-        const LEN: usize = BthRepr::LEN + AethRepr::LEN;
+    /// A plain ACK of `qp` (its `headers`) written over the last datagram
+    /// of the output when that one is the plain ACK it supersedes, of the
+    /// same QP, source and destination: what building a new one, queueing
+    /// it and taking the old one out ([`Core::drop_superseded_ack`]) would
+    /// leave, in its place, for a few stores (and the ICRC computed again,
+    /// if packets carry one). A responder handling a turn of trains or
+    /// messages that ask for ACKs rewrites one ACK instead of building one
+    /// per request. `false` (nothing changed) when the output ends
+    /// otherwise; an empty output (a ping-pong's every ACK) is found out
+    /// first, before the packet's addresses are looked up.
+    fn rewrite_last_ack(&mut self, qp: &Qp, headers: &[u8; ACK_LEN], dst: IpAddr, sgid: u8) -> bool {
+        let superseded = |t: &Transmit| {
+            super::acks::is_plain_ack(t)
+                && t.train.is_none()
+                && t.data.len() == ACK_LEN + crate::soft::wire::ICRC_LEN
+                && t.dst == dst
+                && t.data[5..8] == qp.attr.dest_qp_num.to_be_bytes()[1..]
+        };
+        if !self.tx.back().is_some_and(superseded) {
+            return false;
+        }
         let Some((src, ports)) = self.packet_addr(qp.qpn, qp.attr.dest_qp_num, sgid) else {
             return false;
         };
-        let sr = self.sr_responder(qp);
+        let emit_icrc = self.cfg.emit_icrc;
         let Some(last) = self.tx.back_mut() else {
             return false;
         };
-        if !super::acks::is_plain_ack(last)
-            || last.train.is_some()
-            || last.data.len() != LEN + crate::soft::wire::ICRC_LEN
-            || (last.dst, last.src, last.src_port, last.dst_port) != (dst, src, ports.src, ports.dst)
-            || last.data[5..8] != qp.attr.dest_qp_num.to_be_bytes()[1..]
-        {
+        if (last.src, last.src_port, last.dst_port) != (src, ports.src, ports.dst) {
             return false;
         }
-        let mut headers = [0u8; LEN];
-        let (b, a) = headers.split_at_mut(BthRepr::LEN);
-        if bth.emit(b).is_err() || aeth.emit(a).is_err() {
-            return false;
-        }
-        if sr {
-            crate::soft::wire::set_soft_cap(&mut headers);
-        }
-        last.data[..LEN].copy_from_slice(&headers);
-        if self.cfg.emit_icrc {
-            last.data[LEN..].fill(0);
+        last.data[..ACK_LEN].copy_from_slice(headers);
+        if emit_icrc {
+            last.data[ACK_LEN..].fill(0);
             if let Some(ip) = crate::soft::wire::IpPseudoHeader::between(src, dst) {
                 let _ = crate::soft::wire::fill_icrc(&ip, ports, &mut last.data);
             }
