@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use super::channel::{Channel, PENDING, UP};
+use super::hello::Connecting;
 use super::stats::bump;
 use super::{ShmLink, ShmMode, RETRY_NS};
 use crate::soft::clock::process_now;
@@ -122,15 +123,9 @@ impl ShmLink {
         // The hello leaves without the table's lock: the receive turn
         // that reads the answer needs it.
         drop(routes);
-        if self.send_hello(connecting).is_err() {
-            bump(&self.stats.connect_failed);
-            let mut routes = self.routes_w();
-            if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
-                routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
-            }
+        if !self.greet(dst, connecting, now) {
             return None;
         }
-        bump(&self.stats.opened);
         pick(&c).flatten()
     }
 
@@ -216,20 +211,29 @@ impl ShmLink {
                 return;
             }
         };
-        let c = connecting.chan.clone();
         if still(&routes) {
-            routes.insert(dst, Route::Chan(c.clone()));
+            routes.insert(dst, Route::Chan(connecting.chan.clone()));
         }
         drop(routes);
+        self.greet(dst, connecting, now);
+    }
+
+    /// Sends the hello of a channel being opened to `dst` (its route
+    /// already set, the table's lock released). If it cannot leave, `dst`
+    /// goes by UDP for [`RETRY_NS`], unless another channel serves it
+    /// meanwhile. Whether it left.
+    fn greet(&self, dst: IpAddr, connecting: Connecting, now: Nanos) -> bool {
+        let c = connecting.chan.clone();
         if self.send_hello(connecting).is_err() {
             bump(&self.stats.connect_failed);
             let mut routes = self.routes_w();
             if matches!(routes.get(&dst), Some(Route::Chan(o)) if Arc::ptr_eq(o, &c)) {
                 routes.insert(dst, Route::Udp(now.saturating_add(RETRY_NS), true));
             }
-            return;
+            return false;
         }
         bump(&self.stats.opened);
+        true
     }
 
     /// Whether `dst` still waits for the setup thread (no channel the
