@@ -8,111 +8,14 @@ mod ulp_common;
 use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
-use softverbs::ulp::{Chain, LocalBuf, UlpQpInit, UlpWr};
+use softverbs::ulp::{LocalBuf, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 use ulp_common::*;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ev {
-    Called(usize, WcStatus),
-    Dropped(usize),
-}
-
-/// Records when the callback holding it is dropped.
-struct Probe {
-    id: usize,
-    log: Arc<Mutex<Vec<Ev>>>,
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        self.log.lock().unwrap().push(Ev::Dropped(self.id));
-    }
-}
-
-/// A callback logging its call, then (as its captures go) its drop.
-fn cb(id: usize, log: &Arc<Mutex<Vec<Ev>>>) -> impl FnOnce(&WorkCompletion) + Send + 'static {
-    let probe = Probe { id, log: log.clone() };
-    move |wc| {
-        probe.log.lock().unwrap().push(Ev::Called(probe.id, wc.status));
-    }
-}
-
-/// Per request: `(calls, status of the call, dropped, call came before
-/// drop)`.
-fn outcome(log: &[Ev], id: usize) -> (usize, Option<WcStatus>, usize, bool) {
-    let calls: Vec<_> = log
-        .iter()
-        .enumerate()
-        .filter_map(|(k, e)| match e {
-            Ev::Called(i, s) if *i == id => Some((k, *s)),
-            _ => None,
-        })
-        .collect();
-    let drops: Vec<usize> = log
-        .iter()
-        .enumerate()
-        .filter_map(|(k, e)| matches!(e, Ev::Dropped(i) if *i == id).then_some(k))
-        .collect();
-    let ordered = match (calls.first(), drops.first()) {
-        (Some((c, _)), Some(d)) => c < d,
-        _ => true,
-    };
-    (calls.len(), calls.first().map(|c| c.1), drops.len(), ordered)
-}
-
-fn count_resolved(log: &Arc<Mutex<Vec<Ev>>>) -> usize {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter(|e| matches!(e, Ev::Dropped(_)))
-        .count()
-}
 
 #[test]
 fn signaled_success_calls_once_unsignaled_success_calls_nothing() {
     let (_da, _db, a, b) = pair("once", &UlpQpInit::default(), 4);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let src = a.mr(4096);
-    let dst = b.mr(4096);
-    for i in 0..8 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 64 * i as u64, 64).unwrap()], cb(100 + i, &log))
-            .unwrap();
-    }
-    for i in 0..8 {
-        let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 16).unwrap()])];
-        // Odd ones signaled: the last is, and its completion proves the
-        // unsignaled ones before it done (an unsignaled request with
-        // nothing signaled after it stays outstanding until the QP
-        // closes).
-        if i % 2 == 1 {
-            a.qp().post(wr, cb(i, &log)).unwrap();
-        } else {
-            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
-        }
-    }
-    poll_until(&[&a.cq, &b.cq], "8 receives and the last send", || {
-        count_resolved(&log) == 16
-    });
-    let log = log.lock().unwrap().clone();
-    for i in 0..8 {
-        let (calls, status, drops, ordered) = outcome(&log, i);
-        assert_eq!(drops, 1, "request {i}");
-        assert!(ordered);
-        if i % 2 == 1 {
-            assert_eq!((calls, status), (1, Some(WcStatus::Success)), "signaled send {i}");
-        } else {
-            assert_eq!(calls, 0, "unsignaled send {i} succeeded: no callback");
-        }
-        assert_eq!(
-            outcome(&log, 100 + i),
-            (1, Some(WcStatus::Success), 1, true),
-            "receive {i}"
-        );
-    }
-    assert_eq!(a.qp().stats().silent, 4);
-    assert_eq!(a.cq.stats().stray, 0);
+    signaled_once_unsignaled_silent(&a, &b, false);
 }
 
 #[test]
@@ -129,123 +32,19 @@ fn an_error_calls_every_plain_request_it_completes_once_unsignaled_included() {
 
 fn error_calls_every_request_once(plain: bool) {
     let (_da, _db, a, b) = pair(if plain { "errp" } else { "err" }, &UlpQpInit::default(), 4);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let src = a.mr(4096);
-    let dst = b.mr(4096);
-    let good = dst.remote(0);
-    let bad = RemoteAddr {
-        addr: good.addr,
-        rkey: good.rkey ^ 0x5500,
-    };
-    // 0..4 fine (alternately unsignaled), 4 unsignaled with a bad rkey,
-    // 5..10 flushed (alternately unsignaled).
-    for i in 0..10 {
-        let remote = if i == 4 { bad } else { good };
-        let wr: Chain = if plain {
-            UlpWr::write(LocalBuf::new(&src, 0, 32).unwrap(), remote).into()
-        } else {
-            vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 32).unwrap()], remote)].into()
-        };
-        if i % 2 == 0 {
-            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
-        } else {
-            a.qp().post(wr, cb(i, &log)).unwrap();
-        }
-    }
-    poll_until(&[&a.cq, &b.cq], "all ten writes", || count_resolved(&log) == 10);
-    let log = log.lock().unwrap().clone();
-    for i in 0..4 {
-        let want = if i % 2 == 0 {
-            (0, None, 1, true)
-        } else {
-            (1, Some(WcStatus::Success), 1, true)
-        };
-        assert_eq!(outcome(&log, i), want, "write {i} before the error");
-    }
-    assert_eq!(
-        outcome(&log, 4),
-        (1, Some(WcStatus::RemAccessErr), 1, true),
-        "the failing unsignaled write"
-    );
-    for i in 5..10 {
-        assert_eq!(
-            outcome(&log, i),
-            (1, Some(WcStatus::WrFlushErr), 1, true),
-            "flushed write {i}"
-        );
-    }
+    errors_complete_once(&a, &b, |_| plain);
 }
 
 #[test]
 fn closing_a_qp_flushes_its_requests_before_their_captures_drop() {
-    let (_da, _db, a, mut b) = pair("close", &UlpQpInit::default(), 4);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let dst = b.mr(4096);
-    for i in 0..16 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
-            .unwrap();
-    }
-    drop(b.qp.take());
-    let log = log.lock().unwrap().clone();
-    assert_eq!(log.len(), 32, "{log:?}");
-    for i in 0..16 {
-        assert_eq!(
-            outcome(&log, i),
-            (1, Some(WcStatus::WrFlushErr), 1, true),
-            "receive {i}"
-        );
-    }
-    assert_eq!(
-        b.cq.free_entries(),
-        b.cq.cq().capacity(),
-        "the QP's CQ entries came back"
-    );
-    drop(a);
+    let (_da, _db, a, b) = pair("close", &UlpQpInit::default(), 4);
+    close_flushes_before_captures_drop(a, b);
 }
 
 #[test]
 fn device_removal_completes_every_request_once() {
-    let (_da, db, a, mut b) = pair("unplug", &UlpQpInit::default(), 4);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let dst = b.mr(4096);
-    let src = b.mr(4096);
-    for i in 0..8 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
-            .unwrap();
-    }
-    // Sends to a peer with no receive posted: RNR-retried forever, in
-    // flight when the device goes.
-    for i in 8..12 {
-        b.qp()
-            .post_unsignaled(vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])], cb(i, &log))
-            .unwrap();
-    }
-    db.unplug();
-    poll_until(&[&b.cq], "the flushes of the removed device", || {
-        count_resolved(&log) == 12
-    });
-    drop(b.qp.take());
-    let log = log.lock().unwrap().clone();
-    for i in 0..12 {
-        let (calls, status, drops, ordered) = outcome(&log, i);
-        assert_eq!((calls, drops, ordered), (1, 1, true), "request {i}: {log:?}");
-        assert_ne!(status, Some(WcStatus::Success), "request {i}");
-    }
-    drop(a);
-}
-
-#[derive(Debug, Clone)]
-enum Step {
-    /// A WRITE, signaled or not, with a good or a bad rkey.
-    Write { signaled: bool, bad: bool },
-    /// A receive on the peer.
-    Recv,
-    /// A SEND to the peer (consumes a receive; RNR-waits without one).
-    Send { signaled: bool },
-    /// Poll both CQs a little.
-    Poll,
+    let (_da, db, a, b) = pair("unplug", &UlpQpInit::default(), 4);
+    removal_completes_once(a, b, || db.unplug());
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -255,15 +54,6 @@ enum Ending {
     UnplugRequester,
     UnplugResponder,
     Nothing,
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    prop_oneof![
-        4 => (any::<bool>(), prop::bool::weighted(0.1)).prop_map(|(signaled, bad)| Step::Write { signaled, bad }),
-        2 => Just(Step::Recv),
-        2 => any::<bool>().prop_map(|signaled| Step::Send { signaled }),
-        1 => Just(Step::Poll),
-    ]
 }
 
 fn ending() -> impl Strategy<Value = Ending> {
@@ -289,38 +79,9 @@ proptest! {
     fn every_request_resolves_exactly_once(steps in prop::collection::vec(step(), 1..60), end in ending()) {
         let init = UlpQpInit { send_wr: 128, recv_wr: 128, ..UlpQpInit::default() };
         let (da, db, mut a, mut b) = pair("prop", &init, 4);
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let src = a.mr(4096);
-        let dst = b.mr(4096);
-        let good = dst.remote(0);
-        // id → (signaled, send queue of a?)
-        let mut meta: Vec<(bool, bool)> = Vec::new();
-        for s in &steps {
-            let id = meta.len();
-            match *s {
-                Step::Write { signaled, bad } => {
-                    let remote = if bad { RemoteAddr { addr: good.addr, rkey: good.rkey ^ 0x3300 } } else { good };
-                    let wr = vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 64).unwrap()], remote)];
-                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
-                    r.map_err(|e| e.error).unwrap();
-                    meta.push((signaled, true));
-                }
-                Step::Send { signaled } => {
-                    let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])];
-                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
-                    r.map_err(|e| e.error).unwrap();
-                    meta.push((signaled, true));
-                }
-                Step::Recv => {
-                    b.qp().post_recv(vec![LocalBuf::new(&dst, 1024, 64).unwrap()], cb(id, &log)).map_err(|e| e.error).unwrap();
-                    meta.push((true, false));
-                }
-                Step::Poll => {
-                    a.cq.poll(8).unwrap();
-                    b.cq.poll(8).unwrap();
-                }
-            }
-        }
+        let log = Log::default();
+        let (src, dst) = (a.mr(4096), b.mr(4096));
+        let meta = post_steps((&a, &src), (&b, &dst), &steps, &log);
         match end {
             Ending::CloseRequester => drop(a.qp.take()),
             Ending::CloseResponder => drop(b.qp.take()),
@@ -328,29 +89,7 @@ proptest! {
             Ending::UnplugResponder => db.unplug(),
             Ending::Nothing => {}
         }
-        for _ in 0..50 {
-            let _ = a.cq.poll(64);
-            let _ = b.cq.poll(64);
-        }
-        drop(a.qp.take());
-        drop(b.qp.take());
-        let log = log.lock().unwrap().clone();
-        let mut failed_before = false;
-        for (id, (signaled, on_a)) in meta.iter().enumerate() {
-            let (calls, status, drops, ordered) = outcome(&log, id);
-            prop_assert_eq!(drops, 1, "request {} resolved {} times: {:?}", id, drops, log);
-            prop_assert!(calls <= 1 && ordered, "request {}: {:?}", id, log);
-            if calls == 0 {
-                prop_assert!(!signaled, "signaled request {} never called", id);
-                prop_assert!(!failed_before, "unsignaled request {} after a failure was not called", id);
-            }
-            if status == Some(WcStatus::Success) {
-                prop_assert!(*signaled);
-            }
-            if *on_a && status.is_some_and(|s| s != WcStatus::Success) {
-                failed_before = true;
-            }
-        }
+        settle_and_check(&mut a, &mut b, &log, &meta)?;
         drop(da);
         drop(db);
     }
@@ -451,15 +190,7 @@ fn after_a_panicking_callback_the_rest_of_its_poll_runs_at_the_next_one() {
     let dst = b.mr(4096);
     // A post to a QP in ERR is flushed at once: both completions are in
     // the CQ before the poll, which reads them together.
-    a.qp()
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        )
-        .unwrap();
+    to_err(a.qp());
     let wr = || UlpWr::write(LocalBuf::new(&src, 0, 8).unwrap(), dst.remote(0));
     a.qp().post(wr(), |_| panic!("the first callback panics")).unwrap();
     a.qp().post(wr(), cb(1, &log)).unwrap();
@@ -623,15 +354,7 @@ fn a_callback_that_polls_its_cq_runs_the_rest_once() {
     poll_until(&[&a.cq, &b.cq], "the first WRITE", || count_resolved(&log) == 1);
     // Three WRITEs flushed at once by a QP in ERR: three completions
     // wait in the CQ.
-    a.qp()
-        .modify(
-            &QpAttr {
-                qp_state: QpState::Err,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        )
-        .unwrap();
+    to_err(a.qp());
     let inner = Arc::new(Mutex::new(None));
     let (cq, l, got) = (a.cq.clone(), log.clone(), inner.clone());
     let first = cb(0, &log);

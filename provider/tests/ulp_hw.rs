@@ -27,8 +27,8 @@ mod ulp_common;
 
 use std::ffi::{c_char, c_int, CString};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
@@ -68,200 +68,30 @@ fn hw_pair(test: &str, init: &UlpQpInit, rd: u8) -> Option<(End, End)> {
         }
     };
     println!("{test}: on {}", dev.name());
-    let a = End::from_ctx(Context::from_ops(dev.open().expect("open the device")), init, 1024);
-    let b = End::from_ctx(
-        Context::from_ops(dev.open().expect("open the device again")),
-        init,
-        1024,
-    );
-    connect_one(&a, &b, rd, 7);
-    connect_one(&b, &a, rd, 7);
-    Some((a, b))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ev {
-    Called(usize, WcStatus),
-    Dropped(usize),
-}
-
-/// Records when the callback holding it is dropped.
-struct Probe {
-    id: usize,
-    log: Arc<Mutex<Vec<Ev>>>,
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        self.log.lock().unwrap().push(Ev::Dropped(self.id));
-    }
-}
-
-/// A callback logging its call, then (as its captures go) its drop.
-fn cb(id: usize, log: &Arc<Mutex<Vec<Ev>>>) -> impl FnOnce(&WorkCompletion) + Send + 'static {
-    let probe = Probe { id, log: log.clone() };
-    move |wc| {
-        probe.log.lock().unwrap().push(Ev::Called(probe.id, wc.status));
-    }
-}
-
-/// Per request: `(calls, status of the first call, drops, the call came
-/// before the drop)`.
-fn outcome(log: &[Ev], id: usize) -> (usize, Option<WcStatus>, usize, bool) {
-    let calls: Vec<(usize, WcStatus)> = log
-        .iter()
-        .enumerate()
-        .filter_map(|(k, e)| match e {
-            Ev::Called(i, s) if *i == id => Some((k, *s)),
-            _ => None,
-        })
-        .collect();
-    let drops: Vec<usize> = log
-        .iter()
-        .enumerate()
-        .filter_map(|(k, e)| matches!(e, Ev::Dropped(i) if *i == id).then_some(k))
-        .collect();
-    let ordered = match (calls.first(), drops.first()) {
-        (Some((c, _)), Some(d)) => c < d,
-        _ => true,
-    };
-    (calls.len(), calls.first().map(|c| c.1), drops.len(), ordered)
-}
-
-fn resolved(log: &Arc<Mutex<Vec<Ev>>>) -> usize {
-    log.lock()
-        .unwrap()
-        .iter()
-        .filter(|e| matches!(e, Ev::Dropped(_)))
-        .count()
+    let open = || Context::from_ops(dev.open().expect("open the device"));
+    Some(connected(open(), open(), init, rd))
 }
 
 #[test]
 fn signaled_success_calls_once_unsignaled_success_calls_nothing() {
-    let Some((a, b)) = hw_pair("callbacks", &UlpQpInit::default(), 4) else {
-        return;
-    };
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let src = a.mr(4096);
-    let dst = b.mr(4096);
-    src.write(0, b"sixteen bytes!!!").unwrap();
-    for i in 0..8 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 64 * i as u64, 64).unwrap()], cb(100 + i, &log))
-            .unwrap();
+    if let Some((a, b)) = hw_pair("callbacks", &UlpQpInit::default(), 4) {
+        signaled_once_unsignaled_silent(&a, &b, true);
     }
-    for i in 0..8 {
-        let wr = UlpWr::send(LocalBuf::new(&src, 0, 16).unwrap());
-        if i % 2 == 1 {
-            a.qp().post(wr, cb(i, &log)).unwrap();
-        } else {
-            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
-        }
-    }
-    poll_until(&[&a.cq, &b.cq], "8 receives and the last send", || resolved(&log) == 16);
-    let log = log.lock().unwrap().clone();
-    for i in 0..8 {
-        let (calls, status, drops, ordered) = outcome(&log, i);
-        assert_eq!((drops, ordered), (1, true), "send {i}: {log:?}");
-        if i % 2 == 1 {
-            assert_eq!((calls, status), (1, Some(WcStatus::Success)), "signaled send {i}");
-        } else {
-            assert_eq!(calls, 0, "unsignaled send {i} succeeded: no callback");
-        }
-        assert_eq!(
-            outcome(&log, 100 + i),
-            (1, Some(WcStatus::Success), 1, true),
-            "receive {i}"
-        );
-        assert_eq!(dst.to_vec(64 * i as u64, 16).unwrap(), b"sixteen bytes!!!");
-    }
-    assert_eq!(a.qp().stats().silent, 4);
-    assert_eq!((a.cq.stats().stray, b.cq.stats().stray), (0, 0));
 }
 
-/// A WRITE with a bad rkey in the middle of signaled and unsignaled
-/// ones: the requests before it succeed (callbacks for the signaled
-/// ones), it fails once with a remote access error, every request after
-/// it is flushed once, and each callback's captures go after its call.
+/// Half the WRITEs through the one-plain-WR short path, half as chains.
 #[test]
 fn an_error_calls_every_request_it_completes_once_unsignaled_included() {
-    let Some((a, b)) = hw_pair("errors", &UlpQpInit::default(), 4) else {
-        return;
-    };
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let src = a.mr(4096);
-    let dst = b.mr(4096);
-    let good = dst.remote(0);
-    let bad = RemoteAddr {
-        addr: good.addr,
-        rkey: good.rkey ^ 0x5500,
-    };
-    for i in 0..10 {
-        let remote = if i == 4 { bad } else { good };
-        // Half through the one-plain-WR short path, half as chains.
-        let wr: Chain = if i % 3 == 0 {
-            UlpWr::write(LocalBuf::new(&src, 0, 32).unwrap(), remote).into()
-        } else {
-            vec![UlpWr::write(vec![LocalBuf::new(&src, 0, 32).unwrap()], remote)].into()
-        };
-        if i % 2 == 0 {
-            a.qp().post_unsignaled(wr, cb(i, &log)).unwrap();
-        } else {
-            a.qp().post(wr, cb(i, &log)).unwrap();
-        }
-    }
-    poll_until(&[&a.cq, &b.cq], "all ten writes", || resolved(&log) == 10);
-    let log = log.lock().unwrap().clone();
-    for i in 0..4 {
-        let want = if i % 2 == 0 {
-            (0, None, 1, true)
-        } else {
-            (1, Some(WcStatus::Success), 1, true)
-        };
-        assert_eq!(outcome(&log, i), want, "write {i} before the error: {log:?}");
-    }
-    assert_eq!(
-        outcome(&log, 4),
-        (1, Some(WcStatus::RemAccessErr), 1, true),
-        "the failing unsignaled write: {log:?}"
-    );
-    for i in 5..10 {
-        assert_eq!(
-            outcome(&log, i),
-            (1, Some(WcStatus::WrFlushErr), 1, true),
-            "flushed write {i}: {log:?}"
-        );
+    if let Some((a, b)) = hw_pair("errors", &UlpQpInit::default(), 4) {
+        errors_complete_once(&a, &b, |i| i % 3 == 0);
     }
 }
 
 #[test]
 fn closing_a_qp_flushes_its_requests_before_their_captures_drop() {
-    let Some((a, mut b)) = hw_pair("close", &UlpQpInit::default(), 4) else {
-        return;
-    };
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let dst = b.mr(4096);
-    for i in 0..16 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
-            .unwrap();
+    if let Some((a, b)) = hw_pair("close", &UlpQpInit::default(), 4) {
+        close_flushes_before_captures_drop(a, b);
     }
-    drop(b.qp.take());
-    let log = log.lock().unwrap().clone();
-    assert_eq!(log.len(), 32, "{log:?}");
-    for i in 0..16 {
-        assert_eq!(
-            outcome(&log, i),
-            (1, Some(WcStatus::WrFlushErr), 1, true),
-            "receive {i}"
-        );
-    }
-    assert_eq!(
-        b.cq.free_entries(),
-        b.cq.cq().capacity(),
-        "the QP's CQ entries came back"
-    );
-    drop(a);
 }
 
 /// Read/write contexts on a device without REG_MR work requests: the
@@ -293,8 +123,7 @@ fn read_write_contexts_fall_back_to_plain_sges() {
             m.write(0, &v).unwrap();
         }
         let sgl: Vec<LocalBuf> = locals.iter().map(|m| LocalBuf::whole(m).unwrap()).collect();
-        let n = Arc::new(AtomicU32::new(0));
-        let c = n.clone();
+        let (n, done) = counter();
         let posted = a
             .qp()
             .rw(
@@ -306,10 +135,7 @@ fn read_write_contexts_fall_back_to_plain_sges() {
                     mode,
                     ..RwOptions::default()
                 },
-                move |wc| {
-                    assert!(wc.is_success(), "{wc:?}");
-                    c.fetch_add(1, Ordering::SeqCst);
-                },
+                done,
             )
             .unwrap();
         assert!(!posted.fast_reg, "{mode:?}");
@@ -342,21 +168,10 @@ fn read_write_contexts_fall_back_to_plain_sges() {
     remote.write(0, &v).unwrap();
     let sinks: Vec<Arc<Mr>> = (0..4).map(|_| a.mr(4096)).collect();
     let sgl: Vec<LocalBuf> = sinks.iter().map(|m| LocalBuf::whole(m).unwrap()).collect();
-    let n = Arc::new(AtomicU32::new(0));
-    let c = n.clone();
+    let (n, done) = counter();
     let posted = a
         .qp()
-        .rw(
-            RwDir::Read,
-            sgl,
-            remote.remote(4096),
-            None,
-            RwOptions::default(),
-            move |wc| {
-                assert!(wc.is_success(), "{wc:?}");
-                c.fetch_add(1, Ordering::SeqCst);
-            },
-        )
+        .rw(RwDir::Read, sgl, remote.remote(4096), None, RwOptions::default(), done)
         .unwrap();
     assert!(!posted.fast_reg);
     poll_until(&[&a.cq, &b.cq], "the read context", || n.load(Ordering::SeqCst) == 1);
@@ -406,48 +221,13 @@ fn device_removal_completes_every_request_once() {
     }));
     sub.add_device(HwFactory::new(&sub, &name), NamespaceId::INIT)
         .expect("add the library's device");
-    let init = UlpQpInit::default();
-    let a = End::from_ctx(sub.open(&name, "ulp_hw a").unwrap(), &init, 256);
-    let mut b = End::from_ctx(sub.open(&name, "ulp_hw b").unwrap(), &init, 256);
-    connect_one(&a, &b, 4, 7);
-    connect_one(&b, &a, 4, 7);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let dst = b.mr(4096);
-    let src = b.mr(4096);
-    for i in 0..8 {
-        b.qp()
-            .post_recv(vec![LocalBuf::new(&dst, 0, 64).unwrap()], cb(i, &log))
-            .unwrap();
-    }
-    for i in 8..12 {
-        b.qp()
-            .post_unsignaled(UlpWr::send(LocalBuf::new(&src, 0, 8).unwrap()), cb(i, &log))
-            .unwrap();
-    }
-    let c = CString::new(name.as_str()).unwrap();
-    // SAFETY: c is a NUL-terminated string that outlives the call.
-    assert_eq!(unsafe { remove(c.as_ptr()) }, 0, "softverbs_remove_device({name})");
-    poll_until(&[&b.cq], "the flushes of the removed device", || resolved(&log) == 12);
-    drop(b.qp.take());
-    let log = log.lock().unwrap().clone();
-    for i in 0..12 {
-        let (calls, status, drops, ordered) = outcome(&log, i);
-        assert_eq!((calls, drops, ordered), (1, 1, true), "request {i}: {log:?}");
-        assert_ne!(status, Some(WcStatus::Success), "request {i}");
-    }
-    drop(a);
-}
-
-#[derive(Debug, Clone)]
-enum Step {
-    /// A WRITE, signaled or not, with a good or a bad rkey.
-    Write { signaled: bool, bad: bool },
-    /// A receive on the peer.
-    Recv,
-    /// A SEND to the peer (consumes a receive; RNR-waits without one).
-    Send { signaled: bool },
-    /// Poll both CQs a little.
-    Poll,
+    let open = |who| sub.open(&name, who).unwrap();
+    let (a, b) = connected(open("ulp_hw a"), open("ulp_hw b"), &UlpQpInit::default(), 4);
+    removal_completes_once(a, b, || {
+        let c = CString::new(name.as_str()).unwrap();
+        // SAFETY: c is a NUL-terminated string that outlives the call.
+        assert_eq!(unsafe { remove(c.as_ptr()) }, 0, "softverbs_remove_device({name})");
+    });
 }
 
 /// How a case ends (the device's removal is the child-process test
@@ -457,15 +237,6 @@ enum Ending {
     CloseRequester,
     CloseResponder,
     Nothing,
-}
-
-fn step() -> impl Strategy<Value = Step> {
-    prop_oneof![
-        4 => (any::<bool>(), prop::bool::weighted(0.1)).prop_map(|(signaled, bad)| Step::Write { signaled, bad }),
-        2 => Just(Step::Recv),
-        2 => any::<bool>().prop_map(|signaled| Step::Send { signaled }),
-        1 => Just(Step::Poll),
-    ]
 }
 
 fn ending() -> impl Strategy<Value = Ending> {
@@ -491,65 +262,14 @@ proptest! {
         let Some((mut a, mut b)) = hw_pair("every_request_resolves_exactly_once", &init, 4) else {
             return Ok(());
         };
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let src = a.mr(4096);
-        let dst = b.mr(4096);
-        let good = dst.remote(0);
-        // id -> (signaled, on a's send queue)
-        let mut meta: Vec<(bool, bool)> = Vec::new();
-        for s in &steps {
-            let id = meta.len();
-            match *s {
-                Step::Write { signaled, bad } => {
-                    let remote = if bad { RemoteAddr { addr: good.addr, rkey: good.rkey ^ 0x3300 } } else { good };
-                    let wr = UlpWr::write(LocalBuf::new(&src, 0, 64).unwrap(), remote);
-                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
-                    r.map_err(|e| e.error).unwrap();
-                    meta.push((signaled, true));
-                }
-                Step::Send { signaled } => {
-                    let wr = vec![UlpWr::send(vec![LocalBuf::new(&src, 0, 8).unwrap()])];
-                    let r = if signaled { a.qp().post(wr, cb(id, &log)) } else { a.qp().post_unsignaled(wr, cb(id, &log)) };
-                    r.map_err(|e| e.error).unwrap();
-                    meta.push((signaled, true));
-                }
-                Step::Recv => {
-                    b.qp().post_recv(vec![LocalBuf::new(&dst, 1024, 64).unwrap()], cb(id, &log)).map_err(|e| e.error).unwrap();
-                    meta.push((true, false));
-                }
-                Step::Poll => {
-                    a.cq.poll(8).unwrap();
-                    b.cq.poll(8).unwrap();
-                }
-            }
-        }
+        let log = Log::default();
+        let (src, dst) = (a.mr(4096), b.mr(4096));
+        let meta = post_steps((&a, &src), (&b, &dst), &steps, &log);
         match end {
             Ending::CloseRequester => drop(a.qp.take()),
             Ending::CloseResponder => drop(b.qp.take()),
             Ending::Nothing => {}
         }
-        for _ in 0..50 {
-            let _ = a.cq.poll(64);
-            let _ = b.cq.poll(64);
-        }
-        drop(a.qp.take());
-        drop(b.qp.take());
-        let log = log.lock().unwrap().clone();
-        let mut failed_before = false;
-        for (id, (signaled, on_a)) in meta.iter().enumerate() {
-            let (calls, status, drops, ordered) = outcome(&log, id);
-            prop_assert_eq!(drops, 1, "request {} resolved {} times: {:?}", id, drops, log);
-            prop_assert!(calls <= 1 && ordered, "request {}: {:?}", id, log);
-            if calls == 0 {
-                prop_assert!(!signaled, "signaled request {} never called", id);
-                prop_assert!(!failed_before, "unsignaled request {} after a failure was not called", id);
-            }
-            if status == Some(WcStatus::Success) {
-                prop_assert!(*signaled);
-            }
-            if *on_a && status.is_some_and(|s| s != WcStatus::Success) {
-                failed_before = true;
-            }
-        }
+        settle_and_check(&mut a, &mut b, &log, &meta)?;
     }
 }

@@ -27,15 +27,6 @@ fn fill(mr: &Mr, seed: u8) {
     mr.write(0, &v).unwrap();
 }
 
-fn counter() -> (Arc<AtomicU32>, impl FnOnce(&WorkCompletion) + Send + 'static) {
-    let n = Arc::new(AtomicU32::new(0));
-    let c = n.clone();
-    (n, move |wc: &WorkCompletion| {
-        assert!(wc.is_success(), "{wc:?}");
-        c.fetch_add(1, Ordering::SeqCst);
-    })
-}
-
 type StatusLog = Arc<Mutex<Vec<WcStatus>>>;
 
 /// A log of completion statuses and a maker of callbacks that append to it.

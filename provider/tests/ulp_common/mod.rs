@@ -1,7 +1,10 @@
 //! Helpers of the ULP layer tests: fresh soft device pairs on the
 //! in-process fabric and connected layer QPs.
 
-#![allow(dead_code)] // each test file uses a part
+#![allow(dead_code, unused_imports)] // each test file uses a part
+
+mod callbacks;
+pub(crate) use callbacks::*;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -105,13 +108,20 @@ pub(crate) fn connect_one(a: &End, b: &End, rd: u8, retry: u8) {
     }
 }
 
+/// Two ends on contexts `a` and `b` (CQs of 1,024 entries), connected to
+/// each other with `rd` READ credits each way.
+pub(crate) fn connected(a: Context, b: Context, init: &UlpQpInit, rd: u8) -> (End, End) {
+    let a = End::from_ctx(a, init, 1024);
+    let b = End::from_ctx(b, init, 1024);
+    connect_one(&a, &b, rd, 7);
+    connect_one(&b, &a, rd, 7);
+    (a, b)
+}
+
 /// Two connected ends on a fresh device pair.
 pub(crate) fn pair(tag: &str, init: &UlpQpInit, rd: u8) -> (Arc<SoftDevice>, Arc<SoftDevice>, End, End) {
     let (da, db) = devices(tag);
-    let a = End::new(&da, init, 1024);
-    let b = End::new(&db, init, 1024);
-    connect_one(&a, &b, rd, 7);
-    connect_one(&b, &a, rd, 7);
+    let (a, b) = connected(da.open().unwrap(), db.open().unwrap(), init, rd);
     (da, db, a, b)
 }
 
