@@ -129,3 +129,33 @@ fn a_route_hint_serves_while_it_is_good() {
     kept.kill();
     assert!(!a.send_now_hinted(&dgram(&a, &b, b"dead", None), &mut h));
 }
+
+/// `send_one` (a verb's single datagram) takes the same ways as a batch:
+/// through the ring to a peer with a channel (the buffer coming back for
+/// reuse), and in `Only` mode nowhere else: a destination without a
+/// channel is dropped and counted.
+#[test]
+fn send_one_goes_through_the_ring_or_is_counted() {
+    let (a, b) = pair(false, false);
+    let before = stat(&a, "shm_tx_datagrams");
+    let t = dgram(&a, &b, b"one datagram", None);
+    let sent = t.data.as_ptr();
+    let mut spent = Vec::new();
+    a.send_one(t, &mut |buf| spent.push(buf));
+    assert_eq!(spent.iter().map(|b| b.as_ptr()).collect::<Vec<_>>(), [sent]);
+    let got = pump_until(&a, &b, 1);
+    assert_eq!(
+        got,
+        [Got {
+            data: b"one datagram".to_vec(),
+            train: None
+        }]
+    );
+    assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
+    // 127.0.0.2 has no softverbs device: no channel, and no UDP in Only.
+    let mut t = dgram(&a, &b, b"nowhere", None);
+    t.dst = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+    a.send_one(t, &mut drop);
+    assert_eq!(stat(&a, "shm_tx_no_channel"), 1);
+    assert_eq!(stat(&a, "shm_tx_datagrams"), before + 1);
+}
