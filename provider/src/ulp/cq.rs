@@ -75,6 +75,12 @@ struct PollState {
     /// The QP of the last completion read (most runs of completions are
     /// of one QP: no map lookup for them).
     last: Option<Arc<QpShared>>,
+    /// Completions read (counted under the lock: no atomic
+    /// read-modify-write per poll).
+    polled: u64,
+    /// Callbacks called, counted when their completions are retired (just
+    /// before they run, after the lock).
+    callbacks: u64,
 }
 
 pub(crate) struct CqShared {
@@ -84,8 +90,6 @@ pub(crate) struct CqShared {
     ctx: Context,
     poll: Mutex<PollState>,
     committed: Mutex<u32>,
-    polled: AtomicU64,
-    callbacks: AtomicU64,
     stray: AtomicU64,
     stray_errors: AtomicU64,
     stray_sink: RwLock<Option<StraySink>>,
@@ -138,36 +142,39 @@ impl CqShared {
     #[inline]
     fn poll_once(&self, want: usize, out: &mut Vec<Done>, alone: &mut Option<Alone>) -> Result<usize> {
         let mut st = lock(&self.poll);
-        let PollState { wcs, qps, last } = &mut *st;
+        let st = &mut *st;
         let want = want.min(BATCH);
-        let n = self.cq.poll(&mut wcs[..want])?;
+        let n = self.cq.poll(&mut st.wcs[..want])?;
         if n == 0 {
             return Ok(0);
         }
-        self.polled.fetch_add(n as u64, Ordering::Relaxed);
+        st.polled += n as u64;
         if n == 1 && out.is_empty() {
             // One completion of the QP of the last one, the common case
             // of a shallow queue: no list of finished requests.
-            if let Some(qp) = last.as_ref().filter(|qp| qp.qpn == wcs[0].qp_num) {
-                *alone = qp.retire_alone(&wcs[0]);
-                if alone.is_some() {
+            if let Some(qp) = st.last.as_ref().filter(|qp| qp.qpn == st.wcs[0].qp_num) {
+                *alone = qp.retire_alone(&st.wcs[0]);
+                if let Some(a) = alone {
+                    st.callbacks += u64::from(a.will_call());
                     return Ok(1);
                 }
             }
         }
-        Ok(self.retire_read(n, wcs, qps, last, out))
+        Ok(self.retire_read(n, st, out))
     }
 
-    /// Retires what the `n` completions read complete into `out`.
+    /// Retires what the `n` completions read into `st` complete into
+    /// `out`, and counts the callbacks to call.
     #[inline(never)]
-    fn retire_read(
-        &self,
-        n: usize,
-        wcs: &[WorkCompletion],
-        qps: &QpMap,
-        last: &mut Option<Arc<QpShared>>,
-        out: &mut Vec<Done>,
-    ) -> usize {
+    fn retire_read(&self, n: usize, st: &mut PollState, out: &mut Vec<Done>) -> usize {
+        let PollState {
+            wcs,
+            qps,
+            last,
+            callbacks,
+            ..
+        } = st;
+        let before = out.len();
         // A run of completions of one QP is retired under one lock of it.
         let mut i = 0;
         while i < n {
@@ -182,6 +189,7 @@ impl CqShared {
             }
             i += k;
         }
+        *callbacks += out[before..].iter().filter(|d| d.will_call()).count() as u64;
         n
     }
 
@@ -214,12 +222,18 @@ impl CqShared {
         while total < budget {
             let want = (budget - total).min(BATCH);
             let mut st = lock(&self.poll);
-            let PollState { wcs, last, .. } = &mut *st;
+            let PollState {
+                wcs,
+                last,
+                polled,
+                callbacks,
+                ..
+            } = &mut *st;
             let n = self.cq.poll(&mut wcs[..want])?;
             if n == 0 {
                 break;
             }
-            self.polled.fetch_add(n as u64, Ordering::Relaxed);
+            *polled += n as u64;
             let alone = match last.as_ref() {
                 Some(qp) if n == 1 && qp.qpn == wcs[0].qp_num => qp.retire_alone(&wcs[0]),
                 _ => None,
@@ -227,11 +241,10 @@ impl CqShared {
             let Some(mut alone) = alone else {
                 return self.poll_read(st, n, want, total, budget);
             };
+            *callbacks += u64::from(alone.will_call());
             drop(st);
             // Called where it lies; its MR goes when `alone` does.
-            if alone.run() {
-                self.callbacks.fetch_add(1, Ordering::Relaxed);
-            }
+            alone.run();
             total += 1;
             if want > 1 {
                 break;
@@ -265,8 +278,7 @@ impl CqShared {
             if thread {
                 LISTED.set(true);
             }
-            let PollState { wcs, qps, last } = &mut *st;
-            self.retire_read(n, wcs, qps, last, out);
+            self.retire_read(n, &mut st, out);
             drop(st);
             self.run_list(out);
             let res = if n < want {
@@ -310,9 +322,7 @@ impl CqShared {
             let n = self.poll_once(want, out, &mut alone);
             if let Some(alone) = &mut alone {
                 // Called where it lies; its MR goes when `alone` does.
-                if alone.run() {
-                    self.callbacks.fetch_add(1, Ordering::Relaxed);
-                }
+                alone.run();
                 total += 1;
                 if want > 1 {
                     break;
@@ -335,14 +345,10 @@ impl CqShared {
     /// poll.
     #[inline(never)]
     fn run_list(&self, out: &mut Vec<Done>) {
-        let mut calls = 0;
         for d in out.iter_mut() {
-            calls += usize::from(d.call_back());
+            d.call_back();
         }
         out.drain(..).for_each(Done::free);
-        if calls > 0 {
-            self.callbacks.fetch_add(calls as u64, Ordering::Relaxed);
-        }
     }
 
     /// Polls; if nothing came, arms the CQ, polls again (a completion may
@@ -412,10 +418,10 @@ impl UlpCq {
                     wcs: vec![WorkCompletion::default(); BATCH],
                     qps: QpMap::default(),
                     last: None,
+                    polled: 0,
+                    callbacks: 0,
                 }),
                 committed: Mutex::new(0),
-                polled: AtomicU64::new(0),
-                callbacks: AtomicU64::new(0),
                 stray: AtomicU64::new(0),
                 stray_errors: AtomicU64::new(0),
                 stray_sink: RwLock::new(None),
@@ -454,9 +460,13 @@ impl UlpCq {
     /// Counters.
     pub fn stats(&self) -> CqStats {
         let i = &self.inner;
+        let (polled, callbacks) = {
+            let st = lock(&i.poll);
+            (st.polled, st.callbacks)
+        };
         CqStats {
-            polled: i.polled.load(Ordering::Relaxed),
-            callbacks: i.callbacks.load(Ordering::Relaxed),
+            polled,
+            callbacks,
             stray: i.stray.load(Ordering::Relaxed),
             stray_errors: i.stray_errors.load(Ordering::Relaxed),
         }

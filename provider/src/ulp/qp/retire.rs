@@ -32,6 +32,12 @@ impl Done {
         }
     }
 
+    /// Whether [`Done::call_back`] will call a callback.
+    #[inline]
+    pub(crate) fn will_call(&self) -> bool {
+        self.call && self.req.cb.is_some()
+    }
+
     /// Releases what the request keeps (after [`Done::call_back`]): the
     /// common request's parts are dropped in line, its rare part only if
     /// it has one.
@@ -65,6 +71,12 @@ impl Done {
 }
 
 impl Alone {
+    /// Whether [`Alone::run`] will call the callback.
+    #[inline]
+    pub(crate) fn will_call(&self) -> bool {
+        self.call && self.cb.is_some()
+    }
+
     /// Calls the callback with the completion if it is to be called (in
     /// place, without moving it out), or drops it uncalled. What the
     /// request kept (its MR) goes when the `Alone` is dropped, after.
