@@ -18,6 +18,13 @@
 //! the difference over the difference of the `n`s is one operation, setup
 //! excluded.
 //!
+//! Ratio mode, for the wall clock on a shared machine: with
+//! `ULP_RATIO=<blocks>:<ops>[:<bytes>]` the arms run in turn, `ops`
+//! operations at a time, `blocks` times, and the binary prints each arm's
+//! median time per operation and its median ratio to the raw arm within a
+//! block (`ulplean` is the layer with a callback that keeps no reference
+//! count: the layer's own cost). Pin it to one CPU (`taskset -c 1`).
+//!
 //! ```text
 //! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
 //! ULP_COUNT=ulp:2000 valgrind --tool=callgrind --callgrind-out-file=cg.ulp.2000 <binary>
@@ -101,6 +108,7 @@ struct Pair {
     src: Arc<Mr>,
     dst: Mr,
     done: Arc<AtomicU64>,
+    lean: &'static AtomicU64,
     wc: [WorkCompletion; 4],
 }
 
@@ -123,6 +131,7 @@ impl Pair {
             src,
             dst,
             done: Arc::new(AtomicU64::new(0)),
+            lean: Box::leak(Box::new(AtomicU64::new(0))),
             wc: [WorkCompletion::default(); 4],
         }
     }
@@ -174,6 +183,27 @@ impl Pair {
         self.post_and_poll(vec![wr]);
     }
 
+    /// As [`Pair::ulp`], with a callback that keeps no reference count:
+    /// it captures a `&'static` counter and bumps it with a load and a
+    /// store (the poll runs on this thread), so the figure is the layer's
+    /// own cost with nothing of the closure's.
+    #[inline(never)]
+    fn ulp_lean(&mut self, len: u32) {
+        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
+        let d: &'static AtomicU64 = self.lean;
+        let want = d.load(Ordering::Relaxed) + 1;
+        self.a
+            .qp
+            .post(wr, move |wc| {
+                assert!(wc.is_success());
+                d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            })
+            .unwrap();
+        while d.load(Ordering::Relaxed) < want {
+            self.a.cq.poll(16).unwrap();
+        }
+    }
+
     #[inline(always)]
     fn post_and_poll(&mut self, chain: impl Into<Chain>) {
         let want = self.done.load(Ordering::Relaxed) + 1;
@@ -199,13 +229,61 @@ fn ulp(c: &mut Criterion) {
         let name = if len == 8 { "8B" } else { "64KiB" };
         g.bench_function(format!("raw_write_{name}"), |bch| bch.iter(|| p.raw(len)));
         g.bench_function(format!("ulp_write_{name}"), |bch| bch.iter(|| p.ulp(len)));
+        g.bench_function(format!("ulplean_write_{name}"), |bch| bch.iter(|| p.ulp_lean(len)));
     }
     g.finish();
 }
 
 criterion_group!(benches, ulp);
 
+/// The ratio mode (`ULP_RATIO=<blocks>:<ops>[:<bytes>]`): the arms run in
+/// turn, `ops` operations each, `blocks` times; prints each arm's median
+/// time per operation and the median over blocks of its ratio to the raw
+/// arm's time in the same block. Alternating in small blocks cancels the
+/// drift of a shared machine that separate criterion runs see.
+fn ratio(spec: &str) {
+    let usage = "ULP_RATIO=<blocks>:<ops>[:<bytes>]";
+    let mut it = spec.split(':');
+    let blocks: usize = it.next().and_then(|n| n.parse().ok()).expect(usage);
+    let ops: u32 = it.next().and_then(|n| n.parse().ok()).expect(usage);
+    let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
+    assert!(blocks > 0 && ops > 0 && len <= 64 << 10, "{usage}");
+    type Arm = fn(&mut Pair, u32);
+    let arms: [(&str, Arm); 3] = [("raw", Pair::raw), ("ulp", Pair::ulp), ("ulplean", Pair::ulp_lean)];
+    let mut p = Pair::new();
+    let mut times = vec![Vec::with_capacity(blocks); arms.len()];
+    for (_, arm) in &arms {
+        for _ in 0..ops {
+            arm(&mut p, len);
+        }
+    }
+    for _ in 0..blocks {
+        for (k, (_, arm)) in arms.iter().enumerate() {
+            let t = std::time::Instant::now();
+            for _ in 0..ops {
+                arm(&mut p, len);
+            }
+            times[k].push(t.elapsed().as_nanos() as f64 / f64::from(ops));
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (k, (name, _)) in arms.iter().enumerate() {
+        let ratios = times[k].iter().zip(&times[0]).map(|(a, r)| a / r).collect();
+        println!(
+            "{name:8} {len:6} B  {:8.1} ns/op  ratio to raw {:.3}",
+            median(times[k].clone()),
+            median(ratios)
+        );
+    }
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("ULP_RATIO") {
+        return ratio(&spec);
+    }
     if let Ok(spec) = std::env::var("ULP_COUNT") {
         let mut it = spec.split(':');
         let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>[:<bytes>]";
@@ -220,6 +298,7 @@ fn main() {
                 "ulp" => p.ulp(len),
                 "ulpchain" => p.ulp_chain(len),
                 "ulpvec" => p.ulp_vec(len),
+                "ulplean" => p.ulp_lean(len),
                 _ => panic!("ULP_COUNT arm is raw, ulp, ulpchain or ulpvec"),
             }
         }
