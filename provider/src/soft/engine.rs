@@ -308,6 +308,12 @@ impl DeviceShared {
     /// are restored by every method before it can panic, and a panic there
     /// is a bug we would rather report than turn into a second panic.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Core> {
+        // A verb called from a device section would wait for the lock its
+        // own thread holds.
+        debug_assert!(
+            !super::objects::in_section(),
+            "a verb was called inside a device section (the engine is locked by this thread)"
+        );
         crate::sys::lock(&self.core)
     }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::engine::{DeviceShared, EventSink};
 use super::notify::EventFd;
-use super::proto::{AhId, CqId, PdId, QpCreate, SrqId};
+use super::proto::{AhId, Core, CqId, Egress, Nanos, PdId, QpCreate, SrqId};
 use crate::verbs::backend::*;
 use crate::verbs::{
     verr, AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, Gid, MemorySource, MwBindInfo, MwType, PortAttr,
@@ -777,6 +777,126 @@ impl CqOps for SoftCq {
     fn destroy(&self) -> Result<()> {
         self.destroy_inner(false)
     }
+
+    fn device_lock(&self) -> Option<DeviceLockId> {
+        Some(lock_id(&self.ctx.dev))
+    }
+
+    fn locked(&self, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
+        let dev = &self.ctx.dev;
+        let mut run = |core: &mut Core, now| {
+            let _in = InSection::enter();
+            f(&mut SoftSection {
+                dev,
+                core,
+                now,
+                egress: None,
+            });
+        };
+        if poll {
+            let _ = dev.poll_cq_with(|c, now| {
+                run(c, now);
+                Ok(0)
+            });
+        } else {
+            dev.with_core(|c, now| run(c, now));
+        }
+        true
+    }
+}
+
+/// The identity of a device's engine lock.
+fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
+    DeviceLockId(Arc::as_ptr(dev) as usize)
+}
+
+thread_local! {
+    /// Whether this thread runs a [`DeviceSection`] (debug builds check
+    /// that no verb is called from one: it would lock the engine again).
+    static IN_SECTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as inside a section while it lives (debug builds;
+/// nothing in release builds).
+struct InSection(#[cfg(debug_assertions)] bool);
+
+impl InSection {
+    #[inline(always)]
+    fn enter() -> InSection {
+        InSection(
+            #[cfg(debug_assertions)]
+            IN_SECTION.replace(true),
+        )
+    }
+}
+
+#[cfg(debug_assertions)]
+impl Drop for InSection {
+    fn drop(&mut self) {
+        IN_SECTION.set(self.0);
+    }
+}
+
+/// Whether this thread runs a device section (for the engine's check
+/// that no verb is called from one).
+pub(crate) fn in_section() -> bool {
+    IN_SECTION.get()
+}
+
+/// The engine, locked, as a [`DeviceSection`]: posts and polls go
+/// straight to it.
+struct SoftSection<'a, 'e> {
+    dev: &'a Arc<DeviceShared>,
+    core: &'a mut Core,
+    now: Nanos,
+    /// The post's early way out to the link (`with_core_eager`), for the
+    /// section's first send post.
+    egress: Option<Egress<'e>>,
+}
+
+impl DeviceSection for SoftSection<'_, '_> {
+    fn post_send(&mut self, qp: &dyn QpOps, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = soft_of::<SoftQp>(qp, "QP", crate::verbs::Verb::PostSend)
+            .and_then(|q| q.same_device(self.dev, crate::verbs::Verb::PostSend))
+            .map_err(|error| PostError { index: 0, error })?;
+        crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
+        let r = self.core.post_send_eager(self.now, q.qpn, wrs, self.egress.take());
+        let posted = match &r {
+            Ok(()) => wrs.len(),
+            Err(e) => e.index,
+        };
+        SoftQp::follow_keys(&wrs[..posted]);
+        r
+    }
+
+    fn post_recv(&mut self, qp: &dyn QpOps, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let q = soft_of::<SoftQp>(qp, "QP", crate::verbs::Verb::PostRecv)
+            .and_then(|q| q.same_device(self.dev, crate::verbs::Verb::PostRecv))
+            .map_err(|error| PostError { index: 0, error })?;
+        crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
+        self.core.post_recv(q.qpn, wrs)
+    }
+
+    fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let c = soft_of::<SoftCq>(cq, "CQ", crate::verbs::Verb::PollCq)?;
+        if !Arc::ptr_eq(&c.ctx.dev, self.dev) {
+            return Err(other_device(crate::verbs::Verb::PollCq));
+        }
+        let r = self.core.poll_cq(c.id, wc);
+        if matches!(r, Ok(n) if n > 0) {
+            crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
+        }
+        r
+    }
+}
+
+#[cold]
+fn other_device(verb: crate::verbs::Verb) -> Error {
+    Error::new(
+        verb,
+        crate::verbs::ErrorKind::InvalidArgument,
+        "the object belongs to another device than the section's",
+    )
 }
 
 /// A queue pair.
@@ -798,6 +918,15 @@ impl Drop for SoftQp {
 }
 
 impl SoftQp {
+    /// `self`, if it belongs to `dev`.
+    fn same_device(&self, dev: &Arc<DeviceShared>, verb: crate::verbs::Verb) -> Result<&SoftQp> {
+        if Arc::ptr_eq(&self.pd.ctx.dev, dev) {
+            Ok(self)
+        } else {
+            Err(other_device(verb))
+        }
+    }
+
     /// Handles follow posted registrations and binds (ibverbs providers
     /// update `mw->rkey` at post time): `posted` are WRs that were posted.
     #[inline]
@@ -913,6 +1042,19 @@ impl QpOps for SoftQp {
         self.pd.ctx.dev.with_core_flushing(|c, _| c.destroy_qp(self.qpn))?;
         self.destroyed.store(true, Ordering::Release);
         Ok(())
+    }
+
+    fn device_lock(&self) -> Option<DeviceLockId> {
+        Some(lock_id(&self.pd.ctx.dev))
+    }
+
+    fn locked(&self, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
+        let dev = &self.pd.ctx.dev;
+        dev.with_core_eager(|core, now, egress| {
+            let _in = InSection::enter();
+            f(&mut SoftSection { dev, core, now, egress });
+        });
+        true
     }
 }
 

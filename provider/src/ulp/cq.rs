@@ -4,11 +4,14 @@
 use crate::sys::lock;
 use std::collections::HashMap;
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use super::guard::{in_cq_section, Direct, Guarded};
 use super::qp::{Alone, Done, QpShared};
+use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection};
 use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkCompletion};
 
 /// Completions read from the device per `poll_cq` call.
@@ -67,19 +70,21 @@ pub struct CqStats {
 }
 
 /// What a poller holds while it reads completions and retires them: the
-/// completion buffer and the QPs attached to the CQ, under one lock (a
-/// poll takes it once; attaching and detaching a QP are rare).
+/// completion buffer and the QPs attached to the CQ, under one guard (the
+/// device's lock where the backend offers one, else the layer's own
+/// mutex; a poll takes it once; attaching and detaching a QP are rare).
 struct PollState {
     wcs: Vec<WorkCompletion>,
     qps: QpMap,
     /// The QP of the last completion read (most runs of completions are
-    /// of one QP: no map lookup for them).
+    /// of one QP: no map lookup for them). Also in `qps` while it is
+    /// attached, so replacing it never drops a QP's last reference under
+    /// the guard.
     last: Option<Arc<QpShared>>,
-    /// Completions read (counted under the lock: no atomic
-    /// read-modify-write per poll).
+    /// Completions read.
     polled: u64,
     /// Callbacks called, counted when their completions are retired (just
-    /// before they run, after the lock).
+    /// before they run, after the guard).
     callbacks: u64,
 }
 
@@ -88,16 +93,58 @@ pub(crate) struct CqShared {
     cq: Cq,
     channel: CompChannel,
     ctx: Context,
-    poll: Mutex<PollState>,
+    poll: Guarded<PollState>,
     committed: Mutex<u32>,
     stray: AtomicU64,
     stray_errors: AtomicU64,
     stray_sink: RwLock<Option<StraySink>>,
 }
 
+/// What one read of the CQ gave ([`CqShared::read`]).
+enum Read {
+    /// Nothing.
+    Empty,
+    /// One completion, retired alone: its request is in the slot given,
+    /// to run after the guard.
+    Alone,
+    /// This many completions, retired into the list given; and the stray
+    /// errors among them, for the sink (called after the guard).
+    Listed(usize, Vec<WorkCompletion>),
+}
+
 impl CqShared {
+    /// The verbs CQ's backend object.
+    #[inline]
+    fn ops(&self) -> &dyn CqOps {
+        &**self.cq.ops()
+    }
+
     pub(crate) fn cq(&self) -> &Cq {
         &self.cq
+    }
+
+    /// The device lock guarding the poll state (`None`: the layer's own
+    /// mutex).
+    pub(crate) fn device(&self) -> Option<DeviceLockId> {
+        self.poll.device()
+    }
+
+    /// Runs `f` on the poll state holding its guard, with the section to
+    /// poll and post through (`poll`: the section reads the device's link
+    /// first, as a poll does). `f` must call no verb of the device but
+    /// through the section, nor drop what could.
+    #[inline(always)]
+    fn with_poll<R>(&self, poll: bool, f: impl FnOnce(&mut PollState, &mut dyn DeviceSection) -> R) -> R {
+        match self.poll.lock_own() {
+            // SAFETY: the own mutex is held for the call; no other
+            // reference to the poll state is taken under it.
+            Some(_own) => f(unsafe { self.poll.get() }, &mut Direct),
+            None => in_cq_section(self.ops(), poll, |sec| {
+                // SAFETY: inside a section of the CQ's device, whose lock
+                // guards the poll state; the only reference taken in it.
+                f(unsafe { self.poll.get() }, sec)
+            }),
+        }
     }
 
     pub(crate) fn commit(&self, n: u32) -> Result<()> {
@@ -121,52 +168,72 @@ impl CqShared {
     }
 
     pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
-        lock(&self.poll).qps.insert(qp.qp.qp_num(), qp.clone());
+        let qp = qp.clone();
+        let old = self.with_poll(false, |st, _| st.qps.insert(qp.qpn, qp));
+        drop(old);
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
-        // Under the poll lock: no poller is between reading a completion
-        // of this QP and retiring it.
-        let mut st = lock(&self.poll);
-        st.qps.remove(&qpn);
-        if st.last.as_ref().is_some_and(|qp| qp.qpn == qpn) {
-            st.last = None;
-        }
+        // Under the guard: no poller is between reading a completion of
+        // this QP and retiring it. The QP goes after it.
+        let gone = self.with_poll(false, |st, _| {
+            let last = st.last.take_if(|qp| qp.qpn == qpn);
+            (st.qps.remove(&qpn), last)
+        });
+        drop(gone);
     }
 
-    /// Reads up to `want` completions and retires what they complete;
-    /// the finished requests go to `out`. Returns how many were read.
-    /// The one completion read, if it was the common case and `out` was
-    /// empty, is retired alone into `alone` (with its completion), to be
-    /// run by the caller, outside the lock.
-    #[inline]
-    fn poll_once(&self, want: usize, out: &mut Vec<Done>, alone: &mut Option<Alone>) -> Result<usize> {
-        let mut st = lock(&self.poll);
-        let st = &mut *st;
-        let want = want.min(BATCH);
-        let n = self.cq.poll(&mut st.wcs[..want])?;
-        if n == 0 {
-            return Ok(0);
-        }
-        st.polled += n as u64;
-        if n == 1 && out.is_empty() {
-            // One completion of the QP of the last one, the common case
-            // of a shallow queue: no list of finished requests.
-            if let Some(qp) = st.last.as_ref().filter(|qp| qp.qpn == st.wcs[0].qp_num) {
-                *alone = qp.retire_alone(&st.wcs[0]);
-                if let Some(a) = alone {
-                    st.callbacks += u64::from(a.will_call());
-                    return Ok(1);
+    /// Reads up to `want` completions under the guard and retires what
+    /// they complete: one completion that is the common case alone, if
+    /// `out` is empty (and `out` is `None` or empty: see
+    /// [`Read::Alone`]); anything else into `out`, or into this thread's
+    /// list if `out` is `None` (the caller knows it is free: [`LISTED`]
+    /// is false), which is then marked as listed.
+    #[inline(always)]
+    fn read(&self, want: usize, out: Option<&mut Vec<Done>>, alone: &mut MaybeUninit<Alone>) -> Result<Read> {
+        self.with_poll(true, |st, sec| {
+            let n = sec.poll(self.ops(), &mut st.wcs[..want])?;
+            if n == 0 {
+                return Ok(Read::Empty);
+            }
+            st.polled += n as u64;
+            if n == 1 && out.as_ref().is_none_or(|o| o.is_empty()) {
+                // One completion of the QP of the last one, the common
+                // case of a shallow queue: no list of finished requests.
+                if let Some(qp) = st.last.as_ref().filter(|qp| qp.qpn == st.wcs[0].qp_num) {
+                    // SAFETY: inside the CQ's guard, which guards the QP's
+                    // tracker too when it is the device's lock (QPs of a
+                    // device-guarded CQ are device-guarded: `UlpQp::create`);
+                    // no reference to the tracker is held here.
+                    if unsafe { qp.retire_alone(&st.wcs[0], alone) } {
+                        // SAFETY: `retire_alone` wrote it (it said so).
+                        st.callbacks += u64::from(unsafe { alone.assume_init_ref() }.will_call());
+                        return Ok(Read::Alone);
+                    }
                 }
             }
-        }
-        Ok(self.retire_read(n, st, out))
+            let strays = match out {
+                Some(out) => self.retire_read(n, st, sec, out),
+                None => DONE.with(|d| {
+                    LISTED.set(true);
+                    self.retire_read(n, st, sec, &mut d.borrow_mut())
+                }),
+            };
+            Ok(Read::Listed(n, strays))
+        })
     }
 
     /// Retires what the `n` completions read into `st` complete into
-    /// `out`, and counts the callbacks to call.
+    /// `out`, and counts the callbacks to call. Returns the stray errors
+    /// among them, for the sink.
     #[inline(never)]
-    fn retire_read(&self, n: usize, st: &mut PollState, out: &mut Vec<Done>) -> usize {
+    fn retire_read(
+        &self,
+        n: usize,
+        st: &mut PollState,
+        sec: &mut dyn DeviceSection,
+        out: &mut Vec<Done>,
+    ) -> Vec<WorkCompletion> {
         let PollState {
             wcs,
             qps,
@@ -175,34 +242,46 @@ impl CqShared {
             ..
         } = st;
         let before = out.len();
-        // A run of completions of one QP is retired under one lock of it.
+        let mut strays = Vec::new();
+        // A run of completions of one QP is retired at once.
         let mut i = 0;
         while i < n {
             let qpn = wcs[i].qp_num;
             if last.as_ref().is_none_or(|qp| qp.qpn != qpn) {
                 *last = qps.get(&qpn).cloned();
             }
-            let k = last.as_ref().map_or(0, |qp| qp.retire_run(&wcs[i..n], out));
+            // SAFETY: as in `read`: inside the CQ's guard, which guards the
+            // QP's tracker when it is the device's lock; `sec` is the
+            // section it runs in; no reference to the tracker is held.
+            let k = last
+                .as_ref()
+                .map_or(0, |qp| unsafe { qp.retire_run(&wcs[i..n], sec, out) });
             if k == 0 {
-                self.count_stray(&wcs[i]);
+                self.count_stray(&wcs[i], &mut strays);
                 i += 1;
             }
             i += k;
         }
         *callbacks += out[before..].iter().filter(|d| d.will_call()).count() as u64;
-        n
+        strays
     }
 
-    /// Counts a completion that names no request of the layer, and hands
-    /// it to the sink if it is an error.
+    /// Counts a completion that names no request of the layer; keeps it
+    /// for the sink if it is an error.
     #[cold]
-    fn count_stray(&self, wc: &WorkCompletion) {
+    fn count_stray(&self, wc: &WorkCompletion, strays: &mut Vec<WorkCompletion>) {
         self.stray.fetch_add(1, Ordering::Relaxed);
         if wc.status != WcStatus::Success {
             self.stray_errors.fetch_add(1, Ordering::Relaxed);
-            if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
-                sink(wc);
-            }
+            strays.push(*wc);
+        }
+    }
+
+    /// Hands stray errors to the sink, outside every guard.
+    #[cold]
+    fn sink_strays(&self, strays: Vec<WorkCompletion>) {
+        if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
+            strays.iter().for_each(sink);
         }
     }
 
@@ -221,76 +300,50 @@ impl CqShared {
         let mut total = 0;
         while total < budget {
             let want = (budget - total).min(BATCH);
-            let mut st = lock(&self.poll);
-            let PollState {
-                wcs,
-                last,
-                polled,
-                callbacks,
-                ..
-            } = &mut *st;
-            let n = self.cq.poll(&mut wcs[..want])?;
-            if n == 0 {
-                break;
-            }
-            *polled += n as u64;
-            let alone = match last.as_ref() {
-                Some(qp) if n == 1 && qp.qpn == wcs[0].qp_num => qp.retire_alone(&wcs[0]),
-                _ => None,
-            };
-            let Some(mut alone) = alone else {
-                return self.poll_read(st, n, want, total, budget);
-            };
-            *callbacks += u64::from(alone.will_call());
-            drop(st);
-            // Called where it lies; its MR goes when `alone` does.
-            alone.run();
-            total += 1;
-            if want > 1 {
-                break;
+            let mut alone = MaybeUninit::uninit();
+            match self.read(want, None, &mut alone)? {
+                Read::Empty => break,
+                Read::Alone => {
+                    // SAFETY: `read` wrote the request there (it said so);
+                    // it is run and then dropped (its MR with it), once.
+                    unsafe { run_alone(&mut alone) };
+                    total += 1;
+                    if want > 1 {
+                        break;
+                    }
+                }
+                Read::Listed(n, strays) => return self.poll_read(n, strays, want, total, budget),
             }
         }
         Ok(total)
     }
 
-    /// [`CqShared::poll`] of `n` completions read under `st` (the poll
-    /// lock) that are not one lone completion: they are retired into this
-    /// thread's list (a new one if a poll up the stack holds it), their
-    /// callbacks run after the lock, and the poll goes on through the
-    /// list.
+    /// [`CqShared::poll`] after `n` completions that were not one lone
+    /// completion were retired into this thread's list: their callbacks
+    /// run, and the poll goes on through the list.
     #[inline(never)]
     fn poll_read(
         &self,
-        mut st: MutexGuard<'_, PollState>,
         n: usize,
+        strays: Vec<WorkCompletion>,
         want: usize,
         total: usize,
         budget: usize,
     ) -> Result<usize> {
+        if !strays.is_empty() {
+            self.sink_strays(strays);
+        }
         DONE.with(|d| {
-            let mut own = Vec::new();
-            let mut list = d.try_borrow_mut();
-            let thread = list.is_ok();
-            let out = match &mut list {
-                Ok(out) => &mut **out,
-                Err(_) => &mut own,
-            };
-            if thread {
-                LISTED.set(true);
-            }
-            self.retire_read(n, &mut st, out);
-            drop(st);
-            self.run_list(out);
+            let mut out = d.borrow_mut();
+            self.run_list(&mut out);
             let res = if n < want {
                 Ok(total + n)
             } else {
-                self.poll_into(budget, total + n, out)
+                self.poll_into(budget, total + n, &mut out)
             };
-            if thread {
-                // Everything in the list ran (a panicking callback does
-                // not get here: the flag stays with what it left).
-                LISTED.set(false);
-            }
+            // Everything in the list ran (a panicking callback does not
+            // get here: the flag stays with what it left).
+            LISTED.set(false);
             res
         })
     }
@@ -318,17 +371,27 @@ impl CqShared {
     fn poll_into(&self, budget: usize, mut total: usize, out: &mut Vec<Done>) -> Result<usize> {
         while total < budget {
             let want = (budget - total).min(BATCH);
-            let mut alone = None;
-            let n = self.poll_once(want, out, &mut alone);
-            if let Some(alone) = &mut alone {
-                // Called where it lies; its MR goes when `alone` does.
-                alone.run();
-                total += 1;
-                if want > 1 {
-                    break;
+            let mut alone = MaybeUninit::uninit();
+            let read = self.read(want, Some(out), &mut alone);
+            let n = match read {
+                Ok(Read::Alone) => {
+                    // SAFETY: as in `poll`.
+                    unsafe { run_alone(&mut alone) };
+                    total += 1;
+                    if want > 1 {
+                        break;
+                    }
+                    continue;
                 }
-                continue;
-            }
+                Ok(Read::Empty) => Ok(0),
+                Ok(Read::Listed(n, strays)) => {
+                    if !strays.is_empty() {
+                        self.sink_strays(strays);
+                    }
+                    Ok(n)
+                }
+                Err(e) => Err(e),
+            };
             self.run_list(out);
             let n = n?;
             total += n;
@@ -371,6 +434,30 @@ impl CqShared {
     }
 }
 
+/// Runs the request retired alone into `slot` where it lies (its callback
+/// called in place), then drops it (its MR goes).
+///
+/// # Safety
+///
+/// `slot` holds a request written by `retire_alone` and not run since;
+/// it is consumed (the caller must treat it as uninitialized after, also
+/// if the callback panics).
+#[inline(always)]
+unsafe fn run_alone(slot: &mut MaybeUninit<Alone>) {
+    /// Drops the request once its callback returned or panicked.
+    struct Free<'a>(&'a mut MaybeUninit<Alone>);
+    impl Drop for Free<'_> {
+        fn drop(&mut self) {
+            // SAFETY: the slot holds the request (the contract), dropped
+            // here once; `Alone::run` left its callback consumed.
+            unsafe { self.0.assume_init_drop() }
+        }
+    }
+    let free = Free(slot);
+    // SAFETY: the slot holds the request (the contract).
+    unsafe { free.0.assume_init_mut() }.run();
+}
+
 /// A completion queue whose completions run the callbacks of the requests
 /// posted through the layer ([`UlpQp`](super::UlpQp)).
 ///
@@ -409,18 +496,22 @@ impl UlpCq {
     pub fn new(ctx: &Context, cqe: u32) -> Result<UlpCq> {
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cqe, 0, Some(&channel), 0)?;
+        let device = cq.ops().device_lock();
         Ok(UlpCq {
             inner: Arc::new(CqShared {
                 cq,
                 channel,
                 ctx: ctx.clone(),
-                poll: Mutex::new(PollState {
-                    wcs: vec![WorkCompletion::default(); BATCH],
-                    qps: QpMap::default(),
-                    last: None,
-                    polled: 0,
-                    callbacks: 0,
-                }),
+                poll: Guarded::new(
+                    PollState {
+                        wcs: vec![WorkCompletion::default(); BATCH],
+                        qps: QpMap::default(),
+                        last: None,
+                        polled: 0,
+                        callbacks: 0,
+                    },
+                    device,
+                ),
                 committed: Mutex::new(0),
                 stray: AtomicU64::new(0),
                 stray_errors: AtomicU64::new(0),
@@ -460,10 +551,7 @@ impl UlpCq {
     /// Counters.
     pub fn stats(&self) -> CqStats {
         let i = &self.inner;
-        let (polled, callbacks) = {
-            let st = lock(&i.poll);
-            (st.polled, st.callbacks)
-        };
+        let (polled, callbacks) = i.with_poll(false, |st, _| (st.polled, st.callbacks));
         CqStats {
             polled,
             callbacks,

@@ -34,10 +34,15 @@
 //! The layer sits on every post and every poll, so its fast path is kept
 //! short:
 //!
-//! - **Locks**: one per QP (the tracker: both queues' rings of requests,
-//!   slots, READ credits, all under one mutex) and one per CQ poll (the
-//!   completion buffer and the map of attached QPs together); a post
-//!   takes the QP's lock once (the verbs post and the bookkeeping under
+//! - **Locks**: the state of a QP (the tracker: both queues' rings of
+//!   requests, slots, READ credits) and of a CQ poll (the completion
+//!   buffer and the map of attached QPs) is guarded by the device's own
+//!   lock where the backend offers one (the soft provider's engine lock,
+//!   [`DeviceSection`](crate::verbs::backend::DeviceSection)): a post
+//!   does its bookkeeping inside the verb's own hold of that lock, and so
+//!   does a poll, so the layer adds no lock to either. Where the backend
+//!   has none (the hardware backend), a mutex per QP and one per CQ poll:
+//!   a post takes the QP's once (the verbs post and the bookkeeping under
 //!   it), a poll takes the CQ's once and the QP's once per run of that
 //!   QP's completions.
 //! - **Allocations**: none for the common request, a [`UlpWr`] over one
@@ -89,6 +94,7 @@
 mod cb;
 mod cq;
 mod future;
+mod guard;
 mod poll;
 mod pool;
 mod qp;

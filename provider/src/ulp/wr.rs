@@ -153,6 +153,21 @@ pub enum UlpOp {
 }
 
 impl UlpOp {
+    /// The verbs operation.
+    #[inline]
+    pub(crate) fn send_op(self) -> SendOp<'static> {
+        match self {
+            UlpOp::Send => SendOp::Send,
+            UlpOp::SendWithImm(imm) => SendOp::SendWithImm { imm },
+            UlpOp::SendWithInv(rkey) => SendOp::SendWithInv { rkey },
+            UlpOp::Write(remote) => SendOp::Write { remote },
+            UlpOp::WriteWithImm(remote, imm) => SendOp::WriteWithImm { remote, imm },
+            UlpOp::Read(remote) => SendOp::Read { remote },
+            UlpOp::CompareSwap(remote, compare, swap) => SendOp::CompareSwap { remote, compare, swap },
+            UlpOp::FetchAdd(remote, add) => SendOp::FetchAdd { remote, add },
+        }
+    }
+
     /// Whether the operation uses one of the QP's outstanding
     /// READ/atomic credits (`max_rd_atomic`).
     pub fn is_rd_atomic(&self) -> bool {
@@ -397,16 +412,7 @@ impl UlpWr {
     /// The verbs work request over `sges` (from [`UlpWr::sges`]).
     pub(crate) fn send_wr<'a>(&'a self, wr_id: u64, sges: &'a [Sge<'a>], signaled: bool) -> SendWr<'a> {
         let op = match &self.kind {
-            WrKind::Op(op) => match *op {
-                UlpOp::Send => SendOp::Send,
-                UlpOp::SendWithImm(imm) => SendOp::SendWithImm { imm },
-                UlpOp::SendWithInv(rkey) => SendOp::SendWithInv { rkey },
-                UlpOp::Write(remote) => SendOp::Write { remote },
-                UlpOp::WriteWithImm(remote, imm) => SendOp::WriteWithImm { remote, imm },
-                UlpOp::Read(remote) => SendOp::Read { remote },
-                UlpOp::CompareSwap(remote, compare, swap) => SendOp::CompareSwap { remote, compare, swap },
-                UlpOp::FetchAdd(remote, add) => SendOp::FetchAdd { remote, add },
-            },
+            WrKind::Op(op) => op.send_op(),
             WrKind::RegMr { mr, key, access } => SendOp::RegMr {
                 mr,
                 key: *key,
@@ -419,6 +425,34 @@ impl UlpWr {
             flags |= SendFlags::SIGNALED;
         }
         SendWr::new(wr_id, op, sges).flags(flags)
+    }
+}
+
+/// A plain WR over one buffer taken apart ([`Chain::into_plain`]).
+pub(crate) struct Plain {
+    op: UlpOp,
+    flags: SendFlags,
+    sge_addr: u64,
+    lkey: u32,
+    len: u32,
+}
+
+impl Plain {
+    /// The verbs entry, as the buffer checked it at construction (valid
+    /// while the buffer's MR, taken out with it, lives).
+    #[inline]
+    pub(crate) fn sge(&self) -> Sge<'_> {
+        Sge::checked(self.sge_addr, self.len, self.lkey)
+    }
+
+    /// The verbs work request over `sges` (from [`Plain::sge`]).
+    #[inline]
+    pub(crate) fn send_wr<'a>(&'a self, wr_id: u64, sges: &'a [Sge<'a>], signaled: bool) -> SendWr<'a> {
+        let mut flags = self.flags;
+        if signaled {
+            flags |= SendFlags::SIGNALED;
+        }
+        SendWr::new(wr_id, self.op.send_op(), sges).flags(flags)
     }
 }
 
@@ -484,6 +518,25 @@ impl Chain {
             SglRepr::One(b) if plain => Some((w, b)),
             _ => None,
         }
+    }
+
+    /// A chain [`Chain::plain_one`] accepts, taken apart: what posting its
+    /// WR needs (small, by value) and the buffer's MR (all the request
+    /// keeps alive). `None` for any other chain, which is dropped.
+    #[inline(always)]
+    pub(crate) fn into_plain(self) -> Option<(Plain, Arc<Mr>)> {
+        let plain = {
+            let (w, b) = self.plain_one()?;
+            let WrKind::Op(op) = w.kind else { return None };
+            Plain {
+                op,
+                flags: w.flags,
+                sge_addr: b.sge_addr,
+                lkey: b.lkey,
+                len: b.len,
+            }
+        };
+        Some((plain, self.into_plain_mr()?))
     }
 
     /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a

@@ -11,7 +11,7 @@ impl Track {
     /// failed or closing QP the MRs, which may still be valid, are
     /// discarded instead.
     #[inline(never)]
-    pub(super) fn post_followups(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
+    pub(super) fn post_followups(&mut self, sh: &QpShared, sec: &mut dyn DeviceSection, out: &mut Vec<Done>) {
         for f in std::mem::take(&mut self.followups) {
             let Followup { key, mut req } = f;
             if self.sq.err || self.closing {
@@ -22,7 +22,7 @@ impl Track {
             }
             // A single WR is posted whole or not at all: on an error the
             // request comes back.
-            if let Err((_, Some(mut req))) = self.post_now(sh, req, UlpWr::local_inv(key).into()) {
+            if let Err((_, Some(mut req))) = self.post_now(sh, sec, req, UlpWr::local_inv(key).into()) {
                 req.poison();
                 out.push(Done::release(req));
             }
@@ -32,7 +32,7 @@ impl Track {
     /// Posts queued requests while READ/atomic credits allow; on a failed
     /// queue (or a closing QP) completes them with a flush instead.
     #[inline(never)]
-    pub(super) fn pump(&mut self, sh: &QpShared, out: &mut Vec<Done>) {
+    pub(super) fn pump(&mut self, sh: &QpShared, sec: &mut dyn DeviceSection, out: &mut Vec<Done>) {
         while let Some(q) = self.backlog.front() {
             let dead = self.sq.err || self.closing;
             if !dead && q.rd > 0 && self.rd_out > 0 && self.rd_out + q.rd > self.rd_depth.max(1) {
@@ -43,7 +43,7 @@ impl Track {
                 self.flush_queued(sh, q, 0, out);
                 continue;
             }
-            if let Err((e, unposted)) = self.post_now(sh, q.req, q.chain) {
+            if let Err((e, unposted)) = self.post_now(sh, sec, q.req, q.chain) {
                 // The request completes once with a flush carrying the
                 // errno (after its posted prefix, if any, retires).
                 let wc = flush_wc(sh.epoch | self.sq.next, sh.qpn, e.errno() as u32);

@@ -11,17 +11,18 @@ mod backlog;
 mod post;
 mod retire;
 
-use crate::sys::lock;
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cb::Cb;
 use super::cq::{CqShared, UlpCq};
+use super::guard::{in_qp_section, Direct, Guarded};
 use super::pool::PooledMr;
 use super::wr::{Callback, Chain, Kept, LocalBuf, Sgl, UlpWr};
+use crate::verbs::backend::{DeviceSection, QpOps};
 use crate::verbs::{
     verr, Context, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
     SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
@@ -472,11 +473,17 @@ pub(crate) struct QpShared {
     pub(crate) qp: Qp,
     pub(crate) qpn: u32,
     epoch: u64,
-    track: Mutex<Track>,
+    /// Guarded by the device's lock when the QP and its CQs share one
+    /// (the soft provider): then every post and poll takes one lock, the
+    /// device's, for the verb and the layer's bookkeeping together.
+    track: Guarded<Track>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
     budget: SqBudget,
     qp_type: QpType,
+    /// Whether the tracker's READ depth is known (given through
+    /// [`UlpQp::modify`] or asked of the QP once).
+    rd_known: std::sync::atomic::AtomicBool,
 }
 
 impl Track {
@@ -508,14 +515,51 @@ impl Track {
 }
 
 impl QpShared {
+    /// The verbs QP's backend object.
     #[inline]
-    fn track(&self) -> MutexGuard<'_, Track> {
-        lock(&self.track)
+    fn ops(&self) -> &dyn QpOps {
+        &**self.qp.ops()
+    }
+
+    /// Runs `f` on the tracker, holding its guard (the device's lock, in a
+    /// section of it, or the layer's own mutex), with the section through
+    /// which to post. `f` must not call a verb of the device but through
+    /// the section, nor drop what could (an MR, a callback): what it
+    /// releases goes out to be dropped after.
+    #[inline(always)]
+    fn with_track<R>(&self, f: impl FnOnce(&mut Track, &mut dyn DeviceSection) -> R) -> R {
+        match self.track.lock_own() {
+            // SAFETY: the own mutex is held for the call; no other
+            // reference to the tracker is taken under it.
+            Some(_own) => f(unsafe { self.track.get() }, &mut Direct),
+            None => in_qp_section(self.ops(), |sec| {
+                // SAFETY: inside a section of the QP's device, whose lock
+                // guards the tracker (`Guarded::new` at creation); this is
+                // the only reference to it taken in the section.
+                f(unsafe { self.track.get() }, sec)
+            }),
+        }
+    }
+
+    /// [`QpShared::with_track`] for a caller already inside a section of
+    /// the device (a poll of one of the QP's CQs), or of a QP guarded by
+    /// its own mutex.
+    ///
+    /// # Safety
+    ///
+    /// If the tracker is guarded by the device's lock, the caller runs
+    /// inside a section of that device and holds no other reference to
+    /// this QP's tracker.
+    #[inline(always)]
+    unsafe fn with_track_in<R>(&self, f: impl FnOnce(&mut Track) -> R) -> R {
+        let _own = self.track.lock_own();
+        // SAFETY: the own mutex is held, or (the caller's contract) the
+        // device's lock in a section, with no other reference taken.
+        f(unsafe { self.track.get() })
     }
 
     fn is_idle(&self) -> bool {
-        let t = self.track();
-        t.sq.is_empty() && t.rq.is_empty() && t.backlog.is_empty()
+        self.with_track(|t, _| t.sq.is_empty() && t.rq.is_empty() && t.backlog.is_empty())
     }
 }
 
@@ -579,7 +623,8 @@ impl SqReservation<'_> {
 impl Drop for SqReservation<'_> {
     fn drop(&mut self) {
         if self.slots > 0 {
-            self.qp.sh.track().sq_used -= self.slots;
+            let slots = self.slots;
+            self.qp.sh.with_track(|t, _| t.sq_used -= slots);
         }
     }
 }
@@ -665,15 +710,32 @@ impl UlpQp {
         }
         let qpn = qp.qp_num();
         let epoch = (EPOCH.fetch_add(1, Ordering::Relaxed) << SEQ_BITS) & EPOCH_MASK;
+        // The device's lock guards the tracker if it also guards both
+        // CQs' poll state: posts take it through the QP, polls through a
+        // CQ.
+        let device = qp.ops().device_lock();
+        let cq_devices = (send_cq.inner.device(), recv_cq.inner.device());
+        if (cq_devices.0.is_some() || cq_devices.1.is_some()) && cq_devices != (device, device) {
+            // A CQ guarded by a device's lock retires its QPs' requests
+            // inside that lock: only QPs guarded by the same lock can be
+            // reached from there without a lock of their own.
+            uncommit();
+            return Err(verr!(
+                CreateQp,
+                InvalidArgument,
+                "the QP and its CQs must be of one device"
+            ));
+        }
         let sh = Arc::new(QpShared {
             qp,
             qpn,
             epoch,
-            track: Mutex::new(Track::new(sq_need - 1, rq_need - 1)),
+            track: Guarded::new(Track::new(sq_need - 1, rq_need - 1), device),
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
             budget: ctx_budget,
             qp_type: init.qp_type,
+            rd_known: std::sync::atomic::AtomicBool::new(false),
         });
         send_cq.inner.attach(&sh);
         if !same {
@@ -709,22 +771,23 @@ impl UlpQp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.sh.qp.modify(attr, mask)?;
         if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            self.sh.track().rd_depth = u32::from(attr.max_rd_atomic);
+            let depth = u32::from(attr.max_rd_atomic);
+            self.sh.with_track(|t, _| t.rd_depth = depth);
+            self.sh.rd_known.store(true, Ordering::Release);
         }
         Ok(())
     }
 
     /// Counters.
     pub fn stats(&self) -> QpStats {
-        let t = self.sh.track();
-        QpStats {
+        self.sh.with_track(|t, _| QpStats {
             rd_outstanding: t.rd_out,
             rd_peak: t.rd_peak,
             rd_depth: t.rd_depth,
             sq_used: t.sq_used,
             sq_cap: t.sq_cap,
             ..t.stats
-        }
+        })
     }
 
     /// Reserves `slots` send-queue slots.
@@ -749,20 +812,22 @@ impl UlpQp {
     /// # Ok::<(), softverbs::verbs::Error>(())
     /// ```
     pub fn reserve(&self, slots: u32) -> Result<SqReservation<'_>> {
-        let mut t = self.sh.track();
-        if t.closing {
-            return Err(verr!(PostSend, InvalidArgument, "the QP is closing"));
-        }
-        let free = t.sq_cap - t.sq_used;
-        if slots > free {
-            return Err(verr!(
-                PostSend,
-                NoMemory,
-                "{slots} send slots asked, {free} of {} free",
-                t.sq_cap
-            ));
-        }
-        t.sq_used += slots;
+        self.sh.with_track(|t, _| {
+            if t.closing {
+                return Err(verr!(PostSend, InvalidArgument, "the QP is closing"));
+            }
+            let free = t.sq_cap - t.sq_used;
+            if slots > free {
+                return Err(verr!(
+                    PostSend,
+                    NoMemory,
+                    "{slots} send slots asked, {free} of {} free",
+                    t.sq_cap
+                ));
+            }
+            t.sq_used += slots;
+            Ok(())
+        })?;
         Ok(SqReservation { qp: self, slots })
     }
 
@@ -771,9 +836,9 @@ impl UlpQp {
     /// same happens on drop; this returns how many completions the layer
     /// had to make up because the device gave none (a removed device).
     pub fn close(self) -> u64 {
-        let before = self.sh.track().stats.synthesized;
+        let before = self.sh.with_track(|t, _| t.stats.synthesized);
         close_shared(&self.sh);
-        let after = self.sh.track().stats.synthesized;
+        let after = self.sh.with_track(|t, _| t.stats.synthesized);
         after - before
     }
 }
@@ -786,16 +851,19 @@ impl Drop for UlpQp {
 
 fn close_shared(sh: &Arc<QpShared>) {
     let mut out = Vec::new();
-    {
-        let mut t = sh.track();
+    let closed_before = sh.with_track(|t, _| {
         if t.closing {
-            return;
+            return true;
         }
         t.closing = true;
         // Requests that never reached the device flush now.
         while let Some(q) = t.backlog.pop_front() {
             t.flush_queued(sh, q, 0, &mut out);
         }
+        false
+    });
+    if closed_before {
+        return;
     }
     for d in out.drain(..) {
         d.run();
@@ -810,13 +878,12 @@ fn close_shared(sh: &Arc<QpShared>) {
     // Drain markers: one signaled WR per queue, posted after everything
     // else, whose flush proves every earlier WR of the queue retired (the
     // slot was kept for it).
-    let mut markers = true;
-    {
-        let mut t = sh.track();
+    let markers = sh.with_track(|t, sec| {
+        let mut markers = true;
         if !t.sq.is_empty() && sh.qp_type != QpType::Ud {
             let seq = t.sq.next;
             let wr = SendWr::new(sh.epoch | seq, SendOp::Send, &[]).flags(crate::verbs::SendFlags::SIGNALED);
-            if sh.qp.post_send(&[wr]).is_ok() {
+            if sec.post_send(sh.ops(), &[wr]).is_ok() {
                 t.sq_used += 1;
                 t.sq.push(None, 0, false);
             } else {
@@ -825,14 +892,18 @@ fn close_shared(sh: &Arc<QpShared>) {
         }
         if !t.rq.is_empty() {
             let seq = t.rq.next;
-            if sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, &[])]).is_ok() {
+            if sec
+                .post_recv(sh.ops(), &[RecvWr::new(sh.epoch | RQ_BIT | seq, &[])])
+                .is_ok()
+            {
                 t.rq_used += 1;
                 t.rq.push(None, 0, false);
             } else {
                 markers = false;
             }
         }
-    }
+        markers
+    });
     let deadline = Instant::now() + DRAIN_DEADLINE;
     let same = Arc::ptr_eq(&sh.send_cq, &sh.recv_cq);
     while !sh.is_idle() {
@@ -855,18 +926,15 @@ fn close_shared(sh: &Arc<QpShared>) {
             std::thread::sleep(Duration::from_micros(200));
         }
     }
-    {
-        let mut t = sh.track();
+    let (sq, rq) = sh.with_track(|t, sec| {
         t.synthesize_all(sh.epoch, sh.qpn, &mut out);
-        t.post_followups(sh, &mut out);
-    }
+        t.post_followups(sh, sec, &mut out);
+        (t.sq_cap + 1, t.rq_cap + 1)
+    });
     for d in out.drain(..) {
         d.run();
     }
     sh.send_cq.detach(sh.qpn);
-    let t = sh.track();
-    let (sq, rq) = (t.sq_cap + 1, t.rq_cap + 1);
-    drop(t);
     if same {
         sh.send_cq.uncommit(sq + rq);
     } else {
@@ -879,6 +947,43 @@ fn close_shared(sh: &Arc<QpShared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// On the soft provider, a QP's tracker and its CQ's poll state are
+    /// guarded by the device's own lock (the one its posts and polls take
+    /// anyway), not by mutexes of the layer's.
+    #[test]
+    fn a_soft_qp_and_its_cq_are_guarded_by_the_device_lock() {
+        let ctx = crate::soft::embedded_default().unwrap()[0].open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = UlpCq::new(&ctx, 256).unwrap();
+        let qp = UlpQp::create(&pd, &cq, &cq, &UlpQpInit::default()).unwrap();
+        let device = qp.sh.qp.ops().device_lock();
+        assert!(device.is_some());
+        assert_eq!(qp.sh.track.device(), device);
+        assert!(qp.sh.track.lock_own().is_none());
+        assert_eq!(cq.inner.device(), device);
+    }
+
+    /// A QP may not be served by a CQ of another device (on the soft
+    /// provider `create_qp` refuses it; the layer also refuses a CQ
+    /// guarded by another device's lock, under which its retirements would
+    /// run unguarded), and a refused QP leaves nothing committed.
+    #[test]
+    fn a_qp_whose_cq_is_of_another_device_is_refused() {
+        let devs = crate::soft::embedded_default().unwrap();
+        let (c0, c1) = (devs[0].open().unwrap(), devs[1].open().unwrap());
+        let pd = c1.alloc_pd().unwrap();
+        let (cq0, cq1) = (UlpCq::new(&c0, 256).unwrap(), UlpCq::new(&c1, 256).unwrap());
+        for (s, r) in [(&cq0, &cq1), (&cq1, &cq0), (&cq0, &cq0)] {
+            assert!(UlpQp::create(&pd, s, r, &UlpQpInit::default()).is_err());
+        }
+        // Nothing stays committed on a CQ by a refused QP.
+        assert_eq!(
+            (cq0.free_entries(), cq1.free_entries()),
+            (cq0.cq().capacity(), cq1.cq().capacity())
+        );
+    }
 
     /// The completion of the WR with sequence number `seq` on QP 7.
     fn wc(seq: u64, status: WcStatus) -> WorkCompletion {

@@ -2,35 +2,41 @@
 //! else (chains, READs and atomics, registrations, reservations) by the
 //! general one, and receives.
 
+use super::super::wr::Plain;
 use super::*;
 
 impl Track {
-    /// Posts one plain WR over one buffer ([`Chain::plain_one`]) for
+    /// Posts one plain WR over one buffer ([`Chain::into_plain`]) for
     /// [`UlpQp::submit`]: the verbs WR is built straight from it, and no
     /// READ credit or backlog applies (it neither is a READ nor fenced).
     /// On success the slot is taken and the request counted; the caller
     /// puts the request in the ring's next slot (the WR's). On an error
-    /// nothing was posted.
-    #[inline]
+    /// nothing was posted, and the reserved slots are given back.
+    #[inline(always)]
     pub(super) fn post_plain(
         &mut self,
         sh: &QpShared,
-        w: &UlpWr,
-        b: &LocalBuf,
+        sec: &mut dyn DeviceSection,
+        p: &Plain,
         signaled: bool,
         reserved: u32,
     ) -> Result<()> {
         if self.closing {
+            self.sq_used -= reserved;
             return Err(closing());
         }
         let need = 1 - reserved.min(1);
         let free = self.sq_cap - self.sq_used;
         if need > free {
+            self.sq_used -= reserved;
             return Err(no_room_for_one(need, free, self.sq_cap));
         }
-        let sge = [b.sge()];
-        let wr = w.send_wr(sh.epoch | self.sq.next, &sge, signaled);
-        sh.qp.post_send(std::slice::from_ref(&wr)).map_err(|e| e.error)?;
+        let sge = [p.sge()];
+        let wr = p.send_wr(sh.epoch | self.sq.next, &sge, signaled);
+        if let Err(e) = sec.post_send(sh.ops(), std::slice::from_ref(&wr)) {
+            self.sq_used -= reserved;
+            return Err(e.error);
+        }
         self.sq_used += need;
         self.stats.requests += 1;
         Ok(())
@@ -50,6 +56,7 @@ impl Track {
     pub(super) fn post_now(
         &mut self,
         sh: &QpShared,
+        sec: &mut dyn DeviceSection,
         mut req: Req,
         chain: Chain,
     ) -> std::result::Result<(), (Error, Option<Req>)> {
@@ -72,7 +79,7 @@ impl Track {
                     &many
                 };
                 let wr = w.send_wr(sh.epoch | base, sges, signaled);
-                sh.qp.post_send(std::slice::from_ref(&wr))
+                sec.post_send(sh.ops(), std::slice::from_ref(&wr))
             } else {
                 let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
                 let wrs: Vec<SendWr<'_>> = ws
@@ -81,7 +88,7 @@ impl Track {
                     .enumerate()
                     .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
                     .collect();
-                sh.qp.post_send(&wrs)
+                sec.post_send(sh.ops(), &wrs)
             }
         };
         let posted = match &res {
@@ -197,7 +204,7 @@ impl UlpQp {
         // Slots the chain does not use go back now.
         let unused = slots - chain.len() as u32;
         if unused > 0 {
-            self.sh.track().sq_used -= unused;
+            self.sh.with_track(|t, _| t.sq_used -= unused);
         }
         let n = chain.len() as u32;
         self.submit(chain, Some(cb), signaled, n, None, None)
@@ -216,28 +223,29 @@ impl UlpQp {
         pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
-        if pooled.is_none() && lazy_inv.is_none() {
-            if let Some((w, b)) = chain.plain_one() {
-                let sh = &*self.sh;
-                // The short path: post and track under one lock, the
-                // request straight into its WR's slot of the ring.
-                let mut t = sh.track();
-                if let Err(error) = t.post_plain(sh, w, b, signaled, reserved) {
-                    t.sq_used -= reserved;
-                    drop(t);
-                    // Nothing was posted; the chain (and its MR) drops
-                    // here, outside the lock.
-                    return Err(refused(error, cb));
-                }
+        if pooled.is_none() && lazy_inv.is_none() && chain.plain_one().is_some() {
+            let (plain, mr) = chain.into_plain().expect("a plain chain");
+            let sh = &*self.sh;
+            let mut cb = cb;
+            let mut mr = Some(mr);
+            // The short path: post and track under one guard, the
+            // request straight into its WR's slot of the ring.
+            let r = sh.with_track(|t, sec| {
+                t.post_plain(sh, sec, &plain, signaled, reserved)?;
                 let req = Req {
-                    cb,
-                    mr: chain.into_plain_mr(),
+                    cb: cb.take(),
+                    mr: mr.take(),
                     rare: None,
                     signaled,
                 };
                 t.sq.push(Some(req), 0, false);
-                return Ok(());
-            }
+                Ok(())
+            });
+            return r.map_err(|error| {
+                // Nothing was posted; the MR is dropped outside the guard.
+                drop(mr);
+                refused(error, cb)
+            });
         }
         self.submit_general(chain, cb, signaled, reserved, pooled, lazy_inv)
     }
@@ -260,84 +268,109 @@ impl UlpQp {
         let (rd, fenced) = ws.iter().fold((0u32, false), |(rd, f), w| {
             (rd + u32::from(w.is_rd_atomic()), f || w.is_fenced())
         });
-        let mut t = sh.track();
-        let fail = |t: &mut Track, error: Error, cb: Option<Cb>| {
-            t.sq_used -= reserved;
-            Err(UlpPostError {
-                error,
-                callback: cb.map(Cb::into_boxed),
-            })
-        };
-        if n == 0 {
-            return fail(&mut t, verr!(PostSend, InvalidArgument, "an empty chain"), cb);
-        }
-        if t.closing {
-            return fail(&mut t, verr!(PostSend, InvalidArgument, "the QP is closing"), cb);
-        }
-        // A lazily invalidated request also holds the slot of the
-        // LOCAL_INV posted when it finishes.
-        let extra = u32::from(lazy_inv.is_some());
-        let need = n + extra - reserved.min(n + extra);
-        let free = t.sq_cap - t.sq_used;
-        if need > free {
-            let cap = t.sq_cap;
-            return fail(
-                &mut t,
-                verr!(
+        // The READ depth, if not given through `modify`: asked of the QP
+        // once, outside the tracker's guard (a verb).
+        let depth = (rd > 0 && !sh.rd_known.load(Ordering::Acquire)).then(|| {
+            let d = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
+            sh.rd_known.store(true, Ordering::Release);
+            d
+        });
+        // What is refused or not posted is handed out of the guard, to be
+        // released after it (an MR, a pooled MR, the callback's captures).
+        let r = sh.with_track(move |t, sec| {
+            let fail = |t: &mut Track, error: Error, cb: Option<Cb>, chain: Chain, pooled: Option<PooledMr>| {
+                t.sq_used -= reserved;
+                Err(Box::new(Refused {
+                    error,
+                    cb,
+                    chain: Some(chain),
+                    pooled,
+                    req: None,
+                }))
+            };
+            if n == 0 {
+                return fail(t, verr!(PostSend, InvalidArgument, "an empty chain"), cb, chain, pooled);
+            }
+            if t.closing {
+                return fail(t, closing(), cb, chain, pooled);
+            }
+            // A lazily invalidated request also holds the slot of the
+            // LOCAL_INV posted when it finishes.
+            let extra = u32::from(lazy_inv.is_some());
+            let need = n + extra - reserved.min(n + extra);
+            let free = t.sq_cap - t.sq_used;
+            if need > free {
+                let cap = t.sq_cap;
+                let error = verr!(
                     PostSend,
                     NoMemory,
                     "a chain of {n} WRs (+{extra} for its invalidation) needs {need} send slots; {free} of {cap} free"
-                ),
-                cb,
-            );
-        }
-        t.sq_used += need;
-        if rd > 0 && t.rd_depth == 0 {
-            // The depth was not given through `modify`: ask the QP once.
-            t.rd_depth = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
-        }
-        let mut req = Req::new(cb, signaled);
-        if pooled.is_some() || lazy_inv.is_some() {
-            let r = req.rare();
-            r.pooled = pooled;
-            r.lazy_inv = lazy_inv;
-        }
-        t.stats.requests += 1;
-        let must_wait =
-            (!t.backlog.is_empty() && (rd > 0 || fenced)) || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth);
-        if must_wait {
-            t.stats.queued_rd += 1;
-            t.backlog.push_back(Queued { req, chain, rd });
-            return Ok(());
-        }
-        match t.post_now(sh, req, chain) {
-            Ok(()) => Ok(()),
-            Err((error, unposted)) => {
+                );
+                return fail(t, error, cb, chain, pooled);
+            }
+            t.sq_used += need;
+            if let Some(d) = depth {
+                if t.rd_depth == 0 {
+                    t.rd_depth = d;
+                }
+            }
+            let mut req = Req::new(cb, signaled);
+            if pooled.is_some() || lazy_inv.is_some() {
+                let r = req.rare();
+                r.pooled = pooled;
+                r.lazy_inv = lazy_inv;
+            }
+            t.stats.requests += 1;
+            let must_wait = (!t.backlog.is_empty() && (rd > 0 || fenced))
+                || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth.max(1));
+            if must_wait {
+                t.stats.queued_rd += 1;
+                t.backlog.push_back(Queued { req, chain, rd });
+                return Ok(());
+            }
+            match t.post_now(sh, sec, req, chain) {
+                Ok(()) => Ok(()),
                 // Fast-registration MRs of a half-posted chain may be left
                 // valid: never reuse them.
-                let cb = match unposted {
-                    Some(mut req) => {
-                        // Nothing was posted: what the request kept is
-                        // released outside the lock.
-                        t.stats.requests -= 1;
-                        t.sq_used -= extra;
-                        drop(t);
-                        req.poison();
-                        req.cb.take()
-                    }
-                    // The posted prefix retires inside the layer, without
-                    // the callback.
-                    None => t.last_posted().and_then(|req| {
+                Err((error, Some(mut req))) => {
+                    // Nothing was posted: what the request kept is released
+                    // outside the guard.
+                    t.stats.requests -= 1;
+                    t.sq_used -= extra;
+                    req.poison();
+                    Err(Box::new(Refused {
+                        error,
+                        cb: req.cb.take(),
+                        chain: None,
+                        pooled: None,
+                        req: Some(req),
+                    }))
+                }
+                // The posted prefix retires inside the layer, without the
+                // callback.
+                Err((error, None)) => Err(Box::new(Refused {
+                    error,
+                    cb: t.last_posted().and_then(|req| {
                         req.poison();
                         req.cb.take()
                     }),
-                };
-                Err(UlpPostError {
-                    error,
-                    callback: cb.map(Cb::into_boxed),
-                })
+                    chain: None,
+                    pooled: None,
+                    req: None,
+                })),
             }
-        }
+        });
+        r.map_err(|f| {
+            let Refused {
+                error,
+                cb,
+                chain,
+                pooled,
+                req,
+            } = *f;
+            drop((chain, pooled, req));
+            refused(error, cb)
+        })
     }
 
     /// Posts a receive of `sgl`; `cb` is called once with its completion
@@ -355,43 +388,58 @@ impl UlpQp {
         let sgl = sgl.into();
         let cb = Cb::new(cb);
         let sh = &*self.sh;
-        let mut t = sh.track();
-        if t.closing {
-            return Err(UlpPostError {
-                error: verr!(PostRecv, InvalidArgument, "the QP is closing"),
+        let r = sh.with_track(move |t, sec| {
+            if t.closing {
+                let error = verr!(PostRecv, InvalidArgument, "the QP is closing");
+                return Err((error, cb, sgl));
+            }
+            if t.rq_used >= t.rq_cap {
+                let error = verr!(PostRecv, NoMemory, "all {} receive slots are posted", t.rq_cap);
+                return Err((error, cb, sgl));
+            }
+            let seq = t.rq.next;
+            let posted = {
+                // One buffer (the common case) stays on the stack.
+                let one;
+                let many: Vec<Sge<'_>>;
+                let sges: &[Sge<'_>] = if sgl.len() == 1 {
+                    one = [sgl[0].sge()];
+                    &one
+                } else {
+                    many = sgl.iter().map(LocalBuf::sge).collect();
+                    &many
+                };
+                sec.post_recv(sh.ops(), &[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)])
+            };
+            if let Err(e) = posted {
+                return Err((e.error, cb, sgl));
+            }
+            let mut req = Req::new(Some(cb), true);
+            req.keep(UlpWr::send(sgl).into());
+            t.stats.requests += 1;
+            t.rq_used += 1;
+            t.rq.push(Some(req), 0, false);
+            Ok(())
+        });
+        // A refused buffer (and its MR) is dropped outside the guard.
+        r.map_err(|(error, cb, sgl)| {
+            drop(sgl);
+            UlpPostError {
+                error,
                 callback: Some(cb.into_boxed()),
-            });
-        }
-        if t.rq_used >= t.rq_cap {
-            return Err(UlpPostError {
-                error: verr!(PostRecv, NoMemory, "all {} receive slots are posted", t.rq_cap),
-                callback: Some(cb.into_boxed()),
-            });
-        }
-        let seq = t.rq.next;
-        // One buffer (the common case) stays on the stack.
-        let one;
-        let many: Vec<Sge<'_>>;
-        let sges: &[Sge<'_>] = if sgl.len() == 1 {
-            one = [sgl[0].sge()];
-            &one
-        } else {
-            many = sgl.iter().map(LocalBuf::sge).collect();
-            &many
-        };
-        if let Err(e) = sh.qp.post_recv(&[RecvWr::new(sh.epoch | RQ_BIT | seq, sges)]) {
-            return Err(UlpPostError {
-                error: e.error,
-                callback: Some(cb.into_boxed()),
-            });
-        }
-        let mut req = Req::new(Some(cb), true);
-        req.keep(UlpWr::send(sgl).into());
-        t.stats.requests += 1;
-        t.rq_used += 1;
-        t.rq.push(Some(req), 0, false);
-        Ok(())
+            }
+        })
     }
+}
+
+/// A post refused inside the tracker's guard, with what it had taken, to
+/// release after the guard.
+struct Refused {
+    error: Error,
+    cb: Option<Cb>,
+    chain: Option<Chain>,
+    pooled: Option<PooledMr>,
+    req: Option<Req>,
 }
 
 /// The error of a post to a closing QP (out of line: the posting paths

@@ -4,6 +4,7 @@
 //! one [`Alone`]) to run outside every lock.
 
 use super::*;
+use std::mem::MaybeUninit;
 
 impl Done {
     /// A request whose resources are released without a callback.
@@ -260,28 +261,43 @@ impl QpShared {
     /// lock (returned by value: the poller's frame holds it, no earlier
     /// value to drop); `None`, and nothing changed, for anything else,
     /// which [`QpShared::retire_run`] handles.
-    #[inline]
-    pub(crate) fn retire_alone(&self, wc: &WorkCompletion) -> Option<Alone> {
+    ///
+    /// # Safety
+    ///
+    /// As [`QpShared::with_track_in`]: if the device's lock guards the
+    /// tracker, the caller runs inside a section of the device and holds
+    /// no other reference to this QP's tracker.
+    ///
+    /// The request is written to `slot` (returns true), where the poller
+    /// runs it: nothing is moved on the way.
+    #[inline(always)]
+    pub(crate) unsafe fn retire_alone(&self, wc: &WorkCompletion, slot: &mut MaybeUninit<Alone>) -> bool {
         if wc.qp_num != self.qpn || wc.wr_id & EPOCH_MASK != self.epoch || wc.status != WcStatus::Success {
-            return None;
+            return false;
         }
-        let mut t = self.track();
+        // SAFETY: the caller's contract.
+        unsafe { self.with_track_in(|t| Self::retire_alone_in(t, wc, slot)) }
+    }
+
+    #[inline(always)]
+    fn retire_alone_in(t: &mut Track, wc: &WorkCompletion, slot: &mut MaybeUninit<Alone>) -> bool {
         if !t.backlog.is_empty() || !t.followups.is_empty() {
-            return None;
+            return false;
         }
         let rq = wc.wr_id & RQ_BIT != 0;
         let q = t.ring(rq);
         let seq = wc.wr_id & SEQ_MASK;
         if seq != q.head || q.is_empty() {
-            return None;
+            return false;
         }
         let s = q.slot(seq);
-        let req = s.req.as_ref()?;
-        if req.rare.is_some() {
-            return None;
+        if s.req.as_ref().is_none_or(|req| req.rare.is_some()) {
+            return false;
         }
         let rd = s.rd;
-        let Req { cb, mr, signaled, .. } = s.req.take()?;
+        let Some(Req { cb, mr, signaled, .. }) = s.req.take() else {
+            return false;
+        };
         q.head = seq + 1;
         if rq {
             t.rq_used -= 1;
@@ -298,21 +314,43 @@ impl QpShared {
                 t.stats.silent += 1;
             }
         }
-        Some(Alone {
+        slot.write(Alone {
             cb: std::mem::ManuallyDrop::new(cb),
             call: signaled,
             _mr: mr,
             wc: *wc,
-        })
+        });
+        true
     }
 
     /// Retires what the leading completions of `wcs` (read by the CQ under
     /// its poll lock) of this QP complete, under one lock of the QP.
     /// Returns how many it retired: it stops at the first completion of
     /// another QP, or one that names nothing of this QP (the caller counts
-    /// that one as stray and goes on after it).
-    pub(crate) fn retire_run(&self, wcs: &[WorkCompletion], out: &mut Vec<Done>) -> usize {
-        let mut t = self.track();
+    /// that one as stray and goes on after it). Requests that wait for
+    /// READ credits and invalidations go out through `sec`.
+    ///
+    /// # Safety
+    ///
+    /// As [`QpShared::retire_alone`]; `sec` is the section the caller runs
+    /// in (or [`Direct`] if the QP's own mutex guards its tracker).
+    pub(crate) unsafe fn retire_run(
+        &self,
+        wcs: &[WorkCompletion],
+        sec: &mut dyn DeviceSection,
+        out: &mut Vec<Done>,
+    ) -> usize {
+        // SAFETY: the caller's contract.
+        unsafe { self.with_track_in(|t| self.retire_run_in(t, wcs, sec, out)) }
+    }
+
+    fn retire_run_in(
+        &self,
+        t: &mut Track,
+        wcs: &[WorkCompletion],
+        sec: &mut dyn DeviceSection,
+        out: &mut Vec<Done>,
+    ) -> usize {
         let mut sent = false;
         let mut n = 0;
         for wc in wcs {
@@ -324,10 +362,10 @@ impl QpShared {
             n += 1;
         }
         if sent && !t.backlog.is_empty() {
-            t.pump(self, out);
+            t.pump(self, sec, out);
         }
         if !t.followups.is_empty() {
-            t.post_followups(self, out);
+            t.post_followups(self, sec, out);
         }
         n
     }

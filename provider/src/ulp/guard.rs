@@ -1,0 +1,262 @@
+//! Where the layer's per-QP and per-CQ state is guarded: by the device's
+//! own lock when the backend offers one ([`DeviceSection`]: the soft
+//! provider's engine lock, which every post and poll takes anyway, so the
+//! layer adds no lock per operation), else by a mutex of the layer's own
+//! (the hardware backend, whose locks are inside libibverbs).
+
+use std::cell::UnsafeCell;
+use std::mem::{ManuallyDrop, MaybeUninit};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::sys::lock;
+use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection, QpOps};
+use crate::verbs::{PostError, RecvWr, Result, SendWr, WorkCompletion};
+
+/// A value guarded by the layer's own mutex or by a device's lock.
+pub(crate) struct Guarded<T> {
+    /// The layer's own lock; `None` when the device lock `device` guards
+    /// the value (it is then only touched inside a section of it).
+    own: Option<Mutex<()>>,
+    /// The device lock that guards the value (`None`: the own mutex).
+    device: Option<DeviceLockId>,
+    cell: UnsafeCell<T>,
+}
+
+// SAFETY: the value is only reached through `get`, whose contract is that
+// the caller holds the guard (the own mutex, or the device's lock inside a
+// section): one thread at a time, so sharing the `Guarded` between threads
+// hands out no shared mutable access; `T: Send` lets the value be used
+// from whichever thread holds the guard.
+unsafe impl<T: Send> Sync for Guarded<T> {}
+
+impl<T> Guarded<T> {
+    /// `value`, guarded by the lock of `device` if there is one, else by a
+    /// mutex of its own.
+    pub(crate) fn new(value: T, device: Option<DeviceLockId>) -> Guarded<T> {
+        Guarded {
+            own: device.is_none().then(|| Mutex::new(())),
+            device,
+            cell: UnsafeCell::new(value),
+        }
+    }
+
+    /// The device lock guarding the value, if it is not the own mutex.
+    #[inline]
+    pub(crate) fn device(&self) -> Option<DeviceLockId> {
+        self.device
+    }
+
+    /// Takes the own mutex (`None` when the device lock guards the value).
+    #[inline]
+    pub(crate) fn lock_own(&self) -> Option<MutexGuard<'_, ()>> {
+        self.own.as_ref().map(lock)
+    }
+
+    /// The value.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the guard for as long as the reference lives: the
+    /// own mutex ([`Guarded::lock_own`]) or, with a device lock, runs
+    /// inside a section of that device. And it holds no other reference
+    /// to this value while it uses this one.
+    #[inline]
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn get(&self) -> &mut T {
+        // SAFETY: exclusive per the contract.
+        unsafe { &mut *self.cell.get() }
+    }
+}
+
+/// Runs `f` inside a section of the device whose lock `qp` takes. `f`
+/// runs exactly once, or the backend's broken promise (a device lock it
+/// then does not offer) panics.
+#[inline(always)]
+pub(crate) fn in_qp_section<R>(qp: &dyn QpOps, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+    let mut once = Once::new(f);
+    qp.locked(&mut |sec| once.run(sec));
+    once.result()
+}
+
+/// Runs `f` inside a section of the device whose lock `cq` takes (as a
+/// poll, reading the device's link first, if `poll`).
+#[inline(always)]
+pub(crate) fn in_cq_section<R>(cq: &dyn CqOps, poll: bool, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+    let mut once = Once::new(f);
+    cq.locked(poll, &mut |sec| once.run(sec));
+    once.result()
+}
+
+/// A closure run at most once through a `&mut dyn FnMut`, and its result:
+/// kept without `Option`s, so that nothing is moved or dropped but the
+/// result, once (this is on every post and poll).
+struct Once<F, R> {
+    f: ManuallyDrop<F>,
+    r: MaybeUninit<R>,
+    ran: bool,
+}
+
+impl<F: FnOnce(&mut dyn DeviceSection) -> R, R> Once<F, R> {
+    #[inline(always)]
+    fn new(f: F) -> Self {
+        Once {
+            f: ManuallyDrop::new(f),
+            r: MaybeUninit::uninit(),
+            ran: false,
+        }
+    }
+
+    #[inline(always)]
+    fn run(&mut self, sec: &mut dyn DeviceSection) {
+        if !self.ran {
+            self.ran = true;
+            // SAFETY: `ran` was false: the closure is still there, and is
+            // taken this once (`Drop` leaves it alone from now on).
+            let f = unsafe { ManuallyDrop::take(&mut self.f) };
+            self.r.write(f(sec));
+        }
+    }
+
+    /// The result.
+    ///
+    /// # Panics
+    ///
+    /// If the closure never ran (a backend that offered a device lock and
+    /// ran no section).
+    #[inline(always)]
+    fn result(self) -> R {
+        if !self.ran {
+            drop(self);
+            panic!("the backend offered a device lock and ran no section");
+        }
+        let this = ManuallyDrop::new(self);
+        // SAFETY: `ran` is set before the closure is called, and if the
+        // closure panicked the panic went through `run` and no `result` is
+        // reached: here it returned and `r` holds its result, read once
+        // (`this` is never dropped).
+        unsafe { this.r.assume_init_read() }
+    }
+}
+
+impl<F, R> Drop for Once<F, R> {
+    fn drop(&mut self) {
+        // Reached on a panic (from the closure or the backend) or when
+        // `result` panics: the closure if it never ran; the result is
+        // leaked if there is one (it cannot be told from a closure that
+        // panicked after `ran` was set).
+        if !self.ran {
+            // SAFETY: never taken (`ran` is false).
+            unsafe { ManuallyDrop::drop(&mut self.f) }
+        }
+    }
+}
+
+/// The section of a backend without a device lock: each call is the verb
+/// itself (the layer holds its own mutex around it).
+pub(crate) struct Direct;
+
+impl DeviceSection for Direct {
+    #[inline]
+    fn post_send(&mut self, qp: &dyn QpOps, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        qp.post_send(wrs)
+    }
+
+    #[inline]
+    fn post_recv(&mut self, qp: &dyn QpOps, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        qp.post_recv(wrs)
+    }
+
+    #[inline]
+    fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize> {
+        cq.poll(wc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    /// Counts its drops.
+    struct Probe(Arc<AtomicU32>);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The closure runs once however often the section calls back; its
+    /// captures are dropped once, whether it ran or not.
+    #[test]
+    fn a_section_closure_runs_once_and_its_captures_drop_once() {
+        let (calls, drops) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let probe = Probe(drops.clone());
+        let c = calls.clone();
+        let mut once = Once::new(move |_: &mut dyn DeviceSection| {
+            let _keep = &probe;
+            c.fetch_add(1, Ordering::SeqCst) + 7
+        });
+        once.run(&mut Direct);
+        once.run(&mut Direct);
+        assert_eq!(once.result(), 7);
+        assert_eq!((calls.load(Ordering::SeqCst), drops.load(Ordering::SeqCst)), (1, 1));
+
+        let probe = Probe(drops.clone());
+        let once = Once::new(move |_: &mut dyn DeviceSection| drop(probe));
+        drop(once);
+        assert_eq!(drops.load(Ordering::SeqCst), 2, "dropped uncalled");
+
+        let probe = Probe(drops.clone());
+        let once = Once::new(move |_: &mut dyn DeviceSection| drop(probe));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| once.result()));
+        assert!(r.is_err(), "no section ran: a panic, not a read of nothing");
+        assert_eq!(drops.load(Ordering::SeqCst), 3, "dropped uncalled");
+    }
+
+    /// A soft device's section posts to and polls its own objects, and
+    /// refuses another device's with `EINVAL`.
+    #[test]
+    fn a_soft_section_refuses_another_devices_objects() {
+        use crate::verbs::{ErrorKind, QpCap, QpInitAttr, QpType};
+        let devs = crate::soft::embedded_default().unwrap();
+        let (c0, c1) = (devs[0].open().unwrap(), devs[1].open().unwrap());
+        let (cq0, cq1) = (
+            c0.create_cq(16, 0, None, 0).unwrap(),
+            c1.create_cq(16, 0, None, 0).unwrap(),
+        );
+        let pd1 = c1.alloc_pd().unwrap();
+        let qp1 = pd1
+            .create_qp(&QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: &cq1,
+                recv_cq: &cq1,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+            .unwrap();
+        assert_ne!(cq0.ops().device_lock(), cq1.ops().device_lock());
+        let mut wc = [crate::verbs::WorkCompletion::default(); 4];
+        let (own, other_cq, other_qp) = in_cq_section(&**cq0.ops(), false, |sec| {
+            (
+                sec.poll(&**cq0.ops(), &mut wc),
+                sec.poll(&**cq1.ops(), &mut wc),
+                sec.post_recv(&**qp1.ops(), &[]),
+            )
+        });
+        assert_eq!(own.unwrap(), 0);
+        assert_eq!(other_cq.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(other_qp.unwrap_err().error.kind(), ErrorKind::InvalidArgument);
+        // Its own QP, through a section opened on it (in RESET: refused by
+        // the QP itself, not for its device).
+        let r = in_qp_section(&**qp1.ops(), |sec| sec.post_recv(&**qp1.ops(), &[]));
+        assert!(r.is_ok() || !r.unwrap_err().error.to_string().contains("another device"));
+    }
+}
