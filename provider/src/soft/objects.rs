@@ -791,6 +791,7 @@ impl CqOps for SoftCq {
                 core,
                 now,
                 egress: None,
+                opener: Opener::Cq(std::ptr::from_ref(self).cast(), self.id),
             });
         };
         if poll {
@@ -852,15 +853,55 @@ struct SoftSection<'a, 'e> {
     /// The post's early way out to the link (`with_core_eager`), for the
     /// section's first send post.
     egress: Option<Egress<'e>>,
+    /// The object the section was opened on: posts to it (or polls of
+    /// it) need not find out which soft object of which device it is.
+    opener: Opener,
+}
+
+/// The object a [`SoftSection`] was opened on: its address (compared,
+/// never dereferenced) and its number in the engine.
+#[derive(Clone, Copy)]
+enum Opener {
+    Qp(*const (), u32),
+    Cq(*const (), CqId),
+}
+
+impl SoftSection<'_, '_> {
+    /// The engine's number of `qp`, a QP of this section's device.
+    #[inline]
+    fn qpn_of(&self, qp: &dyn QpOps, verb: crate::verbs::Verb) -> Result<u32> {
+        if let Opener::Qp(p, qpn) = self.opener {
+            if std::ptr::addr_eq(std::ptr::from_ref(qp), p) {
+                return Ok(qpn);
+            }
+        }
+        let q = soft_of::<SoftQp>(qp, "QP", verb)?.same_device(self.dev, verb)?;
+        Ok(q.qpn)
+    }
+
+    /// The engine's id of `cq`, a CQ of this section's device.
+    #[inline]
+    fn cq_of(&self, cq: &dyn CqOps) -> Result<CqId> {
+        if let Opener::Cq(p, id) = self.opener {
+            if std::ptr::addr_eq(std::ptr::from_ref(cq), p) {
+                return Ok(id);
+            }
+        }
+        let c = soft_of::<SoftCq>(cq, "CQ", crate::verbs::Verb::PollCq)?;
+        if !Arc::ptr_eq(&c.ctx.dev, self.dev) {
+            return Err(other_device(crate::verbs::Verb::PollCq));
+        }
+        Ok(c.id)
+    }
 }
 
 impl DeviceSection for SoftSection<'_, '_> {
     fn post_send(&mut self, qp: &dyn QpOps, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        let q = soft_of::<SoftQp>(qp, "QP", crate::verbs::Verb::PostSend)
-            .and_then(|q| q.same_device(self.dev, crate::verbs::Verb::PostSend))
+        let qpn = self
+            .qpn_of(qp, crate::verbs::Verb::PostSend)
             .map_err(|error| PostError { index: 0, error })?;
         crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
-        let r = self.core.post_send_eager(self.now, q.qpn, wrs, self.egress.take());
+        let r = self.core.post_send_eager(self.now, qpn, wrs, self.egress.take());
         let posted = match &r {
             Ok(()) => wrs.len(),
             Err(e) => e.index,
@@ -870,19 +911,16 @@ impl DeviceSection for SoftSection<'_, '_> {
     }
 
     fn post_recv(&mut self, qp: &dyn QpOps, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        let q = soft_of::<SoftQp>(qp, "QP", crate::verbs::Verb::PostRecv)
-            .and_then(|q| q.same_device(self.dev, crate::verbs::Verb::PostRecv))
+        let qpn = self
+            .qpn_of(qp, crate::verbs::Verb::PostRecv)
             .map_err(|error| PostError { index: 0, error })?;
         crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
-        self.core.post_recv(q.qpn, wrs)
+        self.core.post_recv(qpn, wrs)
     }
 
     fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let c = soft_of::<SoftCq>(cq, "CQ", crate::verbs::Verb::PollCq)?;
-        if !Arc::ptr_eq(&c.ctx.dev, self.dev) {
-            return Err(other_device(crate::verbs::Verb::PollCq));
-        }
-        let r = self.core.poll_cq(c.id, wc);
+        let id = self.cq_of(cq)?;
+        let r = self.core.poll_cq(id, wc);
         if matches!(r, Ok(n) if n > 0) {
             crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
         }
@@ -1052,7 +1090,13 @@ impl QpOps for SoftQp {
         let dev = &self.pd.ctx.dev;
         dev.with_core_eager(|core, now, egress| {
             let _in = InSection::enter();
-            f(&mut SoftSection { dev, core, now, egress });
+            f(&mut SoftSection {
+                dev,
+                core,
+                now,
+                egress,
+                opener: Opener::Qp(std::ptr::from_ref(self).cast(), self.qpn),
+            });
         });
         true
     }
