@@ -23,7 +23,9 @@
 //! operations at a time, `blocks` times, and the binary prints each arm's
 //! median time per operation and its median ratio to the raw arm within a
 //! block (`ulplean` is the layer with a callback that keeps no reference
-//! count: the layer's own cost). Pin it to one CPU (`taskset -c 1`).
+//! count: the layer's own cost; `ulpstatic` the same over a buffer of a
+//! `'static` MR, [`LocalBuf::from_static`], which the request keeps no
+//! count of either). Pin it to one CPU (`taskset -c 1`).
 //!
 //! ```text
 //! cargo bench -p softverbs-benches --bench ulp --no-run   # prints the binary
@@ -106,6 +108,8 @@ struct Pair {
     a: End,
     _b: End,
     src: Arc<Mr>,
+    /// The same memory as `src` would be, in an MR never dropped.
+    src_static: &'static Mr,
     dst: Mr,
     done: Arc<AtomicU64>,
     lean: &'static AtomicU64,
@@ -122,6 +126,7 @@ impl Pair {
         connect(&a.ctx, a.qp.qp(), &b.ctx, b.qp.qp());
         connect(&b.ctx, b.qp.qp(), &a.ctx, a.qp.qp());
         let src = Arc::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap());
+        let src_static = Box::leak(Box::new(a.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE).unwrap()));
         let dst =
             b.pd.alloc_mr(64 << 10, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
                 .unwrap();
@@ -129,6 +134,7 @@ impl Pair {
             a,
             _b: b,
             src,
+            src_static,
             dst,
             done: Arc::new(AtomicU64::new(0)),
             lean: Box::leak(Box::new(AtomicU64::new(0))),
@@ -204,6 +210,29 @@ impl Pair {
         }
     }
 
+    /// As [`Pair::ulp_lean`], over a buffer of an MR that lives for the
+    /// rest of the process ([`LocalBuf::from_static`]): no reference count
+    /// of the MR per request either.
+    #[inline(never)]
+    fn ulp_static(&mut self, len: u32) {
+        let wr = UlpWr::write(
+            LocalBuf::from_static(self.src_static, 0, len).unwrap(),
+            self.dst.remote(0),
+        );
+        let d: &'static AtomicU64 = self.lean;
+        let want = d.load(Ordering::Relaxed) + 1;
+        self.a
+            .qp
+            .post(wr, move |wc| {
+                assert!(wc.is_success());
+                d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            })
+            .unwrap();
+        while d.load(Ordering::Relaxed) < want {
+            self.a.cq.poll(16).unwrap();
+        }
+    }
+
     #[inline(always)]
     fn post_and_poll(&mut self, chain: impl Into<Chain>) {
         let want = self.done.load(Ordering::Relaxed) + 1;
@@ -230,6 +259,7 @@ fn ulp(c: &mut Criterion) {
         g.bench_function(format!("raw_write_{name}"), |bch| bch.iter(|| p.raw(len)));
         g.bench_function(format!("ulp_write_{name}"), |bch| bch.iter(|| p.ulp(len)));
         g.bench_function(format!("ulplean_write_{name}"), |bch| bch.iter(|| p.ulp_lean(len)));
+        g.bench_function(format!("ulpstatic_write_{name}"), |bch| bch.iter(|| p.ulp_static(len)));
     }
     g.finish();
 }
@@ -249,7 +279,12 @@ fn ratio(spec: &str) {
     let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
     assert!(blocks > 0 && ops > 0 && len <= 64 << 10, "{usage}");
     type Arm = fn(&mut Pair, u32);
-    let arms: [(&str, Arm); 3] = [("raw", Pair::raw), ("ulp", Pair::ulp), ("ulplean", Pair::ulp_lean)];
+    let arms: [(&str, Arm); 4] = [
+        ("raw", Pair::raw),
+        ("ulp", Pair::ulp),
+        ("ulplean", Pair::ulp_lean),
+        ("ulpstatic", Pair::ulp_static),
+    ];
     let mut p = Pair::new();
     let mut times = vec![Vec::with_capacity(blocks); arms.len()];
     for (_, arm) in &arms {
@@ -286,7 +321,7 @@ fn main() {
     }
     if let Ok(spec) = std::env::var("ULP_COUNT") {
         let mut it = spec.split(':');
-        let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec>:<n>[:<bytes>]";
+        let usage = "ULP_COUNT=<raw|ulp|ulpchain|ulpvec|ulplean|ulpstatic>:<n>[:<bytes>]";
         let arm = it.next().expect(usage);
         let n: u64 = it.next().and_then(|n| n.parse().ok()).expect(usage);
         let len: u32 = it.next().map_or(8, |l| l.parse().expect(usage));
@@ -299,7 +334,8 @@ fn main() {
                 "ulpchain" => p.ulp_chain(len),
                 "ulpvec" => p.ulp_vec(len),
                 "ulplean" => p.ulp_lean(len),
-                _ => panic!("ULP_COUNT arm is raw, ulp, ulpchain or ulpvec"),
+                "ulpstatic" => p.ulp_static(len),
+                _ => panic!("{usage}"),
             }
         }
         return;

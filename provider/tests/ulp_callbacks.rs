@@ -461,3 +461,46 @@ fn posters_on_two_threads_and_a_polling_worker_complete_every_request_once() {
     );
     assert_eq!(a.cq.stats().callbacks, u64::from(signaled));
 }
+
+/// A buffer of a `'static` MR (no reference count per request) posts like
+/// any other: its WRITE lands and its callback runs once; the same over a
+/// SEND received into a `'static` MR, and a range outside the MR is
+/// refused when the buffer is made.
+#[test]
+fn buffers_of_a_static_mr_post_and_complete_like_any_other() {
+    let (_da, _db, a, b) = pair("static_mr", &UlpQpInit::default(), 4);
+    let leak = |end: &End| -> &'static Mr {
+        Box::leak(Box::new(
+            end.pd
+                .alloc_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+                .unwrap(),
+        ))
+    };
+    let (src, dst) = (leak(&a), leak(&b));
+    src.write(0, b"statically").unwrap();
+    assert!(LocalBuf::from_static(src, 4090, 16).is_err());
+    let log = Arc::new(Mutex::new(Vec::new()));
+    a.qp()
+        .post(
+            UlpWr::write(LocalBuf::from_static(src, 0, 10).unwrap(), dst.remote(100)),
+            cb(1, &log),
+        )
+        .unwrap();
+    b.qp()
+        .post_recv(vec![LocalBuf::from_static(dst, 200, 64).unwrap()], cb(2, &log))
+        .unwrap();
+    a.qp()
+        .post(
+            vec![UlpWr::send(vec![LocalBuf::from_static(src, 0, 6).unwrap()])],
+            cb(3, &log),
+        )
+        .unwrap();
+    poll_until(&[&a.cq, &b.cq], "three requests", || count_resolved(&log) == 3);
+    let mut got = [0u8; 10];
+    dst.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"statically");
+    dst.read(200, &mut got[..6]).unwrap();
+    assert_eq!(&got[..6], b"static");
+    let st = a.qp().stats();
+    assert_eq!((st.callbacks, st.sq_used), (2, 0));
+}

@@ -11,7 +11,9 @@ use crate::verbs::{verr, AccessFlags, Mr, RemoteAddr, Result, SendFlags, SendOp,
 pub type Callback = Box<dyn FnOnce(&WorkCompletion) + Send + 'static>;
 
 /// A range of registered memory the layer keeps alive (it holds the
-/// `Arc<Mr>`) until every WR using it has retired.
+/// `Arc<Mr>`) until every WR using it has retired; or, made with
+/// [`LocalBuf::from_static`], a range of an MR that lives for the rest of
+/// the process, which needs no keeping (no reference count per request).
 ///
 /// The range is checked against the MR once, when the buffer is made, and
 /// its scatter entry (address and local key) is kept: a WR over it is
@@ -21,7 +23,7 @@ pub type Callback = Box<dyn FnOnce(&WorkCompletion) + Send + 'static>;
 /// so make buffers again after re-registering.
 #[derive(Clone)]
 pub struct LocalBuf {
-    mr: Arc<Mr>,
+    mr: MrRef,
     offset: u64,
     /// The entry's address and key, as the MR gave them at construction.
     sge_addr: u64,
@@ -36,6 +38,38 @@ impl std::fmt::Debug for LocalBuf {
             .field("offset", &self.offset)
             .field("len", &self.len)
             .finish()
+    }
+}
+
+/// How a buffer holds its MR.
+#[derive(Clone)]
+pub(crate) enum MrRef {
+    /// Counted: kept alive by the buffer and the requests posted with it.
+    Counted(Arc<Mr>),
+    /// Never dropped.
+    Static(&'static Mr),
+}
+
+impl MrRef {
+    /// What a request must keep to keep the MR alive (nothing for a
+    /// `'static` one).
+    #[inline]
+    pub(crate) fn into_kept(self) -> Option<Arc<Mr>> {
+        match self {
+            MrRef::Counted(mr) => Some(mr),
+            MrRef::Static(_) => None,
+        }
+    }
+}
+
+impl std::ops::Deref for MrRef {
+    type Target = Mr;
+    #[inline]
+    fn deref(&self) -> &Mr {
+        match self {
+            MrRef::Counted(mr) => mr,
+            MrRef::Static(mr) => mr,
+        }
     }
 }
 
@@ -65,7 +99,40 @@ impl LocalBuf {
         Ok(LocalBuf {
             sge_addr: sge.addr(),
             lkey: sge.lkey(),
-            mr: mr.clone(),
+            mr: MrRef::Counted(mr.clone()),
+            offset,
+            len,
+        })
+    }
+
+    /// `len` bytes at `offset` of `mr`, an MR that lives for the rest of
+    /// the process (a server's registered pool, made once and leaked, or
+    /// kept in a `static`): the buffer and the requests posted with it
+    /// hold no reference count of it, which [`LocalBuf::new`] takes per
+    /// buffer (an atomic increment, and a decrement when the request
+    /// retires).
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` if the range is outside the MR.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use softverbs::ulp::LocalBuf;
+    /// # use softverbs::verbs::AccessFlags;
+    /// let pd = softverbs::soft::embedded_default()?[0].open()?.alloc_pd()?;
+    /// let pool: &'static _ = Box::leak(Box::new(pd.alloc_mr(1 << 20, AccessFlags::LOCAL_WRITE)?));
+    /// let buf = LocalBuf::from_static(pool, 4096, 4096)?;
+    /// assert_eq!((buf.offset(), buf.len()), (4096, 4096));
+    /// # Ok::<(), softverbs::verbs::Error>(())
+    /// ```
+    pub fn from_static(mr: &'static Mr, offset: u64, len: u32) -> Result<LocalBuf> {
+        let sge = mr.sge(offset, len)?;
+        Ok(LocalBuf {
+            sge_addr: sge.addr(),
+            lkey: sge.lkey(),
+            mr: MrRef::Static(mr),
             offset,
             len,
         })
@@ -89,7 +156,7 @@ impl LocalBuf {
     }
 
     /// The MR.
-    pub fn mr(&self) -> &Arc<Mr> {
+    pub fn mr(&self) -> &Mr {
         &self.mr
     }
 
@@ -385,8 +452,8 @@ impl UlpWr {
             return Kept::Whole(self);
         }
         match self.sgl.0 {
-            SglRepr::One(b) => Kept::Mr(Some(b.mr)),
-            SglRepr::Many(mut v) if v.len() <= 1 => Kept::Mr(v.pop().map(|b| b.mr)),
+            SglRepr::One(b) => Kept::Mr(b.mr.into_kept()),
+            SglRepr::Many(mut v) if v.len() <= 1 => Kept::Mr(v.pop().and_then(|b| b.mr.into_kept())),
             sgl => Kept::Whole(UlpWr { sgl: Sgl(sgl), ..self }),
         }
     }
@@ -407,6 +474,51 @@ impl UlpWr {
             return vec![Sge::inline(data)];
         }
         self.sgl.iter().map(LocalBuf::sge).collect()
+    }
+
+    /// Whether [`UlpWr::into_plain`] takes the WR apart.
+    fn is_plain(&self) -> bool {
+        matches!(
+            self,
+            UlpWr {
+                kind: WrKind::Op(op),
+                sgl: Sgl(SglRepr::One(_)),
+                frmr_sge: None,
+                frmr: None,
+                inline: None,
+                flags,
+            } if !op.is_rd_atomic() && !flags.contains(SendFlags::FENCE)
+        )
+    }
+
+    /// A plain WR (see [`Chain::into_plain`]) taken apart, by value;
+    /// any other comes back.
+    #[inline(always)]
+    #[allow(
+        clippy::result_large_err,
+        reason = "the WR comes back by value to the general path; a box would allocate for every chain"
+    )]
+    fn into_plain(self) -> std::result::Result<(Plain, Option<Arc<Mr>>), UlpWr> {
+        match self {
+            UlpWr {
+                kind: WrKind::Op(op),
+                sgl: Sgl(SglRepr::One(b)),
+                frmr_sge: None,
+                frmr: None,
+                inline: None,
+                flags,
+            } if !op.is_rd_atomic() && !flags.contains(SendFlags::FENCE) => {
+                let plain = Plain {
+                    op,
+                    flags,
+                    sge_addr: b.sge_addr,
+                    lkey: b.lkey,
+                    len: b.len,
+                };
+                Ok((plain, b.mr.into_kept()))
+            }
+            w => Err(w),
+        }
     }
 
     /// The verbs work request over `sges` (from [`UlpWr::sges`]).
@@ -498,75 +610,26 @@ impl Chain {
         }
     }
 
-    /// The WR and its buffer if the chain is one plain WR: an
-    /// operation that is neither a READ nor an atomic, not fenced, with no
-    /// inline data and no fast-registration entry, over one buffer. The
-    /// layer posts such a chain without its general path (no READ credit,
-    /// no backlog, only the buffer's MR to keep).
-    pub(crate) fn plain_one(&self) -> Option<(&UlpWr, &LocalBuf)> {
-        let w = match &self.0 {
-            ChainRepr::One(w) => w,
-            ChainRepr::Many(v) if v.len() == 1 => &v[0],
-            ChainRepr::Many(_) => return None,
-        };
-        let plain = matches!(w.kind, WrKind::Op(op) if !op.is_rd_atomic())
-            && w.frmr.is_none()
-            && w.frmr_sge.is_none()
-            && w.inline.is_none()
-            && !w.flags.contains(SendFlags::FENCE);
-        match &w.sgl.0 {
-            SglRepr::One(b) if plain => Some((w, b)),
-            _ => None,
-        }
-    }
-
-    /// A chain [`Chain::plain_one`] accepts, taken apart: what posting its
-    /// WR needs (small, by value) and the buffer's MR (all the request
-    /// keeps alive). `None` for any other chain, which is dropped.
+    /// A chain of one plain WR (an operation that is neither a READ nor
+    /// an atomic, not fenced, with no inline data and no fast-registration
+    /// entry, over one buffer) taken apart: what posting its WR needs
+    /// (small, by value) and all the request must keep alive, the buffer's
+    /// MR (nothing for a `'static` MR). The layer posts such a chain
+    /// without its general path (no READ credit, no backlog). Any other
+    /// chain comes back as it was.
     #[inline(always)]
-    pub(crate) fn into_plain(self) -> Option<(Plain, Arc<Mr>)> {
-        let plain = {
-            let (w, b) = self.plain_one()?;
-            let WrKind::Op(op) = w.kind else { return None };
-            Plain {
-                op,
-                flags: w.flags,
-                sge_addr: b.sge_addr,
-                lkey: b.lkey,
-                len: b.len,
-            }
-        };
-        Some((plain, self.into_plain_mr()?))
-    }
-
-    /// The buffer's MR of a chain [`Chain::plain_one`] accepts (all such a
-    /// request keeps alive).
-    #[inline(always)]
-    pub(crate) fn into_plain_mr(self) -> Option<Arc<Mr>> {
+    #[allow(
+        clippy::result_large_err,
+        reason = "the chain comes back by value to the general path; a box would allocate for every chain"
+    )]
+    pub(crate) fn into_plain(self) -> std::result::Result<(Plain, Option<Arc<Mr>>), Chain> {
         match self.0 {
-            ChainRepr::One(w) => {
-                // A plain WR owns nothing but its buffer's MR (no
-                // registration, fast-registration MR or inline data:
-                // `plain_one`): the MR is moved out and the rest is not
-                // dropped field by field. Should the WR own more after
-                // all, that is leaked, never freed twice.
-                debug_assert!(w.frmr.is_none() && w.inline.is_none() && matches!(w.kind, WrKind::Op(_)));
-                let w = std::mem::ManuallyDrop::new(w);
-                if let SglRepr::One(b) = &w.sgl.0 {
-                    // SAFETY: `w` is never dropped (`ManuallyDrop`), so the
-                    // MR read out of it has exactly one owner, the result.
-                    return Some(unsafe { std::ptr::read(&b.mr) });
-                }
-                drop(std::mem::ManuallyDrop::into_inner(w));
-                None
+            ChainRepr::One(w) => w.into_plain().map_err(|w| Chain(ChainRepr::One(w))),
+            ChainRepr::Many(mut v) if v.len() == 1 && v[0].is_plain() => {
+                let w = v.pop().expect("one WR");
+                w.into_plain().map_err(|w| Chain(ChainRepr::Many(vec![w])))
             }
-            ChainRepr::Many(mut v) => match v.pop() {
-                Some(UlpWr {
-                    sgl: Sgl(SglRepr::One(b)),
-                    ..
-                }) => Some(b.mr),
-                _ => None,
-            },
+            repr => Err(Chain(repr)),
         }
     }
 

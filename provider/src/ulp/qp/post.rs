@@ -223,31 +223,49 @@ impl UlpQp {
         pooled: Option<PooledMr>,
         lazy_inv: Option<u32>,
     ) -> std::result::Result<(), UlpPostError> {
-        if pooled.is_none() && lazy_inv.is_none() && chain.plain_one().is_some() {
-            let (plain, mr) = chain.into_plain().expect("a plain chain");
-            let sh = &*self.sh;
-            let mut cb = cb;
-            let mut mr = Some(mr);
-            // The short path: post and track under one guard, the
-            // request straight into its WR's slot of the ring.
-            let r = sh.with_track(|t, sec| {
-                t.post_plain(sh, sec, &plain, signaled, reserved)?;
-                let req = Req {
-                    cb: cb.take(),
-                    mr: mr.take(),
-                    rare: None,
-                    signaled,
-                };
-                t.sq.push(Some(req), 0, false);
-                Ok(())
-            });
-            return r.map_err(|error| {
-                // Nothing was posted; the MR is dropped outside the guard.
-                drop(mr);
-                refused(error, cb)
-            });
-        }
+        // A request that keeps a pooled MR or invalidates lazily takes the
+        // general path, however plain its WR.
+        let chain = if pooled.is_none() && lazy_inv.is_none() {
+            match chain.into_plain() {
+                Ok((plain, mr)) => return self.submit_plain(plain, mr, cb, signaled, reserved),
+                Err(chain) => chain,
+            }
+        } else {
+            chain
+        };
         self.submit_general(chain, cb, signaled, reserved, pooled, lazy_inv)
+    }
+
+    /// [`UlpQp::submit`] of one plain WR over one buffer, taken apart.
+    #[inline(always)]
+    fn submit_plain(
+        &self,
+        plain: Plain,
+        mr: Option<Arc<Mr>>,
+        cb: Option<Cb>,
+        signaled: bool,
+        reserved: u32,
+    ) -> std::result::Result<(), UlpPostError> {
+        let sh = &*self.sh;
+        let (mut cb, mut mr) = (cb, mr);
+        // The short path: post and track under one guard, the request
+        // straight into its WR's slot of the ring.
+        let r = sh.with_track(|t, sec| {
+            t.post_plain(sh, sec, &plain, signaled, reserved)?;
+            let req = Req {
+                cb: cb.take(),
+                mr: mr.take(),
+                rare: None,
+                signaled,
+            };
+            t.sq.push(Some(req), 0, false);
+            Ok(())
+        });
+        r.map_err(|error| {
+            // Nothing was posted; the MR is dropped outside the guard.
+            drop(mr);
+            refused(error, cb)
+        })
     }
 
     /// [`UlpQp::submit`] of anything but one plain WR over one buffer:
