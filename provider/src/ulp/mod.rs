@@ -49,8 +49,10 @@
 //!   buffer posted with [`UlpQp::post`] (a [`Chain`] keeps one WR inline,
 //!   an [`Sgl`] one buffer): its callback is stored inline in the
 //!   request (closures of up to four words; larger ones are boxed once),
-//!   the request keeps only that buffer's MR (and the buffer its checked
-//!   scatter entry, so the WR is built without asking the MR again); each
+//!   the request keeps only that buffer's MR (none for a buffer of a
+//!   `'static` MR, [`LocalBuf::from_static`]: no reference count per
+//!   request), and the buffer its checked scatter entry, so the WR is
+//!   built without asking the MR again; each
 //!   queue is a ring of slots indexed by the sequence number the `wr_id`
 //!   carries, the request in the slot of its (last) WR, so a completion
 //!   finds it without a lookup; the completion buffer (the CQ's) and the
