@@ -195,19 +195,8 @@ impl Pair {
     /// own cost with nothing of the closure's.
     #[inline(never)]
     fn ulp_lean(&mut self, len: u32) {
-        let wr = UlpWr::write(LocalBuf::new(&self.src, 0, len).unwrap(), self.dst.remote(0));
-        let d: &'static AtomicU64 = self.lean;
-        let want = d.load(Ordering::Relaxed) + 1;
-        self.a
-            .qp
-            .post(wr, move |wc| {
-                assert!(wc.is_success());
-                d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            })
-            .unwrap();
-        while d.load(Ordering::Relaxed) < want {
-            self.a.cq.poll(16).unwrap();
-        }
+        let buf = LocalBuf::new(&self.src, 0, len).unwrap();
+        self.post_and_poll_lean(buf);
     }
 
     /// As [`Pair::ulp_lean`], over a buffer of an MR that lives for the
@@ -215,10 +204,14 @@ impl Pair {
     /// of the MR per request either.
     #[inline(never)]
     fn ulp_static(&mut self, len: u32) {
-        let wr = UlpWr::write(
-            LocalBuf::from_static(self.src_static, 0, len).unwrap(),
-            self.dst.remote(0),
-        );
+        let buf = LocalBuf::from_static(self.src_static, 0, len).unwrap();
+        self.post_and_poll_lean(buf);
+    }
+
+    /// A WRITE of `buf` posted with the lean callback, polled until it ran.
+    #[inline(always)]
+    fn post_and_poll_lean(&mut self, buf: LocalBuf) {
+        let wr = UlpWr::write(buf, self.dst.remote(0));
         let d: &'static AtomicU64 = self.lean;
         let want = d.load(Ordering::Relaxed) + 1;
         self.a

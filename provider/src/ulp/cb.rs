@@ -120,13 +120,13 @@ impl Drop for Cb {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
 
-    /// Counts its drops.
-    struct Probe(Arc<AtomicU32>);
+    /// Counts its drops (the layer's unit tests share it).
+    pub(crate) struct Probe(pub(crate) Arc<AtomicU32>);
     impl Drop for Probe {
         fn drop(&mut self) {
             self.0.fetch_add(1, Ordering::SeqCst);

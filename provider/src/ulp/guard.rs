@@ -174,17 +174,10 @@ impl DeviceSection for Direct {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cb::tests::Probe;
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-
-    /// Counts its drops.
-    struct Probe(Arc<AtomicU32>);
-    impl Drop for Probe {
-        fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
 
     /// The closure runs once however often the section calls back; its
     /// captures are dropped once, whether it ran or not.
@@ -218,30 +211,14 @@ mod tests {
     /// refuses another device's with `EINVAL`.
     #[test]
     fn a_soft_section_refuses_another_devices_objects() {
-        use crate::verbs::{ErrorKind, QpCap, QpInitAttr, QpType};
+        use crate::ulp::{UlpCq, UlpQp, UlpQpInit};
+        use crate::verbs::ErrorKind;
         let devs = crate::soft::embedded_default().unwrap();
         let (c0, c1) = (devs[0].open().unwrap(), devs[1].open().unwrap());
-        let (cq0, cq1) = (
-            c0.create_cq(16, 0, None, 0).unwrap(),
-            c1.create_cq(16, 0, None, 0).unwrap(),
-        );
-        let pd1 = c1.alloc_pd().unwrap();
-        let qp1 = pd1
-            .create_qp(&QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: &cq1,
-                recv_cq: &cq1,
-                srq: None,
-                cap: QpCap {
-                    max_send_wr: 4,
-                    max_recv_wr: 4,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: false,
-            })
-            .unwrap();
+        let cq0 = c0.create_cq(16, 0, None, 0).unwrap();
+        let ucq1 = UlpCq::new(&c1, 256).unwrap();
+        let uqp1 = UlpQp::create(&c1.alloc_pd().unwrap(), &ucq1, &ucq1, &UlpQpInit::default()).unwrap();
+        let (cq1, qp1) = (ucq1.cq(), uqp1.qp());
         assert_ne!(cq0.ops().device_lock(), cq1.ops().device_lock());
         let mut wc = [crate::verbs::WorkCompletion::default(); 4];
         let (own, other_cq, other_qp) = in_cq_section(&**cq0.ops(), false, |sec| {
