@@ -152,6 +152,7 @@ impl Shared {
                 delayed: None,
                 #[cfg(feature = "hardware")]
                 hw_devices: HashMap::new(),
+                gone: Vec::new(),
             }),
             inbox: Inbox::default(),
             wake,
@@ -199,9 +200,34 @@ impl Shared {
     }
 }
 
+/// The CM's state, locked; what [`forget_id`] forgot under the lock is
+/// dropped after it is released ([`State::gone`]).
+pub(crate) struct StateGuard<'a>(Option<MutexGuard<'a, State>>);
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.0.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let gone = self.0.as_mut().map(|st| std::mem::take(&mut st.gone));
+        drop(self.0.take());
+        drop(gone);
+    }
+}
+
 impl Inner {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) fn lock(&self) -> StateGuard<'_> {
+        StateGuard(Some(self.st.lock().unwrap_or_else(|p| p.into_inner())))
     }
 
     pub(crate) fn wake(&self) {
@@ -246,9 +272,7 @@ impl Inner {
         id.timer = None;
         id.state = IdState::Removed;
         if id.destroyed {
-            let c = id.local_comm_id;
-            st.ids.remove(&key);
-            st.by_comm.remove(&c);
+            forget_id(st, key);
             return;
         }
         st.post_kind(key, CmEventKind::DeviceRemoval);

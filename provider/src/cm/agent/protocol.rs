@@ -35,9 +35,7 @@ impl Inner {
             if state == IdState::TimeWait {
                 id.state = IdState::Done;
                 if id.destroyed {
-                    let c = id.local_comm_id;
-                    st.ids.remove(&key);
-                    st.by_comm.remove(&c);
+                    forget_id(&mut st, key);
                 } else {
                     st.post_kind(key, CmEventKind::TimewaitExit);
                 }

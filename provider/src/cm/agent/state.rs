@@ -190,6 +190,12 @@ pub(crate) struct State {
     /// The subsystem's hardware devices (their ids run on librdmacm).
     #[cfg(feature = "hardware")]
     pub(crate) hw_devices: HashMap<String, DeviceRef>,
+    /// Ids forgotten under the lock ([`forget_id`]), dropped after it is
+    /// released (the agent's `StateGuard`): an id holds its event
+    /// channel, whose last reference drops the events still queued, and
+    /// a connect request's event rejects its request when dropped, which
+    /// takes this lock again.
+    pub(crate) gone: Vec<Id>,
 }
 
 impl State {
@@ -324,9 +330,11 @@ pub(crate) fn enter_timewait(st: &mut State, key: u64, wait: Duration) {
     }
 }
 
-/// Drops a destroyed id that has nothing left to wait for.
+/// Forgets a destroyed id that has nothing left to wait for; it is
+/// dropped once the lock is released ([`State::gone`]).
 pub(crate) fn forget_id(st: &mut State, key: u64) {
     if let Some(id) = st.ids.remove(&key) {
         st.by_comm.remove(&id.local_comm_id);
+        st.gone.push(id);
     }
 }

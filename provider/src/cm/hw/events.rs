@@ -14,7 +14,7 @@ use std::thread::{JoinHandle, ThreadId};
 
 use rdma_sys::{rdma_cm_event, rdma_cm_id, rdma_port_space, rdma_ud_param};
 
-use crate::cm::agent::{qp_to_err, Id, IdState, Inner, State};
+use crate::cm::agent::{qp_to_err, Id, IdState, Inner, StateGuard};
 use crate::cm::hwmap::{self, Action};
 use crate::cm::{CmEventKind, ConnParam, Error, PortSpace, Result, UdParam};
 use crate::verbs::{AhAttr, Gid, GlobalRoute, QpState};
@@ -369,7 +369,7 @@ fn deliver(
 
 /// A request on a listener: a new id, owned by the CM, delivered with
 /// `ConnectRequest` on the listener's channel.
-fn new_request(inner: &Arc<Inner>, mut st: std::sync::MutexGuard<'_, State>, raw: RawEvent) {
+fn new_request(inner: &Arc<Inner>, mut st: StateGuard<'_>, raw: RawEvent) {
     let Some(p) = raw.new_id else { return };
     let Some(owner) = inner.owner.get().cloned() else {
         drop(st);
