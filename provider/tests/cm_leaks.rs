@@ -1,7 +1,8 @@
 //! Resource leaks of the connection manager: 2,200 connect/accept/
 //! disconnect cycles leave no descriptor, thread, id or heap memory
-//! behind (a counting allocator), and dropping the CM stops its thread
-//! and frees the devices' QP1. One test in its own binary, so that no
+//! behind (a counting allocator), dropping the CM stops its thread and
+//! frees the devices' QP1, and a destroyed listener frees the channel
+//! that only it still held. One test in its own binary, so that no
 //! other test's threads, descriptors or allocations are counted.
 
 mod cm_common;
@@ -61,6 +62,51 @@ static ALLOC: Counting = Counting;
 fn no_leaks() {
     cycles_leak_no_fd_or_thread();
     dropping_the_cm_stops_its_thread_and_frees_qp1();
+    a_destroyed_listener_frees_its_channel_and_the_request_left_in_it();
+}
+
+/// A listener destroyed after the application dropped its event channel,
+/// with a connect request nobody took still queued there: the listener's
+/// id holds the channel's last reference, so the destroy drops the
+/// channel (its descriptor is closed) and the queued event, which
+/// rejects its request. The destroy completes: it used to drop the id
+/// under the CM's lock, which that reject takes again (a deadlock); the
+/// id is now dropped after the lock, not kept.
+fn a_destroyed_listener_frees_its_channel_and_the_request_left_in_it() {
+    let w = world(108, 2, fast_config());
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(108, 1), sa(108, 2, 9000));
+    let r = with_qp(&c);
+    let fds = fd_count();
+    let sch = EventChannel::new().unwrap();
+    let l = listener(
+        &w.cm,
+        &sch,
+        PortSpace::Tcp,
+        std::net::SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), 9000),
+    );
+    c.connect(&ConnParam::default()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sch.pending() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no connect request queued");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(sch);
+    // The destroy, on a thread of its own: should it deadlock, the test
+    // fails here instead of hanging.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(l);
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(Duration::from_secs(30)).is_err() {
+        // The stuck thread holds the CM's lock: leak what would wait for
+        // it on the way out, so that the test fails instead of hanging.
+        std::mem::forget((c, r, ch, w));
+        panic!("destroying the listener deadlocked");
+    }
+    expect(&ch, CmEventKind::Rejected);
+    assert_eq!(fd_count(), fds, "the listener's channel is still open");
 }
 
 fn connected(w: &World, net: u8, port: u16, sch: &EventChannel, ch: &EventChannel) -> (CmId, Res, CmId, Res) {
