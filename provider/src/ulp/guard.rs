@@ -207,6 +207,46 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), 3, "dropped uncalled");
     }
 
+    /// A verb called from inside a section would wait for the engine lock
+    /// its own thread holds: debug builds panic instead, before locking,
+    /// and the device stays usable.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_verb_called_inside_a_section_panics_in_debug_builds() {
+        use crate::soft::{SoftDevice, SoftDeviceConfig};
+        use crate::ulp::{UlpCq, UlpQp, UlpQpInit};
+        // A device of its own: should the check be gone, the thread below
+        // waits for ever holding this device's lock, and nothing else.
+        let dev = SoftDevice::create(SoftDeviceConfig::new(
+            "ulp_section_reentry",
+            "127.83.204.1".parse().unwrap(),
+        ))
+        .unwrap();
+        let ctx = dev.open().unwrap();
+        let cq = UlpCq::new(&ctx, 256).unwrap();
+        let qp = UlpQp::create(&ctx.alloc_pd().unwrap(), &cq, &cq, &UlpQpInit::default()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let qp = Arc::new(qp);
+        let q = qp.clone();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                in_qp_section(&**q.qp().ops(), |_| q.qp().query().map(|a| a.qp_state))
+            }));
+            let msg = r.err().and_then(|m| m.downcast_ref::<&str>().map(|s| s.to_string()));
+            let _ = tx.send(msg);
+        });
+        let Ok(msg) = rx.recv_timeout(std::time::Duration::from_secs(30)) else {
+            // The thread holds the device's lock for ever: leak what would
+            // wait for it, so that the test fails instead of hanging.
+            std::mem::forget((qp, cq, ctx, dev));
+            panic!("a verb called inside a section deadlocked");
+        };
+        let msg = msg.expect("a panic");
+        assert!(msg.contains("inside a device section"), "{msg}");
+        assert!(qp.qp().query().is_ok(), "the device is usable after");
+        assert_eq!(cq.poll(4).unwrap(), 0);
+    }
+
     /// A soft device's section posts to and polls its own objects, and
     /// refuses another device's with `EINVAL`.
     #[test]
