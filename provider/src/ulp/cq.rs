@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use super::guard::{in_cq_section, Direct, Guarded};
+use super::guard::Guarded;
 use super::qp::{Alone, Done, QpShared};
 use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection};
 use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkCompletion};
@@ -135,16 +135,7 @@ impl CqShared {
     /// through the section, nor drop what could.
     #[inline(always)]
     fn with_poll<R>(&self, poll: bool, f: impl FnOnce(&mut PollState, &mut dyn DeviceSection) -> R) -> R {
-        match self.poll.lock_own() {
-            // SAFETY: the own mutex is held for the call; no other
-            // reference to the poll state is taken under it.
-            Some(_own) => f(unsafe { self.poll.get() }, &mut Direct),
-            None => in_cq_section(self.ops(), poll, |sec| {
-                // SAFETY: inside a section of the CQ's device, whose lock
-                // guards the poll state; the only reference taken in it.
-                f(unsafe { self.poll.get() }, sec)
-            }),
-        }
+        self.poll.with(|g| self.ops().locked(poll, g), f)
     }
 
     pub(crate) fn commit(&self, n: u32) -> Result<()> {
@@ -184,11 +175,11 @@ impl CqShared {
     }
 
     /// Reads up to `want` completions under the guard and retires what
-    /// they complete: one completion that is the common case alone, if
-    /// `out` is empty (and `out` is `None` or empty: see
-    /// [`Read::Alone`]); anything else into `out`, or into this thread's
-    /// list if `out` is `None` (the caller knows it is free: [`LISTED`]
-    /// is false), which is then marked as listed.
+    /// they complete: a lone completion of the common case into `alone`
+    /// if `out` is `None` or empty ([`Read::Alone`]); anything else into
+    /// `out`, or into this thread's list if `out` is `None` (the caller
+    /// knows it is free: [`LISTED`] is false), which is then marked as
+    /// listed.
     #[inline(always)]
     fn read(&self, want: usize, out: Option<&mut Vec<Done>>, alone: &mut MaybeUninit<Alone>) -> Result<Read> {
         self.with_poll(true, |st, sec| {
@@ -278,8 +269,15 @@ impl CqShared {
     }
 
     /// Hands stray errors to the sink, outside every guard.
-    #[cold]
+    #[inline]
     fn sink_strays(&self, strays: Vec<WorkCompletion>) {
+        if !strays.is_empty() {
+            self.sink_strays_now(&strays);
+        }
+    }
+
+    #[cold]
+    fn sink_strays_now(&self, strays: &[WorkCompletion]) {
         if let Some(sink) = &*self.stray_sink.read().unwrap_or_else(|p| p.into_inner()) {
             strays.iter().for_each(sink);
         }
@@ -330,9 +328,7 @@ impl CqShared {
         total: usize,
         budget: usize,
     ) -> Result<usize> {
-        if !strays.is_empty() {
-            self.sink_strays(strays);
-        }
+        self.sink_strays(strays);
         DONE.with(|d| {
             let mut out = d.borrow_mut();
             self.run_list(&mut out);
@@ -385,9 +381,7 @@ impl CqShared {
                 }
                 Ok(Read::Empty) => Ok(0),
                 Ok(Read::Listed(n, strays)) => {
-                    if !strays.is_empty() {
-                        self.sink_strays(strays);
-                    }
+                    self.sink_strays(strays);
                     Ok(n)
                 }
                 Err(e) => Err(e),

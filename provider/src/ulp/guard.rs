@@ -14,19 +14,23 @@ use crate::verbs::{PostError, RecvWr, Result, SendWr, WorkCompletion};
 
 /// A value guarded by the layer's own mutex or by a device's lock.
 pub(crate) struct Guarded<T> {
-    /// The layer's own lock; `None` when the device lock `device` guards
-    /// the value (it is then only touched inside a section of it).
-    own: Option<Mutex<()>>,
-    /// The device lock that guards the value (`None`: the own mutex).
-    device: Option<DeviceLockId>,
+    guard: Guard,
     cell: UnsafeCell<T>,
 }
 
-// SAFETY: the value is only reached through `get`, whose contract is that
-// the caller holds the guard (the own mutex, or the device's lock inside a
-// section): one thread at a time, so sharing the `Guarded` between threads
-// hands out no shared mutable access; `T: Send` lets the value be used
-// from whichever thread holds the guard.
+/// What guards a [`Guarded`] value.
+enum Guard {
+    /// The layer's own mutex.
+    Own(Mutex<()>),
+    /// A device's lock: the value is only touched inside a section of it.
+    Device(DeviceLockId),
+}
+
+// SAFETY: the value is only reached through `with` and `with_held`, which
+// hold the guard (the own mutex, or the device's lock inside a section)
+// for as long as the reference lives: one thread at a time, so sharing
+// the `Guarded` between threads hands out no shared mutable access;
+// `T: Send` lets the value be used from whichever thread holds the guard.
 unsafe impl<T: Send> Sync for Guarded<T> {}
 
 impl<T> Guarded<T> {
@@ -34,8 +38,7 @@ impl<T> Guarded<T> {
     /// mutex of its own.
     pub(crate) fn new(value: T, device: Option<DeviceLockId>) -> Guarded<T> {
         Guarded {
-            own: device.is_none().then(|| Mutex::new(())),
-            device,
+            guard: device.map_or_else(|| Guard::Own(Mutex::new(())), Guard::Device),
             cell: UnsafeCell::new(value),
         }
     }
@@ -43,47 +46,82 @@ impl<T> Guarded<T> {
     /// The device lock guarding the value, if it is not the own mutex.
     #[inline]
     pub(crate) fn device(&self) -> Option<DeviceLockId> {
-        self.device
+        match self.guard {
+            Guard::Own(_) => None,
+            Guard::Device(d) => Some(d),
+        }
     }
 
     /// Takes the own mutex (`None` when the device lock guards the value).
     #[inline]
-    pub(crate) fn lock_own(&self) -> Option<MutexGuard<'_, ()>> {
-        self.own.as_ref().map(lock)
+    pub(super) fn lock_own(&self) -> Option<MutexGuard<'_, ()>> {
+        match &self.guard {
+            Guard::Own(m) => Some(lock(m)),
+            Guard::Device(_) => None,
+        }
     }
 
-    /// The value.
+    /// Runs `f` on the value holding its guard, with the section to post
+    /// and poll through: the own mutex and [`Direct`], or the device's
+    /// lock and the section `open` opens (it must be one of that device).
+    /// `f` runs exactly once; a backend that offered a device lock and ran
+    /// no section makes this panic.
+    #[inline(always)]
+    pub(crate) fn with<R>(
+        &self,
+        open: impl FnOnce(&mut dyn FnMut(&mut dyn DeviceSection)) -> bool,
+        f: impl FnOnce(&mut T, &mut dyn DeviceSection) -> R,
+    ) -> R {
+        match self.lock_own() {
+            // SAFETY: the own mutex is held for the call; no other
+            // reference to the value is taken under it.
+            Some(_own) => f(unsafe { self.get() }, &mut Direct),
+            None => in_section(open, |sec| {
+                // SAFETY: inside a section of the device whose lock guards
+                // the value (the caller's `open`); the only reference to
+                // it taken in the section.
+                f(unsafe { self.get() }, sec)
+            }),
+        }
+    }
+
+    /// Runs `f` on the value from inside a section already open, or under
+    /// the own mutex, which it takes.
     ///
     /// # Safety
     ///
-    /// The caller holds the guard for as long as the reference lives: the
-    /// own mutex ([`Guarded::lock_own`]) or, with a device lock, runs
-    /// inside a section of that device. And it holds no other reference
-    /// to this value while it uses this one.
-    #[inline]
+    /// If the device's lock guards the value, the caller runs inside a
+    /// section of that device and holds no other reference to the value.
+    #[inline(always)]
+    pub(crate) unsafe fn with_held<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let _own = self.lock_own();
+        // SAFETY: the own mutex is held, or (the caller's contract) the
+        // device's lock in a section, with no other reference taken.
+        f(unsafe { self.get() })
+    }
+
+    /// # Safety
+    ///
+    /// The caller holds the guard for as long as the reference lives, and
+    /// no other reference to the value.
+    #[inline(always)]
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn get(&self) -> &mut T {
+    unsafe fn get(&self) -> &mut T {
         // SAFETY: exclusive per the contract.
         unsafe { &mut *self.cell.get() }
     }
 }
 
-/// Runs `f` inside a section of the device whose lock `qp` takes. `f`
-/// runs exactly once, or the backend's broken promise (a device lock it
-/// then does not offer) panics.
+/// Runs `f` inside the section `open` opens (`QpOps::locked`,
+/// `CqOps::locked`). `f` runs exactly once, or the backend's broken
+/// promise (a device lock it then does not offer) panics.
 #[inline(always)]
-pub(crate) fn in_qp_section<R>(qp: &dyn QpOps, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+pub(crate) fn in_section<R>(
+    open: impl FnOnce(&mut dyn FnMut(&mut dyn DeviceSection)) -> bool,
+    f: impl FnOnce(&mut dyn DeviceSection) -> R,
+) -> R {
     let mut once = Once::new(f);
-    qp.locked(&mut |sec| once.run(sec));
-    once.result()
-}
-
-/// Runs `f` inside a section of the device whose lock `cq` takes (as a
-/// poll, reading the device's link first, if `poll`).
-#[inline(always)]
-pub(crate) fn in_cq_section<R>(cq: &dyn CqOps, poll: bool, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
-    let mut once = Once::new(f);
-    cq.locked(poll, &mut |sec| once.run(sec));
+    open(&mut |sec| once.run(sec));
     once.result()
 }
 
@@ -230,7 +268,7 @@ mod tests {
         let q = qp.clone();
         std::thread::spawn(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                in_qp_section(&**q.qp().ops(), |_| q.qp().query().map(|a| a.qp_state))
+                in_section(|g| q.qp().ops().locked(g), |_| q.qp().query().map(|a| a.qp_state))
             }));
             let msg = r.err().and_then(|m| m.downcast_ref::<&str>().map(|s| s.to_string()));
             let _ = tx.send(msg);
@@ -261,19 +299,22 @@ mod tests {
         let (cq1, qp1) = (ucq1.cq(), uqp1.qp());
         assert_ne!(cq0.ops().device_lock(), cq1.ops().device_lock());
         let mut wc = [crate::verbs::WorkCompletion::default(); 4];
-        let (own, other_cq, other_qp) = in_cq_section(&**cq0.ops(), false, |sec| {
-            (
-                sec.poll(&**cq0.ops(), &mut wc),
-                sec.poll(&**cq1.ops(), &mut wc),
-                sec.post_recv(&**qp1.ops(), &[]),
-            )
-        });
+        let (own, other_cq, other_qp) = in_section(
+            |g| cq0.ops().locked(false, g),
+            |sec| {
+                (
+                    sec.poll(&**cq0.ops(), &mut wc),
+                    sec.poll(&**cq1.ops(), &mut wc),
+                    sec.post_recv(&**qp1.ops(), &[]),
+                )
+            },
+        );
         assert_eq!(own.unwrap(), 0);
         assert_eq!(other_cq.unwrap_err().kind(), ErrorKind::InvalidArgument);
         assert_eq!(other_qp.unwrap_err().error.kind(), ErrorKind::InvalidArgument);
         // Its own QP, through a section opened on it (in RESET: refused by
         // the QP itself, not for its device).
-        let r = in_qp_section(&**qp1.ops(), |sec| sec.post_recv(&**qp1.ops(), &[]));
+        let r = in_section(|g| qp1.ops().locked(g), |sec| sec.post_recv(&**qp1.ops(), &[]));
         assert!(r.is_ok() || !r.unwrap_err().error.to_string().contains("another device"));
     }
 }

@@ -476,21 +476,6 @@ impl UlpWr {
         self.sgl.iter().map(LocalBuf::sge).collect()
     }
 
-    /// Whether [`UlpWr::into_plain`] takes the WR apart.
-    fn is_plain(&self) -> bool {
-        matches!(
-            self,
-            UlpWr {
-                kind: WrKind::Op(op),
-                sgl: Sgl(SglRepr::One(_)),
-                frmr_sge: None,
-                frmr: None,
-                inline: None,
-                flags,
-            } if !op.is_rd_atomic() && !flags.contains(SendFlags::FENCE)
-        )
-    }
-
     /// A plain WR (see [`Chain::into_plain`]) taken apart, by value;
     /// any other comes back.
     #[inline(always)]
@@ -625,9 +610,12 @@ impl Chain {
     pub(crate) fn into_plain(self) -> std::result::Result<(Plain, Option<Arc<Mr>>), Chain> {
         match self.0 {
             ChainRepr::One(w) => w.into_plain().map_err(|w| Chain(ChainRepr::One(w))),
-            ChainRepr::Many(mut v) if v.len() == 1 && v[0].is_plain() => {
+            ChainRepr::Many(mut v) if v.len() == 1 => {
                 let w = v.pop().expect("one WR");
-                w.into_plain().map_err(|w| Chain(ChainRepr::Many(vec![w])))
+                w.into_plain().map_err(|w| {
+                    v.push(w);
+                    Chain(ChainRepr::Many(v))
+                })
             }
             repr => Err(Chain(repr)),
         }

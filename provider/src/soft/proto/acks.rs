@@ -108,7 +108,8 @@ fn is_response(t: &Transmit) -> bool {
         .is_some_and(|i| !i.is_request())
 }
 
-fn dest_qpn(t: &Transmit) -> [u8; 3] {
+/// The destination QP number in a packet's BTH, as on the wire.
+pub(crate) fn dest_qpn(t: &Transmit) -> [u8; 3] {
     [t.data[5], t.data[6], t.data[7]]
 }
 

@@ -856,7 +856,7 @@ impl Core {
                 && t.train.is_none()
                 && t.data.len() == ACK_LEN + crate::soft::wire::ICRC_LEN
                 && t.dst == dst
-                && t.data[5..8] == qp.attr.dest_qp_num.to_be_bytes()[1..]
+                && super::acks::dest_qpn(t)[..] == qp.attr.dest_qp_num.to_be_bytes()[1..]
         };
         if !self.tx.back().is_some_and(superseded) {
             return false;

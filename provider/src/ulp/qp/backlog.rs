@@ -35,7 +35,7 @@ impl Track {
     pub(super) fn pump(&mut self, sh: &QpShared, sec: &mut dyn DeviceSection, out: &mut Vec<Done>) {
         while let Some(q) = self.backlog.front() {
             let dead = self.sq.err || self.closing;
-            if !dead && q.rd > 0 && self.rd_out > 0 && self.rd_out + q.rd > self.rd_depth.max(1) {
+            if !dead && q.rd > 0 && self.rd_out > 0 && self.rd_out + q.rd > sh.rd_limit() {
                 break;
             }
             let q = self.backlog.pop_front().expect("front exists");

@@ -13,13 +13,13 @@ mod retire;
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::cb::Cb;
 use super::cq::{CqShared, UlpCq};
-use super::guard::{in_qp_section, Direct, Guarded};
+use super::guard::Guarded;
 use super::pool::PooledMr;
 use super::wr::{Callback, Chain, Kept, LocalBuf, Sgl, UlpWr};
 use crate::verbs::backend::{DeviceSection, QpOps};
@@ -37,6 +37,9 @@ const SEQ_MASK: u64 = (1 << SEQ_BITS) - 1;
 /// The QP's epoch: 15 bits above the sequence, so that a completion of a
 /// closed QP whose number was reused is not taken for one of the new QP.
 const EPOCH_MASK: u64 = !(RQ_BIT | SEQ_MASK);
+
+/// [`QpShared::rd_depth`] before the depth is known.
+const RD_UNKNOWN: u32 = u32::MAX;
 
 /// How long closing a QP waits for the device to flush what it has in
 /// flight before completing the rest itself.
@@ -460,7 +463,6 @@ struct Track {
     sq_used: u32,
     rq_cap: u32,
     rq_used: u32,
-    rd_depth: u32,
     rd_out: u32,
     rd_peak: u32,
     backlog: VecDeque<Queued>,
@@ -481,9 +483,10 @@ pub(crate) struct QpShared {
     recv_cq: Arc<CqShared>,
     budget: SqBudget,
     qp_type: QpType,
-    /// Whether the tracker's READ depth is known (given through
-    /// [`UlpQp::modify`] or asked of the QP once).
-    rd_known: std::sync::atomic::AtomicBool,
+    /// The READ/atomic depth in force (`max_rd_atomic`), given through
+    /// [`UlpQp::modify`] or asked of the QP at the first READ; [`RD_UNKNOWN`]
+    /// until then.
+    rd_depth: AtomicU32,
 }
 
 impl Track {
@@ -495,7 +498,6 @@ impl Track {
             sq_used: 0,
             rq_cap,
             rq_used: 0,
-            rd_depth: 0,
             rd_out: 0,
             rd_peak: 0,
             backlog: VecDeque::new(),
@@ -528,17 +530,7 @@ impl QpShared {
     /// releases goes out to be dropped after.
     #[inline(always)]
     fn with_track<R>(&self, f: impl FnOnce(&mut Track, &mut dyn DeviceSection) -> R) -> R {
-        match self.track.lock_own() {
-            // SAFETY: the own mutex is held for the call; no other
-            // reference to the tracker is taken under it.
-            Some(_own) => f(unsafe { self.track.get() }, &mut Direct),
-            None => in_qp_section(self.ops(), |sec| {
-                // SAFETY: inside a section of the QP's device, whose lock
-                // guards the tracker (`Guarded::new` at creation); this is
-                // the only reference to it taken in the section.
-                f(unsafe { self.track.get() }, sec)
-            }),
-        }
+        self.track.with(|g| self.ops().locked(g), f)
     }
 
     /// [`QpShared::with_track`] for a caller already inside a section of
@@ -552,10 +544,33 @@ impl QpShared {
     /// this QP's tracker.
     #[inline(always)]
     unsafe fn with_track_in<R>(&self, f: impl FnOnce(&mut Track) -> R) -> R {
-        let _own = self.track.lock_own();
-        // SAFETY: the own mutex is held, or (the caller's contract) the
-        // device's lock in a section, with no other reference taken.
-        f(unsafe { self.track.get() })
+        // SAFETY: the caller's contract.
+        unsafe { self.track.with_held(f) }
+    }
+
+    /// The READ/atomic depth in force, asked of the QP (a verb: never
+    /// under the tracker's guard) if it is not known yet.
+    fn rd_depth(&self) -> u32 {
+        match self.rd_depth.load(Ordering::Relaxed) {
+            RD_UNKNOWN => {
+                let d = self.qp.query().map_or(1, |a| u32::from(a.max_rd_atomic).max(1));
+                // A `modify` meanwhile wins.
+                let _ = self
+                    .rd_depth
+                    .compare_exchange(RD_UNKNOWN, d, Ordering::Relaxed, Ordering::Relaxed);
+                self.rd_depth.load(Ordering::Relaxed)
+            }
+            d => d,
+        }
+    }
+
+    /// The READ/atomic depth to keep to, without asking the QP (under the
+    /// tracker's guard: the depth is known once a READ was posted).
+    fn rd_limit(&self) -> u32 {
+        match self.rd_depth.load(Ordering::Relaxed) {
+            RD_UNKNOWN => 1,
+            d => d.max(1),
+        }
     }
 
     fn is_idle(&self) -> bool {
@@ -735,7 +750,7 @@ impl UlpQp {
             recv_cq: recv_cq.inner.clone(),
             budget: ctx_budget,
             qp_type: init.qp_type,
-            rd_known: std::sync::atomic::AtomicBool::new(false),
+            rd_depth: AtomicU32::new(RD_UNKNOWN),
         });
         send_cq.inner.attach(&sh);
         if !same {
@@ -771,9 +786,7 @@ impl UlpQp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.sh.qp.modify(attr, mask)?;
         if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            let depth = u32::from(attr.max_rd_atomic);
-            self.sh.with_track(|t, _| t.rd_depth = depth);
-            self.sh.rd_known.store(true, Ordering::Release);
+            self.sh.rd_depth.store(u32::from(attr.max_rd_atomic), Ordering::Relaxed);
         }
         Ok(())
     }
@@ -783,7 +796,10 @@ impl UlpQp {
         self.sh.with_track(|t, _| QpStats {
             rd_outstanding: t.rd_out,
             rd_peak: t.rd_peak,
-            rd_depth: t.rd_depth,
+            rd_depth: match self.sh.rd_depth.load(Ordering::Relaxed) {
+                RD_UNKNOWN => 0,
+                d => d,
+            },
             sq_used: t.sq_used,
             sq_cap: t.sq_cap,
             ..t.stats

@@ -11,7 +11,7 @@ impl Track {
     /// READ credit or backlog applies (it neither is a READ nor fenced).
     /// On success the slot is taken and the request counted; the caller
     /// puts the request in the ring's next slot (the WR's). On an error
-    /// nothing was posted, and the reserved slots are given back.
+    /// nothing was posted (the caller gives the reserved slots back).
     #[inline(always)]
     pub(super) fn post_plain(
         &mut self,
@@ -22,21 +22,17 @@ impl Track {
         reserved: u32,
     ) -> Result<()> {
         if self.closing {
-            self.sq_used -= reserved;
             return Err(closing());
         }
         let need = 1 - reserved.min(1);
         let free = self.sq_cap - self.sq_used;
         if need > free {
-            self.sq_used -= reserved;
             return Err(no_room_for_one(need, free, self.sq_cap));
         }
         let sge = [p.sge()];
         let wr = p.send_wr(sh.epoch | self.sq.next, &sge, signaled);
-        if let Err(e) = sec.post_send(sh.ops(), std::slice::from_ref(&wr)) {
-            self.sq_used -= reserved;
-            return Err(e.error);
-        }
+        sec.post_send(sh.ops(), std::slice::from_ref(&wr))
+            .map_err(|e| e.error)?;
         self.sq_used += need;
         self.stats.requests += 1;
         Ok(())
@@ -147,6 +143,7 @@ impl UlpQp {
     /// qp.post(vec![UlpWr::send(vec![buf])], |wc| println!("send done: {:?}", wc.status))?;
     /// # Ok(()) }
     /// ```
+    #[inline(always)]
     pub fn post(
         &self,
         chain: impl Into<Chain>,
@@ -251,7 +248,10 @@ impl UlpQp {
         // The short path: post and track under one guard, the request
         // straight into its WR's slot of the ring.
         let r = sh.with_track(|t, sec| {
-            t.post_plain(sh, sec, &plain, signaled, reserved)?;
+            if let Err(error) = t.post_plain(sh, sec, &plain, signaled, reserved) {
+                t.sq_used -= reserved;
+                return Err(error);
+            }
             let req = Req {
                 cb: cb.take(),
                 mr: mr.take(),
@@ -288,11 +288,7 @@ impl UlpQp {
         });
         // The READ depth, if not given through `modify`: asked of the QP
         // once, outside the tracker's guard (a verb).
-        let depth = (rd > 0 && !sh.rd_known.load(Ordering::Acquire)).then(|| {
-            let d = sh.qp.query().map(|a| u32::from(a.max_rd_atomic)).unwrap_or(0).max(1);
-            sh.rd_known.store(true, Ordering::Release);
-            d
-        });
+        let depth = if rd > 0 { sh.rd_depth() } else { 0 };
         // What is refused or not posted is handed out of the guard, to be
         // released after it (an MR, a pooled MR, the callback's captures).
         let r = sh.with_track(move |t, sec| {
@@ -301,9 +297,9 @@ impl UlpQp {
                 Err(Box::new(Refused {
                     error,
                     cb,
-                    chain: Some(chain),
-                    pooled,
-                    req: None,
+                    _chain: Some(chain),
+                    _pooled: pooled,
+                    _req: None,
                 }))
             };
             if n == 0 {
@@ -327,11 +323,6 @@ impl UlpQp {
                 return fail(t, error, cb, chain, pooled);
             }
             t.sq_used += need;
-            if let Some(d) = depth {
-                if t.rd_depth == 0 {
-                    t.rd_depth = d;
-                }
-            }
             let mut req = Req::new(cb, signaled);
             if pooled.is_some() || lazy_inv.is_some() {
                 let r = req.rare();
@@ -340,7 +331,7 @@ impl UlpQp {
             }
             t.stats.requests += 1;
             let must_wait = (!t.backlog.is_empty() && (rd > 0 || fenced))
-                || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > t.rd_depth.max(1));
+                || (rd > 0 && t.rd_out > 0 && t.rd_out + rd > depth.max(1));
             if must_wait {
                 t.stats.queued_rd += 1;
                 t.backlog.push_back(Queued { req, chain, rd });
@@ -359,9 +350,9 @@ impl UlpQp {
                     Err(Box::new(Refused {
                         error,
                         cb: req.cb.take(),
-                        chain: None,
-                        pooled: None,
-                        req: Some(req),
+                        _chain: None,
+                        _pooled: None,
+                        _req: Some(req),
                     }))
                 }
                 // The posted prefix retires inside the layer, without the
@@ -372,23 +363,15 @@ impl UlpQp {
                         req.poison();
                         req.cb.take()
                     }),
-                    chain: None,
-                    pooled: None,
-                    req: None,
+                    _chain: None,
+                    _pooled: None,
+                    _req: None,
                 })),
             }
         });
-        r.map_err(|f| {
-            let Refused {
-                error,
-                cb,
-                chain,
-                pooled,
-                req,
-            } = *f;
-            drop((chain, pooled, req));
-            refused(error, cb)
-        })
+        // The rest of what was refused (chain, pooled MR, request) drops
+        // here, after the guard.
+        r.map_err(|f| refused(f.error, f.cb))
     }
 
     /// Posts a receive of `sgl`; `cb` is called once with its completion
@@ -451,13 +434,14 @@ impl UlpQp {
 }
 
 /// A post refused inside the tracker's guard, with what it had taken, to
-/// release after the guard.
+/// release after the guard (the fields only kept to be dropped then are
+/// never read).
 struct Refused {
     error: Error,
     cb: Option<Cb>,
-    chain: Option<Chain>,
-    pooled: Option<PooledMr>,
-    req: Option<Req>,
+    _chain: Option<Chain>,
+    _pooled: Option<PooledMr>,
+    _req: Option<Req>,
 }
 
 /// The error of a post to a closing QP (out of line: the posting paths

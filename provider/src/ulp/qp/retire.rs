@@ -16,20 +16,13 @@ impl Done {
         }
     }
 
-    /// Calls the callback if it is to be called, taking it (it runs at
-    /// most once); what the request keeps goes when the `Done` is dropped.
-    /// Returns whether a callback ran.
+    /// Calls the callback if it is to be called ([`Done::will_call`]),
+    /// taking it (it runs at most once); what the request keeps goes when
+    /// the `Done` is dropped.
     #[inline]
-    pub(crate) fn call_back(&mut self) -> bool {
-        if !self.call {
-            return false;
-        }
-        match self.req.cb.take() {
-            Some(cb) => {
-                cb.call(&self.wc);
-                true
-            }
-            None => false,
+    pub(crate) fn call_back(&mut self) {
+        if let Some(cb) = self.req.cb.take_if(|_| self.call) {
+            cb.call(&self.wc);
         }
     }
 
@@ -81,31 +74,27 @@ impl Alone {
     /// Calls the callback with the completion if it is to be called (in
     /// place, without moving it out), or drops it uncalled. What the
     /// request kept (its MR) goes when the `Alone` is dropped, after.
-    /// Returns whether a callback ran. The field is emptied after, so a
-    /// second `run` does nothing.
+    /// The field is emptied after, so a second `run` does nothing.
     #[inline]
-    pub(crate) fn run(&mut self) -> bool {
+    pub(crate) fn run(&mut self) {
         let call = self.call;
-        let ran = match &mut *self.cb {
+        match &mut *self.cb {
             Some(cb) if call => {
                 // SAFETY: the callback is consumed here, also by a panic:
                 // on return the field is emptied below, and on unwinding
                 // the `Alone` is dropped without its `ManuallyDrop` field,
                 // so it is never called or dropped again.
                 unsafe { cb.call_in_place(&self.wc) };
-                true
             }
             Some(_) => {
                 // SAFETY: dropped once, here; the field is emptied below.
                 unsafe { std::mem::ManuallyDrop::drop(&mut self.cb) };
-                false
             }
-            None => false,
-        };
+            None => {}
+        }
         // Overwrites without dropping (a `ManuallyDrop`): what was there
         // was consumed above.
         self.cb = std::mem::ManuallyDrop::new(None);
-        ran
     }
 }
 
