@@ -15,13 +15,16 @@ use std::time::{Duration, Instant};
 
 use super::engine::{DeviceShared, EventSink};
 use super::notify::EventFd;
-use super::proto::{AhId, Core, CqId, Egress, Nanos, PdId, QpCreate, SrqId};
+use super::proto::{AhId, CqId, PdId, QpCreate, SrqId};
+
+mod section;
 use crate::verbs::backend::*;
 use crate::verbs::{
     verr, AccessFlags, AhAttr, AsyncEvent, DeviceAttr, Error, Gid, MemorySource, MwBindInfo, MwType, PortAttr,
     PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, ReregFlags, Result, SendFlags, SendOp, SendWr, Sge, SrqAttr,
     SrqAttrMask, WorkCompletion,
 };
+pub(crate) use section::in_section;
 
 static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
 
@@ -779,162 +782,13 @@ impl CqOps for SoftCq {
     }
 
     fn device_lock(&self) -> Option<DeviceLockId> {
-        Some(lock_id(&self.ctx.dev))
+        Some(section::lock_id(&self.ctx.dev))
     }
 
     fn locked(&self, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        let dev = &self.ctx.dev;
-        let mut run = |core: &mut Core, now| {
-            let _in = InSection::enter();
-            f(&mut SoftSection {
-                dev,
-                core,
-                now,
-                egress: None,
-                opener: Opener::Cq(std::ptr::from_ref(self).cast(), self.id),
-            });
-        };
-        if poll {
-            let _ = dev.poll_cq_with(|c, now| {
-                run(c, now);
-                Ok(0)
-            });
-        } else {
-            dev.with_core(|c, now| run(c, now));
-        }
+        section::open_cq(self, poll, f);
         true
     }
-}
-
-/// The identity of a device's engine lock.
-fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
-    DeviceLockId(Arc::as_ptr(dev) as usize)
-}
-
-thread_local! {
-    /// Whether this thread runs a [`DeviceSection`] (debug builds check
-    /// that no verb is called from one: it would lock the engine again).
-    static IN_SECTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Marks this thread as inside a section while it lives (debug builds;
-/// nothing in release builds).
-struct InSection(#[cfg(debug_assertions)] bool);
-
-impl InSection {
-    #[inline(always)]
-    fn enter() -> InSection {
-        InSection(
-            #[cfg(debug_assertions)]
-            IN_SECTION.replace(true),
-        )
-    }
-}
-
-#[cfg(debug_assertions)]
-impl Drop for InSection {
-    fn drop(&mut self) {
-        IN_SECTION.set(self.0);
-    }
-}
-
-/// Whether this thread runs a device section (for the engine's check
-/// that no verb is called from one).
-pub(crate) fn in_section() -> bool {
-    IN_SECTION.get()
-}
-
-/// The engine, locked, as a [`DeviceSection`]: posts and polls go
-/// straight to it.
-struct SoftSection<'a, 'e> {
-    dev: &'a Arc<DeviceShared>,
-    core: &'a mut Core,
-    now: Nanos,
-    /// The post's early way out to the link (`with_core_eager`), for the
-    /// section's first send post.
-    egress: Option<Egress<'e>>,
-    /// The object the section was opened on: posts to it (or polls of
-    /// it) need not find out which soft object of which device it is.
-    opener: Opener,
-}
-
-/// The object a [`SoftSection`] was opened on: its address (compared,
-/// never dereferenced) and its number in the engine.
-#[derive(Clone, Copy)]
-enum Opener {
-    Qp(*const (), u32),
-    Cq(*const (), CqId),
-}
-
-impl SoftSection<'_, '_> {
-    /// The engine's number of `qp`, a QP of this section's device.
-    #[inline]
-    fn qpn_of(&self, qp: &dyn QpOps, verb: crate::verbs::Verb) -> Result<u32> {
-        if let Opener::Qp(p, qpn) = self.opener {
-            if std::ptr::addr_eq(std::ptr::from_ref(qp), p) {
-                return Ok(qpn);
-            }
-        }
-        let q = soft_of::<SoftQp>(qp, "QP", verb)?.same_device(self.dev, verb)?;
-        Ok(q.qpn)
-    }
-
-    /// The engine's id of `cq`, a CQ of this section's device.
-    #[inline]
-    fn cq_of(&self, cq: &dyn CqOps) -> Result<CqId> {
-        if let Opener::Cq(p, id) = self.opener {
-            if std::ptr::addr_eq(std::ptr::from_ref(cq), p) {
-                return Ok(id);
-            }
-        }
-        let c = soft_of::<SoftCq>(cq, "CQ", crate::verbs::Verb::PollCq)?;
-        if !Arc::ptr_eq(&c.ctx.dev, self.dev) {
-            return Err(other_device(crate::verbs::Verb::PollCq));
-        }
-        Ok(c.id)
-    }
-}
-
-impl DeviceSection for SoftSection<'_, '_> {
-    fn post_send(&mut self, qp: &dyn QpOps, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        let qpn = self
-            .qpn_of(qp, crate::verbs::Verb::PostSend)
-            .map_err(|error| PostError { index: 0, error })?;
-        crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
-        let r = self.core.post_send_eager(self.now, qpn, wrs, self.egress.take());
-        let posted = match &r {
-            Ok(()) => wrs.len(),
-            Err(e) => e.index,
-        };
-        SoftQp::follow_keys(&wrs[..posted]);
-        r
-    }
-
-    fn post_recv(&mut self, qp: &dyn QpOps, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
-        let qpn = self
-            .qpn_of(qp, crate::verbs::Verb::PostRecv)
-            .map_err(|error| PostError { index: 0, error })?;
-        crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
-        self.core.post_recv(qpn, wrs)
-    }
-
-    fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let id = self.cq_of(cq)?;
-        let r = self.core.poll_cq(id, wc);
-        if matches!(r, Ok(n) if n > 0) {
-            crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
-        }
-        r
-    }
-}
-
-#[cold]
-fn other_device(verb: crate::verbs::Verb) -> Error {
-    Error::new(
-        verb,
-        crate::verbs::ErrorKind::InvalidArgument,
-        "the object belongs to another device than the section's",
-    )
 }
 
 /// A queue pair.
@@ -956,15 +810,6 @@ impl Drop for SoftQp {
 }
 
 impl SoftQp {
-    /// `self`, if it belongs to `dev`.
-    fn same_device(&self, dev: &Arc<DeviceShared>, verb: crate::verbs::Verb) -> Result<&SoftQp> {
-        if Arc::ptr_eq(&self.pd.ctx.dev, dev) {
-            Ok(self)
-        } else {
-            Err(other_device(verb))
-        }
-    }
-
     /// Handles follow posted registrations and binds (ibverbs providers
     /// update `mw->rkey` at post time): `posted` are WRs that were posted.
     #[inline]
@@ -1083,21 +928,11 @@ impl QpOps for SoftQp {
     }
 
     fn device_lock(&self) -> Option<DeviceLockId> {
-        Some(lock_id(&self.pd.ctx.dev))
+        Some(section::lock_id(&self.pd.ctx.dev))
     }
 
     fn locked(&self, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        let dev = &self.pd.ctx.dev;
-        dev.with_core_eager(|core, now, egress| {
-            let _in = InSection::enter();
-            f(&mut SoftSection {
-                dev,
-                core,
-                now,
-                egress,
-                opener: Opener::Qp(std::ptr::from_ref(self).cast(), self.qpn),
-            });
-        });
+        section::open_qp(self, f);
         true
     }
 }

@@ -1,0 +1,200 @@
+//! Device sections ([`DeviceSection`]) of the soft provider: a closure
+//! run inside a verb's own hold of the engine lock, through which the
+//! objects of that device are posted to and polled. The ULP layer keeps
+//! its per-request state under this lock, so a post or a poll through it
+//! takes no lock of its own.
+
+use std::sync::Arc;
+
+use super::super::engine::DeviceShared;
+use super::super::proto::{Core, CqId, Egress, Nanos};
+use super::{soft_of, SoftCq, SoftQp};
+use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection, QpOps};
+use crate::verbs::{Error, PostError, RecvWr, Result, SendWr, WorkCompletion};
+
+/// The identity of a device's engine lock.
+pub(super) fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
+    DeviceLockId(Arc::as_ptr(dev) as usize)
+}
+
+thread_local! {
+    /// Whether this thread runs a [`DeviceSection`] (debug builds check
+    /// that no verb is called from one: it would lock the engine again).
+    static IN_SECTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks this thread as inside a section while it lives (debug builds;
+/// nothing in release builds).
+struct InSection(#[cfg(debug_assertions)] bool);
+
+impl InSection {
+    #[inline(always)]
+    fn enter() -> InSection {
+        InSection(
+            #[cfg(debug_assertions)]
+            IN_SECTION.replace(true),
+        )
+    }
+}
+
+#[cfg(debug_assertions)]
+impl Drop for InSection {
+    fn drop(&mut self) {
+        IN_SECTION.set(self.0);
+    }
+}
+
+/// Whether this thread runs a device section (for the engine's check
+/// that no verb is called from one).
+pub(crate) fn in_section() -> bool {
+    IN_SECTION.get()
+}
+
+/// The engine, locked, as a [`DeviceSection`]: posts and polls go
+/// straight to it.
+struct SoftSection<'a, 'e> {
+    dev: &'a Arc<DeviceShared>,
+    core: &'a mut Core,
+    now: Nanos,
+    /// The post's early way out to the link (`with_core_eager`), for the
+    /// section's first send post.
+    egress: Option<Egress<'e>>,
+    /// The object the section was opened on: posts to it (or polls of
+    /// it) need not find out which soft object of which device it is.
+    opener: Opener,
+}
+
+/// The object a [`SoftSection`] was opened on: its address (compared,
+/// never dereferenced) and its number in the engine.
+#[derive(Clone, Copy)]
+enum Opener {
+    Qp(*const (), u32),
+    Cq(*const (), CqId),
+}
+
+impl SoftSection<'_, '_> {
+    /// The engine's number of `qp`, a QP of this section's device.
+    #[inline]
+    fn qpn_of(&self, qp: &dyn QpOps, verb: crate::verbs::Verb) -> Result<u32> {
+        if let Opener::Qp(p, qpn) = self.opener {
+            if std::ptr::addr_eq(std::ptr::from_ref(qp), p) {
+                return Ok(qpn);
+            }
+        }
+        let q = soft_of::<SoftQp>(qp, "QP", verb)?.same_device(self.dev, verb)?;
+        Ok(q.qpn)
+    }
+
+    /// The engine's id of `cq`, a CQ of this section's device.
+    #[inline]
+    fn cq_of(&self, cq: &dyn CqOps) -> Result<CqId> {
+        if let Opener::Cq(p, id) = self.opener {
+            if std::ptr::addr_eq(std::ptr::from_ref(cq), p) {
+                return Ok(id);
+            }
+        }
+        let c = soft_of::<SoftCq>(cq, "CQ", crate::verbs::Verb::PollCq)?;
+        if !Arc::ptr_eq(&c.ctx.dev, self.dev) {
+            return Err(other_device(crate::verbs::Verb::PollCq));
+        }
+        Ok(c.id)
+    }
+}
+
+impl DeviceSection for SoftSection<'_, '_> {
+    fn post_send(&mut self, qp: &dyn QpOps, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let qpn = self
+            .qpn_of(qp, crate::verbs::Verb::PostSend)
+            .map_err(|error| PostError { index: 0, error })?;
+        crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
+        let r = self.core.post_send_eager(self.now, qpn, wrs, self.egress.take());
+        let posted = match &r {
+            Ok(()) => wrs.len(),
+            Err(e) => e.index,
+        };
+        SoftQp::follow_keys(&wrs[..posted]);
+        r
+    }
+
+    fn post_recv(&mut self, qp: &dyn QpOps, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        let qpn = self
+            .qpn_of(qp, crate::verbs::Verb::PostRecv)
+            .map_err(|error| PostError { index: 0, error })?;
+        crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
+        self.core.post_recv(qpn, wrs)
+    }
+
+    fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let id = self.cq_of(cq)?;
+        let r = self.core.poll_cq(id, wc);
+        if matches!(r, Ok(n) if n > 0) {
+            crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
+        }
+        r
+    }
+}
+
+#[cold]
+fn other_device(verb: crate::verbs::Verb) -> Error {
+    Error::new(
+        verb,
+        crate::verbs::ErrorKind::InvalidArgument,
+        "the object belongs to another device than the section's",
+    )
+}
+
+/// Runs `f` in a section opened on `qp`, inside a post's hold of the
+/// engine lock (`with_core_eager`: the section's first send post may
+/// leave by the link's fast way out).
+pub(super) fn open_qp(qp: &SoftQp, f: &mut dyn FnMut(&mut dyn DeviceSection)) {
+    let dev = &qp.pd.ctx.dev;
+    let opener = Opener::Qp(std::ptr::from_ref(qp).cast(), qp.qpn);
+    dev.with_core_eager(|core, now, egress| run(f, dev, core, now, egress, opener));
+}
+
+/// Runs `f` in a section opened on `cq`, inside a poll's hold of the
+/// engine lock if `poll` (the link is read first, as a poll does), else
+/// inside a plain verb's.
+pub(super) fn open_cq(cq: &SoftCq, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) {
+    let dev = &cq.ctx.dev;
+    let opener = Opener::Cq(std::ptr::from_ref(cq).cast(), cq.id);
+    if poll {
+        let _ = dev.poll_cq_with(|core, now| {
+            run(f, dev, core, now, None, opener);
+            Ok(0)
+        });
+    } else {
+        dev.with_core(|core, now| run(f, dev, core, now, None, opener));
+    }
+}
+
+/// Runs `f` in the section of the locked engine `core`.
+#[inline(always)]
+fn run(
+    f: &mut dyn FnMut(&mut dyn DeviceSection),
+    dev: &Arc<DeviceShared>,
+    core: &mut Core,
+    now: Nanos,
+    egress: Option<Egress<'_>>,
+    opener: Opener,
+) {
+    let _in = InSection::enter();
+    f(&mut SoftSection {
+        dev,
+        core,
+        now,
+        egress,
+        opener,
+    });
+}
+
+impl SoftQp {
+    /// `self`, if it belongs to `dev`.
+    fn same_device(&self, dev: &Arc<DeviceShared>, verb: crate::verbs::Verb) -> Result<&SoftQp> {
+        if Arc::ptr_eq(&self.pd.ctx.dev, dev) {
+            Ok(self)
+        } else {
+            Err(other_device(verb))
+        }
+    }
+}
