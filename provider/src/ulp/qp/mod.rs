@@ -2,14 +2,21 @@
 //! completions back to requests, send-queue budgets and reservations, the
 //! READ/atomic depth cap, and draining on close.
 //!
-//! Here: the types (requests, the per-queue rings, the tracker), creation,
-//! counters and close. By concern: [`post`] (posting), [`retire`]
-//! (retiring completions into finished requests), [`backlog`] (the
-//! READ-credit backlog and the posts that follow a retirement).
+//! Here: the types (requests, the tracker), creation, counters and close.
+//! By concern: [`budget`] (what a QP is created with, and the queue sizes
+//! that follow), [`ring`] (the per-queue rings of posted WRs), [`post`]
+//! (posting), [`retire`] (retiring completions into finished requests),
+//! [`backlog`] (the READ-credit backlog and the posts that follow a
+//! retirement).
 
 mod backlog;
+mod budget;
 mod post;
 mod retire;
+mod ring;
+
+pub use budget::{SqBudget, UlpQpInit};
+use ring::{Ring, Slot};
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -24,8 +31,8 @@ use super::pool::PooledMr;
 use super::wr::{Callback, Chain, Kept, LocalBuf, Sgl, UlpWr};
 use crate::verbs::backend::{DeviceSection, QpOps};
 use crate::verbs::{
-    verr, Context, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp,
-    SendWr, Sge, WcOpcode, WcStatus, WorkCompletion,
+    verr, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp, SendWr,
+    Sge, WcOpcode, WcStatus, WorkCompletion,
 };
 
 /// `wr_id` bit saying the WR was posted to the receive queue (error
@@ -44,148 +51,6 @@ const RD_UNKNOWN: u32 = u32::MAX;
 /// How long closing a QP waits for the device to flush what it has in
 /// flight before completing the rest itself.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(30);
-
-/// What to create a QP with through the layer ([`UlpQp::create`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UlpQpInit {
-    /// Transport (RC for read/write contexts).
-    pub qp_type: QpType,
-    /// Send WRs the application posts itself at once (each WR of each
-    /// request it posts with [`UlpQp::post`]).
-    pub send_wr: u32,
-    /// Receive WRs the application posts at once.
-    pub recv_wr: u32,
-    /// Scatter/gather entries per send WR.
-    pub max_send_sge: u32,
-    /// Scatter/gather entries per receive WR.
-    pub max_recv_sge: u32,
-    /// Inline bytes per send WR.
-    pub max_inline_data: u32,
-    /// Read/write contexts ([`UlpQp::rw`], [`UlpQp::expose`]) in flight at
-    /// once.
-    pub rw_ctxs: u32,
-    /// Local scatter entries of one read/write context at most.
-    pub rw_max_sges: u32,
-    /// Whether the read/write contexts may use fast registration (false
-    /// where the backend has none: [`RwCaps::fast_reg`](super::RwCaps)).
-    pub rw_fast_reg: bool,
-}
-
-impl Default for UlpQpInit {
-    fn default() -> Self {
-        UlpQpInit {
-            qp_type: QpType::Rc,
-            send_wr: 64,
-            recv_wr: 64,
-            max_send_sge: 4,
-            max_recv_sge: 4,
-            max_inline_data: 64,
-            rw_ctxs: 0,
-            rw_max_sges: 1,
-            rw_fast_reg: false,
-        }
-    }
-}
-
-/// The send-queue slots a QP created through the layer needs, and where
-/// they go. No figure is ever clamped: if the device cannot give
-/// `total`, creation fails and says so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SqBudget {
-    /// The application's own send WRs.
-    pub app_wrs: u32,
-    /// Read/write contexts in flight at once.
-    pub rw_ctxs: u32,
-    /// WRs one read/write context may take (the "MR factor"): a fast
-    /// registration chain is REG_MR + op + LOCAL_INV (3); a plain one is
-    /// one op WR per `max_send_sge` local entries.
-    pub mr_factor: u32,
-    /// The slot kept for the drain marker posted when the QP closes.
-    pub drain: u32,
-    /// Send queue depth asked of the device:
-    /// `app_wrs + rw_ctxs × mr_factor + drain`.
-    pub total: u32,
-    /// Receive queue depth asked of the device (the application's
-    /// receives + 1 drain marker).
-    pub recv_total: u32,
-}
-
-impl SqBudget {
-    /// The budget of `init` on the device behind `ctx`.
-    ///
-    /// # Errors
-    ///
-    /// `EINVAL` naming what the device can give if the send or receive
-    /// queue, or the scatter/gather entries, exceed its limits.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use softverbs::ulp::{SqBudget, UlpQpInit};
-    /// let ctx = softverbs::soft::embedded_default()?[0].open()?;
-    /// let init = UlpQpInit { send_wr: 16, rw_ctxs: 8, rw_max_sges: 8, max_send_sge: 4, rw_fast_reg: true, ..UlpQpInit::default() };
-    /// let b = SqBudget::of(&ctx, &init)?;
-    /// // 8 sges over 4-entry WRs: 2 plain WRs, but a fast-registration chain is 3.
-    /// assert_eq!((b.mr_factor, b.total), (3, 16 + 8 * 3 + 1));
-    /// let huge = UlpQpInit { send_wr: 1 << 30, ..init };
-    /// assert!(SqBudget::of(&ctx, &huge).unwrap_err().to_string().contains("at most"));
-    /// # Ok::<(), softverbs::verbs::Error>(())
-    /// ```
-    pub fn of(ctx: &Context, init: &UlpQpInit) -> Result<SqBudget> {
-        let attr = ctx.query_device()?;
-        let send_sge = init.max_send_sge.max(1);
-        if send_sge > attr.max_sge || init.max_recv_sge > attr.max_sge {
-            return Err(verr!(
-                CreateQp,
-                InvalidArgument,
-                "{} send / {} receive scatter entries asked; the device gives at most {}",
-                send_sge,
-                init.max_recv_sge,
-                attr.max_sge
-            ));
-        }
-        // A READ's local entries are bounded by max_sge_rd too.
-        let per_wr = send_sge.min(attr.max_sge_rd.max(1));
-        let plain = init.rw_max_sges.max(1).div_ceil(per_wr);
-        let mr_factor = if init.rw_ctxs == 0 {
-            0
-        } else if init.rw_fast_reg {
-            plain.max(3)
-        } else {
-            plain
-        };
-        let ctx_slots = u64::from(init.rw_ctxs) * u64::from(mr_factor);
-        let total = u64::from(init.send_wr) + ctx_slots + 1;
-        if total > u64::from(attr.max_qp_wr) {
-            return Err(verr!(
-                CreateQp,
-                InvalidArgument,
-                "the send queue needs {total} WRs ({} application + {} contexts × {mr_factor} + 1 drain) but the device gives at most {}",
-                init.send_wr,
-                init.rw_ctxs,
-                attr.max_qp_wr
-            ));
-        }
-        let recv_total = u64::from(init.recv_wr) + 1;
-        if recv_total > u64::from(attr.max_qp_wr) {
-            return Err(verr!(
-                CreateQp,
-                InvalidArgument,
-                "the receive queue needs {recv_total} WRs ({} application + 1 drain) but the device gives at most {}",
-                init.recv_wr,
-                attr.max_qp_wr
-            ));
-        }
-        Ok(SqBudget {
-            app_wrs: init.send_wr,
-            rw_ctxs: init.rw_ctxs,
-            mr_factor,
-            drain: 1,
-            total: total as u32,
-            recv_total: recv_total as u32,
-        })
-    }
-}
 
 /// A failed post: the error, and the callback, which was not called and
 /// will not be (the request was not posted, or only a prefix of it was;
@@ -345,108 +210,6 @@ impl Req {
 struct Followup {
     key: u32,
     req: Req,
-}
-
-/// One posted WR of a queue, not retired yet.
-#[derive(Default)]
-struct Slot {
-    /// The request, in the slot of its last posted WR (none in the slots
-    /// of the chain's earlier WRs, nor in a drain marker's).
-    req: Option<Req>,
-    /// Of an earlier WR of a chain: how many slots ahead the slot holding
-    /// its request is.
-    ahead: u32,
-    /// Whether the WR holds a READ/atomic credit.
-    rd: bool,
-}
-
-/// The WRs of one queue posted and not retired, in post order: a ring
-/// indexed by the sequence number each WR's `wr_id` carries, so a
-/// completion finds its WR, and the request in it, without a lookup. The
-/// layer never has more WRs posted than the queue holds; the ring grows
-/// (by doubling) only up to that.
-struct Ring {
-    slots: Box<[Slot]>,
-    mask: u64,
-    /// Sequence number of the oldest WR not retired.
-    head: u64,
-    /// Sequence number of the next WR posted.
-    next: u64,
-    /// Whether a completion of the queue had an error: a later WR without
-    /// a completion of its own was flushed.
-    err: bool,
-}
-
-impl Ring {
-    /// A ring for a queue of `depth` WRs (it starts smaller and grows).
-    fn new(depth: u32) -> Ring {
-        Ring::with_len(depth.clamp(1, 64).next_power_of_two() as usize)
-    }
-
-    fn with_len(len: usize) -> Ring {
-        Ring {
-            slots: (0..len).map(|_| Slot::default()).collect(),
-            mask: len as u64 - 1,
-            head: 0,
-            next: 0,
-            err: false,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.head == self.next
-    }
-
-    /// Whether `seq` names a WR posted and not retired.
-    fn holds(&self, seq: u64) -> bool {
-        seq.wrapping_sub(self.head) < self.next - self.head
-    }
-
-    fn slot(&mut self, seq: u64) -> &mut Slot {
-        &mut self.slots[(seq & self.mask) as usize]
-    }
-
-    /// Records the next WR as posted (taking the next sequence number).
-    #[inline]
-    fn push(&mut self, req: Option<Req>, ahead: u32, rd: bool) {
-        if self.next - self.head == self.slots.len() as u64 {
-            self.grow();
-        }
-        let seq = self.next;
-        let s = self.slot(seq);
-        // The slot was emptied when its last WR retired (`pop`): nothing
-        // to drop there (should it hold a request, it leaks, no worse).
-        debug_assert!(s.req.is_none());
-        std::mem::forget(std::mem::replace(&mut s.req, req));
-        s.ahead = ahead;
-        s.rd = rd;
-        self.next = seq + 1;
-    }
-
-    #[cold]
-    fn grow(&mut self) {
-        let mut bigger = Ring::with_len(self.slots.len() * 2);
-        bigger.head = self.head;
-        bigger.next = self.next;
-        bigger.err = self.err;
-        for seq in self.head..self.next {
-            *bigger.slot(seq) = std::mem::take(self.slot(seq));
-        }
-        *self = bigger;
-    }
-
-    /// Takes the oldest WR out.
-    #[inline]
-    fn pop(&mut self) -> Slot {
-        let seq = self.head;
-        self.head = seq + 1;
-        let s = self.slot(seq);
-        Slot {
-            req: s.req.take(),
-            ahead: s.ahead,
-            rd: s.rd,
-        }
-    }
 }
 
 /// A request waiting for READ/atomic credits (or behind one that does).
