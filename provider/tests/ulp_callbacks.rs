@@ -78,18 +78,14 @@ proptest! {
     #[test]
     fn every_request_resolves_exactly_once(steps in prop::collection::vec(step(), 1..60), end in ending()) {
         let init = UlpQpInit { send_wr: 128, recv_wr: 128, ..UlpQpInit::default() };
-        let (da, db, mut a, mut b) = pair("prop", &init, 4);
-        let log = Log::default();
-        let (src, dst) = (a.mr(4096), b.mr(4096));
-        let meta = post_steps((&a, &src), (&b, &dst), &steps, &log);
-        match end {
+        let (da, db, a, b) = pair("prop", &init, 4);
+        random_traffic_case(a, b, &steps, |a, b| match end {
             Ending::CloseRequester => drop(a.qp.take()),
             Ending::CloseResponder => drop(b.qp.take()),
             Ending::UnplugRequester => da.unplug(),
             Ending::UnplugResponder => db.unplug(),
             Ending::Nothing => {}
-        }
-        settle_and_check(&mut a, &mut b, &log, &meta)?;
+        })?;
         drop(da);
         drop(db);
     }

@@ -118,36 +118,9 @@ fn read_write_contexts_fall_back_to_plain_sges() {
     let remote = b.mr(8 * 4096);
     let locals: Vec<Arc<Mr>> = (0..4).map(|_| a.mr(4096)).collect();
     for (round, mode) in [RegMode::Auto, RegMode::Plain].into_iter().enumerate() {
-        for (k, m) in locals.iter().enumerate() {
-            let v: Vec<u8> = (0..4096u32).map(|x| (x as u8) ^ (round * 16 + k) as u8).collect();
-            m.write(0, &v).unwrap();
-        }
-        let sgl: Vec<LocalBuf> = locals.iter().map(|m| LocalBuf::whole(m).unwrap()).collect();
-        let (n, done) = counter();
-        let posted = a
-            .qp()
-            .rw(
-                RwDir::Write,
-                sgl,
-                remote.remote(0),
-                None,
-                RwOptions {
-                    mode,
-                    ..RwOptions::default()
-                },
-                done,
-            )
-            .unwrap();
+        let posted = rw_write_pages((&a, &b), &locals, &remote, None, mode, (round * 16) as u8);
         assert!(!posted.fast_reg, "{mode:?}");
         assert_eq!(posted.wrs, 2, "four entries over WRs of two: {mode:?}");
-        poll_until(&[&a.cq, &b.cq], "the write context", || n.load(Ordering::SeqCst) == 1);
-        for (k, m) in locals.iter().enumerate() {
-            assert_eq!(
-                remote.to_vec(k as u64 * 4096, 4096).unwrap(),
-                m.to_vec(0, 4096).unwrap(),
-                "{mode:?} page {k}"
-            );
-        }
     }
     // Fast registration asked for: refused, the callback comes back.
     let sgl = vec![LocalBuf::whole(&locals[0]).unwrap()];
@@ -259,17 +232,13 @@ proptest! {
     #[test]
     fn every_request_resolves_exactly_once(steps in prop::collection::vec(step(), 1..60), end in ending()) {
         let init = UlpQpInit { send_wr: 128, recv_wr: 128, ..UlpQpInit::default() };
-        let Some((mut a, mut b)) = hw_pair("every_request_resolves_exactly_once", &init, 4) else {
+        let Some((a, b)) = hw_pair("every_request_resolves_exactly_once", &init, 4) else {
             return Ok(());
         };
-        let log = Log::default();
-        let (src, dst) = (a.mr(4096), b.mr(4096));
-        let meta = post_steps((&a, &src), (&b, &dst), &steps, &log);
-        match end {
+        random_traffic_case(a, b, &steps, |a, b| match end {
             Ending::CloseRequester => drop(a.qp.take()),
             Ending::CloseResponder => drop(b.qp.take()),
             Ending::Nothing => {}
-        }
-        settle_and_check(&mut a, &mut b, &log, &meta)?;
+        })?;
     }
 }

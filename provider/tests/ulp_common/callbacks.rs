@@ -283,16 +283,28 @@ pub(crate) fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// One case of the random-traffic property, on either backend: `steps`
+/// posted from `a` to `b`, then `end` (a QP closed, a device removed, or
+/// nothing), then everything settled and checked ([`settle_and_check`]):
+/// every request resolved exactly once.
+pub(crate) fn random_traffic_case(
+    mut a: End,
+    mut b: End,
+    steps: &[Step],
+    end: impl FnOnce(&mut End, &mut End),
+) -> std::result::Result<(), TestCaseError> {
+    let log = Log::default();
+    let (src, dst) = (a.mr(4096), b.mr(4096));
+    let meta = post_steps((&a, &src), (&b, &dst), steps, &log);
+    end(&mut a, &mut b);
+    settle_and_check(&mut a, &mut b, &log, &meta)
+}
+
 /// Runs `steps` from `a` (its buffer `src`) to `b` (its buffer `dst`,
 /// which the WRITEs target), each request's callback logging to `log`.
 /// Returns per request (by id): whether it was signaled, and whether it
 /// is on `a`'s send queue (else a receive of `b`).
-pub(crate) fn post_steps(
-    (a, src): (&End, &Arc<Mr>),
-    (b, dst): (&End, &Arc<Mr>),
-    steps: &[Step],
-    log: &Log,
-) -> Vec<(bool, bool)> {
+fn post_steps((a, src): (&End, &Arc<Mr>), (b, dst): (&End, &Arc<Mr>), steps: &[Step], log: &Log) -> Vec<(bool, bool)> {
     let good = dst.remote(0);
     let mut meta = Vec::new();
     for s in steps {
@@ -350,7 +362,7 @@ pub(crate) fn post_steps(
 /// call); only unsignaled requests may resolve without a call, and only
 /// if nothing failed before them on their queue; a call with success only
 /// for signaled requests.
-pub(crate) fn settle_and_check(
+fn settle_and_check(
     a: &mut End,
     b: &mut End,
     log: &Log,

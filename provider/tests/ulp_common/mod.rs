@@ -136,3 +136,48 @@ pub(crate) fn poll_until(cqs: &[&UlpCq], what: &str, mut done: impl FnMut() -> b
         std::thread::yield_now();
     }
 }
+
+/// Fills `mr` with bytes derived from `seed`.
+pub(crate) fn fill(mr: &Mr, seed: u8) {
+    let v: Vec<u8> = (0..mr.length() as usize)
+        .map(|k| (k as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    mr.write(0, &v).unwrap();
+}
+
+/// Writes `locals` (page-sized MRs of `a`, filled from `seed` first) to
+/// `remote` (of `b`) through one read/write context of `mode` (fast
+/// registrations from `pool`), waits for its callback and checks that
+/// every page landed. Returns what the context posted.
+pub(crate) fn rw_write_pages(
+    (a, b): (&End, &End),
+    locals: &[Arc<Mr>],
+    remote: &Mr,
+    pool: Option<&softverbs::ulp::MrPool>,
+    mode: softverbs::ulp::RegMode,
+    seed: u8,
+) -> softverbs::ulp::RwPosted {
+    use softverbs::ulp::{LocalBuf, RwDir, RwOptions};
+    for (k, m) in locals.iter().enumerate() {
+        fill(m, seed.wrapping_add(k as u8));
+    }
+    let sgl: Vec<LocalBuf> = locals.iter().map(|m| LocalBuf::whole(m).unwrap()).collect();
+    let (n, done) = counter();
+    let opts = RwOptions {
+        mode,
+        ..RwOptions::default()
+    };
+    let posted = a
+        .qp()
+        .rw(RwDir::Write, sgl, remote.remote(0), pool, opts, done)
+        .unwrap();
+    poll_until(&[&a.cq, &b.cq], "the write context", || n.load(Ordering::SeqCst) == 1);
+    for (k, m) in locals.iter().enumerate() {
+        assert_eq!(
+            remote.to_vec(k as u64 * 4096, 4096).unwrap(),
+            m.to_vec(0, 4096).unwrap(),
+            "{mode:?} page {k}"
+        );
+    }
+    posted
+}
