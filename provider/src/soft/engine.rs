@@ -413,6 +413,11 @@ impl DeviceShared {
         self.run_verb(true, f).0
     }
 
+    /// [`Self::poll_cq_with`] for a `f` of any result.
+    pub(crate) fn poll_with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
+        self.run_verb(true, f).0
+    }
+
     /// Runs verb `f` on the engine (in inline mode reading the link first
     /// if `rx`), sends what it produced and drives the devices it reached;
     /// returns `f`'s result and how many datagrams it read from the link.

@@ -23,6 +23,7 @@ pub mod experiment;
 pub mod link;
 mod notify;
 mod objects;
+pub(crate) use objects::SoftLock;
 // Hidden: latency probes (feature `probes`), started by the perf tool.
 #[doc(hidden)]
 pub mod probe;

@@ -24,7 +24,7 @@ use crate::verbs::{
     PostError, QpAttr, QpAttrMask, QpCap, QpType, RecvWr, ReregFlags, Result, SendFlags, SendOp, SendWr, Sge, SrqAttr,
     SrqAttrMask, WorkCompletion,
 };
-pub(crate) use section::in_section;
+pub(crate) use section::{in_section, SoftLock};
 
 static NEXT_CONTEXT: AtomicU32 = AtomicU32::new(1);
 
@@ -780,15 +780,6 @@ impl CqOps for SoftCq {
     fn destroy(&self) -> Result<()> {
         self.destroy_inner(false)
     }
-
-    fn device_lock(&self) -> Option<DeviceLockId> {
-        Some(section::lock_id(&self.ctx.dev))
-    }
-
-    fn locked(&self, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        section::open_cq(self, poll, f);
-        true
-    }
 }
 
 /// A queue pair.
@@ -925,15 +916,6 @@ impl QpOps for SoftQp {
         self.pd.ctx.dev.with_core_flushing(|c, _| c.destroy_qp(self.qpn))?;
         self.destroyed.store(true, Ordering::Release);
         Ok(())
-    }
-
-    fn device_lock(&self) -> Option<DeviceLockId> {
-        Some(section::lock_id(&self.pd.ctx.dev))
-    }
-
-    fn locked(&self, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        section::open_qp(self, f);
-        true
     }
 }
 

@@ -135,7 +135,7 @@ impl CqShared {
     /// through the section, nor drop what could.
     #[inline(always)]
     fn with_poll<R>(&self, poll: bool, f: impl FnOnce(&mut PollState, &mut dyn DeviceSection) -> R) -> R {
-        self.poll.with(|g| self.ops().locked(poll, g), f)
+        self.poll.with_cq(poll, f)
     }
 
     pub(crate) fn commit(&self, n: u32) -> Result<()> {
@@ -490,7 +490,7 @@ impl UlpCq {
     pub fn new(ctx: &Context, cqe: u32) -> Result<UlpCq> {
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cqe, 0, Some(&channel), 0)?;
-        let device = cq.ops().device_lock();
+        let soft = crate::soft::SoftLock::of_cq(&**cq.ops());
         Ok(UlpCq {
             inner: Arc::new(CqShared {
                 cq,
@@ -504,7 +504,7 @@ impl UlpCq {
                         polled: 0,
                         callbacks: 0,
                     },
-                    device,
+                    soft,
                 ),
                 committed: Mutex::new(0),
                 stray: AtomicU64::new(0),

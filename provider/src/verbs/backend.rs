@@ -233,16 +233,17 @@ pub trait CompChannelOps: AsAny {
     fn destroy(&self) -> Result<()>;
 }
 
-/// What may be done while a device's own lock is held ([`QpOps::locked`],
-/// [`CqOps::locked`]): posting to and polling the objects of that device.
-/// A layer above the verbs that keeps per-request state (the ULP layer)
-/// keeps it under this lock, which every post and poll takes anyway, so
-/// it adds no lock of its own to either.
+/// What may be done while a device's own lock is held: posting to and
+/// polling the objects of that device. The ULP layer keeps its
+/// per-request state of soft QPs and CQs under the soft engine's lock
+/// (`soft::SoftLock`), which every post and poll takes anyway, so it adds
+/// no lock of its own to either; on other backends its sections are
+/// `ulp::guard::Direct`, the verbs themselves under the layer's mutex.
 ///
 /// Nothing else of the device may be called while a section runs (any
 /// other verb of it takes the lock again): the section's own methods are
 /// the only way in.
-pub trait DeviceSection {
+pub(crate) trait DeviceSection {
     /// `ibv_post_send` on `qp`, which must belong to the section's device.
     ///
     /// # Errors
@@ -265,10 +266,10 @@ pub trait DeviceSection {
     fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize>;
 }
 
-/// The identity of a device's lock ([`QpOps::device_lock`]): objects
-/// whose locks compare equal are serialized by one lock.
+/// The identity of a device's lock (`soft::SoftLock::id`): objects whose
+/// locks compare equal are serialized by one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceLockId(pub usize);
+pub(crate) struct DeviceLockId(pub(crate) usize);
 
 /// A completion queue (`struct ibv_cq`).
 pub trait CqOps: AsAny {
@@ -286,20 +287,6 @@ pub trait CqOps: AsAny {
     fn context(&self) -> u64;
     /// `ibv_destroy_cq`: `EBUSY` while QPs use it.
     fn destroy(&self) -> Result<()>;
-    /// The device lock [`CqOps::locked`] takes; `None` (the default) if
-    /// the backend has none to offer.
-    fn device_lock(&self) -> Option<DeviceLockId> {
-        None
-    }
-    /// Runs `f` holding the device's own lock ([`DeviceSection`]), as a
-    /// poll does (`poll`: in a device whose polls read its link, the link
-    /// is read first, as by [`CqOps::poll`]). Returns false, without
-    /// running `f`, if the backend has no such lock
-    /// ([`CqOps::device_lock`] is `None`).
-    fn locked(&self, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        let _ = (poll, f);
-        false
-    }
 }
 
 /// A queue pair (`struct ibv_qp`).
@@ -338,18 +325,6 @@ pub trait QpOps: AsAny {
     fn bind_mw(&self, mw: &Arc<dyn MwOps>, wr_id: u64, bind: &MwBindInfo<'_>, flags: SendFlags) -> Result<u32>;
     /// `ibv_destroy_qp`.
     fn destroy(&self) -> Result<()>;
-    /// The device lock [`QpOps::locked`] takes; `None` (the default) if
-    /// the backend has none to offer.
-    fn device_lock(&self) -> Option<DeviceLockId> {
-        None
-    }
-    /// Runs `f` holding the device's own lock ([`DeviceSection`]), as a
-    /// post does. Returns false, without running `f`, if the backend has
-    /// no such lock ([`QpOps::device_lock`] is `None`).
-    fn locked(&self, f: &mut dyn FnMut(&mut dyn DeviceSection)) -> bool {
-        let _ = f;
-        false
-    }
 }
 
 /// A shared receive queue (`struct ibv_srq`).

@@ -13,7 +13,7 @@ use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection, QpOps};
 use crate::verbs::{Error, PostError, RecvWr, Result, SendWr, WorkCompletion};
 
 /// The identity of a device's engine lock.
-pub(super) fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
+fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
     DeviceLockId(Arc::as_ptr(dev) as usize)
 }
 
@@ -68,8 +68,8 @@ struct SoftSection<'a, 'e> {
 /// never dereferenced) and its number in the engine.
 #[derive(Clone, Copy)]
 enum Opener {
-    Qp(*const (), u32),
-    Cq(*const (), CqId),
+    Qp(usize, u32),
+    Cq(usize, CqId),
 }
 
 impl SoftSection<'_, '_> {
@@ -77,7 +77,7 @@ impl SoftSection<'_, '_> {
     #[inline]
     fn qpn_of(&self, qp: &dyn QpOps, verb: crate::verbs::Verb) -> Result<u32> {
         if let Opener::Qp(p, qpn) = self.opener {
-            if std::ptr::addr_eq(std::ptr::from_ref(qp), p) {
+            if std::ptr::from_ref(qp).cast::<()>() as usize == p {
                 return Ok(qpn);
             }
         }
@@ -89,7 +89,7 @@ impl SoftSection<'_, '_> {
     #[inline]
     fn cq_of(&self, cq: &dyn CqOps) -> Result<CqId> {
         if let Opener::Cq(p, id) = self.opener {
-            if std::ptr::addr_eq(std::ptr::from_ref(cq), p) {
+            if std::ptr::from_ref(cq).cast::<()>() as usize == p {
                 return Ok(id);
             }
         }
@@ -143,41 +143,78 @@ fn other_device(verb: crate::verbs::Verb) -> Error {
     )
 }
 
-/// Runs `f` in a section opened on `qp`, inside a post's hold of the
-/// engine lock (`with_core_eager`: the section's first send post may
-/// leave by the link's fast way out).
-pub(super) fn open_qp(qp: &SoftQp, f: &mut dyn FnMut(&mut dyn DeviceSection)) {
-    let dev = &qp.pd.ctx.dev;
-    let opener = Opener::Qp(std::ptr::from_ref(qp).cast(), qp.qpn);
-    dev.with_core_eager(|core, now, egress| run(f, dev, core, now, egress, opener));
+/// The engine lock of a soft QP or CQ, entered without a dynamic call:
+/// a section opened through it runs its closure in line in the verb's
+/// own frame, and its posts and polls of the object it was opened on go
+/// straight to the engine.
+pub(crate) struct SoftLock {
+    dev: Arc<DeviceShared>,
+    opener: Opener,
 }
 
-/// Runs `f` in a section opened on `cq`, inside a poll's hold of the
-/// engine lock if `poll` (the link is read first, as a poll does), else
-/// inside a plain verb's.
-pub(super) fn open_cq(cq: &SoftCq, poll: bool, f: &mut dyn FnMut(&mut dyn DeviceSection)) {
-    let dev = &cq.ctx.dev;
-    let opener = Opener::Cq(std::ptr::from_ref(cq).cast(), cq.id);
-    if poll {
-        let _ = dev.poll_cq_with(|core, now| {
-            run(f, dev, core, now, None, opener);
-            Ok(0)
-        });
-    } else {
-        dev.with_core(|core, now| run(f, dev, core, now, None, opener));
+impl SoftLock {
+    fn of(qp: &SoftQp) -> SoftLock {
+        SoftLock {
+            dev: qp.pd.ctx.dev.clone(),
+            opener: Opener::Qp(std::ptr::from_ref(qp) as usize, qp.qpn),
+        }
+    }
+
+    fn of_soft_cq(cq: &SoftCq) -> SoftLock {
+        SoftLock {
+            dev: cq.ctx.dev.clone(),
+            opener: Opener::Cq(std::ptr::from_ref(cq) as usize, cq.id),
+        }
+    }
+
+    /// The lock of `qp`, if it is a soft QP.
+    pub(crate) fn of_qp(qp: &dyn QpOps) -> Option<SoftLock> {
+        qp.as_any().downcast_ref::<SoftQp>().map(SoftLock::of)
+    }
+
+    /// The lock of `cq`, if it is a soft CQ.
+    pub(crate) fn of_cq(cq: &dyn CqOps) -> Option<SoftLock> {
+        cq.as_any().downcast_ref::<SoftCq>().map(SoftLock::of_soft_cq)
+    }
+
+    /// The identity of the lock.
+    pub(crate) fn id(&self) -> DeviceLockId {
+        lock_id(&self.dev)
+    }
+
+    /// Runs `f` in a section opened on the QP, inside a post's hold of
+    /// the engine lock (`with_core_eager`: the section's first send post
+    /// may leave by the link's fast way out).
+    #[inline(always)]
+    pub(crate) fn enter_qp<R>(&self, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+        let (dev, opener) = (&self.dev, self.opener);
+        dev.with_core_eager(|core, now, egress| run(f, dev, core, now, egress, opener))
+    }
+
+    /// Runs `f` in a section opened on the CQ, inside a poll's hold of the
+    /// engine lock if `poll` (the link is read first, as a poll does),
+    /// else inside a plain verb's.
+    #[inline(always)]
+    pub(crate) fn enter_cq<R>(&self, poll: bool, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+        let (dev, opener) = (&self.dev, self.opener);
+        if poll {
+            dev.poll_with(|core, now| run(f, dev, core, now, None, opener))
+        } else {
+            dev.with_core(|core, now| run(f, dev, core, now, None, opener))
+        }
     }
 }
 
 /// Runs `f` in the section of the locked engine `core`.
 #[inline(always)]
-fn run(
-    f: &mut dyn FnMut(&mut dyn DeviceSection),
+fn run<R>(
+    f: impl FnOnce(&mut dyn DeviceSection) -> R,
     dev: &Arc<DeviceShared>,
     core: &mut Core,
     now: Nanos,
     egress: Option<Egress<'_>>,
     opener: Opener,
-) {
+) -> R {
     let _in = InSection::enter();
     f(&mut SoftSection {
         dev,
@@ -185,7 +222,7 @@ fn run(
         now,
         egress,
         opener,
-    });
+    })
 }
 
 impl SoftQp {

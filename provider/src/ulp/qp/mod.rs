@@ -293,7 +293,7 @@ impl QpShared {
     /// releases goes out to be dropped after.
     #[inline(always)]
     fn with_track<R>(&self, f: impl FnOnce(&mut Track, &mut dyn DeviceSection) -> R) -> R {
-        self.track.with(|g| self.ops().locked(g), f)
+        self.track.with_qp(f)
     }
 
     /// [`QpShared::with_track`] for a caller already inside a section of
@@ -491,7 +491,8 @@ impl UlpQp {
         // The device's lock guards the tracker if it also guards both
         // CQs' poll state: posts take it through the QP, polls through a
         // CQ.
-        let device = qp.ops().device_lock();
+        let soft = crate::soft::SoftLock::of_qp(&**qp.ops());
+        let device = soft.as_ref().map(crate::soft::SoftLock::id);
         let cq_devices = (send_cq.inner.device(), recv_cq.inner.device());
         if (cq_devices.0.is_some() || cq_devices.1.is_some()) && cq_devices != (device, device) {
             // A CQ guarded by a device's lock retires its QPs' requests
@@ -508,7 +509,7 @@ impl UlpQp {
             qp,
             qpn,
             epoch,
-            track: Guarded::new(Track::new(sq_need - 1, rq_need - 1), device),
+            track: Guarded::new(Track::new(sq_need - 1, rq_need - 1), soft),
             send_cq: send_cq.inner.clone(),
             recv_cq: recv_cq.inner.clone(),
             budget: ctx_budget,
@@ -737,7 +738,7 @@ mod tests {
         let pd = ctx.alloc_pd().unwrap();
         let cq = UlpCq::new(&ctx, 256).unwrap();
         let qp = UlpQp::create(&pd, &cq, &cq, &UlpQpInit::default()).unwrap();
-        let device = qp.sh.qp.ops().device_lock();
+        let device = crate::soft::SoftLock::of_qp(&**qp.sh.qp.ops()).map(|l| l.id());
         assert!(device.is_some());
         assert_eq!(qp.sh.track.device(), device);
         assert!(qp.sh.track.lock_own().is_none());
