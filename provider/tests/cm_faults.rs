@@ -5,7 +5,7 @@
 mod cm_common;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,6 +99,54 @@ fn lost_dreq_and_drep_are_recovered() {
     handshake_with(114, vec![(mad::attr::DREQ, 0, FaultAction::Drop)]);
     let (c, _) = handshake_with(115, vec![(mad::attr::DREP, 0, FaultAction::Drop)]);
     assert!(c.retransmits >= 1, "{c:?}");
+}
+
+/// Holds every DREP back for a while before it leaves, and says when it
+/// has.
+#[derive(Debug, Default)]
+struct SlowDrep(AtomicBool);
+
+impl MadFault for SlowDrep {
+    fn outgoing(&self, msg: &CmMsg, _dst: IpAddr) -> FaultAction {
+        if msg.attr_id() == mad::attr::DREP {
+            std::thread::sleep(Duration::from_millis(300));
+            self.0.store(true, Ordering::SeqCst);
+        }
+        FaultAction::Pass
+    }
+}
+
+/// The passive side's DREP leaves before its application hears of the
+/// disconnection: a program may exit as soon as it sees DISCONNECTED,
+/// and a DREP still queued in it would never leave (its peer would wait
+/// out the DREQ's retransmissions before its own DISCONNECTED).
+#[test]
+fn the_drep_leaves_before_the_disconnected_event() {
+    let slow = Arc::new(SlowDrep::default());
+    let cfg = CmConfig {
+        fault: Some(slow.clone()),
+        ..fast_config()
+    };
+    let w = world(126, 2, cfg);
+    let sch = EventChannel::new().unwrap();
+    let _l = listener(&w.cm, &sch, PortSpace::Tcp, "0.0.0.0:8000".parse().unwrap());
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(126, 1), sa(126, 2, 8000));
+    let _cr = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    let _sr = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+    c.disconnect().unwrap();
+    expect(&sch, CmEventKind::Disconnected);
+    assert!(
+        slow.0.load(Ordering::SeqCst),
+        "DISCONNECTED reached the application before its DREP left"
+    );
+    expect(&ch, CmEventKind::Disconnected);
 }
 
 #[test]

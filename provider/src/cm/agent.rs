@@ -153,6 +153,7 @@ impl Shared {
                 #[cfg(feature = "hardware")]
                 hw_devices: HashMap::new(),
                 gone: Vec::new(),
+                held: None,
             }),
             inbox: Inbox::default(),
             wake,
@@ -387,13 +388,25 @@ impl Inner {
                 break;
             }
             for (dev, gen, m) in batch {
-                let outs = self.handle_mad(&dev, gen, &m);
-                self.send(outs);
+                self.handled(|| self.handle_mad(&dev, gen, &m));
             }
         }
-        let outs = self.timers();
-        self.send(outs);
+        self.handled(|| self.timers());
         self.namespaces();
+    }
+
+    /// Runs `handle` (a received MAD's handling, or the due timers') with
+    /// the events it raises held back, sends the MADs it returns, then
+    /// posts the events: what the protocol owes the peer leaves before the
+    /// application can see the event and exit.
+    fn handled(&self, handle: impl FnOnce() -> Vec<Out>) {
+        self.lock().held = Some(Vec::new());
+        let outs = handle();
+        self.send(outs);
+        let mut st = self.lock();
+        for (key, ev) in st.held.take().unwrap_or_default() {
+            st.post(key, ev);
+        }
     }
 
     fn namespaces(&self) {

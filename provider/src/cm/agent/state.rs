@@ -196,6 +196,12 @@ pub(crate) struct State {
     /// a connect request's event rejects its request when dropped, which
     /// takes this lock again.
     pub(crate) gone: Vec<Id>,
+    /// While a received MAD or a due timer is handled, the events it
+    /// raises are held here and posted after the MADs that handling owes
+    /// the peer were sent ([`Inner::handled`]): an application may exit as
+    /// soon as it sees an event (a DISCONNECTED, say), and a reply still
+    /// queued in this process (the DREP) would then never leave.
+    pub(crate) held: Option<Vec<(u64, CmEvent)>>,
 }
 
 impl State {
@@ -291,7 +297,11 @@ impl State {
         })
     }
 
-    pub(crate) fn post(&self, key: u64, ev: CmEvent) {
+    pub(crate) fn post(&mut self, key: u64, ev: CmEvent) {
+        if let Some(held) = &mut self.held {
+            held.push((key, ev));
+            return;
+        }
         if let Some(id) = self.ids.get(&key) {
             if !id.destroyed {
                 id.chan.push(ev);
@@ -307,7 +317,7 @@ impl State {
         drop(ev);
     }
 
-    pub(crate) fn post_kind(&self, key: u64, kind: CmEventKind) {
+    pub(crate) fn post_kind(&mut self, key: u64, kind: CmEventKind) {
         if let Some(ev) = self.event(key, kind) {
             self.post(key, ev);
         }
