@@ -488,16 +488,18 @@ impl UlpQp {
         }
         let qpn = qp.qp_num();
         let epoch = (EPOCH.fetch_add(1, Ordering::Relaxed) << SEQ_BITS) & EPOCH_MASK;
-        // The device's lock guards the tracker if it also guards both
-        // CQs' poll state: posts take it through the QP, polls through a
-        // CQ.
+        // A soft QP's tracker is guarded by its engine lock, which must
+        // also guard both CQs' poll state: posts take it through the QP,
+        // polls through a CQ.
         let soft = crate::soft::SoftLock::of_qp(&**qp.ops());
         let device = soft.as_ref().map(crate::soft::SoftLock::id);
         let cq_devices = (send_cq.inner.device(), recv_cq.inner.device());
-        if (cq_devices.0.is_some() || cq_devices.1.is_some()) && cq_devices != (device, device) {
-            // A CQ guarded by a device's lock retires its QPs' requests
-            // inside that lock: only QPs guarded by the same lock can be
-            // reached from there without a lock of their own.
+        if cq_devices != (device, device) {
+            // A CQ retires its QPs' requests under its own guard (inside
+            // the engine lock for a soft CQ), where a QP's tracker is
+            // reached taking only the QP's own mutex, if it has one: the
+            // QP and both CQs must be guarded alike, by one engine lock
+            // or each by a mutex of its own.
             uncommit();
             return Err(verr!(
                 CreateQp,
