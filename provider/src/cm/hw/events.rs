@@ -305,7 +305,7 @@ fn handle(inner: &Arc<Inner>, raw: RawEvent) {
             if kind == CmEventKind::Disconnected {
                 qp_to_err(id);
             }
-            deliver(&st, raw.key, kind, raw.status, raw.private_data, raw.conn, raw.ud);
+            deliver(&mut st, raw.key, kind, raw.status, raw.private_data, raw.conn, raw.ud);
         }
         Action::EstablishQp => {
             let (h, qp) = (id.hw.clone(), id.qp.clone());
@@ -344,13 +344,13 @@ fn handle(inner: &Arc<Inner>, raw: RawEvent) {
                 Ok(()) => raw.status,
                 Err(e) => -e.errno(),
             };
-            deliver(&st, raw.key, kind, status, raw.private_data, raw.conn, raw.ud);
+            deliver(&mut st, raw.key, kind, status, raw.private_data, raw.conn, raw.ud);
         }
     }
 }
 
 fn deliver(
-    st: &State,
+    st: &mut State,
     key: u64,
     kind: CmEventKind,
     status: i32,
