@@ -390,72 +390,8 @@ fn a_callback_that_polls_its_cq_runs_the_rest_once() {
 /// from any thread.)
 #[test]
 fn posters_on_two_threads_and_a_polling_worker_complete_every_request_once() {
-    let init = UlpQpInit {
-        send_wr: 32,
-        ..UlpQpInit::default()
-    };
-    let (_da, _db, a, b) = pair("threads", &init, 4);
-    let src = a.mr(4096);
-    let dst = b.mr(4096);
-    let remote = dst.remote(0);
-    let worker = softverbs::ulp::CqWorker::spawn(&a.cq).unwrap();
-    const PER_THREAD: u32 = 400;
-    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let qp = a.qp();
-    std::thread::scope(|s| {
-        for t in 0..2u32 {
-            let (src, done) = (src.clone(), done.clone());
-            s.spawn(move || {
-                let mut k = 0;
-                while k < PER_THREAD {
-                    let d = done.clone();
-                    let buf = LocalBuf::new(&src, u64::from(t) * 64, 8).unwrap();
-                    let signaled = k % 3 != 1;
-                    let wr = UlpWr::write(buf, remote);
-                    let cb = move |wc: &WorkCompletion| {
-                        assert!(wc.is_success(), "{wc:?}");
-                        d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    };
-                    let r = if signaled {
-                        qp.post(wr, cb)
-                    } else {
-                        qp.post_unsignaled(wr, cb)
-                    };
-                    match r {
-                        Ok(()) => k += 1,
-                        // The queue is full: the worker frees slots.
-                        Err(e) if e.error.kind() == ErrorKind::NoMemory => std::thread::yield_now(),
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-            });
-        }
-    });
-    let signaled = 2 * (0..PER_THREAD).filter(|k| k % 3 != 1).count() as u32;
-    // The last request of each thread is signaled, so every unsignaled one
-    // retires (silently) before the counts settle.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while done.load(std::sync::atomic::Ordering::SeqCst) < signaled || qp.stats().sq_used > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "requests still outstanding: {:?}",
-            qp.stats()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    drop(worker);
-    let st = qp.stats();
-    assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), signaled);
-    assert_eq!(
-        (st.requests, st.callbacks, st.silent, st.sq_used),
-        (
-            u64::from(2 * PER_THREAD),
-            u64::from(signaled),
-            u64::from(2 * PER_THREAD - signaled),
-            0
-        )
-    );
-    assert_eq!(a.cq.stats().callbacks, u64::from(signaled));
+    let (_da, _db, a, b) = pair("threads", &threads_init(), 4);
+    posters_and_a_worker_complete_once(&a, &b, 400);
 }
 
 /// A buffer of a `'static` MR (no reference count per request) posts like

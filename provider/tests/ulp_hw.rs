@@ -87,6 +87,15 @@ fn an_error_calls_every_request_it_completes_once_unsignaled_included() {
     }
 }
 
+/// Two posting threads and a polling worker on one QP, on the layer's own
+/// mutexes (the hardware backend offers no engine lock).
+#[test]
+fn posters_on_two_threads_and_a_polling_worker_complete_every_request_once() {
+    if let Some((a, b)) = hw_pair("threads", &threads_init(), 4) {
+        posters_and_a_worker_complete_once(&a, &b, 30_000);
+    }
+}
+
 #[test]
 fn closing_a_qp_flushes_its_requests_before_their_captures_drop() {
     if let Some((a, b)) = hw_pair("close", &UlpQpInit::default(), 4) {

@@ -397,3 +397,85 @@ fn settle_and_check(
     }
     Ok(())
 }
+
+/// The QP shape of [`posters_and_a_worker_complete_once`]: a send queue
+/// shallow enough that the posters find it full now and then.
+pub(crate) fn threads_init() -> softverbs::ulp::UlpQpInit {
+    softverbs::ulp::UlpQpInit {
+        send_wr: 32,
+        ..softverbs::ulp::UlpQpInit::default()
+    }
+}
+
+/// Posters on two threads and a worker polling the CQ on a third share
+/// one QP (of [`threads_init`]), `per_thread` requests each: every
+/// request completes exactly once, its slot comes back, and the counters
+/// agree. On soft devices the
+/// layer's bookkeeping of the QP and of its CQ is guarded by the device's
+/// engine lock; on the hardware backend by the layer's own mutexes (the
+/// QP's, which a poll of its CQ takes to retire its requests).
+pub(crate) fn posters_and_a_worker_complete_once(a: &End, b: &End, per_thread: u32) {
+    // Every third request is unsignaled, never a thread's last (it would
+    // wait for a later completion that never comes).
+    assert!(per_thread % 3 != 2, "a thread's last request must be signaled");
+    let src = a.mr(4096);
+    let dst = b.mr(4096);
+    let remote = dst.remote(0);
+    let worker = softverbs::ulp::CqWorker::spawn(&a.cq).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let qp = a.qp();
+    std::thread::scope(|s| {
+        for t in 0..2u32 {
+            let (src, done) = (src.clone(), done.clone());
+            s.spawn(move || {
+                let mut k = 0;
+                while k < per_thread {
+                    let d = done.clone();
+                    let buf = LocalBuf::new(&src, u64::from(t) * 64, 8).unwrap();
+                    let signaled = k % 3 != 1;
+                    let wr = UlpWr::write(buf, remote);
+                    let cb = move |wc: &WorkCompletion| {
+                        assert!(wc.is_success(), "{wc:?}");
+                        d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    };
+                    let r = if signaled {
+                        qp.post(wr, cb)
+                    } else {
+                        qp.post_unsignaled(wr, cb)
+                    };
+                    match r {
+                        Ok(()) => k += 1,
+                        // The queue is full: the worker frees slots.
+                        Err(e) if e.error.kind() == ErrorKind::NoMemory => std::thread::yield_now(),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            });
+        }
+    });
+    let signaled = 2 * (0..per_thread).filter(|k| k % 3 != 1).count() as u32;
+    // The last request of each thread is signaled, so every unsignaled one
+    // retires (silently) before the counts settle.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while done.load(std::sync::atomic::Ordering::SeqCst) < signaled || qp.stats().sq_used > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "requests still outstanding: {:?}",
+            qp.stats()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    drop(worker);
+    let st = qp.stats();
+    assert_eq!(done.load(std::sync::atomic::Ordering::SeqCst), signaled);
+    assert_eq!(
+        (st.requests, st.callbacks, st.silent, st.sq_used),
+        (
+            u64::from(2 * per_thread),
+            u64::from(signaled),
+            u64::from(2 * per_thread - signaled),
+            0
+        )
+    );
+    assert_eq!(a.cq.stats().callbacks, u64::from(signaled));
+}
