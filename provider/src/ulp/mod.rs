@@ -36,12 +36,11 @@
 //!
 //! - **Locks**: the state of a QP (the tracker: both queues' rings of
 //!   requests, slots, READ credits) and of a CQ poll (the completion
-//!   buffer and the map of attached QPs) is guarded by the device's own
-//!   lock where the backend offers one (the soft provider's engine lock,
-//!   [`DeviceSection`](crate::verbs::backend::DeviceSection)): a post
-//!   does its bookkeeping inside the verb's own hold of that lock, and so
-//!   does a poll, so the layer adds no lock to either. Where the backend
-//!   has none (the hardware backend), a mutex per QP and one per CQ poll:
+//!   buffer and the map of attached QPs) is guarded, on soft devices, by
+//!   the device's engine lock: a post does its bookkeeping inside the
+//!   verb's own hold of that lock, and so does a poll, so the layer adds
+//!   no lock to either. On the hardware backend (whose locks are inside
+//!   libibverbs), a mutex per QP and one per CQ poll:
 //!   a post takes the QP's once (the verbs post and the bookkeeping under
 //!   it), a poll takes the CQ's once and the QP's once per run of that
 //!   QP's completions.
