@@ -4,7 +4,7 @@
 
 mod cm_common;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +34,45 @@ impl MadFault for Script {
     }
 }
 
+/// A connection set up between the two devices of a world on `net`
+/// (client on the first, a listener on `port` of the second), both sides
+/// past ESTABLISHED; what it holds keeps it up (bind it whole: a
+/// destructuring `..` would drop the rest at once).
+struct Up {
+    w: World,
+    sch: EventChannel,
+    ch: EventChannel,
+    c: CmId,
+    s: CmId,
+    _l: CmId,
+    _res: (Res, Res),
+}
+
+fn established(net: u8, cfg: CmConfig, port: u16) -> Up {
+    let w = world(net, 2, cfg);
+    let sch = EventChannel::new().unwrap();
+    let l = listener(&w.cm, &sch, PortSpace::Tcp, SocketAddr::from(([0, 0, 0, 0], port)));
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, port));
+    let cr = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(&sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    let sr = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&ch, CmEventKind::Established);
+    expect(&sch, CmEventKind::Established);
+    Up {
+        w,
+        sch,
+        ch,
+        c,
+        s,
+        _l: l,
+        _res: (cr, sr),
+    }
+}
+
 /// A full connect/accept/disconnect with `plan` applied; checks each side
 /// sees each event exactly once.
 fn handshake_with(net: u8, plan: Vec<(u16, usize, FaultAction)>) -> (CmCounters, Vec<u16>) {
@@ -45,24 +84,13 @@ fn handshake_with(net: u8, plan: Vec<(u16, usize, FaultAction)>) -> (CmCounters,
         fault: Some(script.clone()),
         ..fast_config()
     };
-    let w = world(net, 2, cfg);
-    let sch = EventChannel::new().unwrap();
-    let _l = listener(&w.cm, &sch, PortSpace::Tcp, "0.0.0.0:8000".parse().unwrap());
-    let ch = EventChannel::new().unwrap();
-    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, 8000));
-    let _cr = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(&sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let _sr = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(&ch, CmEventKind::Established);
-    expect(&sch, CmEventKind::Established);
+    let up = established(net, cfg, 8000);
+    let (w, sch, ch, c) = (&up.w, &up.sch, &up.ch, &up.c);
     c.disconnect().unwrap();
-    expect(&ch, CmEventKind::Disconnected);
-    expect(&sch, CmEventKind::Disconnected);
-    expect(&ch, CmEventKind::TimewaitExit);
-    expect(&sch, CmEventKind::TimewaitExit);
+    expect(ch, CmEventKind::Disconnected);
+    expect(sch, CmEventKind::Disconnected);
+    expect(ch, CmEventKind::TimewaitExit);
+    expect(sch, CmEventKind::TimewaitExit);
     // Exactly once: nothing else comes (duplicates answered, not
     // re-delivered).
     std::thread::sleep(Duration::from_millis(300));
@@ -127,26 +155,15 @@ fn the_drep_leaves_before_the_disconnected_event() {
         fault: Some(slow.clone()),
         ..fast_config()
     };
-    let w = world(126, 2, cfg);
-    let sch = EventChannel::new().unwrap();
-    let _l = listener(&w.cm, &sch, PortSpace::Tcp, "0.0.0.0:8000".parse().unwrap());
-    let ch = EventChannel::new().unwrap();
-    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(126, 1), sa(126, 2, 8000));
-    let _cr = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(&sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let _sr = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(&ch, CmEventKind::Established);
-    expect(&sch, CmEventKind::Established);
+    let up = established(126, cfg, 8000);
+    let (sch, ch, c) = (&up.sch, &up.ch, &up.c);
     c.disconnect().unwrap();
-    expect(&sch, CmEventKind::Disconnected);
+    expect(sch, CmEventKind::Disconnected);
     assert!(
         slow.0.load(Ordering::SeqCst),
         "DISCONNECTED reached the application before its DREP left"
     );
-    expect(&ch, CmEventKind::Disconnected);
+    expect(ch, CmEventKind::Disconnected);
 }
 
 #[test]
@@ -200,19 +217,8 @@ fn a_slow_acceptor_gets_mra_instead_of_losing_the_request() {
 
 #[test]
 fn a_stale_req_is_rejected() {
-    let w = world(119, 2, fast_config());
-    let sch = EventChannel::new().unwrap();
-    let _l = listener(&w.cm, &sch, PortSpace::Tcp, "0.0.0.0:8200".parse().unwrap());
-    let ch = EventChannel::new().unwrap();
-    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(119, 1), sa(119, 2, 8200));
-    let _cr = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(&sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let _sr = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(&ch, CmEventKind::Established);
-    expect(&sch, CmEventKind::Established);
+    let up = established(119, fast_config(), 8200);
+    let (w, sch, c, s) = (&up.w, &up.sch, &up.c, &up.s);
     // A REQ from the same peer QP under a new communication ID (as after
     // a peer reboot that forgot the connection).
     let hdr = mad::CmaHdr {
