@@ -402,18 +402,11 @@ impl DeviceShared {
         .0
     }
 
-    /// Polls a CQ (`f` returns how many completions it took): in inline
-    /// mode this first reads the link, and when completions go to the
-    /// application the ACKs produced meanwhile may be held back for
-    /// coalescing (by `Core::poll_cq`, see [`Self::set_ack_coalescing`]).
-    pub(crate) fn poll_cq_with(
-        self: &Arc<Self>,
-        f: impl FnOnce(&mut Core, Nanos) -> crate::verbs::Result<usize>,
-    ) -> crate::verbs::Result<usize> {
-        self.run_verb(true, f).0
-    }
-
-    /// [`Self::poll_cq_with`] for a `f` of any result.
+    /// Runs `f`, a poll of a CQ (or a section opened for one), as a poll
+    /// runs: in inline mode the link is read first, and when completions
+    /// go to the application the ACKs produced meanwhile may be held back
+    /// for coalescing (by `Core::poll_cq`, see
+    /// [`Self::set_ack_coalescing`]).
     pub(crate) fn poll_with<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Nanos) -> R) -> R {
         self.run_verb(true, f).0
     }

@@ -744,7 +744,7 @@ impl CqOps for SoftCq {
     #[inline]
     fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         // Inline mode: polling is what reads a network link.
-        let r = self.ctx.dev.poll_cq_with(|c, _| c.poll_cq(self.id, wc));
+        let r = self.ctx.dev.poll_with(|c, _| c.poll_cq(self.id, wc));
         if matches!(r, Ok(n) if n > 0) {
             crate::soft::probe::mark(crate::soft::probe::Point::PollHit);
         }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use super::guard::Guarded;
 use super::qp::{Alone, Done, QpShared};
-use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection};
+use crate::soft::SoftLock;
+use crate::verbs::backend::{CqOps, DeviceSection};
 use crate::verbs::{verr, CompChannel, Context, Cq, Result, WcStatus, WorkCompletion};
 
 /// Completions read from the device per `poll_cq` call.
@@ -123,10 +124,10 @@ impl CqShared {
         &self.cq
     }
 
-    /// The device lock guarding the poll state (`None`: the layer's own
+    /// The engine lock guarding the poll state (`None`: the layer's own
     /// mutex).
-    pub(crate) fn device(&self) -> Option<DeviceLockId> {
-        self.poll.device()
+    pub(crate) fn soft_lock(&self) -> Option<&SoftLock> {
+        self.poll.soft()
     }
 
     /// Runs `f` on the poll state holding its guard, with the section to
@@ -490,7 +491,7 @@ impl UlpCq {
     pub fn new(ctx: &Context, cqe: u32) -> Result<UlpCq> {
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cqe, 0, Some(&channel), 0)?;
-        let soft = crate::soft::SoftLock::of_cq(&**cq.ops());
+        let soft = SoftLock::of_cq(&**cq.ops());
         Ok(UlpCq {
             inner: Arc::new(CqShared {
                 cq,

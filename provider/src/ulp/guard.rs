@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::soft::SoftLock;
 use crate::sys::lock;
-use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection, QpOps};
+use crate::verbs::backend::{CqOps, DeviceSection, QpOps};
 use crate::verbs::{PostError, RecvWr, Result, SendWr, WorkCompletion};
 
 /// A value guarded by the layer's own mutex or by a soft device's engine
@@ -46,12 +46,12 @@ impl<T> Guarded<T> {
         }
     }
 
-    /// The device lock guarding the value, if it is not the own mutex.
+    /// The engine lock guarding the value, if it is not the own mutex.
     #[inline]
-    pub(crate) fn device(&self) -> Option<DeviceLockId> {
+    pub(crate) fn soft(&self) -> Option<&SoftLock> {
         match &self.guard {
             Guard::Own(_) => None,
-            Guard::Soft(l) => Some(l.id()),
+            Guard::Soft(l) => Some(l),
         }
     }
 
@@ -205,7 +205,7 @@ mod tests {
         let uqp1 = UlpQp::create(&c1.alloc_pd().unwrap(), &ucq1, &ucq1, &UlpQpInit::default()).unwrap();
         let (cq1, qp1) = (ucq1.cq(), uqp1.qp());
         let lock0 = SoftLock::of_cq(&**cq0.ops()).unwrap();
-        assert_ne!(Some(lock0.id()), SoftLock::of_cq(&**cq1.ops()).map(|l| l.id()));
+        assert!(!SoftLock::alike(Some(&lock0), SoftLock::of_cq(&**cq1.ops()).as_ref()));
         let mut wc = [crate::verbs::WorkCompletion::default(); 4];
         let (own, other_cq, other_qp) = lock0.enter_cq(false, |sec| {
             (

@@ -266,11 +266,6 @@ pub(crate) trait DeviceSection {
     fn poll(&mut self, cq: &dyn CqOps, wc: &mut [WorkCompletion]) -> Result<usize>;
 }
 
-/// The identity of a device's lock (`soft::SoftLock::id`): objects whose
-/// locks compare equal are serialized by one lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct DeviceLockId(pub(crate) usize);
-
 /// A completion queue (`struct ibv_cq`).
 pub trait CqOps: AsAny {
     /// `ibv_poll_cq`: fills up to `wc.len()` completions, returns how many.

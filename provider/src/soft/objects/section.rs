@@ -9,13 +9,8 @@ use std::sync::Arc;
 use super::super::engine::DeviceShared;
 use super::super::proto::{Core, CqId, Egress, Nanos};
 use super::{soft_of, SoftCq, SoftQp};
-use crate::verbs::backend::{CqOps, DeviceLockId, DeviceSection, QpOps};
+use crate::verbs::backend::{CqOps, DeviceSection, QpOps};
 use crate::verbs::{Error, PostError, RecvWr, Result, SendWr, WorkCompletion};
-
-/// The identity of a device's engine lock.
-fn lock_id(dev: &Arc<DeviceShared>) -> DeviceLockId {
-    DeviceLockId(Arc::as_ptr(dev) as usize)
-}
 
 thread_local! {
     /// Whether this thread runs a [`DeviceSection`] (debug builds check
@@ -153,14 +148,14 @@ pub(crate) struct SoftLock {
 }
 
 impl SoftLock {
-    fn of(qp: &SoftQp) -> SoftLock {
+    fn for_qp(qp: &SoftQp) -> SoftLock {
         SoftLock {
             dev: qp.pd.ctx.dev.clone(),
             opener: Opener::Qp(std::ptr::from_ref(qp) as usize, qp.qpn),
         }
     }
 
-    fn of_soft_cq(cq: &SoftCq) -> SoftLock {
+    fn for_cq(cq: &SoftCq) -> SoftLock {
         SoftLock {
             dev: cq.ctx.dev.clone(),
             opener: Opener::Cq(std::ptr::from_ref(cq) as usize, cq.id),
@@ -169,17 +164,22 @@ impl SoftLock {
 
     /// The lock of `qp`, if it is a soft QP.
     pub(crate) fn of_qp(qp: &dyn QpOps) -> Option<SoftLock> {
-        qp.as_any().downcast_ref::<SoftQp>().map(SoftLock::of)
+        qp.as_any().downcast_ref::<SoftQp>().map(SoftLock::for_qp)
     }
 
     /// The lock of `cq`, if it is a soft CQ.
     pub(crate) fn of_cq(cq: &dyn CqOps) -> Option<SoftLock> {
-        cq.as_any().downcast_ref::<SoftCq>().map(SoftLock::of_soft_cq)
+        cq.as_any().downcast_ref::<SoftCq>().map(SoftLock::for_cq)
     }
 
-    /// The identity of the lock.
-    pub(crate) fn id(&self) -> DeviceLockId {
-        lock_id(&self.dev)
+    /// Whether `a` and `b` guard alike: both the lock of one engine, or
+    /// neither a soft lock.
+    pub(crate) fn alike(a: Option<&SoftLock>, b: Option<&SoftLock>) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.dev, &b.dev),
+            (None, None) => true,
+            _ => false,
+        }
     }
 
     /// Runs `f` in a section opened on the QP, inside a post's hold of

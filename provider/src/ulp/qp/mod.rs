@@ -29,6 +29,7 @@ use super::cq::{CqShared, UlpCq};
 use super::guard::Guarded;
 use super::pool::PooledMr;
 use super::wr::{Callback, Chain, Kept, LocalBuf, Sgl, UlpWr};
+use crate::soft::SoftLock;
 use crate::verbs::backend::{DeviceSection, QpOps};
 use crate::verbs::{
     verr, Error, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, Result, SendOp, SendWr,
@@ -491,10 +492,9 @@ impl UlpQp {
         // A soft QP's tracker is guarded by its engine lock, which must
         // also guard both CQs' poll state: posts take it through the QP,
         // polls through a CQ.
-        let soft = crate::soft::SoftLock::of_qp(&**qp.ops());
-        let device = soft.as_ref().map(crate::soft::SoftLock::id);
-        let cq_devices = (send_cq.inner.device(), recv_cq.inner.device());
-        if cq_devices != (device, device) {
+        let soft = SoftLock::of_qp(&**qp.ops());
+        let alike = |cq: &UlpCq| SoftLock::alike(soft.as_ref(), cq.inner.soft_lock());
+        if !alike(send_cq) || !alike(recv_cq) {
             // A CQ retires its QPs' requests under its own guard (inside
             // the engine lock for a soft CQ), where a QP's tracker is
             // reached taking only the QP's own mutex, if it has one: the
@@ -740,11 +740,12 @@ mod tests {
         let pd = ctx.alloc_pd().unwrap();
         let cq = UlpCq::new(&ctx, 256).unwrap();
         let qp = UlpQp::create(&pd, &cq, &cq, &UlpQpInit::default()).unwrap();
-        let device = crate::soft::SoftLock::of_qp(&**qp.sh.qp.ops()).map(|l| l.id());
-        assert!(device.is_some());
-        assert_eq!(qp.sh.track.device(), device);
+        let lock = SoftLock::of_qp(&**qp.sh.qp.ops());
+        assert!(lock.is_some());
+        assert!(qp.sh.track.soft().is_some());
+        assert!(SoftLock::alike(qp.sh.track.soft(), lock.as_ref()));
         assert!(qp.sh.track.lock_own().is_none());
-        assert_eq!(cq.inner.device(), device);
+        assert!(SoftLock::alike(cq.inner.soft_lock(), lock.as_ref()));
     }
 
     /// A QP may not be served by a CQ of another device (on the soft
