@@ -398,6 +398,19 @@ fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
 
+/// Threads once the count is `want`, or after 10 s: a joined thread can
+/// still be listed for a moment after its join returned.
+fn thread_count_settled(want: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = thread_count();
+        if n == want || Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// One CM's life on librdmacm: a listener, a request, a reject, and
 /// everything dropped.
 fn request_reject_cycle(sub: &Arc<Subsystem>, server_ip: IpAddr, client_ip: IpAddr, ps: PortSpace) {
@@ -471,7 +484,7 @@ fn hw_cycles_leak_nothing() {
         request_reject_cycle(&sub, server_ip, client_ip, PortSpace::Tcp);
     }
     assert_eq!(fd_count(), fds, "descriptors left behind");
-    assert_eq!(thread_count(), threads, "threads left behind");
+    assert_eq!(thread_count_settled(threads), threads, "threads left behind");
 }
 
 /// The server half of [`hw_two_processes`], run in a child process (whose

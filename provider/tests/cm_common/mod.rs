@@ -146,3 +146,17 @@ pub fn fd_count() -> usize {
 pub fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
+
+/// Threads of this process once the count is `want`, or after 10 s.
+/// A joined thread can still be listed for a moment after its join
+/// returned: the kernel wakes the joiner before it unlists the task.
+pub fn thread_count_settled(want: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n = thread_count();
+        if n == want || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
