@@ -318,3 +318,34 @@ fn a_listener_dropped_with_untaken_requests_rejects_them() {
     assert_eq!(w.cm.id_count(), before - 2);
     drop(sch); // the queued event's id is gone: dropping it is harmless
 }
+
+/// A host whose device runs no CM (an application that has not started
+/// its own yet) answers at once, as a kernel CM does for a service nobody
+/// listens on: a connect is rejected (invalid service ID) and a UD
+/// resolution is refused, instead of the REQ being lost and sent again
+/// until the client gives up. The response timeout is long (~68 s), so
+/// only an answer can end either wait in time.
+#[test]
+fn a_host_without_a_cm_refuses_at_once() {
+    let w = world(
+        88,
+        1,
+        CmConfig {
+            response_timeout: 24,
+            ..fast_config()
+        },
+    );
+    let bare = softverbs::subsystem::Subsystem::new(softverbs::subsystem::SubsystemConfig::default());
+    add_device(&bare, &w.fabric, 88, 2, softverbs::subsystem::NamespaceId::INIT);
+    let ch = EventChannel::new().unwrap();
+    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(88, 1), sa(88, 2, 4444));
+    let _r = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, CmEventKind::Rejected);
+    assert_eq!(ev.status, 8);
+    let u = resolved(&w.cm, &ch, PortSpace::Udp, ip(88, 1), sa(88, 2, 4444));
+    let _ur = with_qp(&u);
+    u.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, CmEventKind::Unreachable);
+    assert_eq!(ev.status, 1);
+}

@@ -587,6 +587,41 @@ impl CmMsg {
         };
         Ok((tid, msg))
     }
+
+    /// What a device's CM answers to `mad` when no connection manager
+    /// runs over the device (no agent owns its QP1), as a host's kernel CM
+    /// answers for a service nobody listens on: a REQ gets a REJ (invalid
+    /// service ID), a SIDR_REQ a SIDR_REP (service ID not supported), a
+    /// DREQ a DREP (so that the peer's disconnect finishes). Anything else,
+    /// or a MAD that is not a CM message, gets nothing.
+    pub(crate) fn answer_unattended(mad: &[u8; MAD_LEN]) -> Option<[u8; MAD_LEN]> {
+        let (tid, msg) = CmMsg::decode(mad).ok()?;
+        let reply = match msg {
+            CmMsg::Req(r) => CmMsg::Rej(Rej {
+                local_comm_id: 0,
+                remote_comm_id: r.local_comm_id,
+                message_rejected: MsgRef::Req,
+                reason: rej::INVALID_SERVICE_ID,
+                private_data: Vec::new(),
+            }),
+            CmMsg::SidrReq(r) => CmMsg::SidrRep(SidrRep {
+                request_id: r.request_id,
+                status: 1,
+                qpn: 0,
+                service_id: r.service_id,
+                qkey: 0,
+                private_data: Vec::new(),
+            }),
+            CmMsg::Dreq(r) => CmMsg::Drep(Ids {
+                local_comm_id: r.remote_comm_id,
+                remote_comm_id: r.local_comm_id,
+                remote_qpn: 0,
+                private_data: Vec::new(),
+            }),
+            _ => return None,
+        };
+        Some(reply.encode(tid))
+    }
 }
 
 /// rdma_cm's private-data header (`struct cma_hdr`): version 0, the IP
@@ -699,6 +734,64 @@ mod tests {
         assert_eq!(mad[255], 7);
         assert_eq!(mad[24 + 140], 9);
         assert_eq!(CmMsg::decode(&mad), Ok((0x99, m)));
+    }
+
+    #[test]
+    fn a_device_without_a_cm_refuses_requests_and_ends_disconnects() {
+        let answer = |m: &CmMsg| CmMsg::decode(&CmMsg::answer_unattended(&m.encode(0x77)).unwrap()).unwrap();
+        let rej = Rej {
+            local_comm_id: 0,
+            remote_comm_id: 0x1234_5678,
+            message_rejected: MsgRef::Req,
+            reason: rej::INVALID_SERVICE_ID,
+            private_data: vec![0; REJ_PRIVATE],
+        };
+        assert_eq!(answer(&CmMsg::Req(req())), (0x77, CmMsg::Rej(rej)));
+        let sidr = SidrReq {
+            request_id: 41,
+            pkey: 0xffff,
+            service_id: service_id(0x0111, 7),
+            private_data: vec![0; SIDR_REQ_PRIVATE],
+        };
+        let (_, rep) = answer(&CmMsg::SidrReq(sidr));
+        assert!(
+            matches!(rep, CmMsg::SidrRep(SidrRep { request_id: 41, status: 1, qpn: 0, service_id, .. }) if service_id == 0x0111_0007)
+        );
+        let dreq = Ids {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            remote_qpn: 0x99,
+            private_data: vec![0; DREQ_PRIVATE],
+        };
+        let (_, drep) = answer(&CmMsg::Dreq(dreq));
+        assert!(matches!(
+            drep,
+            CmMsg::Drep(Ids {
+                local_comm_id: 6,
+                remote_comm_id: 5,
+                ..
+            })
+        ));
+        // Replies, and what is not a CM message, get no answer.
+        let rtu = Ids {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            remote_qpn: 0,
+            private_data: vec![0; RTU_PRIVATE],
+        };
+        assert_eq!(CmMsg::answer_unattended(&CmMsg::Rtu(rtu).encode(1)), None);
+        assert_eq!(CmMsg::answer_unattended(&CmMsg::Rej(rej_of_nothing()).encode(1)), None);
+        assert_eq!(CmMsg::answer_unattended(&[0; MAD_LEN]), None);
+    }
+
+    fn rej_of_nothing() -> Rej {
+        Rej {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            message_rejected: MsgRef::Rep,
+            reason: rej::TIMEOUT,
+            private_data: Vec::new(),
+        }
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! peer's QP1 (BTH + DETH with Q_Key [`GSI_QKEY`] + MAD + ICRC).
 //!
 //! QP1 is not a verbs object here: applications cannot create or post to
-//! it, and a device without a sink counts QP1 packets as `rx_unknown_qp`,
-//! as before. The sink is called under the engine lock and must only queue
+//! it. A device without a sink counts QP1 MADs as `rx_unknown_qp` and
+//! answers connection requests and disconnects itself, as a kernel CM
+//! answers for a service nobody listens on. The sink is called under the engine lock and must only queue
 //! the MAD (it must not call back into the device).
 
 use std::net::IpAddr;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use super::{Core, Datagram};
 use crate::soft::wire::{BthRepr, DethRepr, Opcode, Packet, PacketRepr, Pkey, Psn, Qpn};
+use crate::verbs::Gid;
 
 /// The GSI's well-known Q_Key (IBTA 3.5.3; QP1 accepts only this one).
 pub const GSI_QKEY: u32 = 0x8001_0000;
@@ -65,7 +67,13 @@ impl Core {
     /// Takes a datagram for QP1: checks it is a UD SEND_ONLY with the GSI
     /// Q_Key, the default P_Key, a good ICRC (when checked) and a 256-byte
     /// MAD, and hands it to the sink. Anything else is dropped and
-    /// counted.
+    /// counted. With no sink installed (no connection manager runs over
+    /// this device), a valid MAD is counted as for an unknown QP, and a
+    /// connection request or disconnect is answered as a host's kernel CM
+    /// answers when nobody listens ([`CmMsg::answer_unattended`]): the
+    /// peer learns at once instead of retrying until it times out.
+    ///
+    /// [`CmMsg::answer_unattended`]: crate::cm::mad::CmMsg::answer_unattended
     pub(super) fn gsi_receive(&mut self, d: &Datagram<'_>) {
         self.counters.rx_packets += 1;
         let Ok(pkt) = Packet::parse(d.data) else {
@@ -84,11 +92,6 @@ impl Core {
                 return;
             }
         }
-        // Counted as before the GSI existed when nobody owns QP1.
-        let Some(sink) = self.gsi_sink.clone() else {
-            self.counters.rx_unknown_qp += 1;
-            return;
-        };
         if pkt.headers.bth.opcode != Opcode::UdSendOnly {
             self.counters.rx_wrong_transport += 1;
             return;
@@ -107,6 +110,16 @@ impl Core {
         }
         let Ok(mad) = <[u8; MAD_LEN]>::try_from(pkt.payload) else {
             self.counters.rx_malformed += 1;
+            return;
+        };
+        let Some(sink) = self.gsi_sink.clone() else {
+            self.counters.rx_unknown_qp += 1;
+            if let Some(reply) = crate::cm::mad::CmMsg::answer_unattended(&mad) {
+                let local = Gid::from_ip(d.dst);
+                if let Some(i) = self.cfg.gids.iter().position(|g| *g == local) {
+                    self.gsi_send(i as u8, d.src, &reply);
+                }
+            }
             return;
         };
         sink.receive(GsiMad {
@@ -151,7 +164,7 @@ mod tests {
     use super::*;
     use crate::soft::proto::CoreConfig;
     use crate::soft::SoftDevice;
-    use crate::verbs::{Gid, Guid};
+    use crate::verbs::Guid;
 
     #[derive(Debug, Default)]
     struct Catch(Mutex<Vec<GsiMad>>);
@@ -227,5 +240,56 @@ mod tests {
         deliver(&mut b, &bad);
         assert_eq!(b.counters().rx_bad_qkey, 1);
         assert!(sink.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn without_a_cm_a_request_is_refused_at_once() {
+        use crate::cm::mad::{rej, CmMsg, Ids};
+        let (mut a, mut b) = (core("10.1.1.1"), core("10.1.1.2"));
+        let ask = |a: &mut Core, b: &mut Core, m: &CmMsg| {
+            assert!(a.gsi_send(0, "10.1.1.2".parse().unwrap(), &m.encode(0x42)));
+            deliver(b, &a.poll_transmit().unwrap());
+            b.poll_transmit()
+        };
+        let dreq = CmMsg::Dreq(Ids {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            remote_qpn: 0,
+            private_data: Vec::new(),
+        });
+        // No sink: the device answers the DREQ itself, from the address
+        // it was sent to, back to the sender's QP1.
+        let t = ask(&mut a, &mut b, &dreq).expect("a DREP");
+        assert_eq!(
+            (t.src, t.dst),
+            ("10.1.1.2".parse().unwrap(), "10.1.1.1".parse().unwrap())
+        );
+        assert_eq!(&t.data[5..8], &[0, 0, 1]);
+        deliver(&mut a, &t);
+        assert_eq!(a.counters().rx_unknown_qp, 1);
+        let mad: [u8; MAD_LEN] = t.data[20..20 + MAD_LEN].try_into().unwrap();
+        let (tid, got) = CmMsg::decode(&mad).unwrap();
+        assert_eq!(tid, 0x42);
+        assert!(matches!(
+            got,
+            CmMsg::Drep(Ids {
+                local_comm_id: 6,
+                remote_comm_id: 5,
+                ..
+            })
+        ));
+        assert_eq!(b.counters().rx_unknown_qp, 1);
+        // A REJ (or anything but a request) is not answered.
+        let rej = CmMsg::Rej(crate::cm::mad::Rej {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            message_rejected: crate::cm::mad::MsgRef::Req,
+            reason: rej::TIMEOUT,
+            private_data: Vec::new(),
+        });
+        assert!(ask(&mut a, &mut b, &rej).is_none());
+        // With a sink, the CM answers: the device does not.
+        b.set_gsi_sink(Some(Arc::new(Catch::default())));
+        assert!(ask(&mut a, &mut b, &dreq).is_none());
     }
 }
