@@ -208,9 +208,10 @@ fn not_listening(t: &str) -> bool {
 }
 
 /// Runs `tool` as a server and as a client of it (`{S}` in the arguments
-/// is the server's address); the client is retried while the server is
-/// not listening yet. `server_exits`: whether the server ends by itself
-/// (else it is killed after the client). Returns both outputs.
+/// is the server's address); while the client fails because the server
+/// is not listening yet, both are started again. `server_exits`: whether
+/// the server ends by itself (else it is killed after the client).
+/// Returns both outputs.
 fn pair(
     tool: &str,
     server_args: &[&str],
@@ -222,6 +223,14 @@ fn pair(
 }
 
 /// [`pair`], with a failure returned instead of raised.
+///
+/// A client that lost the race to the server's `rdma_listen` is rejected
+/// (as by a kernel CM). The server is started again with it, not only
+/// the client: a client of several connections may have had some of them
+/// accepted before one was rejected, and those would take the places of
+/// the next client's connections in the server (cmatose then refuses the
+/// extra ones with ENOMEM and exits, and the next client waits for a
+/// server that is gone).
 fn try_pair(
     tool: &str,
     server_args: &[&str],
@@ -230,24 +239,24 @@ fn try_pair(
     server_exits: bool,
 ) -> Result<(String, String), String> {
     let subst = |args: &[&str]| -> Vec<String> { args.iter().map(|a| a.replace("{S}", &topo.addr[0])).collect() };
-    let mut server = Proc(Some(
-        command(topo.ns[0], tool, &subst(server_args), &topo.addr[0])
-            .spawn()
-            .expect("spawn server"),
-    ));
-    let start = Instant::now();
-    while !device_up(topo.ns[0], &topo.addr[0]) {
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(format!("{tool} server: no device came up"));
-        }
-        if let Some(st) = server.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-            let out = server.0.take().expect("server").wait_with_output().expect("output");
-            return Err(format!("{tool} server exited early ({st})\n{}", text(&out)));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let cargs = subst(client_args);
-    let client_out = loop {
+    let start = Instant::now();
+    let (mut server, client_out) = loop {
+        let mut server = Proc(Some(
+            command(topo.ns[0], tool, &subst(server_args), &topo.addr[0])
+                .spawn()
+                .expect("spawn server"),
+        ));
+        while !device_up(topo.ns[0], &topo.addr[0]) {
+            if start.elapsed() > Duration::from_secs(60) {
+                return Err(format!("{tool} server: no device came up"));
+            }
+            if let Some(st) = server.0.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let out = server.0.take().expect("server").wait_with_output().expect("output");
+                return Err(format!("{tool} server exited early ({st})\n{}", text(&out)));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let out = finish(
             command(topo.ns[1], tool, &cargs, &topo.addr[1])
                 .spawn()
@@ -255,10 +264,13 @@ fn try_pair(
             tool,
         );
         if !out.status.success() && not_listening(&text(&out)) && start.elapsed() < Duration::from_secs(60) {
+            // The server is killed and waited for (its device's port is
+            // free again) before the next round.
+            drop(server);
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
-        break out;
+        break (server, out);
     };
     let c = text(&client_out);
     if !client_out.status.success() {
