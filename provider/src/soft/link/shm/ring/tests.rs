@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
+// Every test there maps a memfd, which Miri cannot make.
+#[cfg(not(miri))]
 mod mutants;
 
 /// How long a test waits for the other side (a peer thread, or the ring
