@@ -230,8 +230,8 @@ impl MrMemory {
         }
         // Shareable when the system allows (memfd, sealing, mmap, and the
         // file budget); the heap otherwise: sharing is an optimisation, not
-        // a contract.
-        if let Ok(shm) = SharedMemory::create(len) {
+        // a contract. (Under Miri, which cannot make a memfd, the heap.)
+        if let Some(Ok(shm)) = (!cfg!(miri)).then(|| SharedMemory::create(len)) {
             if let Some(ptr) = NonNull::new(shm.as_ptr()) {
                 return Ok(MrMemory {
                     ptr,
