@@ -119,6 +119,12 @@ pub mod rej {
     pub const CONSUMER_REJECT: u16 = 28;
 }
 
+/// SIDR_REP statuses used here (IBTA table 119).
+pub mod sidr {
+    /// The service ID is not supported (nobody listens on it).
+    pub const UNSUPPORTED: u8 = 1;
+}
+
 /// What a REJ or an MRA refers to (the `message_rejected` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MsgRef {
@@ -293,6 +299,47 @@ pub struct SidrRep {
     pub qkey: u32,
     /// Private data (up to [`SIDR_REP_PRIVATE`] bytes).
     pub private_data: Vec<u8>,
+}
+
+impl Req {
+    /// The REJ of this request for `reason`, from a side that keeps no
+    /// connection for it (its own communication ID is 0).
+    pub fn rej(&self, reason: u16) -> CmMsg {
+        CmMsg::Rej(Rej {
+            local_comm_id: 0,
+            remote_comm_id: self.local_comm_id,
+            message_rejected: MsgRef::Req,
+            reason,
+            private_data: Vec::new(),
+        })
+    }
+}
+
+impl SidrReq {
+    /// The SIDR_REP refusing this request with `status` ([`sidr`]).
+    pub fn refusal(&self, status: u8) -> CmMsg {
+        CmMsg::SidrRep(SidrRep {
+            request_id: self.request_id,
+            status,
+            qpn: 0,
+            service_id: self.service_id,
+            qkey: 0,
+            private_data: Vec::new(),
+        })
+    }
+}
+
+impl Ids {
+    /// The DREP answering this DREQ, from the side whose communication ID
+    /// is `local`.
+    pub fn drep(&self, local: u32) -> CmMsg {
+        CmMsg::Drep(Ids {
+            local_comm_id: local,
+            remote_comm_id: self.local_comm_id,
+            remote_qpn: 0,
+            private_data: Vec::new(),
+        })
+    }
 }
 
 /// A decoded CM message.
@@ -597,27 +644,10 @@ impl CmMsg {
     pub(crate) fn answer_unattended(mad: &[u8; MAD_LEN]) -> Option<[u8; MAD_LEN]> {
         let (tid, msg) = CmMsg::decode(mad).ok()?;
         let reply = match msg {
-            CmMsg::Req(r) => CmMsg::Rej(Rej {
-                local_comm_id: 0,
-                remote_comm_id: r.local_comm_id,
-                message_rejected: MsgRef::Req,
-                reason: rej::INVALID_SERVICE_ID,
-                private_data: Vec::new(),
-            }),
-            CmMsg::SidrReq(r) => CmMsg::SidrRep(SidrRep {
-                request_id: r.request_id,
-                status: 1,
-                qpn: 0,
-                service_id: r.service_id,
-                qkey: 0,
-                private_data: Vec::new(),
-            }),
-            CmMsg::Dreq(r) => CmMsg::Drep(Ids {
-                local_comm_id: r.remote_comm_id,
-                remote_comm_id: r.local_comm_id,
-                remote_qpn: 0,
-                private_data: Vec::new(),
-            }),
+            CmMsg::Req(r) => r.rej(rej::INVALID_SERVICE_ID),
+            CmMsg::SidrReq(r) => r.refusal(sidr::UNSUPPORTED),
+            // No connection: answered as from the ID the DREQ names.
+            CmMsg::Dreq(r) => r.drep(r.remote_comm_id),
             _ => return None,
         };
         Some(reply.encode(tid))

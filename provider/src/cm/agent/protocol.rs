@@ -189,30 +189,21 @@ impl Inner {
             outs.extend(Self::reply(st, rx, stale_rej(0, r.local_comm_id)));
             return;
         }
-        let reject = |reason: u16| {
-            CmMsg::Rej(mad::Rej {
-                local_comm_id: 0,
-                remote_comm_id: r.local_comm_id,
-                message_rejected: MsgRef::Req,
-                reason,
-                private_data: Vec::new(),
-            })
-        };
         let Some((ps, port)) = mad::split_service_id(r.service_id) else {
-            outs.extend(Self::reply(st, rx, reject(rej::INVALID_SERVICE_ID)));
+            outs.extend(Self::reply(st, rx, r.rej(rej::INVALID_SERVICE_ID)));
             return;
         };
         if PortSpace::from_number(ps) != Some(PortSpace::Tcp) {
-            outs.extend(Self::reply(st, rx, reject(rej::INVALID_SERVICE_ID)));
+            outs.extend(Self::reply(st, rx, r.rej(rej::INVALID_SERVICE_ID)));
             return;
         }
         let Some((hdr, user)) = CmaHdr::parse(&r.private_data) else {
-            outs.extend(Self::reply(st, rx, reject(rej::INVALID_SERVICE_ID)));
+            outs.extend(Self::reply(st, rx, r.rej(rej::INVALID_SERVICE_ID)));
             return;
         };
         let shared_mode = self.sub.mode() == NetnsMode::Shared;
         let Some(lkey) = find_listener(st, rx, PortSpace::Tcp, port, hdr.dst, shared_mode) else {
-            outs.extend(Self::reply(st, rx, reject(rej::INVALID_SERVICE_ID)));
+            outs.extend(Self::reply(st, rx, r.rej(rej::INVALID_SERVICE_ID)));
             return;
         };
         let pending = st
@@ -278,26 +269,16 @@ impl Inner {
             }
             return;
         }
-        let refuse = |status: u8| {
-            CmMsg::SidrRep(mad::SidrRep {
-                request_id: r.request_id,
-                status,
-                qpn: 0,
-                service_id: r.service_id,
-                qkey: 0,
-                private_data: Vec::new(),
-            })
-        };
         let parsed = mad::split_service_id(r.service_id)
             .filter(|(ps, _)| PortSpace::from_number(*ps) == Some(PortSpace::Udp))
             .zip(CmaHdr::parse(&r.private_data));
         let Some(((_, port), (hdr, user))) = parsed else {
-            outs.extend(Self::reply(st, rx, refuse(1)));
+            outs.extend(Self::reply(st, rx, r.refusal(mad::sidr::UNSUPPORTED)));
             return;
         };
         let shared_mode = self.sub.mode() == NetnsMode::Shared;
         let Some(lkey) = find_listener(st, rx, PortSpace::Udp, port, hdr.dst, shared_mode) else {
-            outs.extend(Self::reply(st, rx, refuse(1)));
+            outs.extend(Self::reply(st, rx, r.refusal(mad::sidr::UNSUPPORTED)));
             return;
         };
         let l = &st.ids[&lkey];
@@ -405,17 +386,9 @@ impl Inner {
     }
 
     fn on_dreq(&self, st: &mut State, rx: &Rx, r: Ids, outs: &mut Vec<Out>) {
-        let drep = |l: u32| {
-            CmMsg::Drep(Ids {
-                local_comm_id: l,
-                remote_comm_id: r.local_comm_id,
-                remote_qpn: 0,
-                private_data: Vec::new(),
-            })
-        };
         let Some(key) = find_comm(st, rx, r.remote_comm_id) else {
             // No such connection (any more): answer so the peer can finish.
-            outs.extend(Self::reply(st, rx, drep(r.remote_comm_id)));
+            outs.extend(Self::reply(st, rx, r.drep(r.remote_comm_id)));
             return;
         };
         let (state, l) = {
@@ -426,11 +399,11 @@ impl Inner {
             IdState::Established | IdState::RepSent | IdState::DreqSent | IdState::RepRcvd => {
                 let id = st.ids.get_mut(&key).expect("found");
                 qp_to_err(id);
-                outs.extend(st.out_for(key, drep(l)));
+                outs.extend(st.out_for(key, r.drep(l)));
                 enter_timewait(st, key, self.cfg.timewait);
                 st.post_kind(key, CmEventKind::Disconnected);
             }
-            IdState::TimeWait | IdState::Done => outs.extend(st.out_for(key, drep(l))),
+            IdState::TimeWait | IdState::Done => outs.extend(st.out_for(key, r.drep(l))),
             _ => {}
         }
     }

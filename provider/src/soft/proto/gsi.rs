@@ -7,8 +7,9 @@
 //! QP1 is not a verbs object here: applications cannot create or post to
 //! it. A device without a sink counts QP1 MADs as `rx_unknown_qp` and
 //! answers connection requests and disconnects itself, as a kernel CM
-//! answers for a service nobody listens on. The sink is called under the engine lock and must only queue
-//! the MAD (it must not call back into the device).
+//! answers for a service nobody listens on. The sink is called under the
+//! engine lock and must only queue the MAD (it must not call back into
+//! the device).
 
 use std::net::IpAddr;
 use std::sync::Arc;
