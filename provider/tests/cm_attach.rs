@@ -88,15 +88,7 @@ fn both_sides_use_the_path_mtu_of_the_req() {
     let sch = EventChannel::new().unwrap();
     let _l = listener(&w.cm, &sch, PortSpace::Tcp, sa(62, 2, 7001));
     let ch = EventChannel::new().unwrap();
-    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(62, 1), sa(62, 2, 7001));
-    let _cres = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(&sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let _sres = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(&ch, CmEventKind::Established);
-    expect(&sch, CmEventKind::Established);
+    let (c, _cres, s, _sres) = connected(&w, 62, 7001, &sch, &ch);
     for id in [&c, &s] {
         assert_eq!(id.qp().unwrap().query().unwrap().path_mtu, Mtu::Mtu4096);
     }

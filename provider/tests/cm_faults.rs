@@ -53,15 +53,7 @@ fn established(net: u8, cfg: CmConfig, port: u16) -> Up {
     let sch = EventChannel::new().unwrap();
     let l = listener(&w.cm, &sch, PortSpace::Tcp, SocketAddr::from(([0, 0, 0, 0], port)));
     let ch = EventChannel::new().unwrap();
-    let c = resolved(&w.cm, &ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, port));
-    let cr = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(&sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let sr = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(&ch, CmEventKind::Established);
-    expect(&sch, CmEventKind::Established);
+    let (c, cr, s, sr) = connected(&w, net, port, &sch, &ch);
     Up {
         w,
         sch,

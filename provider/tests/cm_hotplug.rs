@@ -12,21 +12,6 @@ use softverbs::cm::*;
 use softverbs::subsystem::NamespaceId;
 use softverbs::verbs::{AccessFlags, RecvWr, WcStatus, WorkCompletion};
 
-/// Connects a client on device 0 to a listener on `port` of device 1;
-/// returns (client, client res, server id, server res).
-fn connected(w: &World, net: u8, port: u16, sch: &EventChannel, ch: &EventChannel) -> (CmId, Res, CmId, Res) {
-    let c = resolved(&w.cm, ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, port));
-    let cres = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let sres = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(ch, CmEventKind::Established);
-    expect(sch, CmEventKind::Established);
-    (c, cres, s, sres)
-}
-
 #[test]
 fn removal_delivers_device_removal_once_and_flushes_every_wr_once() {
     let w = world(101, 2, fast_config());

@@ -16,10 +16,13 @@
 //! print `SKIP: ...` after the steps before it passed.
 #![cfg(feature = "hardware")]
 
+mod cm_common;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cm_common::{fd_count, thread_count, thread_count_settled};
 use softverbs::cm::*;
 use softverbs::subsystem::{HwFactory, NamespaceId, Subsystem, SubsystemConfig};
 use softverbs::verbs::{
@@ -388,27 +391,6 @@ fn hw_listener_and_connection() {
     };
     assert_eq!(got, vec![(11, WcStatus::WrFlushErr)]);
     assert_eq!(end, ConnectionError::Disconnected);
-}
-
-fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
-}
-
-fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
-}
-
-/// Threads once the count is `want`, or after 10 s: a joined thread can
-/// still be listed for a moment after its join returned.
-fn thread_count_settled(want: usize) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let n = thread_count();
-        if n == want || Instant::now() >= deadline {
-            return n;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// One CM's life on librdmacm: a listener, a request, a reject, and

@@ -109,19 +109,6 @@ fn a_destroyed_listener_frees_its_channel_and_the_request_left_in_it() {
     assert_eq!(fd_count(), fds, "the listener's channel is still open");
 }
 
-fn connected(w: &World, net: u8, port: u16, sch: &EventChannel, ch: &EventChannel) -> (CmId, Res, CmId, Res) {
-    let c = resolved(&w.cm, ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, port));
-    let cres = with_qp(&c);
-    c.connect(&ConnParam::default()).unwrap();
-    let mut req = expect(sch, CmEventKind::ConnectRequest);
-    let s = req.take_id().unwrap();
-    let sres = with_qp(&s);
-    s.accept(&ConnParam::default()).unwrap();
-    expect(ch, CmEventKind::Established);
-    expect(sch, CmEventKind::Established);
-    (c, cres, s, sres)
-}
-
 fn cycles_leak_no_fd_or_thread() {
     let w = world(106, 2, fast_config());
     let sch = EventChannel::new().unwrap();

@@ -129,6 +129,23 @@ pub fn resolved(cm: &Cm, ch: &EventChannel, ps: PortSpace, src: IpAddr, dst: Soc
     id
 }
 
+/// Connects a client on device 0 (10.`net`.0.1) to a listener on `port`
+/// of device 1 whose events come on `sch`, both with QPs, and waits until
+/// both sides are established; returns (client, client res, server id,
+/// server res).
+pub fn connected(w: &World, net: u8, port: u16, sch: &EventChannel, ch: &EventChannel) -> (CmId, Res, CmId, Res) {
+    let c = resolved(&w.cm, ch, PortSpace::Tcp, ip(net, 1), sa(net, 2, port));
+    let cres = with_qp(&c);
+    c.connect(&ConnParam::default()).unwrap();
+    let mut req = expect(sch, CmEventKind::ConnectRequest);
+    let s = req.take_id().unwrap();
+    let sres = with_qp(&s);
+    s.accept(&ConnParam::default()).unwrap();
+    expect(ch, CmEventKind::Established);
+    expect(sch, CmEventKind::Established);
+    (c, cres, s, sres)
+}
+
 /// A listener on `addr`.
 pub fn listener(cm: &Cm, ch: &EventChannel, ps: PortSpace, addr: SocketAddr) -> CmId {
     let l = cm.create_id(ch, ps, 99).expect("create_id");
