@@ -74,7 +74,7 @@ impl CmId {
                 return Ok(false);
             }
             Ok(match local.or(dst) {
-                Some(ip) => device_with(st, ns, ip, shared_mode).is_none(),
+                Some(ip) => st.device_with(ns, ip, shared_mode).is_none(),
                 None => false,
             })
         })
@@ -178,7 +178,10 @@ impl CmId {
             let dev = if addr.ip().is_unspecified() {
                 None
             } else {
-                Some(device_with(st, ns, addr.ip(), shared_mode).ok_or(Error::NoDevice(addr.ip()))?)
+                Some(
+                    st.device_with(ns, addr.ip(), shared_mode)
+                        .ok_or(Error::NoDevice(addr.ip()))?,
+                )
             };
             let port = if addr.port() == 0 {
                 st.ephemeral(ns, ps, addr.ip(), k).ok_or(Error::AddrInUse(addr))?
@@ -240,10 +243,12 @@ impl CmId {
             let want = src.or(bound.map(|b| b.ip()).filter(|ip| !ip.is_unspecified()));
             let (name, gen, ip) = match want {
                 Some(ip) => {
-                    let (n, g) = device_with(st, ns, ip, shared_mode).ok_or(Error::NoDevice(ip))?;
+                    let (n, g) = st.device_with(ns, ip, shared_mode).ok_or(Error::NoDevice(ip))?;
                     (n, g, ip)
                 }
-                None => pick_device(st, ns, dst.ip(), shared_mode).ok_or(Error::NoDevice(dst.ip()))?,
+                None => st
+                    .pick_device(ns, dst.ip(), shared_mode)
+                    .ok_or(Error::NoDevice(dst.ip()))?,
             };
             let port = match bound.map(|b| b.port()) {
                 Some(p) if p != 0 => p,
@@ -1119,36 +1124,6 @@ fn is_hw(id: &agent::Id) -> bool {
         let _ = id;
         false
     }
-}
-
-/// The device of namespace `ns` that has `ip`.
-fn device_with(st: &State, ns: NamespaceId, ip: IpAddr, shared_mode: bool) -> Option<(String, Generation)> {
-    let mut v: Vec<_> = st
-        .devices
-        .values()
-        .filter(|d| (d.dref.namespace() == ns || shared_mode) && d.addrs.contains(&ip))
-        .map(|d| (d.dref.name().to_string(), d.dref.generation()))
-        .collect();
-    v.sort();
-    v.into_iter().next()
-}
-
-/// The device to reach `dst` from namespace `ns`, and its source address.
-fn pick_device(st: &State, ns: NamespaceId, dst: IpAddr, shared_mode: bool) -> Option<(String, Generation, IpAddr)> {
-    if let Some((n, g)) = device_with(st, ns, dst, shared_mode) {
-        return Some((n, g, dst));
-    }
-    let mut v: Vec<_> = st
-        .devices
-        .values()
-        .filter(|d| d.dref.namespace() == ns || shared_mode)
-        .filter_map(|d| {
-            let ip = d.addrs.iter().find(|a| a.is_ipv4() == dst.is_ipv4())?;
-            Some((d.dref.name().to_string(), d.dref.generation(), *ip))
-        })
-        .collect();
-    v.sort();
-    v.into_iter().next()
 }
 
 #[cfg(test)]

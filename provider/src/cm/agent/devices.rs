@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 
 use crate::cm::CmEventKind;
 use crate::soft::engine::EngineMode;
-use crate::subsystem::{AddressChange, Client, CmHook, DeviceRef, Generation, NetnsMode, RemovalReason};
+use crate::subsystem::{AddressChange, Client, CmHook, DeviceRef, Generation, NamespaceId, NetnsMode, RemovalReason};
 
 use super::state::*;
 use super::*;
@@ -169,5 +169,43 @@ impl Inner {
         for k in keys {
             st.post_kind(k, CmEventKind::AddrChange);
         }
+    }
+}
+
+/// Which device has or reaches an address.
+impl State {
+    /// The device of namespace `ns` that has `ip`.
+    pub(crate) fn device_with(&self, ns: NamespaceId, ip: IpAddr, shared_mode: bool) -> Option<(String, Generation)> {
+        let mut v: Vec<_> = self
+            .devices
+            .values()
+            .filter(|d| (d.dref.namespace() == ns || shared_mode) && d.addrs.contains(&ip))
+            .map(|d| (d.dref.name().to_string(), d.dref.generation()))
+            .collect();
+        v.sort();
+        v.into_iter().next()
+    }
+
+    /// The device to reach `dst` from namespace `ns`, and its source address.
+    pub(crate) fn pick_device(
+        &self,
+        ns: NamespaceId,
+        dst: IpAddr,
+        shared_mode: bool,
+    ) -> Option<(String, Generation, IpAddr)> {
+        if let Some((n, g)) = self.device_with(ns, dst, shared_mode) {
+            return Some((n, g, dst));
+        }
+        let mut v: Vec<_> = self
+            .devices
+            .values()
+            .filter(|d| d.dref.namespace() == ns || shared_mode)
+            .filter_map(|d| {
+                let ip = d.addrs.iter().find(|a| a.is_ipv4() == dst.is_ipv4())?;
+                Some((d.dref.name().to_string(), d.dref.generation(), *ip))
+            })
+            .collect();
+        v.sort();
+        v.into_iter().next()
     }
 }
