@@ -24,6 +24,42 @@ fn connect_when_listening(port: u16) -> TcpStream {
     }
 }
 
+/// Waits (bounded) until process `pid` listens on TCP `port`: one of its
+/// own sockets is in LISTEN on it. Connecting merely until a connection
+/// succeeds is not enough: another test's server, run beside this one,
+/// may hold the same port for a moment (the port was free when picked),
+/// take the stranger's connection and exit with it still queued (reset,
+/// and never seen by this test's server).
+fn wait_listening(pid: u32, port: u16) {
+    let start = Instant::now();
+    loop {
+        let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                    .filter_map(|l| {
+                        let l = l.to_string_lossy().into_owned();
+                        Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let listening = table.lines().skip(1).any(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let local_port = f[1].split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
+            local_port == Some(port) && f[3] == "0A" && inodes.iter().any(|i| i == f[9])
+        });
+        if listening {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the server never listened on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Waits (bounded) until the server listening on 127.0.0.1:`port` has
 /// taken the stranger's connection `held` off its accept queue, so that
 /// the stranger is surely among the connections the server holds before
@@ -99,7 +135,9 @@ fn serve_after(stranger: impl FnOnce(u16) -> TcpStream) -> String {
             }
         }
     }
+    let pid = server.id();
     let mut guard = KillOnPanic(Some(server));
+    wait_listening(pid, port);
     let held = stranger(port);
     wait_until_accepted(port, &held);
     let server = guard.0.take().expect("the server");
