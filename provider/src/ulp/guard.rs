@@ -82,6 +82,22 @@ impl<T> Guarded<T> {
         }
     }
 
+    /// [`Guarded::with_qp`] for posting receives: the engine lock is
+    /// taken as `ibv_post_recv` takes it (the lock alone, no turn of the
+    /// engine).
+    #[inline(always)]
+    pub(crate) fn with_qp_recv<R>(&self, f: impl FnOnce(&mut T, &mut dyn DeviceSection) -> R) -> R {
+        match &self.guard {
+            Guard::Own(m) => {
+                let _own = lock(m);
+                // SAFETY: as in `with_qp`.
+                f(unsafe { self.get() }, &mut Direct)
+            }
+            // SAFETY: as in `with_qp`.
+            Guard::Soft(l) => l.enter_qp_recv(|sec| f(unsafe { self.get() }, sec)),
+        }
+    }
+
     /// [`Guarded::with_qp`] for a CQ's value: the engine lock is taken as
     /// a poll takes it if `poll` (the link is read first), else as a plain
     /// verb does.

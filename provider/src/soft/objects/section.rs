@@ -50,7 +50,10 @@ pub(crate) fn in_section() -> bool {
 struct SoftSection<'a, 'e> {
     dev: &'a Arc<DeviceShared>,
     core: &'a mut Core,
-    now: Nanos,
+    /// The verb's clock reading; `None` in a receive's section
+    /// ([`SoftLock::enter_qp_recv`]), which reads the clock only if it
+    /// posts a send after all.
+    now: Option<Nanos>,
     /// The post's early way out to the link (`with_core_eager`), for the
     /// section's first send post.
     egress: Option<Egress<'e>>,
@@ -102,7 +105,8 @@ impl DeviceSection for SoftSection<'_, '_> {
             .qpn_of(qp, crate::verbs::Verb::PostSend)
             .map_err(|error| PostError { index: 0, error })?;
         crate::soft::probe::mark(crate::soft::probe::Point::PostSend);
-        let r = self.core.post_send_eager(self.now, qpn, wrs, self.egress.take());
+        let now = *self.now.get_or_insert_with(|| self.dev.now());
+        let r = self.core.post_send_eager(now, qpn, wrs, self.egress.take());
         let posted = match &r {
             Ok(()) => wrs.len(),
             Err(e) => e.index,
@@ -116,6 +120,13 @@ impl DeviceSection for SoftSection<'_, '_> {
             .qpn_of(qp, crate::verbs::Verb::PostRecv)
             .map_err(|error| PostError { index: 0, error })?;
         crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
+        // A lone WR that needs nothing but queueing, as `ibv_post_recv`
+        // takes it; the rest (and every refusal) by the general path.
+        if let [wr] = wrs {
+            if self.core.post_recv_one(qpn, wr) {
+                return Ok(());
+            }
+        }
         self.core.post_recv(qpn, wrs)
     }
 
@@ -188,7 +199,18 @@ impl SoftLock {
     #[inline(always)]
     pub(crate) fn enter_qp<R>(&self, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
         let (dev, opener) = (&self.dev, self.opener);
-        dev.with_core_eager(|core, now, egress| run(f, dev, core, now, egress, opener))
+        dev.with_core_eager(|core, now, egress| run(f, dev, core, Some(now), egress, opener))
+    }
+
+    /// Runs `f` in a section opened on the QP, inside a receive post's
+    /// hold of the engine lock: the lock and nothing else (no clock read,
+    /// no link I/O, no timers), as `ibv_post_recv` takes it; the events
+    /// `f` raises are dispatched after, and should it post a send after
+    /// all, the full path sends it.
+    #[inline(always)]
+    pub(crate) fn enter_qp_recv<R>(&self, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+        let (dev, opener) = (&self.dev, self.opener);
+        dev.with_core_local(|core| run(f, dev, core, None, None, opener))
     }
 
     /// Runs `f` in a section opened on the CQ, inside a poll's hold of the
@@ -198,9 +220,9 @@ impl SoftLock {
     pub(crate) fn enter_cq<R>(&self, poll: bool, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
         let (dev, opener) = (&self.dev, self.opener);
         if poll {
-            dev.poll_with(|core, now| run(f, dev, core, now, None, opener))
+            dev.poll_with(|core, now| run(f, dev, core, Some(now), None, opener))
         } else {
-            dev.with_core(|core, now| run(f, dev, core, now, None, opener))
+            dev.with_core(|core, now| run(f, dev, core, Some(now), None, opener))
         }
     }
 }
@@ -211,7 +233,7 @@ fn run<R>(
     f: impl FnOnce(&mut dyn DeviceSection) -> R,
     dev: &Arc<DeviceShared>,
     core: &mut Core,
-    now: Nanos,
+    now: Option<Nanos>,
     egress: Option<Egress<'_>>,
     opener: Opener,
 ) -> R {
