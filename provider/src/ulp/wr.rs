@@ -458,8 +458,14 @@ impl UlpWr {
         }
     }
 
-    /// The local scatter list as verbs entries.
-    pub(crate) fn sges(&self) -> Vec<Sge<'_>> {
+    /// Appends the WR's scatter entries to `out`: its local scatter list,
+    /// its entry over a fast-registration MR or its inline data. A REG_MR
+    /// or LOCAL_INV carries none (its buffers are only kept alive with
+    /// it, and must not count against the QP's `max_send_sge`).
+    pub(crate) fn push_sges<'a, A: smallvec::Array<Item = Sge<'a>>>(&'a self, out: &mut smallvec::SmallVec<A>) {
+        if !matches!(self.kind, WrKind::Op(_)) {
+            return;
+        }
         if let Some((addr, len, key)) = self.frmr_sge {
             // SAFETY: the range is the mapping of the fast-registration MR
             // `self.frmr`, which this WR keeps alive, and that mapping
@@ -468,12 +474,14 @@ impl UlpWr {
             // retired; the key is the one the chain's REG_MR, posted
             // before this WR, gives it. Registered memory is only accessed
             // by copies (never Rust references).
-            return vec![unsafe { Sge::from_raw(addr, len, key) }];
+            out.push(unsafe { Sge::from_raw(addr, len, key) });
+            return;
         }
         if let Some(data) = &self.inline {
-            return vec![Sge::inline(data)];
+            out.push(Sge::inline(data));
+            return;
         }
-        self.sgl.iter().map(LocalBuf::sge).collect()
+        out.extend(self.sgl.iter().map(LocalBuf::sge));
     }
 
     /// A plain WR (see [`Chain::into_plain`]) taken apart, by value;

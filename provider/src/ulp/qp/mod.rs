@@ -192,7 +192,16 @@ impl Req {
                 Kept::Whole(w) => self.rare().keep.push(w),
             },
             Ok(w) => self.rare().keep.push(w),
-            Err(v) => self.rare().keep.extend(v),
+            Err(v) => {
+                // The chain's own list is kept as it is when nothing else
+                // is (no second list allocated).
+                let r = self.rare();
+                if r.keep.is_empty() {
+                    r.keep = v;
+                } else {
+                    r.keep.extend(v);
+                }
+            }
         }
     }
 

@@ -4,6 +4,7 @@
 
 use super::super::wr::Plain;
 use super::*;
+use smallvec::SmallVec;
 
 impl Track {
     /// Posts one plain WR over one buffer ([`Chain::into_plain`]) for
@@ -61,31 +62,26 @@ impl Track {
         let res = {
             let ws = chain.as_slice();
             let signaled = req.signaled;
-            if n == 1 {
-                // One WR (the common case): no list of lists, and a single
-                // local entry stays on the stack.
-                let w = &ws[0];
-                let one;
-                let many;
-                let sges: &[Sge<'_>] = if w.frmr_sge.is_none() && w.inline.is_none() && w.sgl.len() == 1 {
-                    one = [w.sgl[0].sge()];
-                    &one
-                } else {
-                    many = w.sges();
-                    &many
-                };
-                let wr = w.send_wr(sh.epoch | base, sges, signaled);
-                sec.post_send(sh.ops(), std::slice::from_ref(&wr))
-            } else {
-                let sges: Vec<Vec<Sge<'_>>> = ws.iter().map(UlpWr::sges).collect();
-                let wrs: Vec<SendWr<'_>> = ws
-                    .iter()
-                    .zip(&sges)
-                    .enumerate()
-                    .map(|(k, (w, s))| w.send_wr(sh.epoch | (base + k as u64), s, signaled && k + 1 == n))
-                    .collect();
-                sec.post_send(sh.ops(), &wrs)
+            // The scatter entries of the chain, and its WRs, on the stack
+            // for chains of a few WRs of a few entries each.
+            let mut sges: SmallVec<[Sge<'_>; 8]> = SmallVec::new();
+            let mut ends: SmallVec<[usize; 4]> = SmallVec::new();
+            for w in ws {
+                w.push_sges(&mut sges);
+                ends.push(sges.len());
             }
+            let mut start = 0;
+            let wrs: SmallVec<[SendWr<'_>; 4]> = ws
+                .iter()
+                .zip(&ends)
+                .enumerate()
+                .map(|(k, (w, &end))| {
+                    let wr = w.send_wr(sh.epoch | (base + k as u64), &sges[start..end], signaled && k + 1 == n);
+                    start = end;
+                    wr
+                })
+                .collect();
+            sec.post_send(sh.ops(), &wrs)
         };
         let posted = match &res {
             Ok(()) => n,
