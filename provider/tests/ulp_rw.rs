@@ -542,3 +542,106 @@ fn lazy_invalidation_runs_the_callback_first_and_frees_the_mr_after() {
     }
     assert!(keys[0] != keys[1] && keys[1] != keys[2], "{keys:x?}");
 }
+
+/// A range exposed with `expose_wr` and registered in front of the SEND
+/// that carries its key (one chain, as NVMe-oF hosts post it) is valid
+/// when the peer gets the SEND, and costs no completion of its own: the
+/// chain's callback runs once. The REG_MR carries no scatter entries of
+/// its own, so a list longer than the QP's `max_send_sge` exposes (with
+/// `expose` too). An exposure whose WR is never posted is discarded.
+#[test]
+fn an_exposure_chained_in_front_of_its_send_completes_once() {
+    let (_da, _db, a, b) = pair("xwr", &rw_init(), 4);
+    let pool = MrPool::fast_reg(&b.pd, 2, 16).unwrap();
+    // Four page-sized buffers: more entries than max_send_sge (2).
+    let targets: Vec<Arc<Mr>> = (0..4).map(|_| b.mr(4096)).collect();
+    let sgl = || -> Vec<LocalBuf> { targets.iter().map(|m| LocalBuf::whole(m).unwrap()).collect() };
+    let msg = a.mr(64);
+    let (got, on_recv) = counter();
+    a.qp().post_recv(LocalBuf::whole(&msg).unwrap(), on_recv).unwrap();
+    let (ex, reg) = b.qp().expose_wr(&pool, sgl(), AccessFlags::REMOTE_WRITE).unwrap();
+    let r = ex.remote();
+    let mut cmd = r.addr.to_le_bytes().to_vec();
+    cmd.extend_from_slice(&r.rkey.to_le_bytes());
+    let (log, mk) = statuses();
+    b.qp().post(vec![reg, UlpWr::send_inline(&cmd)], mk()).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the command", || {
+        got.load(Ordering::SeqCst) == 1 && !log.lock().unwrap().is_empty()
+    });
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec![WcStatus::Success],
+        "one callback for the chain"
+    );
+    // The peer writes through the key it was sent.
+    let bytes = msg.to_vec(0, 12).unwrap();
+    let remote = RemoteAddr {
+        addr: u64::from_le_bytes(bytes[..8].try_into().unwrap()),
+        rkey: u32::from_le_bytes(bytes[8..].try_into().unwrap()),
+    };
+    assert_eq!(remote, r);
+    let src = a.mr(4 * 4096);
+    fill(&src, 42);
+    let (n, done) = counter();
+    a.qp()
+        .post(UlpWr::write(LocalBuf::whole(&src).unwrap(), remote), done)
+        .unwrap();
+    poll_until(&[&a.cq, &b.cq], "the write through the exposed key", || {
+        n.load(Ordering::SeqCst) == 1
+    });
+    for (k, m) in targets.iter().enumerate() {
+        assert_eq!(m.to_vec(0, 4096).unwrap(), src.to_vec(k as u64 * 4096, 4096).unwrap());
+    }
+    let (n, done) = counter();
+    b.qp().invalidate(ex, done).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the invalidation", || n.load(Ordering::SeqCst) == 1);
+    assert_eq!(pool.available(), 2);
+    // `expose` of the same list posts it alone.
+    let (n, done) = counter();
+    let ex = b.qp().expose(&pool, sgl(), AccessFlags::REMOTE_WRITE, done).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the registration", || n.load(Ordering::SeqCst) == 1);
+    let (n, done) = counter();
+    b.qp().invalidate(ex, done).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the second invalidation", || {
+        n.load(Ordering::SeqCst) == 1
+    });
+    // Never posted: dropped with the exposure, not reused.
+    let (ex, reg) = b.qp().expose_wr(&pool, sgl(), AccessFlags::REMOTE_WRITE).unwrap();
+    drop((reg, ex));
+    assert_eq!((pool.available(), pool.discarded()), (1, 1));
+    assert_eq!((a.cq.stats().stray, b.cq.stats().stray), (0, 0));
+    assert_eq!(b.qp().stats().sq_used, 0);
+}
+
+/// A read/write context over one buffer given as it is (no list) moves
+/// the bytes in one WR, either way.
+#[test]
+fn a_context_over_one_buffer_is_one_plain_wr() {
+    let (_da, _db, a, b) = pair("rw1", &rw_init(), 4);
+    let (local, remote) = (a.mr(4096), b.mr(4096));
+    fill(&local, 5);
+    for dir in [RwDir::Write, RwDir::Read] {
+        if dir == RwDir::Read {
+            fill(&remote, 77);
+        }
+        let (n, done) = counter();
+        let posted = a
+            .qp()
+            .rw(
+                dir,
+                LocalBuf::whole(&local).unwrap(),
+                remote.remote(0),
+                None,
+                RwOptions::default(),
+                done,
+            )
+            .unwrap();
+        assert_eq!((posted.wrs, posted.fast_reg), (1, false));
+        poll_until(&[&a.cq, &b.cq], "the context", || n.load(Ordering::SeqCst) == 1);
+        assert_eq!(
+            local.to_vec(0, 4096).unwrap(),
+            remote.to_vec(0, 4096).unwrap(),
+            "{dir:?}"
+        );
+    }
+}

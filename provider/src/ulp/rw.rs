@@ -8,7 +8,7 @@ use std::fmt;
 use super::cb::Cb;
 use super::pool::{MrPool, PoolKind, PooledMr};
 use super::qp::{UlpPostError, UlpQp};
-use super::wr::{LocalBuf, UlpOp, UlpWr};
+use super::wr::{LocalBuf, Sgl, UlpOp, UlpWr};
 use crate::verbs::{verr, AccessFlags, Error, ErrorKind, Pd, RemoteAddr, Result, Sge, WorkCompletion, PAGE_SIZE};
 
 /// What read/write contexts can do on a device.
@@ -193,13 +193,14 @@ impl UlpQp {
     pub fn rw(
         &self,
         dir: RwDir,
-        local: Vec<LocalBuf>,
+        local: impl Into<Sgl>,
         remote: RemoteAddr,
         pool: Option<&MrPool>,
         opts: RwOptions,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<RwPosted, UlpPostError> {
         let cb = Cb::new(cb);
+        let local = local.into();
         if local.is_empty() {
             return Err(err(
                 verr!(PostSend, InvalidArgument, "a context with no local entries"),
@@ -269,7 +270,15 @@ impl UlpQp {
             }
         }
         // Plain SGEs: one WR per `per_wr` entries, each at the next remote
-        // offset.
+        // offset; a list that fits one WR goes in it as it is.
+        if local.len() <= per_wr {
+            self.submit(UlpWr::new(op(remote), local).into(), Some(cb), true, 0, None, None)?;
+            return Ok(RwPosted {
+                wrs: 1,
+                fast_reg: false,
+                key: None,
+            });
+        }
         let mut chain = Vec::new();
         let mut off = 0u64;
         for group in local.chunks(per_wr) {
@@ -299,35 +308,80 @@ impl UlpQp {
     /// valid until [`UlpQp::invalidate`] (or the peer's SEND with
     /// invalidate, see [`Exposed::remotely_invalidated`]).
     ///
+    /// To register without a completion of its own, in front of the SEND
+    /// that carries the range to the peer, see [`UlpQp::expose_wr`].
+    ///
     /// # Errors
     ///
     /// As [`UlpQp::rw`].
     pub fn expose(
         &self,
         pool: &MrPool,
-        local: Vec<LocalBuf>,
+        local: impl Into<Sgl>,
         access: AccessFlags,
         cb: impl FnOnce(&WorkCompletion) + Send + 'static,
     ) -> std::result::Result<Exposed, UlpPostError> {
         let cb = Cb::new(cb);
-        if local.is_empty() {
-            return Err(err(verr!(PostSend, InvalidArgument, "nothing to expose"), cb));
-        }
-        let (pooled, key, iova, len) = match map(pool, &local) {
-            Ok(m) => m,
+        let (exposed, wr) = match self.expose_wr(pool, local, access) {
+            Ok(e) => e,
             Err(e) => return Err(err(e, cb)),
         };
+        self.submit(wr.into(), Some(cb), true, 0, None, None)?;
+        Ok(exposed)
+    }
+
+    /// Exposes `local` as [`UlpQp::expose`] does, without posting: maps it
+    /// onto a fast-registration MR of `pool` with a fresh key and returns
+    /// the exposure and its REG_MR work request. Post that WR first in a
+    /// chain of the caller's, in front of the SEND that carries the range
+    /// to the peer (as NVMe-oF and iSER hosts do): the registration then
+    /// costs no completion of its own, and a failure of either WR calls
+    /// the chain's callback. The range is valid once the REG_MR has
+    /// executed, which the QP's ordering guarantees before the SEND.
+    ///
+    /// If the WR is never posted (or its post fails), dropping the
+    /// [`Exposed`] deregisters the MR, as it does after an expose.
+    ///
+    /// # Errors
+    ///
+    /// `EINVAL` for an empty list, a pool without fast-registration MRs
+    /// or a list that cannot be mapped onto one; `ENOMEM` if the pool is
+    /// empty.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn f(qp: &softverbs::ulp::UlpQp, pool: &softverbs::ulp::MrPool, buf: softverbs::ulp::LocalBuf) -> softverbs::verbs::Result<()> {
+    /// use softverbs::ulp::UlpWr;
+    /// use softverbs::verbs::AccessFlags;
+    /// let (exposed, reg) = qp.expose_wr(pool, buf, AccessFlags::REMOTE_WRITE)?;
+    /// let r = exposed.remote();
+    /// let mut cmd = r.addr.to_le_bytes().to_vec();
+    /// cmd.extend_from_slice(&r.rkey.to_le_bytes());
+    /// // REG_MR, then the command: only the SEND is signaled.
+    /// qp.post(vec![reg, UlpWr::send_inline(&cmd)], |wc| assert!(wc.is_success()))
+    ///     .map_err(|e| e.error)?;
+    /// # drop(exposed);
+    /// # Ok(()) }
+    /// ```
+    pub fn expose_wr(&self, pool: &MrPool, local: impl Into<Sgl>, access: AccessFlags) -> Result<(Exposed, UlpWr)> {
+        let local: Sgl = local.into();
+        if local.is_empty() {
+            return Err(verr!(PostSend, InvalidArgument, "nothing to expose"));
+        }
+        let (pooled, key, iova, len) = map(pool, &local)?;
         let mr = pooled.mr().clone();
         let mut wr = UlpWr::reg_mr(mr, key, access | AccessFlags::LOCAL_WRITE);
-        // The registered memory stays alive with the exposure.
-        wr.sgl = local.clone().into();
-        self.submit(wr.into(), Some(cb), true, 0, None, None)?;
-        Ok(Exposed {
+        // The registered memory stays alive with the WR (while the MR's
+        // mapping may be used) and with the exposure.
+        wr.sgl = local.clone();
+        let exposed = Exposed {
             pooled: Some(pooled),
             local,
             remote: RemoteAddr { addr: iova, rkey: key },
             len,
-        })
+        };
+        Ok((exposed, wr))
     }
 
     /// Invalidates an exposed range (LOCAL_INV, fenced): once `cb` has run
@@ -343,7 +397,7 @@ impl UlpQp {
     ) -> std::result::Result<(), UlpPostError> {
         let pooled = exposed.pooled.take().expect("present until consumed");
         let mut wr = UlpWr::local_inv(exposed.remote.rkey);
-        wr.sgl = std::mem::take(&mut exposed.local).into();
+        wr.sgl = std::mem::take(&mut exposed.local);
         self.submit(wr.into(), Some(Cb::new(cb)), true, 0, Some(pooled), None)
     }
 }
@@ -353,7 +407,7 @@ impl UlpQp {
 /// instead of returning it to the pool.
 pub struct Exposed {
     pooled: Option<PooledMr>,
-    local: Vec<LocalBuf>,
+    local: Sgl,
     remote: RemoteAddr,
     len: u32,
 }
