@@ -11,7 +11,7 @@
 //! (`--shm`: two devices on 127.0.0.1 over the shared-memory link;
 //! `--size`: every I/O of that size)
 
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -68,12 +68,21 @@ enum Ev {
     Invalidated(usize),
 }
 
+thread_local! {
+    /// What the callbacks tell the main loop. Callbacks run on the thread
+    /// that polls (or closes) their QP's CQ: here the one thread that
+    /// drives both sides.
+    static EVENTS: RefCell<Vec<Ev>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Something a callback tells the main loop.
-fn to(tx: &Sender<Ev>, f: impl FnOnce(&WorkCompletion) -> Ev + Send + 'static) -> impl FnOnce(&WorkCompletion) + Send {
-    let tx = tx.clone();
-    move |wc| {
-        let _ = tx.send(f(wc));
-    }
+fn to(f: impl FnOnce(&WorkCompletion) -> Ev + Send + 'static) -> impl FnOnce(&WorkCompletion) + Send {
+    move |wc| EVENTS.with_borrow_mut(|e| e.push(f(wc)))
+}
+
+/// The events the callbacks left, moved into `evs`.
+fn drain(evs: &mut Vec<Ev>) {
+    EVENTS.with_borrow_mut(|e| std::mem::swap(e, evs));
 }
 
 struct Side {
@@ -108,12 +117,13 @@ pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> 
     let (ini, tgt) = (side(&cctx)?, side(&tctx)?);
     connect(&ini.qp, &tgt.qp, tctx.query_gid(1, 0)?)?;
     connect(&tgt.qp, &ini.qp, cctx.query_gid(1, 0)?)?;
-    let (tx, rx) = channel();
+    EVENTS.with_borrow_mut(Vec::clear);
+    let mut evs = Vec::new();
     // Target: its store, and a receive per command slot.
     let store = Arc::new(tgt.pd.alloc_mr(STORE, AccessFlags::LOCAL_WRITE)?);
     for k in 0..QD {
-        post_msg_recv(&tgt, k, &tx, Ev::Command)?;
-        post_msg_recv(&ini, k, &tx, Ev::Reply)?;
+        post_msg_recv(&tgt, k, Ev::Command)?;
+        post_msg_recv(&ini, k, Ev::Reply)?;
     }
     // Initiator: a buffer and a fast-registration MR per slot.
     let pool = MrPool::fast_reg(&ini.pd, QD, (MAX_IO / PAGE_SIZE) as u32)?;
@@ -132,20 +142,21 @@ pub(crate) fn run(devs: &[Arc<SoftDevice>], ios: usize, size: Option<usize>) -> 
     while done < ios {
         ini.cq.poll(32)?;
         tgt.cq.poll(32)?;
-        for ev in drain(&rx) {
+        drain(&mut evs);
+        for ev in evs.drain(..) {
             match ev {
-                Ev::Command(k) => serve(&tgt, &store, k, &tx)?,
+                Ev::Command(k) => serve(&tgt, &store, k)?,
                 Ev::Moved(tag, status) => {
                     assert_eq!(status, WcStatus::Success, "data movement of I/O {tag}");
                     let reply = tag.to_le_bytes();
-                    tgt.qp.post(vec![UlpWr::send_inline(&reply)], check)?;
+                    tgt.qp.post(UlpWr::send_inline(&reply), check)?;
                 }
                 Ev::Reply(k) => {
                     let tag =
                         u32::from_le_bytes(ini.msgs.to_vec(k as u64 * u64::from(CMD), 4)?.try_into().unwrap()) as usize;
-                    post_msg_recv(&ini, k, &tx, Ev::Reply)?;
+                    post_msg_recv(&ini, k, Ev::Reply)?;
                     let ex = slots[tag].as_mut().and_then(|s| s.1.take()).expect("I/O in flight");
-                    ini.qp.invalidate(ex, to(&tx, move |_| Ev::Invalidated(tag)))?;
+                    ini.qp.invalidate(ex, to(move |_| Ev::Invalidated(tag)))?;
                 }
                 Ev::Invalidated(k) => {
                     let (io, _) = slots[k].take().expect("I/O in flight");
@@ -183,15 +194,11 @@ struct Io {
     len: usize,
 }
 
-fn drain(rx: &Receiver<Ev>) -> Vec<Ev> {
-    rx.try_iter().collect()
-}
-
-fn post_msg_recv(s: &Side, k: usize, tx: &Sender<Ev>, ev: fn(usize) -> Ev) -> Result<()> {
+fn post_msg_recv(s: &Side, k: usize, ev: fn(usize) -> Ev) -> Result<()> {
     let buf = LocalBuf::new(&s.msgs, (k * CMD as usize) as u64, CMD)?;
     // A receive completes with a flush when the QP closes at the end:
-    // the main loop is gone then and the event is dropped.
-    s.qp.post_recv(vec![buf], to(tx, move |_| ev(k)))?;
+    // the main loop is gone then and the event is never read.
+    s.qp.post_recv(buf, to(move |_| ev(k)))?;
     Ok(())
 }
 
@@ -225,8 +232,9 @@ fn submit(
     } else {
         AccessFlags::REMOTE_WRITE
     };
-    let ex =
-        s.qp.expose(pool, vec![LocalBuf::new(buf, 0, len as u32)?], access, check)?;
+    // The registration goes in front of the command, in one chain: only
+    // the command is signaled.
+    let (ex, reg) = s.qp.expose_wr(pool, LocalBuf::new(buf, 0, len as u32)?, access)?;
     let r = ex.remote();
     let mut cmd = Vec::with_capacity(CMD as usize);
     cmd.extend_from_slice(&u32::from(write).to_le_bytes());
@@ -235,14 +243,14 @@ fn submit(
     cmd.extend_from_slice(&(len as u32).to_le_bytes());
     cmd.extend_from_slice(&r.rkey.to_le_bytes());
     cmd.extend_from_slice(&r.addr.to_le_bytes());
-    s.qp.post(vec![UlpWr::send_inline(&cmd)], check)?;
+    s.qp.post(vec![reg, UlpWr::send_inline(&cmd)], check)?;
     Ok((Io { write, off, len }, Some(ex)))
 }
 
 /// The target's side of one command: move the data, then answer.
-fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
+fn serve(t: &Side, store: &Arc<Mr>, k: usize) -> Result<()> {
     let cmd = t.msgs.to_vec(k as u64 * u64::from(CMD), CMD as usize)?;
-    post_msg_recv(t, k, tx, Ev::Command)?;
+    post_msg_recv(t, k, Ev::Command)?;
     let u32_at = |i: usize| u32::from_le_bytes(cmd[i..i + 4].try_into().unwrap());
     let u64_at = |i: usize| u64::from_le_bytes(cmd[i..i + 8].try_into().unwrap());
     let (write, tag, off, len) = (u32_at(0) == 1, u32_at(4), u64_at(8), u32_at(16));
@@ -251,14 +259,14 @@ fn serve(t: &Side, store: &Arc<Mr>, k: usize, tx: &Sender<Ev>) -> Result<()> {
         rkey: u32_at(20),
     };
     let dir = if write { RwDir::Read } else { RwDir::Write };
-    let local = vec![LocalBuf::new(store, off, len)?];
+    let local = LocalBuf::new(store, off, len)?;
     t.qp.rw(
         dir,
         local,
         remote,
         None,
         RwOptions::default(),
-        to(tx, move |wc| Ev::Moved(tag, wc.status)),
+        to(move |wc| Ev::Moved(tag, wc.status)),
     )?;
     Ok(())
 }
