@@ -328,9 +328,14 @@ pub struct UlpWr {
     pub(crate) frmr_sge: Option<(u64, u32, u32)>,
     /// Keeps the fast-registration MR of `frmr_sge` alive.
     pub(crate) frmr: Option<Arc<Mr>>,
-    pub(crate) inline: Option<Vec<u8>>,
+    /// Inline data, copied at post time: short payloads (commands,
+    /// replies) stay in the WR, longer ones go to the heap.
+    pub(crate) inline: Option<InlineData>,
     pub(crate) flags: SendFlags,
 }
+
+/// The inline data of a [`UlpWr`]: up to 32 bytes without an allocation.
+pub(crate) type InlineData = smallvec::SmallVec<[u8; 32]>;
 
 impl std::fmt::Debug for UlpWr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -384,7 +389,7 @@ impl UlpWr {
     /// the QP's `max_inline_data`).
     pub fn send_inline(data: &[u8]) -> UlpWr {
         let mut wr = UlpWr::new(UlpOp::Send, Sgl::default());
-        wr.inline = Some(data.to_vec());
+        wr.inline = Some(InlineData::from_slice(data));
         wr.flags |= SendFlags::INLINE;
         wr
     }
