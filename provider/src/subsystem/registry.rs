@@ -9,12 +9,14 @@
 //! upcalling thread, and every loop that makes upcalls re-reads the state
 //! after each one (a nested operation may have changed anything).
 
+mod topology;
+
 use crate::sys::lock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
-use std::thread::{self, ThreadId};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use super::client::{Client, ClientId, ClientScope};
@@ -23,6 +25,7 @@ use super::error::{serr, Error, Op, Result};
 use super::events::{AddressChange, CmHook, CmHookId, DeviceEvent, DeviceEventKind, EventReceiver};
 use super::namespace::{NamespaceId, NetnsMode, NsLife, WeakNamespace};
 use super::removal::{RemovalReason, RemovalReport, Straggler};
+use topology::TopologyLock;
 
 /// How a [`Subsystem`] behaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,47 +42,6 @@ impl Default for SubsystemConfig {
         SubsystemConfig {
             removal_deadline: Duration::from_secs(2),
             mode: NetnsMode::Exclusive,
-        }
-    }
-}
-
-/// A reentrant lock: held by one thread, any number of times.
-#[derive(Debug, Default)]
-struct TopologyLock {
-    owner: Mutex<(Option<ThreadId>, u32)>,
-    cv: Condvar,
-}
-
-struct TopologyGuard<'a>(&'a TopologyLock);
-
-impl TopologyLock {
-    fn acquire(&self) -> TopologyGuard<'_> {
-        let me = thread::current().id();
-        let mut o = lock(&self.owner);
-        loop {
-            match o.0 {
-                None => {
-                    *o = (Some(me), 1);
-                    break;
-                }
-                Some(t) if t == me => {
-                    o.1 += 1;
-                    break;
-                }
-                Some(_) => o = self.cv.wait(o).unwrap_or_else(|p| p.into_inner()),
-            }
-        }
-        TopologyGuard(self)
-    }
-}
-
-impl Drop for TopologyGuard<'_> {
-    fn drop(&mut self) {
-        let mut o = lock(&self.0.owner);
-        o.1 -= 1;
-        if o.1 == 0 {
-            o.0 = None;
-            self.0.cv.notify_all();
         }
     }
 }
