@@ -2,6 +2,7 @@
 //! soft devices on UDP sockets that live in the namespace of their
 //! interface.
 
+mod factory;
 mod nsfs;
 mod rtnl;
 
@@ -13,14 +14,12 @@ use std::sync::{Arc, Mutex};
 
 use softverbs::netns::{in_netns_file, named, NetnsId};
 use softverbs::soft::engine::EngineMode;
-use softverbs::soft::link::udp::UdpConfig;
-use softverbs::soft::{SoftDevice, SoftDeviceConfig};
 use softverbs::subsystem::{
-    soft_plugged, AddressChange, DeviceFactory, DeviceInfo, Error, HotplugDevice, NamespaceId, NetnsMode,
-    RemovalReport, Result, Subsystem,
+    AddressChange, DeviceInfo, Error, NamespaceId, NetnsMode, RemovalReport, Result, Subsystem,
 };
-use softverbs::verbs::{self, BackendKind, ErrorKind, Verb};
+use softverbs::verbs::ErrorKind;
 
+use self::factory::LinuxFactory;
 use self::rtnl::{LinkInfo, Rtnl, IFNAME_MAX};
 use super::{device_namespace, err, lock, NetnsDriver, INIT_NETNS};
 
@@ -161,7 +160,7 @@ impl LState {
 /// - up with carrier (`IFF_UP` and `IFF_LOWER_UP`, what rxe's port follows)
 ///   changed: its device's port goes down (PORT_ERR; `query_port` says
 ///   `PORT_DOWN`) or up (PORT_ACTIVE) through
-///   [`SoftDevice::set_port_active`].
+///   [`SoftDevice::set_port_active`](softverbs::soft::SoftDevice::set_port_active).
 /// - an address its device has a GID for left the interface (`ip addr
 ///   del`, or moved to another interface), or came back: reported to the
 ///   subsystem ([`Subsystem::address_change`]), so the connection
@@ -946,74 +945,5 @@ impl NetnsDriver for LinuxNetns {
         rtnl.ack(rtnl::add_addr(info.index, addr, default_prefix(addr)))
             .map_err(|e| io_err(format!("ip addr add {addr} dev {ifname}"), &e))?;
         self.sync().map(drop)
-    }
-}
-
-/// Instantiates a device on UDP sockets made inside the namespace its
-/// interface is in now.
-#[derive(Debug)]
-struct LinuxFactory {
-    name: String,
-    ifname: String,
-    state: Arc<Mutex<LState>>,
-    engine: EngineMode,
-}
-
-impl DeviceFactory for LinuxFactory {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn backend(&self) -> BackendKind {
-        BackendKind::Soft
-    }
-
-    /// `ns` is the subsystem's namespace; the sockets go where the
-    /// interface is (the same in exclusive mode; in shared mode every
-    /// device is in the initial namespace wherever its interface is).
-    fn instantiate(&self, _ns: NamespaceId) -> verbs::Result<Arc<dyn HotplugDevice>> {
-        let (file, rtnl, where_) = {
-            let st = lock(&self.state);
-            let l = st.links.get(&self.ifname).ok_or_else(|| {
-                verbs::Error::new(
-                    Verb::OpenDevice,
-                    ErrorKind::NotFound,
-                    format!("interface '{}' is gone", self.ifname),
-                )
-            })?;
-            let ns = st.ns(l.ns).ok_or_else(|| {
-                verbs::Error::new(
-                    Verb::OpenDevice,
-                    ErrorKind::NotFound,
-                    format!("the namespace of '{}' is gone", self.ifname),
-                )
-            })?;
-            (ns.file.clone(), ns.rtnl.clone(), st.ns_name(l.ns))
-        };
-        let udp = UdpConfig::interface(&self.ifname);
-        let mut cfg = in_netns_file(&file, || SoftDeviceConfig::udp(&self.name, udp)).map_err(|e| {
-            verbs::Error::new(
-                Verb::OpenDevice,
-                io_kind(&e),
-                format!("entering namespace '{where_}': {e}"),
-            )
-        })??;
-        cfg.engine = self.engine;
-        let dev = SoftDevice::create(cfg)?;
-        // The new port starts in the interface's state now (and the driver
-        // records it, so `sync` reports changes from here on).
-        let up = match rtnl.link(&self.ifname) {
-            Ok(Some(l)) => l.oper_up(),
-            _ => lock(&self.state).links.get(&self.ifname).is_some_and(|l| l.port_active),
-        };
-        if let Some(l) = lock(&self.state).links.get_mut(&self.ifname) {
-            l.port_active = up;
-            // The new instance's GIDs are the addresses the interface has.
-            l.missing.clear();
-        }
-        if !up {
-            dev.set_port_active(false);
-        }
-        Ok(soft_plugged(dev))
     }
 }
