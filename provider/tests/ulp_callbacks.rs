@@ -436,3 +436,57 @@ fn buffers_of_a_static_mr_post_and_complete_like_any_other() {
     let st = a.qp().stats();
     assert_eq!((st.callbacks, st.sq_used), (2, 0));
 }
+
+/// Two WRITEs from `src` into `dst` (slot `k` of 128 bytes) as one chain.
+fn write_chain(src: &Arc<Mr>, dst: &Arc<Mr>, k: u64, rkey_first: Option<u32>) -> Vec<UlpWr> {
+    (0..2u64)
+        .map(|i| {
+            let mut remote = dst.remote(128 * k + 64 * i);
+            if i == 0 {
+                remote.rkey = rkey_first.unwrap_or(remote.rkey);
+            }
+            UlpWr::write(LocalBuf::new(src, 64 * i, 64).unwrap(), remote)
+        })
+        .collect()
+}
+
+/// Chains (requests of several WRs, retired through their less common
+/// part): a signaled one calls once with success, an unsignaled one calls
+/// nothing and is counted silent; each is dropped once.
+#[test]
+fn chains_call_once_when_signaled_and_nothing_when_not() {
+    let (_da, _db, a, b) = pair("chains", &UlpQpInit::default(), 4);
+    let log = Log::default();
+    let (src, dst) = (a.mr(4096), b.mr(4096));
+    a.qp()
+        .post_unsignaled(write_chain(&src, &dst, 0, None), cb(0, &log))
+        .unwrap();
+    a.qp().post(write_chain(&src, &dst, 1, None), cb(1, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "both chains", || count_resolved(&log) == 2);
+    let log = log.lock().unwrap().clone();
+    assert_eq!(outcome(&log, 0), (0, None, 1, true), "unsignaled chain: {log:?}");
+    assert_eq!(
+        outcome(&log, 1),
+        (1, Some(WcStatus::Success), 1, true),
+        "signaled chain"
+    );
+    let st = a.qp().stats();
+    assert_eq!((st.callbacks, st.silent, st.sq_used), (1, 1, 0));
+    assert_eq!(dst.to_vec(0, 256).unwrap()[..64], src.to_vec(0, 64).unwrap()[..]);
+}
+
+/// A chain whose first WR fails completes once, with that WR's error
+/// (the first error of its WRs), not with the flush of its last WR.
+#[test]
+fn a_chain_whose_first_wr_fails_reports_that_error_once() {
+    let (_da, _db, a, b) = pair("chainerr", &UlpQpInit::default(), 4);
+    let log = Log::default();
+    let (src, dst) = (a.mr(4096), b.mr(4096));
+    let bad = dst.remote(0).rkey ^ 0x3300;
+    a.qp().post(write_chain(&src, &dst, 0, Some(bad)), cb(0, &log)).unwrap();
+    poll_until(&[&a.cq, &b.cq], "the failed chain", || count_resolved(&log) == 1);
+    let log = log.lock().unwrap().clone();
+    assert_eq!(outcome(&log, 0), (1, Some(WcStatus::RemAccessErr), 1, true), "{log:?}");
+    let st = a.qp().stats();
+    assert_eq!((st.callbacks, st.sq_used), (1, 0));
+}

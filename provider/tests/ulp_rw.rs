@@ -645,3 +645,43 @@ fn a_context_over_one_buffer_is_one_plain_wr() {
         );
     }
 }
+
+/// READs beyond the QP's depth (1) go out as earlier ones complete, also
+/// when each completion is polled alone (the poll's short path must give
+/// the READ credit back and post what waits for it).
+#[test]
+fn reads_beyond_the_depth_go_out_as_lone_completions_come_back() {
+    let (_da, _db, a, b) = pair("rd1", &rw_init(), 1);
+    let (local, remote) = (a.mr(4096), b.mr(4096));
+    fill(&remote, 31);
+    let read = |k: u64, done| {
+        a.qp()
+            .post(
+                UlpWr::read(LocalBuf::new(&local, 512 * k, 512).unwrap(), remote.remote(512 * k)),
+                done,
+            )
+            .unwrap();
+    };
+    // Two at once: the second waits in the layer for the first's credit.
+    let (n, done) = counter();
+    read(0, done);
+    let (m, done) = counter();
+    read(1, done);
+    assert_eq!(a.qp().stats().queued_rd, 1);
+    let until = Instant::now() + Duration::from_secs(60);
+    while n.load(Ordering::SeqCst) + m.load(Ordering::SeqCst) < 2 {
+        // One completion per poll: each is retired alone.
+        a.cq.poll(1).unwrap();
+        b.cq.poll(1).unwrap();
+        assert!(Instant::now() < until, "the queued READ never went out");
+    }
+    // Then one after another, more than the depth in all.
+    for k in 2..8 {
+        let (n, done) = counter();
+        read(k, done);
+        poll_until(&[&a.cq, &b.cq], "a READ", || n.load(Ordering::SeqCst) == 1);
+    }
+    assert_eq!(local.to_vec(0, 4096).unwrap(), remote.to_vec(0, 4096).unwrap());
+    let st = a.qp().stats();
+    assert_eq!((st.rd_outstanding, st.rd_peak, st.sq_used), (0, 1, 0));
+}
