@@ -662,7 +662,15 @@ fn reads_beyond_the_depth_go_out_as_lone_completions_come_back() {
             )
             .unwrap();
     };
-    // Two at once: the second waits in the layer for the first's credit.
+    // One after another, more than the depth in all (the first also
+    // makes the CQ's poll know the QP: later completions can be lone).
+    for k in 2..8 {
+        let (n, done) = counter();
+        read(k, done);
+        poll_until(&[&a.cq, &b.cq], "a READ", || n.load(Ordering::SeqCst) == 1);
+    }
+    // Then two at once: the second waits in the layer for the first's
+    // credit, and the first's completion comes back alone.
     let (n, done) = counter();
     read(0, done);
     let (m, done) = counter();
@@ -674,12 +682,6 @@ fn reads_beyond_the_depth_go_out_as_lone_completions_come_back() {
         a.cq.poll(1).unwrap();
         b.cq.poll(1).unwrap();
         assert!(Instant::now() < until, "the queued READ never went out");
-    }
-    // Then one after another, more than the depth in all.
-    for k in 2..8 {
-        let (n, done) = counter();
-        read(k, done);
-        poll_until(&[&a.cq, &b.cq], "a READ", || n.load(Ordering::SeqCst) == 1);
     }
     assert_eq!(local.to_vec(0, 4096).unwrap(), remote.to_vec(0, 4096).unwrap());
     let st = a.qp().stats();
