@@ -387,7 +387,7 @@ impl DeviceShared {
                 return Ok(());
             }
         }
-        self.with_core_local(|c| c.post_recv(qpn, wrs))
+        self.with_core_local(|c| c.post_recv_general(qpn, wrs))
     }
 
     /// Like [`Self::with_core`], and sends every ACK held back for

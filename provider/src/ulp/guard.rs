@@ -66,9 +66,11 @@ impl<T> Guarded<T> {
 
     /// Runs `f` on a QP's value holding its guard, with the section to
     /// post and poll through: the own mutex and [`Direct`], or the engine
-    /// lock taken as a post takes it and the section opened on the QP.
+    /// lock taken as a post takes it (as `ibv_post_recv` takes it if
+    /// `recv`: the lock alone, no turn of the engine) and the section
+    /// opened on the QP.
     #[inline(always)]
-    pub(crate) fn with_qp<R>(&self, f: impl FnOnce(&mut T, &mut dyn DeviceSection) -> R) -> R {
+    pub(crate) fn with_qp<R>(&self, recv: bool, f: impl FnOnce(&mut T, &mut dyn DeviceSection) -> R) -> R {
         match &self.guard {
             Guard::Own(m) => {
                 let _own = lock(m);
@@ -78,23 +80,7 @@ impl<T> Guarded<T> {
             }
             // SAFETY: inside a section of the device whose lock guards the
             // value; the only reference to it taken in the section.
-            Guard::Soft(l) => l.enter_qp(|sec| f(unsafe { self.get() }, sec)),
-        }
-    }
-
-    /// [`Guarded::with_qp`] for posting receives: the engine lock is
-    /// taken as `ibv_post_recv` takes it (the lock alone, no turn of the
-    /// engine).
-    #[inline(always)]
-    pub(crate) fn with_qp_recv<R>(&self, f: impl FnOnce(&mut T, &mut dyn DeviceSection) -> R) -> R {
-        match &self.guard {
-            Guard::Own(m) => {
-                let _own = lock(m);
-                // SAFETY: as in `with_qp`.
-                f(unsafe { self.get() }, &mut Direct)
-            }
-            // SAFETY: as in `with_qp`.
-            Guard::Soft(l) => l.enter_qp_recv(|sec| f(unsafe { self.get() }, sec)),
+            Guard::Soft(l) => l.enter_qp(recv, |sec| f(unsafe { self.get() }, sec)),
         }
     }
 
@@ -191,7 +177,7 @@ mod tests {
         std::thread::spawn(move || {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let lock = SoftLock::of_qp(&**q.qp().ops()).unwrap();
-                lock.enter_qp(|_| q.qp().query().map(|a| a.qp_state))
+                lock.enter_qp(false, |_| q.qp().query().map(|a| a.qp_state))
             }));
             let msg = r.err().and_then(|m| m.downcast_ref::<&str>().map(|s| s.to_string()));
             let _ = tx.send(msg);
@@ -237,7 +223,7 @@ mod tests {
         // the QP itself, not for its device).
         let r = SoftLock::of_qp(&**qp1.ops())
             .unwrap()
-            .enter_qp(|sec| sec.post_recv(&**qp1.ops(), &[]));
+            .enter_qp(false, |sec| sec.post_recv(&**qp1.ops(), &[]));
         assert!(r.is_ok() || !r.unwrap_err().error.to_string().contains("another device"));
     }
 }

@@ -51,7 +51,7 @@ struct SoftSection<'a, 'e> {
     dev: &'a Arc<DeviceShared>,
     core: &'a mut Core,
     /// The verb's clock reading; `None` in a receive's section
-    /// ([`SoftLock::enter_qp_recv`]), which reads the clock only if it
+    /// ([`SoftLock::enter_qp`] for a receive), which reads the clock only if it
     /// posts a send after all.
     now: Option<Nanos>,
     /// The post's early way out to the link (`with_core_eager`), for the
@@ -120,13 +120,6 @@ impl DeviceSection for SoftSection<'_, '_> {
             .qpn_of(qp, crate::verbs::Verb::PostRecv)
             .map_err(|error| PostError { index: 0, error })?;
         crate::soft::probe::mark(crate::soft::probe::Point::PostRecv);
-        // A lone WR that needs nothing but queueing, as `ibv_post_recv`
-        // takes it; the rest (and every refusal) by the general path.
-        if let [wr] = wrs {
-            if self.core.post_recv_one(qpn, wr) {
-                return Ok(());
-            }
-        }
         self.core.post_recv(qpn, wrs)
     }
 
@@ -193,24 +186,21 @@ impl SoftLock {
         }
     }
 
-    /// Runs `f` in a section opened on the QP, inside a post's hold of
-    /// the engine lock (`with_core_eager`: the section's first send post
-    /// may leave by the link's fast way out).
+    /// Runs `f` in a section opened on the QP, inside a send post's hold
+    /// of the engine lock (`with_core_eager`: the section's first send
+    /// post may leave by the link's fast way out), or, if `recv`, inside a
+    /// receive post's: the lock and nothing else (no clock read, no link
+    /// I/O, no timers), as `ibv_post_recv` takes it; the events `f` raises
+    /// are dispatched after, and should it post a send after all, the full
+    /// path sends it.
     #[inline(always)]
-    pub(crate) fn enter_qp<R>(&self, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
+    pub(crate) fn enter_qp<R>(&self, recv: bool, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
         let (dev, opener) = (&self.dev, self.opener);
-        dev.with_core_eager(|core, now, egress| run(f, dev, core, Some(now), egress, opener))
-    }
-
-    /// Runs `f` in a section opened on the QP, inside a receive post's
-    /// hold of the engine lock: the lock and nothing else (no clock read,
-    /// no link I/O, no timers), as `ibv_post_recv` takes it; the events
-    /// `f` raises are dispatched after, and should it post a send after
-    /// all, the full path sends it.
-    #[inline(always)]
-    pub(crate) fn enter_qp_recv<R>(&self, f: impl FnOnce(&mut dyn DeviceSection) -> R) -> R {
-        let (dev, opener) = (&self.dev, self.opener);
-        dev.with_core_local(|core| run(f, dev, core, None, None, opener))
+        if recv {
+            dev.with_core_local(|core| run(f, dev, core, None, None, opener))
+        } else {
+            dev.with_core_eager(|core, now, egress| run(f, dev, core, Some(now), egress, opener))
+        }
     }
 
     /// Runs `f` in a section opened on the CQ, inside a poll's hold of the

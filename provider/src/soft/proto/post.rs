@@ -247,6 +247,19 @@ impl Core {
     /// The first rejected WR: `EINVAL` in RESET, with an SRQ, or with too
     /// many SGEs; `ENOMEM` when the receive queue is full.
     pub fn post_recv(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
+        // A lone WR that needs nothing but queueing goes in as it is; the
+        // rest (and every refusal) by the general path.
+        if let [wr] = wrs {
+            if self.post_recv_one(qpn, wr) {
+                return Ok(());
+            }
+        }
+        self.post_recv_general(qpn, wrs)
+    }
+
+    /// [`Core::post_recv`] without the lone WR's short way: for a caller
+    /// that tried [`Core::post_recv_one`] already.
+    pub fn post_recv_general(&mut self, qpn: u32, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let Some(mut qp) = self.take_qp(qpn) else {
             return Err(post_err(0, Verb::PostRecv, ErrorKind::InvalidArgument, "no such QP"));
         };

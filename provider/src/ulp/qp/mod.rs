@@ -303,7 +303,7 @@ impl QpShared {
     /// releases goes out to be dropped after.
     #[inline(always)]
     fn with_track<R>(&self, f: impl FnOnce(&mut Track, &mut dyn DeviceSection) -> R) -> R {
-        self.track.with_qp(f)
+        self.track.with_qp(false, f)
     }
 
     /// [`QpShared::with_track`] for a caller already inside a section of

@@ -385,7 +385,7 @@ impl UlpQp {
         let sgl = sgl.into();
         let cb = Cb::new(cb);
         let sh = &*self.sh;
-        let r = sh.track.with_qp_recv(move |t, sec| {
+        let r = sh.track.with_qp(true, move |t, sec| {
             if t.closing {
                 let error = verr!(PostRecv, InvalidArgument, "the QP is closing");
                 return Err((error, cb, sgl));
