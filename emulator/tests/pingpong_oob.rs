@@ -24,6 +24,11 @@ fn connect_when_listening(port: u16) -> TcpStream {
     }
 }
 
+/// The port of an address column of `/proc/net/tcp` (`0100007F:1F90`).
+fn port_of(a: &str) -> Option<u16> {
+    a.split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok())
+}
+
 /// Waits (bounded) until process `pid` listens on TCP `port`: one of its
 /// own sockets is in LISTEN on it. Connecting merely until a connection
 /// succeeds is not enough: another test's server, run beside this one,
@@ -46,8 +51,7 @@ fn wait_listening(pid: u32, port: u16) {
         let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
         let listening = table.lines().skip(1).any(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let local_port = f[1].split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
-            local_port == Some(port) && f[3] == "0A" && inodes.iter().any(|i| i == f[9])
+            port_of(f[1]) == Some(port) && f[3] == "0A" && inodes.iter().any(|i| i == f[9])
         });
         if listening {
             return;
@@ -76,7 +80,6 @@ fn wait_listening(pid: u32, port: u16) {
 /// time), so one pass cannot show both in the right order.
 fn wait_until_accepted(port: u16, held: &TcpStream) {
     let from = held.local_addr().unwrap().port();
-    let port_of = |a: &str| a.split(':').nth(1).and_then(|p| u16::from_str_radix(p, 16).ok());
     let start = Instant::now();
     let mut past_handshake = false;
     loop {
