@@ -46,7 +46,6 @@
 //! `SOFTVERBS_STRESS_ROUNDS=<n>` runs more rounds (default 96, a few
 //! seconds; hundreds on demand).
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Barrier};
@@ -62,10 +61,14 @@ use softverbs::soft::SoftDeviceConfig;
 use softverbs::subsystem::{DeviceRef, DeviceState, NamespaceId, SoftFactory, Subsystem, SubsystemConfig};
 use softverbs::verbs::{
     AccessFlags, Context, Cq, EventType, Mr, Pd, Qp, QpCap, QpInitAttr, QpType, RecvWr, RemoteAddr, SendFlags, SendOp,
-    SendWr, Sge, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    SendWr, Sge, WorkCompletion,
 };
 use softverbs_emulator::netns::traffic::{connect_rc, first_gid};
 use softverbs_emulator::netns::{NetnsDriver, VirtualNetns};
+
+#[path = "hotplug_stress/ledger.rs"]
+mod ledger;
+use ledger::{RqLedger, SqLedger, Tally};
 
 /// Anything longer means a hang, not a slow machine.
 const HANG: Duration = Duration::from_secs(20);
@@ -197,181 +200,6 @@ fn progress_threads_left(prefix: &str) -> usize {
         thread::sleep(Duration::from_millis(10));
     }
     count()
-}
-
-// ---------------------------------------------------------------------------
-// Ledgers.
-
-/// The send queue of one QP: what was posted and not yet retired, in post
-/// order, with whether it was signaled.
-#[derive(Debug, Default)]
-struct SqLedger {
-    outstanding: VecDeque<(u64, bool)>,
-    next: u64,
-    /// An error completion was seen: from now on only flushes, in order.
-    errored: bool,
-    /// The highest sequence number that succeeded (explicitly or silently).
-    max_success: Option<u64>,
-    posted: u64,
-    completions: u64,
-    flushed: u64,
-    silent: u64,
-}
-
-/// The receive queue of one QP.
-#[derive(Debug, Default)]
-struct RqLedger {
-    outstanding: VecDeque<u64>,
-    next: u64,
-    errored: bool,
-    /// Messages delivered: the receives that succeeded carried the peer's
-    /// send sequence numbers 0, 1, …, `delivered - 1`, in order.
-    delivered: u64,
-    posted: u64,
-    completions: u64,
-    flushed: u64,
-}
-
-/// What a round saw, for the summary.
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    posted: u64,
-    completions: u64,
-    flushed: u64,
-    silent: u64,
-    delivered: u64,
-}
-
-impl std::ops::AddAssign for Tally {
-    fn add_assign(&mut self, o: Tally) {
-        self.posted += o.posted;
-        self.completions += o.completions;
-        self.flushed += o.flushed;
-        self.silent += o.silent;
-        self.delivered += o.delivered;
-    }
-}
-
-impl SqLedger {
-    /// Takes one send completion. `removing`: a removal has begun.
-    fn complete(&mut self, wc: &WorkCompletion, removing: bool) -> Result<(), String> {
-        self.completions += 1;
-        let seq = wc.wr_id;
-        let Some(pos) = self.outstanding.iter().position(|&(s, _)| s == seq) else {
-            return Err(format!(
-                "send wr {seq} completed ({}) but is not outstanding: a duplicate or never posted",
-                wc.status
-            ));
-        };
-        let signaled = self.outstanding[pos].1;
-        if wc.status == WcStatus::Success {
-            if self.errored {
-                return Err(format!(
-                    "send wr {seq} succeeded after an error completion on its queue"
-                ));
-            }
-            if !signaled {
-                return Err(format!("unsignaled send wr {seq} produced a success completion"));
-            }
-        } else {
-            let allowed = wc.status == WcStatus::WrFlushErr || (!self.errored && wc.status == WcStatus::RetryExcErr);
-            if !allowed {
-                return Err(format!(
-                    "send wr {seq} completed with {} (errored before: {})",
-                    wc.status, self.errored
-                ));
-            }
-            if !removing {
-                return Err(format!(
-                    "send wr {seq} completed with {} before any removal: {wc:?}",
-                    wc.status
-                ));
-            }
-            if self.errored && pos != 0 {
-                return Err(format!(
-                    "flushed send wr {seq} completed before {pos} earlier one(s) {:?}",
-                    self.outstanding.iter().take(pos).collect::<Vec<_>>()
-                ));
-            }
-            self.flushed += 1;
-        }
-        // Everything posted before it retired silently: it must have been
-        // unsignaled (a signaled one owes a completion of its own) and it
-        // succeeded.
-        for _ in 0..pos {
-            let (s, sig) = self.outstanding.pop_front().expect("pos < len");
-            if sig {
-                return Err(format!(
-                    "signaled send wr {s} never completed, and wr {seq} after it did ({})",
-                    wc.status
-                ));
-            }
-            self.silent += 1;
-            self.max_success = Some(s);
-        }
-        self.outstanding.pop_front();
-        if wc.status == WcStatus::Success {
-            self.max_success = Some(seq);
-        } else {
-            self.errored = true;
-        }
-        Ok(())
-    }
-}
-
-impl RqLedger {
-    /// Takes one receive completion; `mr` holds the receive slots.
-    fn complete(&mut self, wc: &WorkCompletion, removing: bool, mr: &Mr) -> Result<(), String> {
-        self.completions += 1;
-        let seq = wc.wr_id & !RECV_BIT;
-        match self.outstanding.front() {
-            Some(&s) if s == seq => {}
-            _ => {
-                return Err(match self.outstanding.iter().position(|&s| s == seq) {
-                    Some(i) => format!("receive wr {seq} completed before {i} earlier one(s)"),
-                    None => format!("receive wr {seq} completed twice or was never posted"),
-                })
-            }
-        }
-        self.outstanding.pop_front();
-        match wc.status {
-            WcStatus::Success => {
-                if self.errored {
-                    return Err(format!("receive wr {seq} succeeded after an error completion"));
-                }
-                if !wc.wc_flags.contains(WcFlags::WITH_IMM) {
-                    return Err(format!("receive wr {seq} succeeded without immediate data: {wc:?}"));
-                }
-                let sent = u64::from(wc.imm_data);
-                if sent != self.delivered {
-                    return Err(format!(
-                        "receive wr {seq} delivered the peer's send {sent}, expected {} (RC delivers in order, \
-                         without gaps or repeats)",
-                        self.delivered
-                    ));
-                }
-                if wc.opcode == WcOpcode::Recv {
-                    let got = mr.to_vec(recv_slot(seq), MSG as usize).map_err(|e| e.to_string())?;
-                    if got != sent.to_le_bytes() {
-                        return Err(format!("receive wr {seq} (peer's send {sent}) carried {got:?}"));
-                    }
-                } else if wc.opcode != WcOpcode::RecvRdmaWithImm {
-                    return Err(format!("receive wr {seq} completed as {}", wc.opcode));
-                }
-                self.delivered += 1;
-            }
-            WcStatus::WrFlushErr if removing => {
-                self.errored = true;
-                self.flushed += 1;
-            }
-            s => {
-                return Err(format!(
-                    "receive wr {seq} completed with {s} (removal begun: {removing})"
-                ))
-            }
-        }
-        Ok(())
-    }
 }
 
 // ---------------------------------------------------------------------------
