@@ -400,11 +400,11 @@ impl Inner {
     /// posts the events: what the protocol owes the peer leaves before the
     /// application can see the event and exit.
     fn handled(&self, handle: impl FnOnce() -> Vec<Out>) {
-        self.lock().held = Some(Vec::new());
+        self.lock().held = Some((std::thread::current().id(), Vec::new()));
         let outs = handle();
         self.send(outs);
         let mut st = self.lock();
-        for (key, ev) in st.held.take().unwrap_or_default() {
+        for (key, ev) in st.held.take().map(|(_, v)| v).unwrap_or_default() {
             st.post(key, ev);
         }
     }
@@ -422,3 +422,6 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

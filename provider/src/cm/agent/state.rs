@@ -200,8 +200,12 @@ pub(crate) struct State {
     /// raises are held here and posted after the MADs that handling owes
     /// the peer were sent ([`Inner::handled`]): an application may exit as
     /// soon as it sees an event (a DISCONNECTED, say), and a reply still
-    /// queued in this process (the DREP) would then never leave.
-    pub(crate) held: Option<Vec<(u64, CmEvent)>>,
+    /// queued in this process (the DREP) would then never leave. Only the
+    /// handling thread's events are held: one raised meanwhile by another
+    /// thread (a device removal, an address change, a verb's own event)
+    /// is posted by that thread before it returns, as it would be at any
+    /// other time.
+    pub(crate) held: Option<(std::thread::ThreadId, Vec<(u64, CmEvent)>)>,
 }
 
 impl State {
@@ -298,9 +302,11 @@ impl State {
     }
 
     pub(crate) fn post(&mut self, key: u64, ev: CmEvent) {
-        if let Some(held) = &mut self.held {
-            held.push((key, ev));
-            return;
+        if let Some((holder, held)) = &mut self.held {
+            if *holder == std::thread::current().id() {
+                held.push((key, ev));
+                return;
+            }
         }
         if let Some(id) = self.ids.get(&key) {
             if !id.destroyed {
