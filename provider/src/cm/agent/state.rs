@@ -204,7 +204,7 @@ pub(crate) struct State {
     /// handling thread's events are held: one raised meanwhile by another
     /// thread (a device removal, an address change, a verb's own event)
     /// is posted by that thread before it returns, as it would be at any
-    /// other time.
+    /// other time, after those held for the same id.
     pub(crate) held: Option<(std::thread::ThreadId, Vec<(u64, CmEvent)>)>,
 }
 
@@ -302,12 +302,28 @@ impl State {
     }
 
     pub(crate) fn post(&mut self, key: u64, ev: CmEvent) {
+        let mut earlier = Vec::new();
         if let Some((holder, held)) = &mut self.held {
             if *holder == std::thread::current().id() {
                 held.push((key, ev));
                 return;
             }
+            // Another thread's event. What the agent already raised for
+            // the same id goes first: an id's events keep their order.
+            if held.iter().any(|(k, _)| *k == key) {
+                let rest;
+                (earlier, rest) = std::mem::take(held).into_iter().partition(|(k, _)| *k == key);
+                *held = rest;
+            }
         }
+        for (_, e) in earlier {
+            self.deliver(key, e);
+        }
+        self.deliver(key, ev);
+    }
+
+    /// Puts `ev` on id `key`'s channel, or drops it if nobody is there.
+    fn deliver(&mut self, key: u64, ev: CmEvent) {
         if let Some(id) = self.ids.get(&key) {
             if !id.destroyed {
                 id.chan.push(ev);
