@@ -131,11 +131,13 @@ fn run(tool: &str, args: &[&str]) -> String {
     check(&finish(child, tool), tool)
 }
 
-/// A TCP port for the out-of-band exchange of one test.
+/// A TCP port for the out-of-band exchange of one test: below Linux's
+/// ephemeral range (32768 up), where another connection's local port
+/// could take it first.
 fn tcp_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
-    base + NEXT.fetch_add(1, Ordering::Relaxed)
+    let offset = (std::process::id() % 500) as u16 * 20 + NEXT.fetch_add(1, Ordering::Relaxed);
+    20000 + offset % 12000
 }
 
 /// Runs `tool` as a server and as a client of it, with extra environment
@@ -173,18 +175,21 @@ fn pair_topo(
     client_args: &[&str],
     topo: &Topo<'_>,
 ) -> (String, String) {
-    let port = tcp_port().to_string();
-    let mut sargs: Vec<&str> = server_args.to_vec();
-    sargs.extend([port_flag, port.as_str()]);
-    let mut server = Server(Some(
-        command_in(topo.ns[0], tool, &sargs, topo.env[0])
-            .spawn()
-            .expect("spawn server"),
-    ));
-    let mut cargs: Vec<&str> = client_args.to_vec();
-    cargs.extend([port_flag, port.as_str(), topo.server_addr]);
+    let start_server = |port: &str| {
+        let mut sargs: Vec<&str> = server_args.to_vec();
+        sargs.extend([port_flag, port]);
+        Server(Some(
+            command_in(topo.ns[0], tool, &sargs, topo.env[0])
+                .spawn()
+                .expect("spawn server"),
+        ))
+    };
+    let mut port = tcp_port().to_string();
+    let mut server = start_server(&port);
     let start = Instant::now();
     let client_out = loop {
+        let mut cargs: Vec<&str> = client_args.to_vec();
+        cargs.extend([port_flag, port.as_str(), topo.server_addr]);
         let out = finish(
             command_in(topo.ns[1], tool, &cargs, topo.env[1])
                 .spawn()
@@ -196,6 +201,20 @@ fn pair_topo(
             && (text.contains("Couldn't connect")
                 || text.contains("Unable to open file descriptor for socket connection"));
         if not_listening && start.elapsed() < Duration::from_secs(30) {
+            // A server that could not listen (its port taken meanwhile)
+            // is started again on another; one that failed otherwise is
+            // the failure to report.
+            let exited = server.0.as_mut().expect("server").try_wait().expect("wait").is_some();
+            if exited {
+                let out = finish(server.0.take().expect("server"), tool);
+                let stext = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+                if !stext.contains("Couldn't listen") && !stext.contains("Failed to bind") {
+                    check(&out, &format!("{tool} server {server_args:?}"));
+                    panic!("{tool} server {server_args:?} exited before its client connected:\n{stext}");
+                }
+                port = tcp_port().to_string();
+                server = start_server(&port);
+            }
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
