@@ -319,35 +319,89 @@ impl GateLink {
     }
 }
 
+/// Two devices on a [`GateLink`] whose second (`b`) is the slow peer,
+/// with one connected layer QP each, `depth` READ credits each way.
+struct Gated {
+    gate: Arc<GateLink>,
+    devs: [Arc<SoftDevice>; 2],
+    a: End,
+    b: End,
+}
+
+impl Gated {
+    fn new(tag: &str, init: &UlpQpInit, depth: u8) -> Gated {
+        let pid = std::process::id() as u8;
+        let net = match tag {
+            "cap" => 161,
+            "refill" => 162,
+            "chain" => 163,
+            _ => 164,
+        };
+        let (fast_ip, slow_ip): (IpAddr, IpAddr) = (
+            format!("127.{net}.{pid}.1").parse().unwrap(),
+            format!("127.{net}.{pid}.2").parse().unwrap(),
+        );
+        let gate = Arc::new(GateLink {
+            inner: InprocFabric::new(),
+            slow: slow_ip,
+            held: Mutex::new(VecDeque::new()),
+        });
+        let mk = |name: &str, ip| {
+            SoftDevice::create(SoftDeviceConfig {
+                link: Some(gate.clone() as Arc<dyn Link>),
+                ..SoftDeviceConfig::new(&format!("ulp_gate_{tag}_{name}_{pid}"), ip)
+            })
+            .unwrap()
+        };
+        let devs = [mk("fast", fast_ip), mk("slow", slow_ip)];
+        let a = End::new(&devs[0], init, 512);
+        let b = End::new(&devs[1], init, 512);
+        connect_one(&a, &b, depth, 7);
+        connect_one(&b, &a, depth, 7);
+        Gated { gate, devs, a, b }
+    }
+
+    /// Lets the slow peer answer and polls `a`'s CQ (one completion per
+    /// poll) until `done()`, bounded.
+    fn run_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            self.gate.release();
+            self.a.cq.poll(1).unwrap();
+            self.b.cq.poll(16).unwrap();
+            assert!(
+                Instant::now() < until,
+                "stuck waiting for {what}: {:?}",
+                self.a.qp().stats()
+            );
+            std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        drop(self.a.qp.take());
+        drop(self.b.qp.take());
+        for d in &self.devs {
+            d.remove();
+        }
+    }
+}
+
+/// A READ of 4 KiB from `remote` at page `k` into `sink` at page `k`.
+fn read_page(sink: &Arc<Mr>, remote: RemoteAddr, k: u64) -> UlpWr {
+    UlpWr::read(LocalBuf::new(sink, k * 4096, 4096).unwrap(), remote)
+}
+
 /// READs beyond `max_rd_atomic` wait in the layer and go out as earlier
 /// ones complete; a SEND posted behind them is not held up; everything
 /// completes with a peer that answers only when the test lets it.
 #[test]
 fn read_depth_is_capped_under_a_slow_peer() {
-    let pid = std::process::id() as u8;
-    let (fast_ip, slow_ip): (IpAddr, IpAddr) = (
-        format!("127.161.{pid}.1").parse().unwrap(),
-        format!("127.161.{pid}.2").parse().unwrap(),
-    );
-    let gate = Arc::new(GateLink {
-        inner: InprocFabric::new(),
-        slow: slow_ip,
-        held: Mutex::new(VecDeque::new()),
-    });
-    let mk = |name: &str, ip| {
-        SoftDevice::create(SoftDeviceConfig {
-            link: Some(gate.clone() as Arc<dyn Link>),
-            ..SoftDeviceConfig::new(&format!("{name}_{pid}"), ip)
-        })
-        .unwrap()
-    };
-    let (dfast, dslow) = (mk("ulp_gate_fast", fast_ip), mk("ulp_gate_slow", slow_ip));
-    let init = UlpQpInit::default();
-    let a = End::new(&dfast, &init, 512);
-    let b = End::new(&dslow, &init, 512);
     const DEPTH: u8 = 2;
-    connect_one(&a, &b, DEPTH, 7);
-    connect_one(&b, &a, DEPTH, 7);
+    let g = Gated::new("cap", &UlpQpInit::default(), DEPTH);
+    let (a, b, gate) = (&g.a, &g.b, &g.gate);
     let remote = b.mr(16 * 4096);
     fill(&remote, 3);
     let sink = a.mr(16 * 4096);
@@ -357,10 +411,7 @@ fn read_depth_is_capped_under_a_slow_peer() {
         let d = done.clone();
         a.qp()
             .post(
-                vec![UlpWr::read(
-                    vec![LocalBuf::new(&sink, u64::from(k) * 4096, 4096).unwrap()],
-                    remote.remote(u64::from(k) * 4096),
-                )],
+                vec![read_page(&sink, remote.remote(u64::from(k) * 4096), u64::from(k))],
                 move |wc| {
                     assert!(wc.is_success(), "{wc:?}");
                     d.fetch_add(1, Ordering::SeqCst);
@@ -399,9 +450,102 @@ fn read_depth_is_capped_under_a_slow_peer() {
         gate.release();
         rn.load(Ordering::SeqCst) == 1
     });
-    drop((a, b));
-    dfast.remove();
-    dslow.remove();
+}
+
+/// Each READ that retires lets one queued READ out at once: the depth
+/// stays full while READs wait (a queued READ that waited for the whole
+/// depth to drain would halve the pipeline).
+#[test]
+fn a_retired_read_lets_the_next_queued_one_out_at_once() {
+    const DEPTH: u8 = 2;
+    let g = Gated::new("refill", &UlpQpInit::default(), DEPTH);
+    let remote = g.b.mr(4 * 4096);
+    fill(&remote, 5);
+    let sink = g.a.mr(4 * 4096);
+    // Callbacks that log rather than assert: a failure of the test must
+    // not panic again in the flushes of its teardown.
+    let (log, cb) = statuses();
+    for k in 0..4u64 {
+        g.a.qp()
+            .post(read_page(&sink, remote.remote(k * 4096), k), cb())
+            .unwrap();
+    }
+    let s = g.a.qp().stats();
+    assert_eq!((s.rd_outstanding, s.queued_rd), (2, 2), "{s:?}");
+    let retired = || log.lock().unwrap().len();
+    g.run_until("the first READ", || retired() >= 1);
+    // One retired (one completion per poll): the next went out in its place.
+    assert_eq!(retired(), 1);
+    assert_eq!(g.a.qp().stats().rd_outstanding, 2, "{:?}", g.a.qp().stats());
+    g.run_until("every READ", || retired() == 4);
+    assert_eq!(*log.lock().unwrap(), [WcStatus::Success; 4]);
+    let s = g.a.qp().stats();
+    assert_eq!((s.rd_outstanding, s.rd_peak, s.sq_used), (0, 2, 0), "{s:?}");
+    assert_eq!(sink.to_vec(0, 4 * 4096).unwrap(), remote.to_vec(0, 4 * 4096).unwrap());
+}
+
+/// A request of more READs than the depth never fits beside another
+/// READ: once it waited, it goes out when nothing is outstanding, rather
+/// than waiting for ever.
+#[test]
+fn a_chain_of_more_reads_than_the_depth_goes_out_when_nothing_is_outstanding() {
+    const DEPTH: u8 = 2;
+    let init = UlpQpInit {
+        send_wr: 16,
+        ..UlpQpInit::default()
+    };
+    let g = Gated::new("chain", &init, DEPTH);
+    let remote = g.b.mr(4 * 4096);
+    fill(&remote, 9);
+    let sink = g.a.mr(4 * 4096);
+    let (log, cb) = statuses();
+    g.a.qp().post(read_page(&sink, remote.remote(0), 0), cb()).unwrap();
+    let chain: Vec<UlpWr> = (1..4u64)
+        .map(|k| read_page(&sink, remote.remote(k * 4096), k))
+        .collect();
+    g.a.qp().post(chain, cb()).unwrap();
+    assert_eq!(g.a.qp().stats().queued_rd, 1);
+    g.run_until("the chain", || log.lock().unwrap().len() == 2);
+    assert_eq!(*log.lock().unwrap(), [WcStatus::Success; 2]);
+    assert_eq!(g.a.qp().stats().rd_outstanding, 0);
+    assert_eq!(sink.to_vec(0, 4 * 4096).unwrap(), remote.to_vec(0, 4 * 4096).unwrap());
+}
+
+/// When the send queue fails with READs still waiting in the layer, the
+/// layer completes each of them once with a flush (they never reached
+/// the device, so nothing else would), counts them as made up, and gives
+/// their send slots back.
+#[test]
+fn reads_waiting_in_the_layer_flush_once_when_the_queue_fails() {
+    const DEPTH: u8 = 2;
+    let g = Gated::new("fail", &UlpQpInit::default(), DEPTH);
+    let remote = g.b.mr(4 * 4096);
+    let sink = g.a.mr(4 * 4096);
+    let (log, cb) = statuses();
+    // The first READ names a key the peer does not have: it fails, and
+    // the queue with it.
+    let bad = RemoteAddr {
+        rkey: remote.rkey() ^ 0x5a5a_0000,
+        ..remote.remote(0)
+    };
+    g.a.qp().post(read_page(&sink, bad, 0), cb()).unwrap();
+    for k in 1..4u64 {
+        g.a.qp()
+            .post(read_page(&sink, remote.remote(k * 4096), k), cb())
+            .unwrap();
+    }
+    assert_eq!(g.a.qp().stats().queued_rd, 2);
+    g.run_until("every callback", || log.lock().unwrap().len() >= 4);
+    // Nothing more comes.
+    for _ in 0..50 {
+        g.gate.release();
+        g.a.cq.poll(16).unwrap();
+    }
+    let got = log.lock().unwrap().clone();
+    assert_eq!(got[0], WcStatus::RemAccessErr, "{got:?}");
+    assert_eq!(got[1..], [WcStatus::WrFlushErr; 3], "{got:?}");
+    let s = g.a.qp().stats();
+    assert_eq!((s.synthesized, s.sq_used, s.rd_outstanding), (2, 0, 0), "{s:?}");
 }
 
 struct ThreadWaker(std::thread::Thread);

@@ -98,9 +98,11 @@ pub struct QpStats {
     pub callbacks: u64,
     /// Callbacks dropped uncalled (unsignaled successes).
     pub silent: u64,
-    /// Completions the layer made up: WRs retired by a later completion
+    /// Completions the layer made up: requests that were waiting in the
+    /// layer (for READ credits) when the queue failed or the QP closed,
+    /// and never reached the device; WRs retired by a later completion
     /// after the queue had failed (a device that gives no flush
-    /// completion to unsignaled WRs), and WRs still outstanding when a
+    /// completion to unsignaled WRs); and WRs still outstanding when a
     /// close gave up waiting for the device.
     pub synthesized: u64,
     /// Requests that had to wait for READ/atomic credits.
