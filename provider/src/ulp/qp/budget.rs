@@ -144,3 +144,80 @@ impl SqBudget {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's limits are inclusive: asking exactly what it gives
+    /// works, one more is refused by the budget itself (before the device
+    /// is asked for a QP), naming the limit.
+    #[test]
+    fn the_device_limits_are_reached_and_not_passed() {
+        let ctx = crate::soft::embedded_default().unwrap()[0].open().unwrap();
+        let attr = ctx.query_device().unwrap();
+        let base = UlpQpInit {
+            send_wr: 4,
+            recv_wr: 4,
+            ..UlpQpInit::default()
+        };
+        let of = |init: UlpQpInit| SqBudget::of(&ctx, &init).map_err(|e| e.to_string());
+        let refused = |init: UlpQpInit, what: &str| {
+            let e = of(init).unwrap_err();
+            assert!(e.contains(what) && e.contains("at most"), "{e}");
+        };
+        // Scatter entries, each direction alone.
+        of(UlpQpInit {
+            max_send_sge: attr.max_sge,
+            ..base
+        })
+        .unwrap();
+        refused(
+            UlpQpInit {
+                max_send_sge: attr.max_sge + 1,
+                ..base
+            },
+            "scatter entries",
+        );
+        of(UlpQpInit {
+            max_recv_sge: attr.max_sge,
+            ..base
+        })
+        .unwrap();
+        refused(
+            UlpQpInit {
+                max_recv_sge: attr.max_sge + 1,
+                ..base
+            },
+            "scatter entries",
+        );
+        // The send queue: the application's WRs and the drain slot.
+        let b = of(UlpQpInit {
+            send_wr: attr.max_qp_wr - 1,
+            ..base
+        })
+        .unwrap();
+        assert_eq!(b.total, attr.max_qp_wr);
+        refused(
+            UlpQpInit {
+                send_wr: attr.max_qp_wr,
+                ..base
+            },
+            "the send queue needs",
+        );
+        // The receive queue: the application's receives and the drain.
+        let b = of(UlpQpInit {
+            recv_wr: attr.max_qp_wr - 1,
+            ..base
+        })
+        .unwrap();
+        assert_eq!(b.recv_total, attr.max_qp_wr);
+        refused(
+            UlpQpInit {
+                recv_wr: attr.max_qp_wr,
+                ..base
+            },
+            "the receive queue needs",
+        );
+    }
+}
