@@ -103,3 +103,52 @@ impl Ring {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `holds` names exactly the WRs posted and not retired: not the next
+    /// sequence number, not one retired, not one far ahead; a stray
+    /// completion naming any of those must not retire anything.
+    #[test]
+    fn holds_exactly_the_outstanding_sequence_numbers() {
+        let mut r = Ring::new(4);
+        assert!(!r.holds(0), "an empty ring holds nothing");
+        for _ in 0..3 {
+            r.push(None, 0, false);
+        }
+        assert_eq!(
+            (0..6).map(|s| r.holds(s)).collect::<Vec<_>>(),
+            [true, true, true, false, false, false]
+        );
+        r.pop();
+        r.pop();
+        // Outstanding: 2 only.
+        assert_eq!(
+            (0..6).map(|s| r.holds(s)).collect::<Vec<_>>(),
+            [false, false, true, false, false, false]
+        );
+        assert!(!r.holds(u64::MAX));
+        // Past the ring's first length: it grows, and every outstanding
+        // WR keeps its own slot (each is marked with its number).
+        for seq in 3..9 {
+            r.push(None, seq, seq % 2 == 0);
+        }
+        assert!((2..9).all(|s| r.holds(s)));
+        assert!(!r.holds(1) && !r.holds(9));
+        assert!((3..9).all(|s| r.slot(s).ahead == s as u32 && r.slot(s).rd == (s % 2 == 0)));
+        // Retired in post order, and the ring keeps working when it wraps.
+        r.pop();
+        for seq in 3..9 {
+            assert_eq!(r.pop().ahead, seq as u32);
+        }
+        assert!(r.is_empty());
+        for round in 0..40u32 {
+            r.push(None, round, false);
+            r.push(None, round + 1000, false);
+            assert_eq!(r.pop().ahead, round);
+            assert_eq!(r.pop().ahead, round + 1000);
+        }
+    }
+}
