@@ -687,6 +687,56 @@ fn lazy_invalidation_runs_the_callback_first_and_frees_the_mr_after() {
     assert!(keys[0] != keys[1] && keys[1] != keys[2], "{keys:x?}");
 }
 
+/// A lazily invalidated request that succeeds in the same poll as a
+/// later WR fails: its LOCAL_INV cannot go to the failed queue, so its
+/// MR, whose key may still be valid, is discarded rather than given back
+/// to the pool, and its send slot is given back.
+#[test]
+fn a_lazy_invalidation_behind_a_failure_discards_its_mr() {
+    let g = Gated::new("lazyfail", &rw_init(), 2);
+    let pool = MrPool::fast_reg(&g.a.pd, 1, 16).unwrap();
+    let remote = g.b.mr(4 * 4096);
+    let local = g.a.mr(4096);
+    let (log, cb) = statuses();
+    let opts = RwOptions {
+        mode: RegMode::FastReg,
+        lazy_invalidate: true,
+        ..RwOptions::default()
+    };
+    g.a.qp()
+        .rw(
+            RwDir::Write,
+            LocalBuf::whole(&local).unwrap(),
+            remote.remote(0),
+            Some(&pool),
+            opts,
+            cb(),
+        )
+        .unwrap();
+    let bad = RemoteAddr {
+        rkey: remote.rkey() ^ 0x5a5a_0000,
+        ..remote.remote(4096)
+    };
+    g.a.qp().post(read_page(&local, bad, 0), cb()).unwrap();
+    // Both answers come back together: one poll sees the WRITE's success
+    // and the READ's failure.
+    let until = Instant::now() + Duration::from_secs(20);
+    while log.lock().unwrap().len() < 2 {
+        g.gate.release();
+        g.a.cq.poll(16).unwrap();
+        g.b.cq.poll(16).unwrap();
+        assert!(Instant::now() < until, "stuck: {:?}", g.a.qp().stats());
+        std::thread::sleep(Duration::from_micros(300));
+    }
+    for _ in 0..50 {
+        g.gate.release();
+        g.a.cq.poll(16).unwrap();
+    }
+    assert_eq!(*log.lock().unwrap(), [WcStatus::Success, WcStatus::RemAccessErr]);
+    assert_eq!((pool.available(), pool.discarded()), (0, 1));
+    assert_eq!(g.a.qp().stats().sq_used, 0, "{:?}", g.a.qp().stats());
+}
+
 /// A range exposed with `expose_wr` and registered in front of the SEND
 /// that carries its key (one chain, as NVMe-oF hosts post it) is valid
 /// when the peer gets the SEND, and costs no completion of its own: the
