@@ -162,62 +162,30 @@ mod tests {
             ..UlpQpInit::default()
         };
         let of = |init: UlpQpInit| SqBudget::of(&ctx, &init).map_err(|e| e.to_string());
-        let refused = |init: UlpQpInit, what: &str| {
-            let e = of(init).unwrap_err();
+        let (sge, wr) = (attr.max_sge, attr.max_qp_wr);
+        // Which field, the most it may be, and what the refusal names.
+        // The queues' last slot is the drain marker's.
+        type Set = fn(&mut UlpQpInit, u32);
+        let cases: [(Set, u32, &str); 4] = [
+            (|i, v| i.max_send_sge = v, sge, "scatter entries"),
+            (|i, v| i.max_recv_sge = v, sge, "scatter entries"),
+            (|i, v| i.send_wr = v, wr - 1, "the send queue needs"),
+            (|i, v| i.recv_wr = v, wr - 1, "the receive queue needs"),
+        ];
+        for (set, most, what) in cases {
+            let (mut at, mut over) = (base, base);
+            set(&mut at, most);
+            set(&mut over, most + 1);
+            of(at).unwrap_or_else(|e| panic!("{at:?}: {e}"));
+            let e = of(over).unwrap_err();
             assert!(e.contains(what) && e.contains("at most"), "{e}");
-        };
-        // Scatter entries, each direction alone.
-        of(UlpQpInit {
-            max_send_sge: attr.max_sge,
+        }
+        let full = of(UlpQpInit {
+            send_wr: wr - 1,
+            recv_wr: wr - 1,
             ..base
         })
         .unwrap();
-        refused(
-            UlpQpInit {
-                max_send_sge: attr.max_sge + 1,
-                ..base
-            },
-            "scatter entries",
-        );
-        of(UlpQpInit {
-            max_recv_sge: attr.max_sge,
-            ..base
-        })
-        .unwrap();
-        refused(
-            UlpQpInit {
-                max_recv_sge: attr.max_sge + 1,
-                ..base
-            },
-            "scatter entries",
-        );
-        // The send queue: the application's WRs and the drain slot.
-        let b = of(UlpQpInit {
-            send_wr: attr.max_qp_wr - 1,
-            ..base
-        })
-        .unwrap();
-        assert_eq!(b.total, attr.max_qp_wr);
-        refused(
-            UlpQpInit {
-                send_wr: attr.max_qp_wr,
-                ..base
-            },
-            "the send queue needs",
-        );
-        // The receive queue: the application's receives and the drain.
-        let b = of(UlpQpInit {
-            recv_wr: attr.max_qp_wr - 1,
-            ..base
-        })
-        .unwrap();
-        assert_eq!(b.recv_total, attr.max_qp_wr);
-        refused(
-            UlpQpInit {
-                recv_wr: attr.max_qp_wr,
-                ..base
-            },
-            "the receive queue needs",
-        );
+        assert_eq!((full.total, full.recv_total), (wr, wr));
     }
 }
