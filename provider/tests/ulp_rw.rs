@@ -7,7 +7,7 @@ mod ulp_common;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskCx, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -331,12 +331,9 @@ struct Gated {
 impl Gated {
     fn new(tag: &str, init: &UlpQpInit, depth: u8) -> Gated {
         let pid = std::process::id() as u8;
-        let net = match tag {
-            "cap" => 161,
-            "refill" => 162,
-            "chain" => 163,
-            _ => 164,
-        };
+        // A network of its own for each pair of this process.
+        static NEXT_NET: AtomicU8 = AtomicU8::new(161);
+        let net = NEXT_NET.fetch_add(1, Ordering::Relaxed);
         let (fast_ip, slow_ip): (IpAddr, IpAddr) = (
             format!("127.{net}.{pid}.1").parse().unwrap(),
             format!("127.{net}.{pid}.2").parse().unwrap(),
@@ -361,13 +358,13 @@ impl Gated {
         Gated { gate, devs, a, b }
     }
 
-    /// Lets the slow peer answer and polls `a`'s CQ (one completion per
-    /// poll) until `done()`, bounded.
-    fn run_until(&self, what: &str, mut done: impl FnMut() -> bool) {
+    /// Lets the slow peer answer and polls `a`'s CQ (at most `batch`
+    /// completions per poll) until `done()`, bounded.
+    fn run_until(&self, batch: usize, what: &str, mut done: impl FnMut() -> bool) {
         let until = Instant::now() + Duration::from_secs(20);
         while !done() {
             self.gate.release();
-            self.a.cq.poll(1).unwrap();
+            self.a.cq.poll(batch).unwrap();
             self.b.cq.poll(16).unwrap();
             assert!(
                 Instant::now() < until,
@@ -375,6 +372,15 @@ impl Gated {
                 self.a.qp().stats()
             );
             std::thread::sleep(Duration::from_micros(300));
+        }
+    }
+
+    /// Goes on letting the peer answer and polling `a`'s CQ for a while:
+    /// whatever was still to come has come.
+    fn settle(&self) {
+        for _ in 0..50 {
+            self.gate.release();
+            self.a.cq.poll(16).unwrap();
         }
     }
 }
@@ -473,11 +479,11 @@ fn a_retired_read_lets_the_next_queued_one_out_at_once() {
     let s = g.a.qp().stats();
     assert_eq!((s.rd_outstanding, s.queued_rd), (2, 2), "{s:?}");
     let retired = || log.lock().unwrap().len();
-    g.run_until("the first READ", || retired() >= 1);
+    g.run_until(1, "the first READ", || retired() >= 1);
     // One retired (one completion per poll): the next went out in its place.
     assert_eq!(retired(), 1);
     assert_eq!(g.a.qp().stats().rd_outstanding, 2, "{:?}", g.a.qp().stats());
-    g.run_until("every READ", || retired() == 4);
+    g.run_until(1, "every READ", || retired() == 4);
     assert_eq!(*log.lock().unwrap(), [WcStatus::Success; 4]);
     let s = g.a.qp().stats();
     assert_eq!((s.rd_outstanding, s.rd_peak, s.sq_used), (0, 2, 0), "{s:?}");
@@ -505,7 +511,7 @@ fn a_chain_of_more_reads_than_the_depth_goes_out_when_nothing_is_outstanding() {
         .collect();
     g.a.qp().post(chain, cb()).unwrap();
     assert_eq!(g.a.qp().stats().queued_rd, 1);
-    g.run_until("the chain", || log.lock().unwrap().len() == 2);
+    g.run_until(1, "the chain", || log.lock().unwrap().len() == 2);
     assert_eq!(*log.lock().unwrap(), [WcStatus::Success; 2]);
     assert_eq!(g.a.qp().stats().rd_outstanding, 0);
     assert_eq!(sink.to_vec(0, 4 * 4096).unwrap(), remote.to_vec(0, 4 * 4096).unwrap());
@@ -535,12 +541,9 @@ fn reads_waiting_in_the_layer_flush_once_when_the_queue_fails() {
             .unwrap();
     }
     assert_eq!(g.a.qp().stats().queued_rd, 2);
-    g.run_until("every callback", || log.lock().unwrap().len() >= 4);
+    g.run_until(1, "every callback", || log.lock().unwrap().len() >= 4);
     // Nothing more comes.
-    for _ in 0..50 {
-        g.gate.release();
-        g.a.cq.poll(16).unwrap();
-    }
+    g.settle();
     let got = log.lock().unwrap().clone();
     assert_eq!(got[0], WcStatus::RemAccessErr, "{got:?}");
     assert_eq!(got[1..], [WcStatus::WrFlushErr; 3], "{got:?}");
@@ -720,18 +723,8 @@ fn a_lazy_invalidation_behind_a_failure_discards_its_mr() {
     g.a.qp().post(read_page(&local, bad, 0), cb()).unwrap();
     // Both answers come back together: one poll sees the WRITE's success
     // and the READ's failure.
-    let until = Instant::now() + Duration::from_secs(20);
-    while log.lock().unwrap().len() < 2 {
-        g.gate.release();
-        g.a.cq.poll(16).unwrap();
-        g.b.cq.poll(16).unwrap();
-        assert!(Instant::now() < until, "stuck: {:?}", g.a.qp().stats());
-        std::thread::sleep(Duration::from_micros(300));
-    }
-    for _ in 0..50 {
-        g.gate.release();
-        g.a.cq.poll(16).unwrap();
-    }
+    g.run_until(16, "both callbacks", || log.lock().unwrap().len() >= 2);
+    g.settle();
     assert_eq!(*log.lock().unwrap(), [WcStatus::Success, WcStatus::RemAccessErr]);
     assert_eq!((pool.available(), pool.discarded()), (0, 1));
     assert_eq!(g.a.qp().stats().sq_used, 0, "{:?}", g.a.qp().stats());

@@ -13,16 +13,6 @@ use softverbs::ulp::{CqPool, CqWorker, LocalBuf, MrPool, UlpQpInit, UlpWr};
 use softverbs::verbs::*;
 use ulp_common::*;
 
-/// Polls `b`'s CQ (the peer's progress) until `done()`, bounded.
-fn drive_until(b: &End, what: &str, done: impl Fn() -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        b.cq.poll(16).unwrap();
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// A worker runs the callbacks of its CQ; dropping it waits for the one
 /// it is running (no callback runs after the drop returns) and stops it:
 /// a later completion waits for the application's own poll.
@@ -45,7 +35,10 @@ fn dropping_a_worker_waits_for_its_callback_and_stops_it() {
             },
         )
         .unwrap();
-    drive_until(&b, "the worker to run the callback", || started.load(Ordering::SeqCst));
+    // Our poll of `b` drives the peer; the worker alone polls `a`.
+    poll_until(&[&b.cq], "the worker to run the callback", || {
+        started.load(Ordering::SeqCst)
+    });
     assert_eq!(worker.errors(), 0);
     drop(worker);
     assert_eq!(
